@@ -1,0 +1,59 @@
+// Tokenizer: text <-> token ids for a loaded model, plus a streaming-safe detokenizer.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpush {
+
+/// A model's vocabulary. Implementations: SentencePiece-style BPE with byte fallback (GGUF
+/// tokenizer.ggml.model = "llama", and llama2.c tok512.bin). Thread-safe for concurrent const use.
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  virtual int32_t vocab_size() const = 0;
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+
+  /// Encodes text into ids, without BOS/EOS (the caller adds BOS). Follows SentencePiece
+  /// conventions (a leading space is added to the text; byte fallback for unknown characters).
+  /// Errors: kInvalidArgument for text that is not valid UTF-8 when the vocabulary needs it.
+  virtual Result<std::vector<int32_t>> Encode(std::string_view text) const = 0;
+
+  /// Raw bytes of one token's piece ("▁" already turned into ' ', <0xNN> into the byte; control
+  /// tokens such as BOS/EOS give ""). Errors: none; an out-of-range id gives "".
+  virtual std::string TokenBytes(int32_t id) const = 0;
+
+  /// True for control tokens (BOS, EOS, ...), which decode to nothing.
+  virtual bool IsControl(int32_t id) const = 0;
+};
+
+/// Turns a stream of token ids into text, emitting only complete UTF-8 characters (a character
+/// whose bytes are split across byte-fallback tokens comes out whole, once its last byte arrives).
+/// The first piece's leading space is dropped (SentencePiece dummy prefix), as llama2.c does.
+/// Invalid UTF-8 sequences are emitted as U+FFFD. Not thread-safe: one per request.
+class StreamingDetokenizer {
+ public:
+  explicit StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
+
+  /// Appends one token; returns the text that became complete (possibly empty).
+  std::string Push(int32_t id);
+  /// Returns whatever is pending at the end of the stream (an incomplete sequence as U+FFFD).
+  std::string Flush();
+
+ private:
+  const Tokenizer* tokenizer_;
+  std::string pending_;
+  bool first_ = true;
+};
+
+/// Decodes a whole id sequence with StreamingDetokenizer semantics.
+std::string DecodeTokens(const Tokenizer& tokenizer, std::span<const int32_t> ids);
+
+}  // namespace kvpush

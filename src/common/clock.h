@@ -17,8 +17,12 @@ inline int64_t NowNs() {
 }
 
 /// Seconds (double) between two NowNs() readings.
-inline double NsToSeconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
-inline double NsToMs(int64_t ns) { return static_cast<double>(ns) * 1e-6; }
+inline double NsToSeconds(int64_t ns) {
+  return static_cast<double>(ns) * 1e-9;
+}
+inline double NsToMs(int64_t ns) {
+  return static_cast<double>(ns) * 1e-6;
+}
 
 /// Measures elapsed time from construction (or Reset()). Not thread-safe.
 class Stopwatch {

@@ -67,33 +67,57 @@ class [[nodiscard]] Status {
 };
 
 // Shorthand constructors: InvalidArgument("bad field 'x'") etc.
-inline Status InvalidArgument(std::string m) { return {StatusCode::kInvalidArgument, std::move(m)}; }
-inline Status NotFound(std::string m) { return {StatusCode::kNotFound, std::move(m)}; }
-inline Status AlreadyExists(std::string m) { return {StatusCode::kAlreadyExists, std::move(m)}; }
-inline Status OutOfRange(std::string m) { return {StatusCode::kOutOfRange, std::move(m)}; }
+inline Status InvalidArgument(std::string m) {
+  return {StatusCode::kInvalidArgument, std::move(m)};
+}
+inline Status NotFound(std::string m) {
+  return {StatusCode::kNotFound, std::move(m)};
+}
+inline Status AlreadyExists(std::string m) {
+  return {StatusCode::kAlreadyExists, std::move(m)};
+}
+inline Status OutOfRange(std::string m) {
+  return {StatusCode::kOutOfRange, std::move(m)};
+}
 inline Status ResourceExhausted(std::string m) {
   return {StatusCode::kResourceExhausted, std::move(m)};
 }
 inline Status FailedPrecondition(std::string m) {
   return {StatusCode::kFailedPrecondition, std::move(m)};
 }
-inline Status Unimplemented(std::string m) { return {StatusCode::kUnimplemented, std::move(m)}; }
-inline Status Unavailable(std::string m) { return {StatusCode::kUnavailable, std::move(m)}; }
+inline Status Unimplemented(std::string m) {
+  return {StatusCode::kUnimplemented, std::move(m)};
+}
+inline Status Unavailable(std::string m) {
+  return {StatusCode::kUnavailable, std::move(m)};
+}
 inline Status DeadlineExceeded(std::string m) {
   return {StatusCode::kDeadlineExceeded, std::move(m)};
 }
-inline Status Cancelled(std::string m) { return {StatusCode::kCancelled, std::move(m)}; }
-inline Status Aborted(std::string m) { return {StatusCode::kAborted, std::move(m)}; }
-inline Status PeerGone(std::string m) { return {StatusCode::kPeerGone, std::move(m)}; }
-inline Status DataLoss(std::string m) { return {StatusCode::kDataLoss, std::move(m)}; }
-inline Status Internal(std::string m) { return {StatusCode::kInternal, std::move(m)}; }
-inline Status IoError(std::string m) { return {StatusCode::kIoError, std::move(m)}; }
+inline Status Cancelled(std::string m) {
+  return {StatusCode::kCancelled, std::move(m)};
+}
+inline Status Aborted(std::string m) {
+  return {StatusCode::kAborted, std::move(m)};
+}
+inline Status PeerGone(std::string m) {
+  return {StatusCode::kPeerGone, std::move(m)};
+}
+inline Status DataLoss(std::string m) {
+  return {StatusCode::kDataLoss, std::move(m)};
+}
+inline Status Internal(std::string m) {
+  return {StatusCode::kInternal, std::move(m)};
+}
+inline Status IoError(std::string m) {
+  return {StatusCode::kIoError, std::move(m)};
+}
 
 /// Either a T or a non-OK Status. Constructing from an OK Status is a bug (becomes kInternal).
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}  // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}        // NOLINT(google-explicit-constructor)
   Result(Status status) : v_(std::move(status)) {  // NOLINT(google-explicit-constructor)
     if (std::get<Status>(v_).ok()) v_ = Internal("Result constructed from an OK status");
   }
@@ -129,14 +153,15 @@ class [[nodiscard]] Result {
 #define KVP_CONCAT_(a, b) KVP_CONCAT_INNER_(a, b)
 
 /// Evaluates a Status expression and returns it from the enclosing function if not OK.
-#define KVP_RETURN_IF_ERROR(expr)                  \
-  do {                                             \
-    ::kvpush::Status kvp_status_ = (expr);         \
-    if (!kvp_status_.ok()) return kvp_status_;     \
+#define KVP_RETURN_IF_ERROR(expr)              \
+  do {                                         \
+    ::kvpush::Status kvp_status_ = (expr);     \
+    if (!kvp_status_.ok()) return kvp_status_; \
   } while (false)
 
 /// `KVP_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result or returns its error.
-#define KVP_ASSIGN_OR_RETURN(lhs, expr) KVP_ASSIGN_OR_RETURN_IMPL_(KVP_CONCAT_(kvp_r_, __LINE__), lhs, expr)
+#define KVP_ASSIGN_OR_RETURN(lhs, expr) \
+  KVP_ASSIGN_OR_RETURN_IMPL_(KVP_CONCAT_(kvp_r_, __LINE__), lhs, expr)
 #define KVP_ASSIGN_OR_RETURN_IMPL_(tmp, lhs, expr) \
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \

@@ -8,9 +8,9 @@
 // (xxHash XXH3, https://github.com/Cyan4973/xxHash). A lookup also compares the stored token ids
 // and parent hash, so a 64-bit collision can never return a wrong block.
 //
-// Allocation prefers contiguous runs of block ids (fewer transfer descriptors): AllocateAppend first
-// tries the block right after the table's last block, fresh allocations take the first free run
-// that fits; free (never cached) blocks are used before cached blocks are evicted (LRU order).
+// Allocation prefers contiguous runs of block ids (fewer transfer descriptors): AllocateAppend
+// first tries the block right after the table's last block, fresh allocations take the first free
+// run that fits; free (never cached) blocks are used before cached blocks are evicted (LRU order).
 //
 // Thread-safety: not thread-safe. Owned by the engine thread (DESIGN.md: one owner per state).
 #pragma once
@@ -33,16 +33,16 @@ class BlockPool {
  public:
   struct Options {
     int32_t num_blocks = 0;
-    int32_t block_size = 16;           ///< tokens per block
+    int32_t block_size = 16;  ///< tokens per block
     bool enable_prefix_cache = true;
-    uint64_t hash_salt = 0;            ///< root of the hash chain (e.g. a model fingerprint)
+    uint64_t hash_salt = 0;  ///< root of the hash chain (e.g. a model fingerprint)
   };
 
   /// Counters for /metrics. Monotonic except the gauges (free/cached/used).
   struct Stats {
-    int32_t num_free = 0;     ///< never-cached free blocks
-    int32_t num_cached = 0;   ///< ref 0, hashed, evictable
-    int32_t num_used = 0;     ///< ref > 0
+    int32_t num_free = 0;             ///< never-cached free blocks
+    int32_t num_cached = 0;           ///< ref 0, hashed, evictable
+    int32_t num_used = 0;             ///< ref > 0
     int64_t prefix_query_blocks = 0;  ///< full blocks looked up
     int64_t prefix_hit_blocks = 0;    ///< of which found in the cache
     int64_t evictions = 0;
@@ -108,9 +108,9 @@ class BlockPool {
 
   Options options_;
   std::vector<Meta> meta_;
-  std::vector<int32_t> tokens_;          // [num_blocks * block_size]: token ids of hashed blocks
-  std::set<BlockId> free_;               // never-cached free blocks, ordered for run search
-  std::list<BlockId> lru_;               // cached blocks, front = least recently used
+  std::vector<int32_t> tokens_;  // [num_blocks * block_size]: token ids of hashed blocks
+  std::set<BlockId> free_;       // never-cached free blocks, ordered for run search
+  std::list<BlockId> lru_;       // cached blocks, front = least recently used
   std::unordered_map<BlockHash, BlockId> by_hash_;
   int32_t num_used_ = 0;
   int64_t prefix_query_blocks_ = 0;

@@ -7,8 +7,9 @@ namespace kvpush {
 
 Status KvLayout::Validate() const {
   auto positive = [](int32_t v, const char* name) -> Status {
-    if (v <= 0) return InvalidArgument(std::string("KV layout: ") + name + " must be > 0, got " +
-                                       std::to_string(v));
+    if (v <= 0)
+      return InvalidArgument(std::string("KV layout: ") + name + " must be > 0, got " +
+                             std::to_string(v));
     return Status::Ok();
   };
   KVP_RETURN_IF_ERROR(positive(num_layers, "num_layers"));

@@ -2,8 +2,9 @@
 //
 // Per layer, a K array and a V array, each [num_blocks, block_size, num_kv_heads, head_dim] of
 // `dtype`. The arena stores them as one contiguous allocation ordered (layer, K|V, block), so a
-// (layer, K|V, block) chunk is contiguous and `chunk_bytes()` long, and consecutive block ids of the
-// same (layer, K|V) are adjacent in memory (contiguous block runs coalesce into one descriptor).
+// (layer, K|V, block) chunk is contiguous and `chunk_bytes()` long, and consecutive block ids of
+// the same (layer, K|V) are adjacent in memory (contiguous block runs coalesce into one
+// descriptor).
 //
 //   offset(layer, kind, block) = ((layer * 2 + kind) * num_blocks + block) * chunk_bytes
 //

@@ -30,7 +30,8 @@ std::vector<BlockId> FillSequence(BlockPool& pool, const std::vector<int32_t>& t
   EXPECT_TRUE(pool.AllocateAppend(need, table).ok());
   BlockHash parent = pool.root_hash();
   for (int32_t i = 0; i < static_cast<int32_t>(tokens.size()) / bs; ++i) {
-    std::span<const int32_t> blk(tokens.data() + static_cast<size_t>(i) * bs, static_cast<size_t>(bs));
+    std::span<const int32_t> blk(tokens.data() + static_cast<size_t>(i) * bs,
+                                 static_cast<size_t>(bs));
     BlockHash h = pool.HashBlock(parent, blk);
     pool.CommitFullBlock(table[static_cast<size_t>(i)], parent, h, blk);
     parent = h;

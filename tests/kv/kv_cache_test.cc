@@ -46,7 +46,8 @@ TEST(KvCacheTest, CreateZeroesAndChunksDoNotOverlap) {
       for (KvKind k : {KvKind::kKey, KvKind::kValue}) {
         float* p = c.chunk_f32(layer, k, b);
         for (size_t i = 0; i < floats; ++i) ASSERT_EQ(p[i], 0.0f);
-        for (size_t i = 0; i < floats; ++i) p[i] = static_cast<float>(layer * 1000 + b * 10 + static_cast<int>(k));
+        for (size_t i = 0; i < floats; ++i)
+          p[i] = static_cast<float>(layer * 1000 + b * 10 + static_cast<int>(k));
       }
     }
   }

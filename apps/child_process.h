@@ -1,0 +1,49 @@
+// ChildProcess: starts another kvpush subcommand as a child process and stops it cleanly.
+// Used by `kvpush demo` (and, later, by tests that need separate P, D and router processes).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpush::apps {
+
+/// A child process running this binary (/proc/self/exe) with the given arguments. The child's
+/// stdout/stderr go to `log_path` (appended) when non-empty, else are inherited.
+/// Thread-compatible. The destructor stops the child (Stop with a 5 s grace period).
+class ChildProcess {
+ public:
+  ChildProcess() = default;
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  /// Spawns `/proc/self/exe args...`. Errors: kIoError when spawning fails.
+  Status Start(const std::vector<std::string>& args, const std::string& log_path);
+
+  /// True while the child has not exited (reaps it if it has).
+  bool Running();
+
+  /// Sends SIGTERM, waits up to `grace_ms`, then SIGKILL. Returns the exit status (as from
+  /// waitpid), or -1 if the child was not running.
+  int Stop(int grace_ms = 5000);
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  pid_t pid_ = -1;
+  int exit_status_ = -1;
+};
+
+/// Asks the kernel for a free TCP port on 127.0.0.1 (bind to port 0, read it back, close).
+/// Errors: kIoError.
+Result<int> PickFreePort();
+
+/// Polls GET http://host:port/health until it answers 200, the child exits, or `timeout_ms` pass.
+/// Errors: kDeadlineExceeded, kAborted (child exited).
+Status WaitHealthy(const std::string& host, int port, ChildProcess& child, int timeout_ms);
+
+}  // namespace kvpush::apps

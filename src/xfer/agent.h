@@ -1,0 +1,248 @@
+// Agent: the upper layer of the transfer engine. It owns one Backend and keeps all bookkeeping:
+// registered regions, peers and their incarnations, prepared descriptor lists, transfers, stall
+// deadlines and received notifications (DESIGN.md §4, docs/xfer.md).
+//
+// Typical use (P/D push, the WRITE side):
+//   auto agent = Agent::Create({.name = "prefill-0"}, MakeUcxBackend(...)).value();
+//   auto arena = agent->AllocateRegion(bytes, MemoryType::kHost);        // or RegisterRegion
+//   send(agent->ExportMetadata());  agent->LoadRemoteMetadata(peer_blob);  // out of band
+//   ListHandle src = agent->PrepareLocal(local_descs);                      // once
+//   ListHandle dst = agent->PrepareRemote("decode-0", remote_descs);        // once
+//   TransferHandle t = agent->CreateTransfer({Op::kWrite, src, {}, dst, {}, notif});
+//   agent->Post(t);  agent->Wait(t, deadline);  ...  agent->Post(t) again (re-post)
+//
+// Thread-safety: every method may be called from any thread concurrently. Calls are short (one
+// mutex, no I/O); Post hands work to the backend's progress thread. Wait blocks the caller only.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+#include "xfer/backend.h"
+#include "xfer/metadata.h"
+#include "xfer/slot_table.h"
+#include "xfer/types.h"
+
+namespace kvpush::xfer {
+
+/// What describes a transfer: op, the local and remote prepared lists, optional index lists that
+/// choose (and order) a subset of each list's entries (empty = all entries in order), and an
+/// optional notification payload delivered to the peer after all the data. The local and remote
+/// selections are byte streams of equal total length: local byte k moves to/from remote byte k.
+struct TransferSpec {
+  Op op = Op::kWrite;
+  ListHandle local;
+  std::vector<uint32_t> local_indices;
+  ListHandle remote;
+  std::vector<uint32_t> remote_indices;
+  std::vector<uint8_t> notification;  ///< empty: no notification
+};
+
+/// What LoadRemoteMetadata found.
+struct PeerLoadResult {
+  bool new_peer = false;   ///< first time this name was loaded
+  bool restarted = false;  ///< name was known with another incarnation: old state was dropped
+  uint64_t previous_incarnation = 0;
+};
+
+/// A snapshot of what the agent knows about a peer.
+struct PeerInfo {
+  uint64_t incarnation = 0;
+  bool alive = false;    ///< false after a backend error or invalidation
+  Status failure;        ///< why it is not alive
+  uint32_t restarts = 0; ///< new incarnations seen for this name
+  size_t regions = 0;
+};
+
+/// A registered region allocated through the backend.
+struct AllocatedRegion {
+  RegionId id;
+  std::byte* data = nullptr;
+  uint64_t length = 0;
+};
+
+/// A prepared list's shape: original descriptor count and count after coalescing adjacent ranges.
+struct ListInfo {
+  size_t descriptors = 0;
+  size_t coalesced = 0;
+  uint64_t bytes = 0;
+};
+
+class Agent final : private BackendSink {
+ public:
+  /// Creates an agent over `backend`. Errors: kInvalidArgument (empty/long name, zero stall timeout).
+  static Result<std::unique_ptr<Agent>> Create(AgentOptions options,
+                                               std::unique_ptr<Backend> backend);
+  ~Agent() override;
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  const std::string& name() const { return options_.name; }
+  uint64_t incarnation() const { return options_.incarnation; }
+  const BackendCaps& backend_caps() const { return backend_->caps(); }
+
+  // ---- Regions ----
+  /// Registers caller-owned memory [addr, addr+length); the caller keeps it alive until
+  /// DeregisterRegion. Errors: kInvalidArgument (null/empty), kUnimplemented (memory type).
+  Result<RegionId> RegisterRegion(void* addr, uint64_t length, MemoryType type);
+  /// Allocates `length` bytes through the backend (zeroed, page-aligned) and registers them. Use
+  /// this when backend_caps().allocates_for_one_sided: it is what makes UCX shm truly one-sided.
+  Result<AllocatedRegion> AllocateRegion(uint64_t length, MemoryType type);
+  /// Deregisters (and frees, if allocated). Errors: kNotFound (stale id), kFailedPrecondition while
+  /// a prepared list still references the region.
+  Status DeregisterRegion(RegionId id);
+
+  // ---- Metadata and peers ----
+  /// Encodes this agent's metadata (name, incarnation, backend address, region table with keys).
+  Result<std::vector<uint8_t>> ExportMetadata();
+  /// Validates and loads a peer's metadata, connecting to it. Same incarnation: refreshes the region
+  /// table. New incarnation: drops all state of the old one first (in-flight transfers fail with
+  /// kPeerGone, its prepared lists go stale). Errors: those of DecodeMetadata; kInvalidArgument
+  /// (own name, other backend), kUnavailable (connect failed).
+  Result<PeerLoadResult> LoadRemoteMetadata(std::span<const uint8_t> blob);
+  /// Drops a peer: in-flight transfers to it fail with kPeerGone(reason), lists go stale, the
+  /// backend disconnects. Errors: kNotFound.
+  Status InvalidatePeer(std::string_view peer, std::string_view reason = "invalidated by caller");
+  /// Snapshot of a peer. Errors: kNotFound.
+  Result<PeerInfo> GetPeer(std::string_view peer);
+
+  // ---- Prepared descriptor lists ----
+  /// Validates local descriptors (region live, length > 0, in bounds), resolves keys and coalesces
+  /// adjacent ranges. Errors: kNotFound (region), kOutOfRange, kInvalidArgument (empty, zero length).
+  Result<ListHandle> PrepareLocal(std::span<const Desc> descs);
+  /// Same for a peer's regions (bounds-checked against the peer's exported region table).
+  /// Errors additionally: kNotFound (peer), kPeerGone (peer failed).
+  Result<ListHandle> PrepareRemote(std::string_view peer, std::span<const Desc> descs);
+  Result<ListInfo> GetListInfo(ListHandle list);
+  /// Frees a list. Transfers made from it stay valid. Errors: kNotFound.
+  Status ReleaseList(ListHandle list);
+
+  // ---- Transfers ----
+  /// Builds a re-postable transfer: selects entries, pairs the two byte streams and coalesces into
+  /// flat ops. Cost O(selected entries); nothing on the Post path depends on descriptor count except
+  /// the backend's own issue loop. Errors: kNotFound (list), kInvalidArgument (lists of the wrong
+  /// side, byte totals differ, notification too large), kOutOfRange (index), kUnimplemented (op).
+  Result<TransferHandle> CreateTransfer(const TransferSpec& spec);
+  /// A transfer with no data, only a notification to `peer` (a standalone notification).
+  Result<TransferHandle> CreateNotification(std::string_view peer, std::span<const uint8_t> payload);
+  /// Number of backend ops a transfer posts (after coalescing). Errors: kNotFound.
+  Result<size_t> TransferOpCount(TransferHandle t);
+  /// Posts a transfer that is not in progress. Starts its stall deadline. Errors: kNotFound,
+  /// kFailedPrecondition (in progress), kPeerGone (peer failed/restarted/invalidated), or the
+  /// backend's post error (the transfer is then in kError with it).
+  Status Post(TransferHandle t);
+  Result<TransferStatus> GetStatus(TransferHandle t);
+  /// Waits until the transfer is not in progress or `deadline` passes (then returns kInProgress).
+  Result<TransferStatus> Wait(TransferHandle t, TimePoint deadline);
+  /// Cancels an in-progress transfer: it ends in kError(kCancelled) and its notification is
+  /// guaranteed not to be sent. Data ops already handed to the network may still land.
+  /// Errors: kNotFound, kFailedPrecondition (not in progress, or too late: notification already
+  /// committed to the network; the transfer then completes normally).
+  Status Cancel(TransferHandle t);
+  /// Frees a transfer (cancelling it if in progress). Errors: kNotFound.
+  Status ReleaseTransfer(TransferHandle t);
+
+  // ---- Notifications received ----
+  /// Takes all notifications received so far, in arrival order.
+  std::vector<Notification> TakeNotifications();
+  /// Waits until at least `min_count` notifications are queued or `deadline` passes, then takes all.
+  std::vector<Notification> WaitNotifications(size_t min_count, TimePoint deadline);
+
+ private:
+  struct Region {
+    void* addr = nullptr;
+    uint64_t length = 0;
+    MemoryType type = MemoryType::kHost;
+    bool allocated = false;
+    uint32_t list_refs = 0;
+    std::unique_ptr<BackendRegion> backend;
+  };
+  struct RemoteRegion {
+    RegionInfo info;
+    std::shared_ptr<BackendRemoteRegion> backend;
+  };
+  struct Peer {
+    uint64_t incarnation = 0;
+    uint64_t generation = 0;  // bumps on every (re)connect and on invalidation
+    bool alive = true;
+    Status failure;
+    uint32_t restarts = 0;
+    std::shared_ptr<BackendPeer> backend;
+    std::map<uint32_t, RemoteRegion> regions;  // by RegionId::index
+  };
+  struct Entry {  // one original descriptor, resolved
+    uint64_t addr = 0;      // local virtual address, or remote offset/address per caps
+    uint64_t length = 0;
+    uint32_t region = 0;    // local region slot index, or remote region index
+    const void* backend = nullptr;  // BackendRegion* or BackendRemoteRegion*
+  };
+  struct List {
+    bool remote = false;
+    std::string peer;
+    uint64_t peer_generation = 0;
+    std::vector<Entry> entries;
+    std::vector<Entry> runs;  // coalesced view of all entries
+    std::vector<uint32_t> local_regions;  // distinct local region slots referenced (refcounts)
+    std::vector<std::shared_ptr<BackendRemoteRegion>> keepalive;
+    uint64_t bytes = 0;
+  };
+  struct Transfer {
+    Op op = Op::kWrite;
+    std::string peer;
+    uint64_t peer_generation = 0;
+    std::shared_ptr<BackendPeer> backend_peer;
+    std::shared_ptr<const OpBatch> batch;
+    std::vector<uint8_t> notification_frame;
+    TransferState state = TransferState::kIdle;
+    Status error;
+    uint32_t seq = 0;  // bumps on every post and release: stale completions are ignored
+    TimePoint deadline{};
+    std::shared_ptr<PostControl> control;
+  };
+
+  Agent(AgentOptions options, std::unique_ptr<Backend> backend);
+  // BackendSink
+  void OnPostDone(uint64_t token, Status status) override;
+  void OnMessage(std::span<const uint8_t> frame) override;
+  void OnPeerError(const BackendPeer* peer, Status status) override;
+
+  // All *Locked helpers require mu_.
+  void FailPeerTransfersLocked(const std::string& peer, const Status& why);
+  void DropPeerLocked(const std::string& name, Peer& peer, const Status& why);
+  void FinishLocked(Transfer& t, Status status);
+  Result<std::vector<Entry>> SelectRunsLocked(const List& list, const std::vector<uint32_t>& idx,
+                                              const char* side);
+  void WatchdogLoop();
+
+  AgentOptions options_;
+  std::unique_ptr<Backend> backend_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;  // transfer finished, notification arrived
+  SlotTable<Region> regions_;
+  SlotTable<List> lists_;
+  SlotTable<Transfer> transfers_;
+  std::map<std::string, Peer, std::less<>> peers_;
+  std::map<std::string, std::set<uint64_t>, std::less<>> retired_incarnations_;
+  std::deque<Notification> notifications_;
+  uint64_t next_peer_generation_ = 1;
+  uint32_t post_seq_ = 0;  // tokens carry a fresh sequence number per post
+  size_t in_progress_ = 0;
+
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;
+  bool watchdog_idle_ = false;  // watchdog waits without a deadline
+  std::thread watchdog_;
+};
+
+}  // namespace kvpush::xfer

@@ -1,0 +1,164 @@
+// Backend: the thin lower layer of the transfer engine (UCX's uct to the Agent's ucp).
+//
+// A backend moves bytes and messages; it makes no policy decisions and keeps no bookkeeping beyond
+// its own opaque per-region and per-peer objects, which it hands to the Agent and gets back on every
+// call. It advertises what it can do in BackendCaps; the Agent decides (addressing, allocation,
+// whether a target progress thread is needed) from those capabilities.
+//
+// Threading contract: every method may be called from any thread, concurrently. Post() and
+// SendMessage() never call the BackendSink synchronously: errors found while posting are returned;
+// everything later is reported through the sink from the backend's own thread(s). The sink is set
+// once, before the first Post, and must outlive the backend.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "xfer/types.h"
+
+namespace kvpush::xfer {
+
+/// How a remote op names its target bytes.
+enum class AddressMode : uint8_t {
+  kOffset = 0,          ///< byte offset from the start of the remote region (FI_MR_VIRT_ADDR off)
+  kVirtualAddress = 1,  ///< remote virtual address = exported base + offset (UCX, FI_MR_VIRT_ADDR)
+};
+
+/// Where remote keys come from.
+enum class KeyKind : uint8_t {
+  kNone = 0,            ///< in-process: the region table index is enough
+  kAppChosen = 1,       ///< the application picks the key (libfabric FI_MR_PROV_KEY off)
+  kProviderIssued = 2,  ///< the provider issues a key blob at registration (UCX rkey, FI_MR_PROV_KEY)
+};
+
+/// What a backend can do. Fixed for the lifetime of the backend.
+struct BackendCaps {
+  std::string name;                   ///< "loopback", "ucx", "libfabric", "fault(<inner>)"
+  bool read = true;                   ///< supports Op::kRead
+  bool write = true;                  ///< supports Op::kWrite
+  bool needs_target_progress = true;  ///< target must run a progress thread for RMA to complete
+  bool allocates_for_one_sided = false;  ///< AllocateRegion gives a faster (truly one-sided) path
+  AddressMode addressing = AddressMode::kOffset;
+  KeyKind key_kind = KeyKind::kNone;
+  uint32_t max_message_bytes = 4096;  ///< largest SendMessage / notification frame, bytes
+};
+
+/// Backend-private data of a registered local region (e.g. a ucp_mem_h and its packed rkey).
+struct BackendRegion {
+  virtual ~BackendRegion() = default;
+  std::vector<uint8_t> key;  ///< remote-access key blob exported in metadata (may be empty)
+};
+/// Backend-private data of a connected peer (e.g. a ucp_ep_h).
+struct BackendPeer {
+  virtual ~BackendPeer() = default;
+};
+/// Backend-private data of one of a peer's regions (e.g. an unpacked ucp_rkey_h).
+struct BackendRemoteRegion {
+  virtual ~BackendRemoteRegion() = default;
+};
+
+/// One contiguous RMA operation, fully resolved by the Agent. Flat and trivially copyable.
+struct XferOp {
+  uint64_t local_addr = 0;   ///< local virtual address
+  uint64_t remote_addr = 0;  ///< remote offset or virtual address, per BackendCaps::addressing
+  uint64_t length = 0;       ///< bytes, > 0
+  const BackendRegion* local = nullptr;         ///< backend data of the local region
+  const BackendRemoteRegion* remote = nullptr;  ///< backend data of the remote region
+};
+
+/// Shared between the Agent and the backend for one post; decides the race between the backend
+/// sending the notification and the Agent cancelling / timing out the transfer.
+struct PostControl {
+  static constexpr int kPending = 0;    ///< data in flight, notification not sent
+  static constexpr int kNotifying = 1;  ///< backend committed to sending the notification
+  static constexpr int kAborted = 2;    ///< agent cancelled: backend must not send it
+  std::atomic<int> state{kPending};
+  /// Backend side: true if the notification may be sent now (moves kPending -> kNotifying).
+  bool BeginNotify() {
+    int expected = kPending;
+    return state.compare_exchange_strong(expected, kNotifying, std::memory_order_acq_rel);
+  }
+  /// Agent side: true if the transfer was aborted before the notification (kPending -> kAborted).
+  bool Abort() {
+    int expected = kPending;
+    return state.compare_exchange_strong(expected, kAborted, std::memory_order_acq_rel);
+  }
+  bool aborted() const { return state.load(std::memory_order_acquire) == kAborted; }
+};
+
+/// An immutable, shareable array of ops; the backend keeps a reference while they are in flight.
+struct OpBatch {
+  std::vector<XferOp> ops;
+  uint64_t total_bytes = 0;
+};
+
+/// One post: ops of one transfer plus an optional notification frame sent after the data.
+struct PostRequest {
+  uint64_t token = 0;  ///< echoed in BackendSink::OnPostDone
+  Op op = Op::kWrite;
+  std::shared_ptr<BackendPeer> peer;  ///< kept alive by the post; may be disconnected meanwhile
+  std::shared_ptr<const OpBatch> batch;     ///< may be empty (notification only)
+  std::vector<uint8_t> notification;        ///< empty: none
+  std::shared_ptr<PostControl> control;     ///< never null
+};
+
+/// Receives asynchronous events from a backend. Called from backend threads; must be thread-safe
+/// and must not call back into the backend's Post/SendMessage synchronously with locks it holds.
+class BackendSink {
+ public:
+  virtual ~BackendSink() = default;
+  /// A post finished: OK means all data is visible at its destination and the notification (if
+  /// any, and not aborted) was handed to the network after it. Called exactly once per accepted post.
+  virtual void OnPostDone(uint64_t token, Status status) = 0;
+  /// A message (notification frame) arrived from some peer.
+  virtual void OnMessage(std::span<const uint8_t> frame) = 0;
+  /// The backend detected that a connected peer failed (connection reset, endpoint timeout).
+  virtual void OnPeerError(const BackendPeer* peer, Status status) = 0;
+};
+
+/// The backend interface. See the file comment for the threading contract.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual const BackendCaps& caps() const = 0;
+  /// Sets the event sink. Call once before anything else.
+  virtual void SetSink(BackendSink* sink) = 0;
+  /// Opaque address blob that peers pass to Connect (e.g. the UCP worker address).
+  virtual std::vector<uint8_t> LocalAddress() const = 0;
+
+  /// Registers caller-owned memory [addr, addr + length). Errors: kInvalidArgument, kUnimplemented
+  /// (memory type), kResourceExhausted / kInternal from the provider.
+  virtual Result<std::unique_ptr<BackendRegion>> RegisterMemory(void* addr, uint64_t length,
+                                                                MemoryType type) = 0;
+  /// Allocates and registers `length` bytes owned by the backend (zeroed, page-aligned); `*addr`
+  /// receives the address. Errors as RegisterMemory.
+  virtual Result<std::unique_ptr<BackendRegion>> AllocateMemory(uint64_t length, MemoryType type,
+                                                                void** addr) = 0;
+  /// Deregisters (and frees, if allocated) a region. No op may reference it afterwards.
+  virtual void ReleaseMemory(std::unique_ptr<BackendRegion> region) = 0;
+
+  /// Connects to a peer from its LocalAddress blob. Errors: kInvalidArgument (bad blob),
+  /// kUnavailable (unreachable).
+  virtual Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) = 0;
+  /// Imports one of the peer's regions from its key blob and base address.
+  virtual Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(
+      BackendPeer* peer, std::span<const uint8_t> key, uint64_t base, uint64_t length) = 0;
+  /// Drops a peer: outstanding posts to it complete with kPeerGone (or are already complete), then
+  /// its remote regions become unusable. The shared_ptrs may be released by the caller afterwards.
+  virtual void Disconnect(std::shared_ptr<BackendPeer> peer,
+                          std::vector<std::shared_ptr<BackendRemoteRegion>> regions) = 0;
+
+  /// Starts a post. Returns an error (and reports nothing later) if it cannot be started; otherwise
+  /// OnPostDone(token, ...) follows exactly once.
+  virtual Status Post(PostRequest request) = 0;
+  /// Best effort: stop working on a post whose control was aborted (it still reports OnPostDone).
+  virtual void Abort(uint64_t token) = 0;
+};
+
+}  // namespace kvpush::xfer

@@ -1,0 +1,51 @@
+// Fault backend: a decorator over any backend that injects failures and delays, so the Agent's
+// error paths (post failures, failed completions, stalls, peer death) run in CPU-only tests.
+//
+// The plan lives in a FaultControls object shared with the test, which can change it at any time
+// (e.g. "the peer dies now"). Randomness is seeded, so a failing run can be replayed.
+// Thread-safety: as Backend; FaultControls is thread-safe.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+
+#include "xfer/backend.h"
+
+namespace kvpush::xfer {
+
+/// What to inject. Rates are probabilities in [0, 1] per post.
+struct FaultPlan {
+  double post_failure_rate = 0;        ///< Post() returns kUnavailable("injected post failure")
+  double completion_failure_rate = 0;  ///< completion replaced by kInternal("injected ...")
+  std::chrono::microseconds max_post_delay{0};        ///< uniform random delay before forwarding
+  std::chrono::microseconds max_completion_delay{0};  ///< uniform random delay of completions
+  bool swallow_completions = false;  ///< completions never reported: the transfer stalls
+  bool peer_dead = false;            ///< posts complete with kPeerGone; OnPeerError is reported
+  uint64_t seed = 1;
+};
+
+/// Shared, mutable fault plan plus counters of what was injected.
+class FaultControls {
+ public:
+  void Set(const FaultPlan& plan) {
+    std::lock_guard lock(mu_);
+    plan_ = plan;
+  }
+  FaultPlan Get() {
+    std::lock_guard lock(mu_);
+    return plan_;
+  }
+
+ private:
+  std::mutex mu_;
+  FaultPlan plan_;
+};
+
+/// Wraps `inner`. caps() are the inner backend's (including its name, so that metadata still
+/// matches peers that run the plain inner backend).
+std::unique_ptr<Backend> MakeFaultBackend(std::unique_ptr<Backend> inner,
+                                          std::shared_ptr<FaultControls> controls);
+
+}  // namespace kvpush::xfer

@@ -1,0 +1,88 @@
+// Value types of the transfer engine API: handles, descriptors, operations and transfer states.
+//
+// Handles (RegionId, ListHandle, TransferHandle) are (index, generation) pairs into tables owned by
+// the Agent; every handle passed in is checked against the table's generation, so a stale or forged
+// handle is refused with kNotFound instead of touching freed state. Handles are plain values:
+// copyable and safe to pass between threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "common/status.h"
+
+namespace kvpush::xfer {
+
+/// Where a region's memory lives. Only kHost is implemented; kDevice is reserved so that device
+/// memory (GPU HBM) can be added without an API change. Encoded as one byte in metadata.
+enum class MemoryType : uint8_t { kHost = 0, kDevice = 1 };
+
+/// Direction of a one-sided transfer, seen from the initiator: kRead pulls remote bytes into local
+/// memory, kWrite pushes local bytes into remote memory.
+enum class Op : uint8_t { kRead = 0, kWrite = 1 };
+
+/// Packs an (index, generation) pair into one comparable 64-bit value.
+struct HandleBits {
+  uint32_t index = 0;
+  uint32_t generation = 0;  ///< 0 is never issued: a default-constructed handle is invalid
+  uint64_t packed() const { return (static_cast<uint64_t>(generation) << 32) | index; }
+  static HandleBits Unpack(uint64_t v) {
+    return {static_cast<uint32_t>(v & 0xffffffffu), static_cast<uint32_t>(v >> 32)};
+  }
+  friend bool operator==(const HandleBits&, const HandleBits&) = default;
+};
+
+/// A registered region of an agent (local, or a peer's as listed in its metadata).
+struct RegionId : HandleBits {};
+/// A prepared descriptor list (local or remote).
+struct ListHandle : HandleBits {};
+/// A prepared, re-postable transfer.
+struct TransferHandle : HandleBits {};
+
+/// One byte range inside a region: `length` bytes at `offset` bytes from the region start.
+/// For a local list `region` is a local RegionId; for a remote list it is the peer's RegionId as
+/// exported in its metadata. Requirement: length > 0 and offset + length <= region length.
+struct Desc {
+  RegionId region;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+/// Lifecycle of a transfer. kIdle: prepared, never posted (or reset). kInProgress: posted, not
+/// finished. kDone: all data is visible at the destination and the notification (if any) was sent.
+/// kError: finished with an error; TransferStatus::error says why (kPeerGone, kDeadlineExceeded,
+/// kCancelled, kOutOfRange, kInvalidArgument, kUnavailable, kInternal, ...).
+enum class TransferState : uint8_t { kIdle = 0, kInProgress, kDone, kError };
+
+/// Returns "idle", "in_progress", "done" or "error".
+const char* TransferStateName(TransferState s);
+
+/// State of a transfer plus the error when state == kError.
+struct TransferStatus {
+  TransferState state = TransferState::kIdle;
+  Status error;
+};
+
+/// A notification received from a peer: who sent it (name and incarnation) and its payload.
+struct Notification {
+  std::string peer;
+  uint64_t peer_incarnation = 0;
+  std::vector<uint8_t> payload;
+};
+
+/// Agent configuration. Plain value; validated by Agent::Create.
+struct AgentOptions {
+  /// Agent name, unique among the agents that talk to each other. 1..255 bytes.
+  std::string name;
+  /// Incarnation id; 0 picks a random non-zero 64-bit value (the normal case). Tests may fix it.
+  uint64_t incarnation = 0;
+  /// A posted transfer that has not finished after this long ends in kDeadlineExceeded.
+  std::chrono::milliseconds stall_timeout{10000};
+  /// Largest notification payload accepted for sending, bytes (receivers refuse larger frames).
+  uint32_t max_notification_bytes = 4096;
+};
+
+}  // namespace kvpush::xfer

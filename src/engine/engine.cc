@@ -1,0 +1,127 @@
+#include "engine/engine.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <utility>
+
+#include "common/clock.h"
+
+namespace kvpush {
+
+Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                               std::unique_ptr<Executor> executor,
+                                               const Tokenizer& tokenizer, KvConnector* connector) {
+  if (executor == nullptr) return InvalidArgument("Engine: no executor");
+  KVP_ASSIGN_OR_RETURN(EngineConfig resolved, config.Resolve(executor->config()));
+  KVP_ASSIGN_OR_RETURN(auto core,
+                       EngineCore::Create(resolved, std::move(executor), tokenizer, connector));
+  return std::unique_ptr<Engine>(new Engine(resolved, std::move(core), tokenizer));
+}
+
+Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
+               const Tokenizer& tokenizer)
+    : config_(config), model_(core->model_config()), tokenizer_(tokenizer), core_(std::move(core)) {
+  stats_ = core_->stats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Engine::~Engine() {
+  Stop();
+}
+
+void Engine::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
+}
+
+Result<Engine::Handle> Engine::Submit(GenerationRequest request) {
+  KVP_RETURN_IF_ERROR(ValidateRequest(config_, model_, request));
+  Handle h;
+  h.id = next_id_.fetch_add(1);
+  h.channel = std::make_shared<OutputChannel>();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return Unavailable("engine is shutting down");
+    const int64_t pending = static_cast<int64_t>(queue_.size()) + num_waiting_.load();
+    if (pending >= config_.max_pending_requests) {
+      return Unavailable("engine overloaded: " + std::to_string(pending) +
+                         " requests already waiting");
+    }
+    Command c;
+    c.id = h.id;
+    c.request = std::move(request);
+    c.channel = h.channel;
+    c.arrival_ns = NowNs();
+    queue_.push_back(std::move(c));
+  }
+  cv_.notify_one();
+  return h;
+}
+
+void Engine::Abort(int64_t id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    Command c;
+    c.abort = true;
+    c.id = id;
+    queue_.push_back(std::move(c));
+  }
+  cv_.notify_one();
+}
+
+EngineStats Engine::stats() const {
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  return stats_;
+}
+
+void Engine::Loop() {
+  std::deque<Command> cmds;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!core_->HasWork()) {
+        cv_.wait_for(lock, std::chrono::milliseconds(100),
+                     [&] { return stopping_ || !queue_.empty(); });
+      }
+      if (stopping_) break;
+      cmds.swap(queue_);
+    }
+    for (Command& c : cmds) {
+      if (c.abort) {
+        core_->Abort(c.id);
+      } else {
+        core_->AddRequest(c.id, std::move(c.request), std::move(c.channel), c.arrival_ns);
+      }
+    }
+    cmds.clear();
+    core_->Step();
+    const EngineStats& s = core_->stats();
+    num_waiting_.store(s.num_waiting);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_ = s;
+  }
+  // Shutdown: answer everything still queued or running.
+  std::deque<Command> rest;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    rest.swap(queue_);
+  }
+  for (Command& c : rest) {
+    if (c.abort || c.channel == nullptr) continue;
+    RequestOutput out;
+    out.finish_reason = FinishReason::kAbort;
+    out.error = Aborted("engine is shutting down");
+    c.channel->Push(std::move(out));
+  }
+  core_->AbortAll("engine is shutting down");
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = core_->stats();
+}
+
+}  // namespace kvpush

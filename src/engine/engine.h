@@ -1,0 +1,91 @@
+// Engine: one engine thread that owns an EngineCore (scheduler, block pool, KV cache, executor).
+// Other threads (HTTP handlers, the generate command) submit requests through a queue and read
+// outputs from a per-request OutputChannel (Seastar style: no shared mutable state under locks
+// except the two queues and a published stats snapshot).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine_core.h"
+
+namespace kvpush {
+
+class Engine {
+ public:
+  /// Resolves and validates `config` against the executor's model, allocates the KV arena and
+  /// starts the engine thread. `tokenizer` (and `connector`, null in colocated mode) must outlive
+  /// the engine. Errors: those of EngineConfig::Resolve and EngineCore::Create.
+  static Result<std::unique_ptr<Engine>> Create(const EngineConfig& config,
+                                                std::unique_ptr<Executor> executor,
+                                                const Tokenizer& tokenizer,
+                                                KvConnector* connector = nullptr);
+
+  /// Stops the engine thread; unfinished requests end with FinishReason::kAbort.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  /// A submitted request: the engine id (for Abort) and its output channel.
+  struct Handle {
+    int64_t id = 0;
+    std::shared_ptr<OutputChannel> channel;
+  };
+
+  /// Validates `request` (ValidateRequest) and queues it for the engine thread.
+  /// Errors: kInvalidArgument / kResourceExhausted (never fits) from validation;
+  /// kUnavailable when max_pending_requests are already waiting (overload) or the engine stopped.
+  /// Thread-safe.
+  Result<Handle> Submit(GenerationRequest request);
+
+  /// Asks the engine thread to abort request `id` (its channel then gets a kAbort output and its
+  /// blocks are released). Unknown or finished ids are ignored. Thread-safe, non-blocking.
+  void Abort(int64_t id);
+
+  /// Stops the engine thread (idempotent). Thread-safe.
+  void Stop();
+
+  /// The latest snapshot published by the engine thread (after each step). Thread-safe.
+  EngineStats stats() const;
+
+  /// Resolved configuration and the model's; immutable after Create. Thread-safe.
+  const EngineConfig& config() const { return config_; }
+  const ModelConfig& model_config() const { return model_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+
+ private:
+  Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core, const Tokenizer& tokenizer);
+  void Loop();
+
+  struct Command {
+    bool abort = false;
+    int64_t id = 0;
+    GenerationRequest request;
+    std::shared_ptr<OutputChannel> channel;
+    int64_t arrival_ns = 0;
+  };
+
+  const EngineConfig config_;
+  const ModelConfig model_;
+  const Tokenizer& tokenizer_;
+  std::unique_ptr<EngineCore> core_;  ///< touched only by the engine thread after Create
+
+  std::mutex mu_;  ///< guards queue_, stopping_
+  std::condition_variable cv_;
+  std::deque<Command> queue_;
+  bool stopping_ = false;
+
+  mutable std::mutex stats_mu_;
+  EngineStats stats_;  ///< guarded by stats_mu_
+
+  std::atomic<int64_t> next_id_{1};
+  std::atomic<int32_t> num_waiting_{0};  ///< published with stats, for overload checks
+  std::thread thread_;
+};
+
+}  // namespace kvpush

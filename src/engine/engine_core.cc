@@ -1,0 +1,275 @@
+#include "engine/engine_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "common/clock.h"
+
+namespace kvpush {
+
+Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
+                       const GenerationRequest& request) {
+  const auto& prompt = request.prompt_tokens;
+  if (prompt.empty()) return InvalidArgument("prompt is empty");
+  for (int32_t t : prompt) {
+    if (t < 0 || t >= model.vocab_size) {
+      return InvalidArgument("prompt token id " + std::to_string(t) +
+                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
+                             ")");
+    }
+  }
+  const int64_t n = static_cast<int64_t>(prompt.size());
+  if (n + 1 > config.max_model_len) {
+    return InvalidArgument(
+        "prompt has " + std::to_string(n) + " tokens; the maximum context length is " +
+        std::to_string(config.max_model_len) + " tokens including at least one generated token");
+  }
+  if (request.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
+  KVP_RETURN_IF_ERROR(request.sampling.Validate());
+  for (int32_t t : request.stop_token_ids) {
+    if (t < 0 || t >= model.vocab_size) {
+      return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
+    }
+  }
+  const int64_t total = std::min<int64_t>(n + request.max_tokens, config.max_model_len);
+  const int64_t blocks = (total + config.block_size - 1) / config.block_size;
+  if (blocks > config.num_kv_blocks) {
+    return ResourceExhausted("request needs " + std::to_string(blocks) + " KV blocks (" +
+                             std::to_string(total) + " tokens) but the KV cache has only " +
+                             std::to_string(config.num_kv_blocks) + " blocks");
+  }
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
+                                                       std::unique_ptr<Executor> executor,
+                                                       const Tokenizer& tokenizer,
+                                                       KvConnector* connector) {
+  KVP_RETURN_IF_ERROR(config.Validate());
+  if (executor == nullptr) return InvalidArgument("EngineCore: no executor");
+  if (config.num_kv_blocks < 1 || config.max_model_len < 2) {
+    return InvalidArgument("EngineCore: config not resolved (num_kv_blocks, max_model_len)");
+  }
+  const ModelConfig& m = executor->config();
+  KvLayout layout{m.num_layers,      m.num_kv_heads,       m.head_dim,
+                  config.block_size, config.num_kv_blocks, KvDtype::kF32};
+  KVP_ASSIGN_OR_RETURN(auto kv, KvCache::Create(layout));
+  return std::unique_ptr<EngineCore>(
+      new EngineCore(config, std::move(executor), std::move(kv), tokenizer, connector));
+}
+
+EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> executor,
+                       std::unique_ptr<KvCache> kv, const Tokenizer& tokenizer,
+                       KvConnector* connector)
+    : config_(config),
+      executor_(std::move(executor)),
+      kv_(std::move(kv)),
+      tokenizer_(tokenizer),
+      connector_(connector),
+      pool_(BlockPool::Options{config.num_kv_blocks, config.block_size,
+                               config.enable_prefix_caching, executor_->config().fingerprint}),
+      scheduler_(config_, pool_, connector) {
+  stats_.num_kv_blocks_total = config.num_kv_blocks;
+}
+
+void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
+                            std::shared_ptr<OutputChannel> channel, int64_t arrival_ns) {
+  ++stats_.requests_received;
+  Status st = ValidateRequest(config_, model_config(), request);
+  if (st.ok() && seqs_.count(seq_id) != 0) {
+    st = AlreadyExists("engine request id " + std::to_string(seq_id) + " is in use");
+  }
+  if (!st.ok()) {
+    RequestOutput out;
+    out.finish_reason = FinishReason::kError;
+    out.error = st;
+    out.num_prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
+    ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
+    channel->Push(std::move(out));
+    return;
+  }
+  auto seq = std::make_unique<Sequence>();
+  seq->seq_id = seq_id;
+  seq->channel = std::move(channel);
+  seq->tokens = request.prompt_tokens;
+  seq->num_prompt_tokens = seq->num_tokens();
+  seq->max_output_tokens = std::min(request.max_tokens, config_.max_model_len - seq->num_tokens());
+  seq->arrival_ns = arrival_ns;
+  seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop);
+  seq->request = std::move(request);
+  stats_.prompt_tokens += seq->num_prompt_tokens;
+  Sequence* raw = seq.get();
+  seqs_.emplace(seq_id, std::move(seq));
+  scheduler_.AddWaiting(raw);
+}
+
+void EngineCore::Abort(int64_t seq_id) {
+  auto it = seqs_.find(seq_id);
+  if (it == seqs_.end()) return;
+  Finish(*it->second, FinishReason::kAbort, Aborted("request aborted"), {}, {});
+}
+
+void EngineCore::AbortAll(const std::string& reason) {
+  std::vector<int64_t> ids;
+  ids.reserve(seqs_.size());
+  for (const auto& [id, seq] : seqs_) ids.push_back(id);
+  std::sort(ids.begin(), ids.end());
+  for (int64_t id : ids) Finish(*seqs_.at(id), FinishReason::kAbort, Aborted(reason), {}, {});
+}
+
+bool EngineCore::HasWork() const {
+  return !seqs_.empty() || !held_blocks_.empty();
+}
+
+void EngineCore::ReleaseHeldBlocks() {
+  if (connector_ == nullptr || held_blocks_.empty()) return;
+  for (int64_t id : connector_->GetFinished()) {
+    auto it = held_blocks_.find(id);
+    if (it == held_blocks_.end()) continue;
+    pool_.Release(it->second);
+    held_blocks_.erase(it);
+  }
+}
+
+int32_t EngineCore::Step() {
+  ReleaseHeldBlocks();
+  std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
+  stats_.num_preemptions = scheduler_.num_preemptions();
+  if (chunks.empty()) return 0;
+
+  batch_.clear();
+  size_t num_logits = 0;
+  int32_t total = 0;
+  for (const ScheduledChunk& c : chunks) {
+    Sequence& seq = *c.seq;
+    if (!seq.admission_counted) {
+      seq.admission_counted = true;
+      stats_.cached_prompt_tokens += seq.num_cached_tokens;
+      stats_.queue_time.Record(NsToSeconds(seq.first_scheduled_ns - seq.arrival_ns));
+    }
+    SequenceChunk chunk;
+    chunk.seq_id = seq.seq_id;
+    chunk.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed,
+                                            static_cast<size_t>(c.num_tokens));
+    chunk.start_pos = seq.num_computed;
+    chunk.block_table = seq.blocks;
+    chunk.want_logits = seq.num_computed + c.num_tokens == seq.num_tokens();
+    if (chunk.want_logits) ++num_logits;
+    total += c.num_tokens;
+    batch_.push_back(chunk);
+  }
+  const auto vocab = static_cast<size_t>(model_config().vocab_size);
+  logits_.resize(num_logits * vocab);
+  LayerObserver* observer = connector_ != nullptr ? connector_->BeginStep(batch_) : nullptr;
+  Status st = executor_->Execute(batch_, *kv_, logits_, observer);
+  ++stats_.num_steps;
+  if (!st.ok()) {
+    spdlog::error("engine step failed: {}", st.ToString());
+    for (const ScheduledChunk& c : chunks) {
+      Finish(*c.seq, FinishReason::kError, Internal("model execution failed: " + st.ToString()), {},
+             {});
+    }
+    return total;
+  }
+  stats_.computed_tokens += total;
+  size_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    Sequence& seq = *chunks[i].seq;
+    seq.num_computed += chunks[i].num_tokens;
+    scheduler_.CommitFullBlocks(seq);
+    if (batch_[i].want_logits) {
+      ProcessLogits(seq, std::span<const float>(logits_.data() + row * vocab, vocab));
+      ++row;
+    }
+  }
+  return total;
+}
+
+void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
+  const GenerationRequest& req = seq.request;
+  SampleResult r = Sample(logits, req.sampling, seq.num_output_tokens());
+  const int64_t now = NowNs();
+  seq.tokens.push_back(r.token);
+  ++stats_.generation_tokens;
+  if (seq.first_token_ns == 0) {
+    seq.first_token_ns = now;
+    stats_.ttft.Record(NsToSeconds(now - seq.arrival_ns));
+  } else {
+    stats_.itl.Record(NsToSeconds(now - seq.last_token_ns));
+  }
+  seq.last_token_ns = now;
+
+  RequestOutput out;
+  out.tokens.push_back(TokenOutput{r.token, r.logprob, std::move(r.top_logprobs)});
+  FinishReason reason = FinishReason::kNone;
+  std::string stop_reason;
+  const bool is_eos = r.token == model_config().eos_id && !req.ignore_eos;
+  const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
+                                    r.token) != req.stop_token_ids.end();
+  if (is_eos || is_stop_id) {
+    reason = FinishReason::kStop;
+    out.text = seq.text->Flush();  // the stop token's own text is not emitted
+  } else {
+    OutputTextProcessor::Delta d = seq.text->Append(r.token);
+    out.text = std::move(d.text);
+    if (d.stopped) {
+      reason = FinishReason::kStop;
+      stop_reason = std::move(d.stop_string);
+    } else if (seq.num_output_tokens() >= seq.max_output_tokens ||
+               seq.num_tokens() >= config_.max_model_len) {
+      reason = FinishReason::kLength;
+      out.text += seq.text->Flush();
+    }
+  }
+  if (reason != FinishReason::kNone) {
+    Finish(seq, reason, Status::Ok(), std::move(out.text), std::move(stop_reason), &out);
+    return;
+  }
+  out.num_prompt_tokens = seq.num_prompt_tokens;
+  out.num_output_tokens = seq.num_output_tokens();
+  out.num_cached_tokens = seq.num_cached_tokens;
+  seq.channel->Push(std::move(out));
+}
+
+void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
+                        std::string stop_reason, RequestOutput* partial) {
+  RequestOutput out;
+  if (partial != nullptr) out = std::move(*partial);
+  out.text = std::move(text);
+  out.finish_reason = reason;
+  out.stop_reason = std::move(stop_reason);
+  out.error = std::move(error);
+  out.num_prompt_tokens = seq.num_prompt_tokens;
+  out.num_output_tokens = seq.num_output_tokens();
+  out.num_cached_tokens = seq.num_cached_tokens;
+
+  std::vector<BlockId> blocks = scheduler_.Remove(&seq);
+  if (connector_ != nullptr && connector_->OnRequestFinished(seq, blocks)) {
+    held_blocks_[seq.seq_id] = std::move(blocks);
+  } else {
+    pool_.Release(blocks);
+  }
+
+  const int64_t now = NowNs();
+  ++stats_.finished_by_reason[static_cast<size_t>(reason)];
+  stats_.e2e.Record(NsToSeconds(now - seq.arrival_ns));
+  if (seq.num_output_tokens() > 1 && seq.first_token_ns != 0) {
+    stats_.tpot.Record(NsToSeconds(seq.last_token_ns - seq.first_token_ns) /
+                       static_cast<double>(seq.num_output_tokens() - 1));
+  }
+  std::shared_ptr<OutputChannel> channel = std::move(seq.channel);
+  seqs_.erase(seq.seq_id);  // destroys seq
+  channel->Push(std::move(out));
+}
+
+const EngineStats& EngineCore::stats() {
+  stats_.num_running = scheduler_.num_running();
+  stats_.num_waiting = scheduler_.num_waiting();
+  stats_.kv = pool_.stats();
+  stats_.num_preemptions = scheduler_.num_preemptions();
+  return stats_;
+}
+
+}  // namespace kvpush

@@ -1,0 +1,97 @@
+// EngineCore: the single-threaded heart of the engine: request admission, one step at a time
+// (schedule -> execute -> sample -> stream outputs), finish/abort and block accounting.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "engine/engine_stats.h"
+#include "engine/kv_connector.h"
+#include "engine/output_channel.h"
+#include "engine/scheduler.h"
+#include "kv/block_pool.h"
+#include "kv/kv_cache.h"
+#include "model/executor.h"
+#include "model/tokenizer.h"
+
+namespace kvpush {
+
+/// Checks a request against a resolved config and model: non-empty prompt, ids in
+/// [0, vocab_size), prompt + 1 <= max_model_len, max_tokens >= 1, sampling params valid, and
+/// that the request can ever fit in the KV pool (blocks for min(prompt + max_tokens,
+/// max_model_len) tokens <= num_kv_blocks). Errors: kInvalidArgument, kResourceExhausted (never
+/// fits). Thread-safe (pure).
+Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
+                       const GenerationRequest& request);
+
+/// Not thread-safe: exactly one thread (the engine thread, or a test) calls every method.
+/// Engine wraps it with a thread and queues.
+class EngineCore {
+ public:
+  /// `config` must be resolved (EngineConfig::Resolve). Allocates the KV arena.
+  /// `tokenizer` and `connector` (null in colocated mode) must outlive the core.
+  /// Errors: kInvalidArgument (config), kResourceExhausted (arena allocation).
+  static Result<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
+                                                    std::unique_ptr<Executor> executor,
+                                                    const Tokenizer& tokenizer,
+                                                    KvConnector* connector = nullptr);
+
+  /// Admits a request under engine id `seq_id` (unique). An invalid request is answered at once
+  /// on `channel` with FinishReason::kError. `arrival_ns` is the NowNs() of its arrival.
+  void AddRequest(int64_t seq_id, GenerationRequest request, std::shared_ptr<OutputChannel> channel,
+                  int64_t arrival_ns);
+
+  /// Finishes a waiting or running request with FinishReason::kAbort and releases its blocks.
+  /// Unknown ids (already finished) are ignored.
+  void Abort(int64_t seq_id);
+
+  /// Aborts every request (shutdown); `reason` goes into their outputs' error message.
+  void AbortAll(const std::string& reason);
+
+  /// Runs one step: schedule, execute, sample, emit outputs, finish requests. Returns the number
+  /// of tokens computed (0 when there was nothing to do). An executor error fails the step's
+  /// requests with FinishReason::kError (the engine keeps running).
+  int32_t Step();
+
+  /// True while any request is waiting or running (or the connector holds blocks).
+  bool HasWork() const;
+
+  /// Counters and gauges, refreshed.
+  const EngineStats& stats();
+
+  const EngineConfig& config() const { return config_; }
+  const ModelConfig& model_config() const { return executor_->config(); }
+  const BlockPool& block_pool() const { return pool_; }
+
+ private:
+  EngineCore(const EngineConfig& config, std::unique_ptr<Executor> executor,
+             std::unique_ptr<KvCache> kv, const Tokenizer& tokenizer, KvConnector* connector);
+
+  /// Samples the next token of `seq` from `logits`, appends it, streams the delta and finishes
+  /// the request when a stop condition holds.
+  void ProcessLogits(Sequence& seq, std::span<const float> logits);
+  /// Sends the final output (`partial` carries this step's token, if any), releases or hands
+  /// over the blocks, records latencies and destroys `seq`.
+  void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
+              std::string stop_reason, RequestOutput* partial = nullptr);
+  void ReleaseHeldBlocks();
+
+  EngineConfig config_;
+  std::unique_ptr<Executor> executor_;
+  std::unique_ptr<KvCache> kv_;
+  const Tokenizer& tokenizer_;
+  KvConnector* connector_;
+  BlockPool pool_;
+  Scheduler scheduler_;
+  std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
+  std::unordered_map<int64_t, std::vector<BlockId>> held_blocks_;  ///< kept for the connector
+  EngineStats stats_;
+  std::vector<SequenceChunk> batch_;  ///< reused per step
+  std::vector<float> logits_;         ///< reused per step
+};
+
+}  // namespace kvpush

@@ -1,0 +1,40 @@
+// EngineStats: counters, gauges and latency histograms of one engine, for /metrics.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "engine/histogram.h"
+#include "engine/request.h"
+#include "kv/block_pool.h"
+
+namespace kvpush {
+
+/// A snapshot published by the engine thread after every step (Engine::stats() copies it).
+/// Counters are monotonic; gauges describe the moment of the snapshot.
+struct EngineStats {
+  // Gauges.
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int32_t num_kv_blocks_total = 0;
+  BlockPool::Stats kv;  ///< used/free/cached blocks and prefix-cache counters (blocks)
+
+  // Counters.
+  std::array<int64_t, 5> finished_by_reason{};  ///< indexed by FinishReason
+  int64_t requests_received = 0;
+  int64_t prompt_tokens = 0;         ///< prompt tokens of admitted requests (first admission)
+  int64_t generation_tokens = 0;     ///< tokens sampled
+  int64_t cached_prompt_tokens = 0;  ///< prompt tokens served by the prefix cache (first admission)
+  int64_t computed_tokens = 0;  ///< tokens executed (prefill chunks + decodes, incl. recompute)
+  int64_t num_preemptions = 0;
+  int64_t num_steps = 0;
+
+  // Latencies in seconds (recorded when a request finishes, or per token for ITL).
+  Histogram ttft{Histogram::LatencyBounds()};        ///< arrival -> first token
+  Histogram tpot{Histogram::LatencyBounds()};        ///< (last - first token) / (n - 1)
+  Histogram itl{Histogram::LatencyBounds()};         ///< between consecutive tokens
+  Histogram e2e{Histogram::LatencyBounds()};         ///< arrival -> finish
+  Histogram queue_time{Histogram::LatencyBounds()};  ///< arrival -> first scheduled
+};
+
+}  // namespace kvpush

@@ -1,0 +1,67 @@
+#include "engine/output_processor.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvpush {
+
+OutputTextProcessor::OutputTextProcessor(const Tokenizer& tokenizer, std::vector<std::string> stop)
+    : detok_(tokenizer) {
+  for (auto& s : stop) {
+    if (s.empty()) continue;
+    holdback_ = std::max(holdback_, s.size() - 1);
+    stop_.push_back(std::move(s));
+  }
+}
+
+OutputTextProcessor::Delta OutputTextProcessor::Append(int32_t token) {
+  if (stopped_) return {};
+  pending_ += detok_.Push(token);
+  return Scan();
+}
+
+OutputTextProcessor::Delta OutputTextProcessor::Scan() {
+  Delta d;
+  // Earliest match of any stop string in the pending text.
+  size_t best = std::string::npos;
+  const std::string* which = nullptr;
+  for (const auto& s : stop_) {
+    size_t p = pending_.find(s);
+    if (p != std::string::npos && (best == std::string::npos || p < best)) {
+      best = p;
+      which = &s;
+    }
+  }
+  if (which != nullptr) {
+    d.text = pending_.substr(0, best);
+    d.stopped = true;
+    d.stop_string = *which;
+    pending_.clear();
+    stopped_ = true;
+    return d;
+  }
+  if (pending_.size() <= holdback_) return d;
+  size_t cut = pending_.size() - holdback_;
+  // Do not split a UTF-8 character: move the cut back over continuation bytes.
+  while (cut > 0 && cut < pending_.size() &&
+         (static_cast<unsigned char>(pending_[cut]) & 0xC0) == 0x80) {
+    --cut;
+  }
+  d.text = pending_.substr(0, cut);
+  pending_.erase(0, cut);
+  return d;
+}
+
+std::string OutputTextProcessor::Flush() {
+  if (stopped_) return {};
+  pending_ += detok_.Flush();
+  // A stop string may complete only with the flushed bytes.
+  Delta d = Scan();
+  if (d.stopped) return d.text;
+  std::string out = std::move(d.text);
+  out += pending_;
+  pending_.clear();
+  return out;
+}
+
+}  // namespace kvpush

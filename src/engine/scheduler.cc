@@ -1,0 +1,143 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+
+#include "common/clock.h"
+
+namespace kvpush {
+
+Scheduler::Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector)
+    : config_(config), pool_(pool), connector_(connector) {}
+
+void Scheduler::AddWaiting(Sequence* seq) {
+  seq->state = SequenceState::kWaiting;
+  waiting_.push_back(seq);
+}
+
+bool Scheduler::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
+  const int32_t bs = config_.block_size;
+  const int32_t need = (num_tokens + bs - 1) / bs - static_cast<int32_t>(seq.blocks.size());
+  if (need <= 0) return true;
+  if (need > pool_.num_available()) return false;
+  return pool_.AllocateAppend(need, seq.blocks).ok();
+}
+
+void Scheduler::ResetProgress(Sequence& seq) {
+  pool_.Release(seq.blocks);
+  seq.blocks.clear();
+  seq.block_hashes.clear();
+  seq.num_computed = 0;
+}
+
+void Scheduler::Preempt(Sequence* victim) {
+  ResetProgress(*victim);
+  victim->state = SequenceState::kWaiting;
+  ++victim->num_preemptions;
+  ++num_preemptions_;
+  waiting_.push_front(victim);
+}
+
+std::vector<ScheduledChunk> Scheduler::Schedule() {
+  std::vector<ScheduledChunk> out;
+  int32_t budget = config_.max_num_batched_tokens;
+  bool preempted = false;
+
+  // 1. Running sequences: decodes first, then prefill chunks.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence* seq = running_[i];
+      const int32_t remaining = seq->num_tokens() - seq->num_computed;
+      const bool is_decode = remaining == 1;
+      if ((pass == 0) != is_decode || remaining <= 0) continue;
+      if (std::any_of(out.begin(), out.end(), [&](const auto& c) { return c.seq == seq; })) {
+        continue;
+      }
+      const int32_t n = std::min(remaining, budget);
+      bool self_preempted = false;
+      while (!EnsureBlocks(*seq, seq->num_computed + n)) {
+        Sequence* victim = running_.back();
+        running_.pop_back();
+        auto it =
+            std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.seq == victim; });
+        if (it != out.end()) {
+          budget += it->num_tokens;
+          out.erase(it);
+        }
+        Preempt(victim);
+        preempted = true;
+        if (victim == seq) {
+          self_preempted = true;
+          break;
+        }
+      }
+      if (self_preempted) break;
+      out.push_back({seq, n});
+      budget -= n;
+    }
+  }
+
+  // 2. Waiting sequences (FIFO), only when nothing had to be preempted.
+  while (!preempted && !waiting_.empty() && budget > 0 &&
+         static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
+    Sequence* seq = waiting_.front();
+    int32_t num_external = 0;
+    if (seq->num_computed == 0 && seq->blocks.empty()) {
+      // Never match the whole sequence: at least its last token is computed, for the logits.
+      const int32_t max_blocks = (seq->num_tokens() - 1) / config_.block_size;
+      seq->blocks = pool_.MatchPrefix(seq->tokens, max_blocks);
+      seq->num_computed = static_cast<int32_t>(seq->blocks.size()) * config_.block_size;
+      if (connector_ != nullptr) {
+        num_external = std::clamp(connector_->GetNumMatchedTokens(*seq, seq->num_computed), 0,
+                                  seq->num_tokens() - 1 - seq->num_computed);
+      }
+    }
+    const int32_t local_computed = seq->num_computed;
+    const int32_t n = std::min(seq->num_tokens() - local_computed - num_external, budget);
+    if (!EnsureBlocks(*seq, local_computed + num_external + n)) {
+      ResetProgress(*seq);  // give matched blocks back; retried next step
+      break;
+    }
+    waiting_.pop_front();
+    seq->state = SequenceState::kRunning;
+    if (!seq->admitted_once) {
+      seq->admitted_once = true;
+      seq->num_cached_tokens = local_computed;
+      seq->first_scheduled_ns = NowNs();
+    }
+    if (connector_ != nullptr) connector_->OnBlocksAllocated(*seq, seq->blocks, num_external);
+    seq->num_computed += num_external;
+    CommitFullBlocks(*seq);  // records the matched blocks' hashes (no-op in the pool for them)
+    running_.push_back(seq);
+    out.push_back({seq, n});
+    budget -= n;
+  }
+  return out;
+}
+
+void Scheduler::CommitFullBlocks(Sequence& seq) {
+  const int32_t bs = config_.block_size;
+  const size_t full = static_cast<size_t>(seq.num_computed / bs);
+  while (seq.block_hashes.size() < full && seq.block_hashes.size() < seq.blocks.size()) {
+    const size_t i = seq.block_hashes.size();
+    const BlockHash parent = i == 0 ? pool_.root_hash() : seq.block_hashes[i - 1];
+    std::span<const int32_t> toks(seq.tokens.data() + i * static_cast<size_t>(bs),
+                                  static_cast<size_t>(bs));
+    const BlockHash h = pool_.HashBlock(parent, toks);
+    pool_.CommitFullBlock(seq.blocks[i], parent, h, toks);
+    seq.block_hashes.push_back(h);
+  }
+}
+
+std::vector<BlockId> Scheduler::Remove(Sequence* seq) {
+  auto r = std::find(running_.begin(), running_.end(), seq);
+  if (r != running_.end()) running_.erase(r);
+  auto w = std::find(waiting_.begin(), waiting_.end(), seq);
+  if (w != waiting_.end()) waiting_.erase(w);
+  std::vector<BlockId> blocks;
+  blocks.swap(seq->blocks);
+  seq->block_hashes.clear();
+  seq->num_computed = 0;
+  return blocks;
+}
+
+}  // namespace kvpush

@@ -1,0 +1,72 @@
+// Scheduler: continuous batching with a per-step token budget, chunked prefill, prefix-cache
+// reuse and recompute-style preemption (after vLLM v1's scheduler).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <vector>
+
+#include "engine/engine_config.h"
+#include "engine/kv_connector.h"
+#include "engine/sequence.h"
+#include "kv/block_pool.h"
+
+namespace kvpush {
+
+/// `num_tokens` tokens of `seq` starting at seq->num_computed are computed in this step.
+struct ScheduledChunk {
+  Sequence* seq = nullptr;
+  int32_t num_tokens = 0;
+};
+
+/// Decides, step by step, which sequences run and how many tokens each computes.
+///
+/// Policy per step (budget = max_num_batched_tokens, at most max_num_seqs running):
+///  1. running sequences in decode (one token left to compute) get one token each, in admission
+///     order; then running sequences still in prefill get min(remaining, budget) tokens (chunked
+///     prefill);
+///  2. when a running sequence needs a block and none is available, the most recently admitted
+///     running sequence is preempted (blocks released, progress reset, put back at the head of
+///     the waiting queue; it is recomputed later, prompt and generated tokens alike);
+///  3. if nothing was preempted, waiting sequences are admitted in FIFO order while budget and
+///     blocks last: the prefix cache is matched first (never the whole sequence: at least one
+///     token is computed so there are logits), then blocks for the chunk are allocated.
+/// Not thread-safe: owned by the engine thread. Does not own the sequences.
+class Scheduler {
+ public:
+  /// `config` resolved; `pool` and `connector` (may be null) outlive the scheduler.
+  Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector);
+
+  /// Queues a validated sequence (state kWaiting, no blocks) at the tail of the waiting queue.
+  void AddWaiting(Sequence* seq);
+
+  /// Plans one step. Every returned chunk has blocks allocated for its tokens. Sequences admitted
+  /// for the first time get admitted_once/num_cached_tokens/first_scheduled_ns set.
+  std::vector<ScheduledChunk> Schedule();
+
+  /// Records the prefix-cache hashes of every full block of `seq` whose tokens are all computed
+  /// (chained hashes, BlockPool::CommitFullBlock). Call after num_computed advanced.
+  void CommitFullBlocks(Sequence& seq);
+
+  /// Takes `seq` out of the running/waiting queues and returns its block table (the caller
+  /// releases it or hands it to the connector).
+  std::vector<BlockId> Remove(Sequence* seq);
+
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+
+ private:
+  bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
+  void Preempt(Sequence* victim);
+  void ResetProgress(Sequence& seq);
+
+  EngineConfig config_;
+  BlockPool& pool_;
+  KvConnector* connector_;
+  std::deque<Sequence*> waiting_;
+  std::vector<Sequence*> running_;  ///< admission order; back = lowest priority
+  int64_t num_preemptions_ = 0;
+};
+
+}  // namespace kvpush

@@ -1,0 +1,350 @@
+// EngineCore over the fake model: scheduling, chunked prefill, prefix cache, preemption, stop
+// conditions, aborts and block accounting. The fake's tokens depend on the KV read back through
+// the block table, so a scheduling bug shows up as a wrong token.
+#include <gtest/gtest.h>
+
+#include "engine_test_util.h"
+
+namespace kvpush::testing {
+namespace {
+
+std::unique_ptr<EngineCore> MakeCore(const EngineConfig& c, FakeTokenizer& tok,
+                                     std::shared_ptr<FakeProbe> probe = nullptr,
+                                     KvConnector* connector = nullptr) {
+  auto r = EngineCore::Create(c, std::make_unique<FakeExecutor>(probe), tok, connector);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return std::move(r).value();
+}
+
+TEST(EngineCoreTest, GreedyMatchesReferenceModel) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(64, 4, 512), tok);
+  auto prompt = MakePrompt(10, 1);
+  auto res = RunAll(*core, {MakeRequest(prompt, 30)});
+  EXPECT_EQ(res[0].tokens, FakeGreedy(prompt, 30, 64));
+  EXPECT_EQ(res[0].finish, FinishReason::kLength);
+  EXPECT_EQ(res[0].num_outputs, 30);  // one output per token, the last one final
+  ExpectNoLeak(*core);
+}
+
+// Batched with a small budget (chunked prefill) == each request alone, greedy and seeded.
+void CheckBatchedEqualsSequential(float temperature) {
+  FakeTokenizer tok;
+  auto probe = std::make_shared<FakeProbe>();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    reqs.push_back(MakeRequest(MakePrompt(3 + i * 7, static_cast<uint32_t>(i)), 5 + i * 2,
+                               temperature, 1000 + static_cast<uint64_t>(i)));
+  }
+  auto batched_core = MakeCore(FakeConfig(512, 4, 24), tok, probe);
+  auto batched = RunAll(*batched_core, reqs);
+  EXPECT_GT(probe->chunked_prefills.load(), 0) << "budget 24 must split the long prompts";
+  EXPECT_LE(probe->max_step_tokens.load(), 24);
+  EXPECT_GT(probe->max_batch_seqs.load(), 1);
+  ExpectNoLeak(*batched_core);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto solo_core = MakeCore(FakeConfig(512, 4, 4096), tok);
+    auto solo = RunAll(*solo_core, {reqs[i]});
+    EXPECT_EQ(batched[i].tokens, solo[0].tokens) << "request " << i;
+    EXPECT_EQ(batched[i].text, solo[0].text) << "request " << i;
+    EXPECT_EQ(static_cast<int32_t>(batched[i].tokens.size()), reqs[i].max_tokens);
+    if (temperature == 0.0f) {
+      EXPECT_EQ(batched[i].tokens, FakeGreedy(reqs[i].prompt_tokens, reqs[i].max_tokens, 64));
+    }
+  }
+}
+
+TEST(EngineCoreTest, BatchedEqualsSequentialGreedy) {
+  CheckBatchedEqualsSequential(0.0f);
+}
+TEST(EngineCoreTest, BatchedEqualsSequentialSeeded) {
+  CheckBatchedEqualsSequential(0.9f);
+}
+
+TEST(EngineCoreTest, MaxNumSeqsLimitsTheBatch) {
+  FakeTokenizer tok;
+  auto probe = std::make_shared<FakeProbe>();
+  auto core = MakeCore(FakeConfig(512, 4, 512, /*max_seqs=*/3), tok, probe);
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) reqs.push_back(MakeRequest(MakePrompt(5, i), 4));
+  auto res = RunAll(*core, reqs);
+  EXPECT_EQ(probe->max_batch_seqs.load(), 3);
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(res[i].tokens, FakeGreedy(MakePrompt(5, i), 4, 64));
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, PrefixCacheHitsOnRepeatedPrompt) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(128, 4, 512), tok);
+  auto prompt = MakePrompt(23, 7);  // 5 full blocks + 3 tokens
+  auto first = RunAll(*core, {MakeRequest(prompt, 6)}, 1);
+  auto s1 = core->stats();
+  EXPECT_EQ(first[0].num_cached_tokens, 0);
+  EXPECT_EQ(s1.kv.prefix_hit_blocks, 0);
+  auto second = RunAll(*core, {MakeRequest(prompt, 6)}, 2);
+  auto s2 = core->stats();
+  EXPECT_EQ(second[0].tokens, first[0].tokens);
+  EXPECT_EQ(second[0].num_cached_tokens, 20);
+  EXPECT_EQ(s2.kv.prefix_hit_blocks - s1.kv.prefix_hit_blocks, 5);
+  EXPECT_EQ(s2.kv.prefix_query_blocks - s1.kv.prefix_query_blocks, 5);
+  EXPECT_EQ(s2.cached_prompt_tokens, 20);
+  // Generated tokens' full blocks are committed too: prompt + first output as a new prompt
+  // (29 tokens = 7 full blocks) finds 7 blocks.
+  auto longer = prompt;
+  longer.insert(longer.end(), first[0].tokens.begin(), first[0].tokens.end());
+  auto third = RunAll(*core, {MakeRequest(longer, 3)}, 3);
+  EXPECT_EQ(third[0].num_cached_tokens, 28);
+  EXPECT_EQ(third[0].tokens, FakeGreedy(longer, 3, 64));
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, PrefixCacheNeverMatchesTheWholePrompt) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(128, 4, 512), tok);
+  auto prompt = MakePrompt(16, 3);  // exactly 4 full blocks
+  auto a = RunAll(*core, {MakeRequest(prompt, 2)}, 1);
+  auto b = RunAll(*core, {MakeRequest(prompt, 2)}, 2);
+  EXPECT_EQ(b[0].num_cached_tokens, 12);  // the last block is recomputed for the logits
+  EXPECT_EQ(a[0].tokens, b[0].tokens);
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, DisabledPrefixCacheNeverHits) {
+  FakeTokenizer tok;
+  auto c = FakeConfig(128, 4, 512);
+  c.enable_prefix_caching = false;
+  auto core = MakeCore(c, tok);
+  auto prompt = MakePrompt(23, 7);
+  RunAll(*core, {MakeRequest(prompt, 3)}, 1);
+  auto b = RunAll(*core, {MakeRequest(prompt, 3)}, 2);
+  EXPECT_EQ(b[0].num_cached_tokens, 0);
+  EXPECT_EQ(core->stats().kv.prefix_hit_blocks, 0);
+  EXPECT_EQ(core->stats().kv.num_cached, 0);
+}
+
+TEST(EngineCoreTest, PreemptionUnderTinyPoolGivesSameTokens) {
+  FakeTokenizer tok;
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back(MakeRequest(MakePrompt(10 + i, 50 + i), 30, i % 2 ? 0.8f : 0.0f, 77 + i));
+  }
+  // Each request needs ceil((17 + 30) / 4) = 12 blocks at most; 20 blocks hold one or two.
+  auto tiny = MakeCore(FakeConfig(20, 4, 64), tok);
+  auto small = RunAll(*tiny, reqs);
+  EXPECT_GT(tiny->stats().num_preemptions, 0);
+  ExpectNoLeak(*tiny);
+  auto big = MakeCore(FakeConfig(1024, 4, 64), tok);
+  auto ref = RunAll(*big, reqs);
+  EXPECT_EQ(big->stats().num_preemptions, 0);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(small[i].tokens, ref[i].tokens) << "request " << i;
+    EXPECT_EQ(small[i].finish, FinishReason::kLength);
+  }
+}
+
+TEST(EngineCoreTest, RequestThatCanNeverFitIsRefused) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(8, 4, 64), tok);
+  auto res = RunAll(*core, {MakeRequest(MakePrompt(20, 1), 20), MakeRequest(MakePrompt(5, 2), 3)});
+  EXPECT_EQ(res[0].finish, FinishReason::kError);
+  EXPECT_EQ(res[0].error.code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(res[0].tokens.empty());
+  EXPECT_EQ(res[1].finish, FinishReason::kLength);  // the other request is unaffected
+  EXPECT_EQ(res[1].tokens, FakeGreedy(MakePrompt(5, 2), 3, 64));
+  ExpectNoLeak(*core);
+  EXPECT_EQ(core->block_pool().stats().num_free + core->block_pool().stats().num_cached, 8);
+}
+
+TEST(EngineCoreTest, InvalidRequestsAreRefused) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok);
+  auto empty = MakeRequest({}, 3);
+  auto bad_id = MakeRequest({1, 64}, 3);
+  auto zero = MakeRequest({1, 5}, 0);
+  auto too_long = MakeRequest(MakePrompt(4096, 1), 1);
+  auto res = RunAll(*core, {empty, bad_id, zero, too_long});
+  for (const auto& r : res) {
+    EXPECT_EQ(r.finish, FinishReason::kError);
+    EXPECT_EQ(r.error.code(), StatusCode::kInvalidArgument) << r.error.ToString();
+  }
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, StopConditions) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+  auto prompt = MakePrompt(6, 11);
+  auto ref = RunAll(*core, {MakeRequest(prompt, 40)}, 1)[0];
+  ASSERT_EQ(ref.tokens.size(), 40u);
+  ASSERT_GT(ref.text.size(), 12u);
+
+  // EOS stops unless ignore_eos; the stop token itself is counted but adds no text.
+  auto eos_req = MakeRequest(prompt, 40);
+  eos_req.ignore_eos = false;
+  eos_req.stop_token_ids = {ref.tokens[9]};
+  auto by_id = RunAll(*core, {eos_req}, 2)[0];
+  auto first = std::find(ref.tokens.begin(), ref.tokens.end(), ref.tokens[9]) - ref.tokens.begin();
+  EXPECT_EQ(by_id.finish, FinishReason::kStop);
+  EXPECT_EQ(by_id.tokens.size(), static_cast<size_t>(first + 1));
+  std::vector<int32_t> before(ref.tokens.begin(), ref.tokens.begin() + first);
+  EXPECT_EQ(by_id.text, DecodeTokens(tok, before));
+
+  // A stop string spanning several tokens, taken from the middle of the reference text.
+  std::string stop = ref.text.substr(5, 6);
+  auto s_req = MakeRequest(prompt, 40);
+  s_req.stop = {"never-there", stop};
+  auto by_str = RunAll(*core, {s_req}, 3)[0];
+  EXPECT_EQ(by_str.finish, FinishReason::kStop);
+  EXPECT_EQ(by_str.stop_reason, stop);
+  EXPECT_EQ(by_str.text, ref.text.substr(0, ref.text.find(stop)));
+  EXPECT_LT(by_str.tokens.size(), ref.tokens.size());
+
+  // max_tokens -> length.
+  auto l = RunAll(*core, {MakeRequest(prompt, 3)}, 4)[0];
+  EXPECT_EQ(l.finish, FinishReason::kLength);
+  EXPECT_EQ(l.tokens, std::vector<int32_t>(ref.tokens.begin(), ref.tokens.begin() + 3));
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, EosEndsGenerationUnlessIgnored) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(1024, 4, 512), tok);
+  // Find a prompt whose greedy continuation contains EOS (id 2) within 200 tokens.
+  for (uint32_t salt = 0; salt < 200; ++salt) {
+    auto prompt = MakePrompt(4, salt);
+    auto ref = FakeGreedy(prompt, 200, 64);
+    auto it = std::find(ref.begin(), ref.end(), 2);
+    if (it == ref.end()) continue;
+    auto req = MakeRequest(prompt, 200);
+    req.ignore_eos = false;
+    auto r = RunAll(*core, {req, MakeRequest(prompt, 200)}, 10);
+    EXPECT_EQ(r[0].finish, FinishReason::kStop);
+    EXPECT_EQ(r[0].tokens, std::vector<int32_t>(ref.begin(), it + 1));
+    EXPECT_EQ(r[1].finish, FinishReason::kLength);
+    EXPECT_EQ(r[1].tokens, ref);
+    ExpectNoLeak(*core);
+    return;
+  }
+  GTEST_SKIP() << "no prompt with EOS found";
+}
+
+TEST(EngineCoreTest, MaxModelLenEndsWithLength) {
+  FakeTokenizer tok;
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_kv_blocks = 64;
+  c.max_model_len = 20;
+  auto resolved = c.Resolve(FakeModelConfig());
+  ASSERT_TRUE(resolved.ok());
+  auto core = MakeCore(*resolved, tok);
+  auto r = RunAll(*core, {MakeRequest(MakePrompt(15, 2), 100)})[0];
+  EXPECT_EQ(r.finish, FinishReason::kLength);
+  EXPECT_EQ(r.tokens.size(), 5u);
+}
+
+TEST(EngineCoreTest, AbortReleasesBlocks) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(64, 4, 8), tok);
+  auto ch1 = std::make_shared<OutputChannel>();
+  auto ch2 = std::make_shared<OutputChannel>();
+  core->AddRequest(1, MakeRequest(MakePrompt(30, 1), 20), ch1, 0);
+  core->AddRequest(2, MakeRequest(MakePrompt(30, 2), 20), ch2, 0);
+  for (int i = 0; i < 5; ++i) core->Step();  // 1 is mid-prefill or decoding, 2 waiting/partial
+  EXPECT_GT(core->block_pool().stats().num_used, 0);
+  core->Abort(1);
+  core->Abort(2);
+  core->Abort(99);  // unknown: ignored
+  EXPECT_FALSE(core->HasWork());
+  for (auto* ch : {ch1.get(), ch2.get()}) {
+    auto outs = ch->TakeAll();
+    ASSERT_FALSE(outs.empty());
+    EXPECT_EQ(outs.back().finish_reason, FinishReason::kAbort);
+    EXPECT_TRUE(ch->closed());
+  }
+  ExpectNoLeak(*core);
+  EXPECT_EQ(core->stats().finished_by_reason[static_cast<size_t>(FinishReason::kAbort)], 2);
+}
+
+TEST(EngineCoreTest, StatsCountTokensAndLatencies) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok);
+  RunAll(*core, {MakeRequest(MakePrompt(9, 1), 5), MakeRequest(MakePrompt(7, 2), 4)});
+  const auto& s = core->stats();
+  EXPECT_EQ(s.prompt_tokens, 16);
+  EXPECT_EQ(s.generation_tokens, 9);
+  EXPECT_EQ(s.finished_by_reason[static_cast<size_t>(FinishReason::kLength)], 2);
+  EXPECT_EQ(s.ttft.count(), 2u);
+  EXPECT_EQ(s.e2e.count(), 2u);
+  EXPECT_EQ(s.tpot.count(), 2u);
+  EXPECT_EQ(s.itl.count(), 7u);
+  EXPECT_EQ(s.queue_time.count(), 2u);
+  EXPECT_EQ(s.num_running, 0);
+  EXPECT_EQ(s.num_waiting, 0);
+}
+
+TEST(EngineCoreTest, LogprobsAreReported) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok);
+  auto req = MakeRequest(MakePrompt(5, 1), 3);
+  req.sampling.logprobs = 2;
+  auto ch = std::make_shared<OutputChannel>();
+  core->AddRequest(1, req, ch, 0);
+  while (core->HasWork()) core->Step();
+  auto outs = ch->TakeAll();
+  ASSERT_EQ(outs.size(), 3u);
+  for (const auto& o : outs) {
+    ASSERT_EQ(o.tokens.size(), 1u);
+    ASSERT_EQ(o.tokens[0].top_logprobs.size(), 2u);
+    EXPECT_EQ(o.tokens[0].top_logprobs[0].first, o.tokens[0].id);  // greedy = top-1
+    EXPECT_LE(o.tokens[0].logprob, 0.0f);
+    EXPECT_FLOAT_EQ(o.tokens[0].logprob, o.tokens[0].top_logprobs[0].second);
+  }
+}
+
+// A connector that records the hook calls and keeps finished requests' blocks until released.
+class RecordingConnector : public KvConnector, public LayerObserver {
+ public:
+  int32_t GetNumMatchedTokens(const Sequence&, int32_t) override {
+    ++matched;
+    return 0;
+  }
+  void OnBlocksAllocated(const Sequence&, std::span<const BlockId> blocks, int32_t) override {
+    ++allocated;
+    EXPECT_FALSE(blocks.empty());
+  }
+  LayerObserver* BeginStep(std::span<const SequenceChunk>) override {
+    ++steps;
+    return this;
+  }
+  void OnLayerDone(int32_t) override { ++layers; }
+  bool OnRequestFinished(const Sequence& seq, std::span<const BlockId>) override {
+    finished_ids.push_back(seq.seq_id);
+    return true;
+  }
+  std::vector<int64_t> GetFinished() override { return std::exchange(release, {}); }
+
+  int matched = 0, allocated = 0, steps = 0, layers = 0;
+  std::vector<int64_t> finished_ids, release;
+};
+
+TEST(EngineCoreTest, ConnectorHooksAreCalledAndHeldBlocksReleased) {
+  FakeTokenizer tok;
+  RecordingConnector conn;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+  auto res = RunAll(*core, {MakeRequest(MakePrompt(9, 1), 3)}, 5);
+  // RunAll stops when HasWork() is false; held blocks keep it busy, so release them.
+  EXPECT_EQ(res[0].tokens, FakeGreedy(MakePrompt(9, 1), 3, 64));
+  EXPECT_EQ(conn.matched, 1);
+  EXPECT_EQ(conn.allocated, 1);
+  EXPECT_EQ(conn.steps, 3);
+  EXPECT_EQ(conn.layers, 6);
+  ASSERT_EQ(conn.finished_ids, std::vector<int64_t>{5});
+  EXPECT_GT(core->block_pool().stats().num_used, 0);  // held for the connector
+  conn.release = {5};
+  core->Step();
+  ExpectNoLeak(*core);
+  EXPECT_FALSE(core->HasWork());
+}
+
+}  // namespace
+}  // namespace kvpush::testing

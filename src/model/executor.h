@@ -32,6 +32,7 @@ struct ModelConfig {
   int32_t vocab_size = 0;
   int32_t context_length = 0;  ///< max positions the engine will accept
   float rope_theta = 10000.0f;
+  int32_t rope_dim = 0;  ///< dims rotated per head (GGUF rope.dimension_count); 0 = head_dim
   float rms_eps = 1e-5f;
   int32_t bos_id = 1;
   int32_t eos_id = 2;
@@ -40,11 +41,11 @@ struct ModelConfig {
 
 /// One sequence's work in a step: compute `tokens` at positions [start_pos, start_pos + n).
 struct SequenceChunk {
-  int64_t seq_id = 0;                      ///< engine's id, for observers and errors
-  std::span<const int32_t> tokens;         ///< token ids to compute this step (n >= 1)
-  int32_t start_pos = 0;                   ///< position of tokens[0]
-  std::span<const BlockId> block_table;    ///< blocks covering positions [0, start_pos + n)
-  bool want_logits = false;                ///< produce logits for the last token of the chunk
+  int64_t seq_id = 0;                    ///< engine's id, for observers and errors
+  std::span<const int32_t> tokens;       ///< token ids to compute this step (n >= 1)
+  int32_t start_pos = 0;                 ///< position of tokens[0]
+  std::span<const BlockId> block_table;  ///< blocks covering positions [0, start_pos + n)
+  bool want_logits = false;              ///< produce logits for the last token of the chunk
 };
 
 /// Receives a callback after each layer's K/V of the whole batch has been written to the cache

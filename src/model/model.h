@@ -1,7 +1,9 @@
 // Loading a model: picks the format from the file, returns executor + tokenizer + config.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "common/status.h"
@@ -14,6 +16,7 @@ struct ModelLoadOptions {
   std::string path;            ///< .gguf, or llama2.c .bin checkpoint
   std::string tokenizer_path;  ///< llama2.c tokenizer (tok512.bin); default: beside the .bin
   int32_t max_context = 0;     ///< 0 = the model's context length
+  int32_t blas_threads = 1;  ///< OpenBLAS threads for the executor (process-global; docs/model.md)
 };
 
 struct LoadedModel {
@@ -22,8 +25,16 @@ struct LoadedModel {
   std::unique_ptr<Tokenizer> tokenizer;
 };
 
-/// Loads a Llama-family model. Errors: kNotFound (file), kDataLoss (truncated/malformed file),
+/// Loads a Llama-family model. The format is picked from the file's first bytes ("GGUF" magic, else
+/// a llama2.c checkpoint). For a llama2.c checkpoint without tokenizer_path, the tokenizer is
+/// looked up beside it as tok<vocab_size>.bin, then tokenizer.bin.
+/// Errors: kNotFound (file), kDataLoss (truncated/malformed file),
 /// kUnimplemented (unsupported architecture, tensor type or tokenizer model, named).
 Result<LoadedModel> LoadModel(const ModelLoadOptions& options);
+
+/// Loads a GGUF model from memory (`bytes` need not outlive the result: weights are copied).
+/// options.path is only used as the display name. Errors: as LoadModel.
+Result<LoadedModel> LoadModelFromGgufBytes(std::span<const uint8_t> bytes,
+                                           const ModelLoadOptions& options);
 
 }  // namespace kvpush

@@ -1,0 +1,269 @@
+#include "model/llama_executor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+namespace kvpush {
+
+namespace {
+
+/// Dot product with eight interleaved partial sums combined in a fixed tree. The order depends only
+/// on n, so equal inputs give equal bits wherever this is called from (and it vectorises).
+inline float Dot(const float* a, const float* b, int64_t n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// out[i] = w[i] * (x[i] / sqrt(mean(x^2) + eps)), as llama2.c rmsnorm.
+inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  float ss = Dot(x, x, n) / static_cast<float>(n) + eps;
+  ss = 1.0f / std::sqrt(ss);
+  for (int64_t i = 0; i < n; ++i) out[i] = w[i] * (ss * x[i]);
+}
+
+}  // namespace
+
+LlamaExecutor::LlamaExecutor(LlamaWeights weights) : weights_(std::move(weights)) {}
+
+Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weights,
+                                                             const LlamaExecutorOptions& options) {
+  KVP_RETURN_IF_ERROR(ValidateLlamaWeights(weights));
+  if (options.max_context > 0) {
+    weights.config.context_length = std::min(weights.config.context_length, options.max_context);
+  }
+  SetBlasThreads(options.blas_threads);
+  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights)));
+  const ModelConfig& c = ex->weights_.config;
+  // RoPE table in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim), angle = pos * freq_i.
+  const int32_t pairs = c.rope_dim / 2;
+  ex->rope_cos_.resize(static_cast<size_t>(c.context_length) * pairs);
+  ex->rope_sin_.resize(ex->rope_cos_.size());
+  for (int32_t i = 0; i < pairs; ++i) {
+    const float freq =
+        1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.rope_dim));
+    for (int32_t pos = 0; pos < c.context_length; ++pos) {
+      const float angle = static_cast<float>(pos) * freq;
+      ex->rope_cos_[static_cast<size_t>(pos) * pairs + i] = std::cos(angle);
+      ex->rope_sin_[static_cast<size_t>(pos) * pairs + i] = std::sin(angle);
+    }
+  }
+  return ex;
+}
+
+Status LlamaExecutor::Validate(std::span<const SequenceChunk> batch, const KvCache& kv,
+                               std::span<float> logits, int64_t* total_tokens,
+                               int64_t* logit_rows) const {
+  const ModelConfig& c = weights_.config;
+  const KvLayout& lay = kv.layout();
+  if (lay.num_layers != c.num_layers || lay.num_kv_heads != c.num_kv_heads ||
+      lay.head_dim != c.head_dim || lay.dtype != KvDtype::kF32) {
+    return InvalidArgument("KV cache layout (" + lay.ToString() + ") does not match the model (" +
+                           std::to_string(c.num_layers) + " layers, " +
+                           std::to_string(c.num_kv_heads) + " kv heads, head_dim " +
+                           std::to_string(c.head_dim) + ", f32)");
+  }
+  int64_t tokens = 0, rows = 0;
+  for (const SequenceChunk& ch : batch) {
+    const std::string who = "sequence " + std::to_string(ch.seq_id) + ": ";
+    if (ch.tokens.empty()) return InvalidArgument(who + "empty chunk");
+    if (ch.start_pos < 0) return InvalidArgument(who + "negative start_pos");
+    const int64_t end = int64_t{ch.start_pos} + static_cast<int64_t>(ch.tokens.size());
+    if (end > c.context_length) {
+      return InvalidArgument(who + "position " + std::to_string(end - 1) +
+                             " is beyond the context length " + std::to_string(c.context_length));
+    }
+    for (int32_t t : ch.tokens) {
+      if (t < 0 || t >= c.vocab_size) {
+        return InvalidArgument(who + "token id " + std::to_string(t) + " outside the vocabulary");
+      }
+    }
+    const int64_t need_blocks = (end + lay.block_size - 1) / lay.block_size;
+    if (static_cast<int64_t>(ch.block_table.size()) < need_blocks) {
+      return InvalidArgument(who + "block table has " + std::to_string(ch.block_table.size()) +
+                             " blocks, positions up to " + std::to_string(end) + " need " +
+                             std::to_string(need_blocks));
+    }
+    for (int64_t b = 0; b < need_blocks; ++b) {
+      const BlockId id = ch.block_table[static_cast<size_t>(b)];
+      if (id < 0 || id >= lay.num_blocks) {
+        return InvalidArgument(who + "block id " + std::to_string(id) + " out of range");
+      }
+    }
+    tokens += static_cast<int64_t>(ch.tokens.size());
+    rows += ch.want_logits ? 1 : 0;
+  }
+  if (static_cast<int64_t>(logits.size()) < rows * c.vocab_size) {
+    return InvalidArgument("logits span holds " + std::to_string(logits.size()) + " floats, need " +
+                           std::to_string(rows * c.vocab_size));
+  }
+  *total_tokens = tokens;
+  *logit_rows = rows;
+  return Status::Ok();
+}
+
+void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv) {
+  const ModelConfig& c = weights_.config;
+  const int64_t hd = c.head_dim, nkv = c.num_kv_heads, qdim = int64_t{c.num_heads} * hd;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int32_t bs = kv.layout().block_size;
+  const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hd));
+  float* scores = scores_.data();
+  int64_t row = 0;
+  for (const SequenceChunk& ch : batch) {
+    for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
+      const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        const int64_t kvh = h / group;
+        const float* q = q_.data() + row * qdim + h * hd;
+        // Scores over positions [0, pos], block by block through the block table.
+        float max = -INFINITY;
+        for (int32_t p = 0; p <= pos; p += bs) {
+          const float* kb =
+              kv.chunk_f32(layer, KvKind::kKey, ch.block_table[static_cast<size_t>(p / bs)]);
+          const int32_t n = std::min(bs, pos + 1 - p);
+          for (int32_t s = 0; s < n; ++s) {
+            const float sc = Dot(q, kb + (s * nkv + kvh) * hd, hd) * inv_sqrt;
+            scores[p + s] = sc;
+            max = std::max(max, sc);
+          }
+        }
+        float sum = 0.0f;
+        for (int32_t p = 0; p <= pos; ++p) {
+          scores[p] = std::exp(scores[p] - max);
+          sum += scores[p];
+        }
+        const float inv_sum = 1.0f / sum;
+        float* out = att_.data() + row * qdim + h * hd;
+        std::fill(out, out + hd, 0.0f);
+        for (int32_t p = 0; p <= pos; p += bs) {
+          const float* vb =
+              kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
+          const int32_t n = std::min(bs, pos + 1 - p);
+          for (int32_t s = 0; s < n; ++s) {
+            const float a = scores[p + s] * inv_sum;
+            const float* v = vb + (s * nkv + kvh) * hd;
+            for (int64_t d = 0; d < hd; ++d) out[d] += a * v[d];
+          }
+        }
+      }
+    }
+  }
+}
+
+Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
+                              std::span<float> logits, LayerObserver* observer) {
+  int64_t n_tok = 0, n_logits = 0;
+  KVP_RETURN_IF_ERROR(Validate(batch, kv, logits, &n_tok, &n_logits));
+  if (n_tok == 0) return Status::Ok();
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.dim, hd = c.head_dim, qdim = int64_t{c.num_heads} * hd;
+  const int64_t kvdim = int64_t{c.num_kv_heads} * hd, hid = c.hidden_dim;
+  const int32_t pairs = c.rope_dim / 2;
+  auto grow = [](std::vector<float>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  };
+  grow(x_, n_tok * d);
+  grow(xn_, n_tok * d);
+  grow(q_, n_tok * qdim);
+  grow(k_, n_tok * kvdim);
+  grow(v_, n_tok * kvdim);
+  grow(att_, n_tok * qdim);
+  grow(gate_, n_tok * hid);
+  grow(up_, n_tok * hid);
+  grow(scores_, c.context_length);
+  if (static_cast<int64_t>(row_pos_.size()) < n_tok) row_pos_.resize(static_cast<size_t>(n_tok));
+
+  {
+    int64_t row = 0;
+    for (const SequenceChunk& ch : batch) {
+      for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
+        row_pos_[static_cast<size_t>(row)] = ch.start_pos + static_cast<int32_t>(t);
+        std::memcpy(x_.data() + row * d, weights_.token_embd.data() + int64_t{ch.tokens[t]} * d,
+                    static_cast<size_t>(d) * sizeof(float));
+      }
+    }
+  }
+
+  const int32_t bs = kv.layout().block_size;
+  for (int32_t l = 0; l < c.num_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    for (int64_t r = 0; r < n_tok; ++r) {
+      RmsNorm(x_.data() + r * d, w.attn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
+    }
+    gemm_.Run(xn_.data(), n_tok, d, w.wq.data(), qdim, q_.data());
+    gemm_.Run(xn_.data(), n_tok, d, w.wk.data(), kvdim, k_.data());
+    gemm_.Run(xn_.data(), n_tok, d, w.wv.data(), kvdim, v_.data());
+    // RoPE on adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of every head.
+    for (int64_t r = 0; r < n_tok; ++r) {
+      const float* cs = rope_cos_.data() + int64_t{row_pos_[static_cast<size_t>(r)]} * pairs;
+      const float* sn = rope_sin_.data() + int64_t{row_pos_[static_cast<size_t>(r)]} * pairs;
+      auto rotate = [&](float* vec, int64_t heads) {
+        for (int64_t h = 0; h < heads; ++h) {
+          float* p = vec + h * hd;
+          for (int32_t i = 0; i < pairs; ++i) {
+            const float a = p[2 * i], b = p[2 * i + 1];
+            p[2 * i] = a * cs[i] - b * sn[i];
+            p[2 * i + 1] = a * sn[i] + b * cs[i];
+          }
+        }
+      };
+      rotate(q_.data() + r * qdim, c.num_heads);
+      rotate(k_.data() + r * kvdim, c.num_kv_heads);
+    }
+    // Write the new K/V into their cache slots before attending (the chunk attends to itself
+    // through the cache, exactly as a later chunk will).
+    {
+      int64_t row = 0;
+      for (const SequenceChunk& ch : batch) {
+        for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
+          const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
+          const BlockId blk = ch.block_table[static_cast<size_t>(pos / bs)];
+          const int64_t slot = int64_t{pos % bs} * kvdim;
+          std::memcpy(kv.chunk_f32(l, KvKind::kKey, blk) + slot, k_.data() + row * kvdim,
+                      static_cast<size_t>(kvdim) * sizeof(float));
+          std::memcpy(kv.chunk_f32(l, KvKind::kValue, blk) + slot, v_.data() + row * kvdim,
+                      static_cast<size_t>(kvdim) * sizeof(float));
+        }
+      }
+    }
+    Attention(l, batch, kv);
+    gemm_.Run(att_.data(), n_tok, qdim, w.wo.data(), d, xn_.data());
+    for (int64_t i = 0; i < n_tok * d; ++i)
+      x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
+    for (int64_t r = 0; r < n_tok; ++r) {
+      RmsNorm(x_.data() + r * d, w.ffn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
+    }
+    gemm_.Run(xn_.data(), n_tok, d, w.w_gate.data(), hid, gate_.data());
+    gemm_.Run(xn_.data(), n_tok, d, w.w_up.data(), hid, up_.data());
+    for (int64_t i = 0; i < n_tok * hid; ++i) {
+      float g = gate_[static_cast<size_t>(i)];
+      g *= 1.0f / (1.0f + std::exp(-g));
+      gate_[static_cast<size_t>(i)] = g * up_[static_cast<size_t>(i)];
+    }
+    gemm_.Run(gate_.data(), n_tok, hid, w.w_down.data(), d, xn_.data());
+    for (int64_t i = 0; i < n_tok * d; ++i)
+      x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
+    if (observer != nullptr) observer->OnLayerDone(l);
+  }
+
+  if (n_logits == 0) return Status::Ok();
+  // Final norm of the last row of every chunk that wants logits, then the classifier.
+  int64_t row = 0, out_row = 0;
+  for (const SequenceChunk& ch : batch) {
+    row += static_cast<int64_t>(ch.tokens.size());
+    if (!ch.want_logits) continue;
+    RmsNorm(x_.data() + (row - 1) * d, weights_.output_norm.data(), d, c.rms_eps,
+            xn_.data() + out_row * d);
+    ++out_row;
+  }
+  gemm_.Run(xn_.data(), n_logits, d, weights_.classifier().data(), c.vocab_size, logits.data());
+  return Status::Ok();
+}
+
+}  // namespace kvpush

@@ -1,0 +1,65 @@
+// LlamaExecutor: the Llama-family decoder on CPU over the paged KV cache.
+//
+// Per step (Execute): embeddings for every token of every chunk, then per layer
+//   xn = RMSNorm(x) * attn_norm;  q, k, v = xn Wq^T, xn Wk^T, xn Wv^T   (all rows in one GEMM)
+//   RoPE (adjacent pairs, llama2.c / llama.cpp "normal") on q and k at each row's position;
+//   k, v written into the KV cache slots given by the sequence's block table;
+//   attention per sequence, token and head over positions [0, pos] read from the cache (GQA:
+//   query head h uses KV head h / (num_heads / num_kv_heads)); causal by construction;
+//   x += attn Wo^T;  xn = RMSNorm(x) * ffn_norm;  x += (silu(xn Wg^T) * (xn Wu^T)) Wd^T;
+//   observer->OnLayerDone(layer).
+// Then RMSNorm(x) * output_norm and the classifier for the last token of each chunk that wants
+// logits. Formulas: Touvron et al. 2023 (Llama 2), as in llama2.c run.c.
+//
+// Batch invariance: GEMMs go through InvariantGemm (fixed-shape sgemm tiles); RMSNorm, RoPE,
+// attention and softmax are per-row loops with a fixed summation order that depends only on the
+// row's own data and position. A sequence's logits are therefore bit-identical whatever else is in
+// the batch and however its prompt is chunked (tests/model/batch_invariance_test.cc).
+// Threading: the executor runs on the calling (engine) thread; OpenBLAS gets
+// LlamaExecutorOptions::blas_threads threads (default 1, see docs/model.md).
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "model/executor.h"
+#include "model/gemm.h"
+#include "model/llama_weights.h"
+
+namespace kvpush {
+
+struct LlamaExecutorOptions {
+  int32_t max_context = 0;   ///< 0 = the model's context length; else min(model, this)
+  int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global setting)
+};
+
+class LlamaExecutor final : public Executor {
+ public:
+  /// Takes the weights. Errors: kDataLoss (weights inconsistent with their config).
+  static Result<std::unique_ptr<LlamaExecutor>> Create(LlamaWeights weights,
+                                                       const LlamaExecutorOptions& options = {});
+
+  const ModelConfig& config() const override { return weights_.config; }
+  const LlamaWeights& weights() const { return weights_; }
+
+  /// See Executor::Execute. The KV cache layout must match the model (num_layers, num_kv_heads,
+  /// head_dim, KvDtype::kF32), else kInvalidArgument. Scratch memory grows to the largest batch
+  /// seen and is reused.
+  Status Execute(std::span<const SequenceChunk> batch, KvCache& kv, std::span<float> logits,
+                 LayerObserver* observer) override;
+
+ private:
+  explicit LlamaExecutor(LlamaWeights weights);
+  Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
+                  int64_t* total_tokens, int64_t* logit_rows) const;
+  void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+
+  LlamaWeights weights_;
+  std::vector<float> rope_cos_, rope_sin_;  ///< [context_length, rope_dim / 2]
+  InvariantGemm gemm_;
+  // Scratch, [tokens, width] row-major.
+  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, scores_;
+  std::vector<int32_t> row_pos_;
+};
+
+}  // namespace kvpush

@@ -10,10 +10,14 @@ namespace kvpush::xfer {
 
 const char* TransferStateName(TransferState s) {
   switch (s) {
-    case TransferState::kIdle: return "idle";
-    case TransferState::kInProgress: return "in_progress";
-    case TransferState::kDone: return "done";
-    case TransferState::kError: return "error";
+    case TransferState::kIdle:
+      return "idle";
+    case TransferState::kInProgress:
+      return "in_progress";
+    case TransferState::kDone:
+      return "done";
+    case TransferState::kError:
+      return "error";
   }
   return "unknown";
 }
@@ -52,12 +56,14 @@ Agent::~Agent() {
   }
   watchdog_cv_.notify_all();
   watchdog_.join();
-  std::vector<std::pair<std::shared_ptr<BackendPeer>, std::vector<std::shared_ptr<BackendRemoteRegion>>>>
+  std::vector<
+      std::pair<std::shared_ptr<BackendPeer>, std::vector<std::shared_ptr<BackendRemoteRegion>>>>
       peers;
   std::vector<std::unique_ptr<BackendRegion>> regions;
   {
     std::lock_guard lock(mu_);
     for (auto& [name, p] : peers_) {
+      if (!p.backend) continue;
       std::vector<std::shared_ptr<BackendRemoteRegion>> rr;
       for (auto& [idx, r] : p.regions) rr.push_back(std::move(r.backend));
       peers.emplace_back(std::move(p.backend), std::move(rr));
@@ -99,8 +105,9 @@ Status Agent::DeregisterRegion(RegionId id) {
     Region* r = regions_.Find(id);
     if (r == nullptr) return NotFound("DeregisterRegion: no region " + std::to_string(id.index));
     if (r->list_refs > 0)
-      return FailedPrecondition("DeregisterRegion: region " + std::to_string(id.index) + " is used by " +
-                                std::to_string(r->list_refs) + " prepared list(s)");
+      return FailedPrecondition("DeregisterRegion: region " + std::to_string(id.index) +
+                                " is used by " + std::to_string(r->list_refs) +
+                                " prepared list(s)");
     br = std::move(r->backend);
     regions_.Erase(id);
   }
@@ -204,7 +211,8 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
   for (RegionInfo& ri : md.regions) {
     auto rr = backend_->ImportRegion(bp.get(), ri.key, ri.base, ri.length);
     if (!rr.ok())
-      return rr.status().WithContext("peer '" + md.name + "' region " + std::to_string(ri.id.index));
+      return rr.status().WithContext("peer '" + md.name + "' region " +
+                                     std::to_string(ri.id.index));
     uint32_t idx = ri.id.index;
     regions.emplace(idx, RemoteRegion{std::move(ri), std::move(rr).value()});
   }
@@ -230,7 +238,8 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
 Status Agent::InvalidatePeer(std::string_view peer, std::string_view reason) {
   std::lock_guard lock(mu_);
   auto it = peers_.find(peer);
-  if (it == peers_.end()) return NotFound("InvalidatePeer: unknown peer '" + std::string(peer) + "'");
+  if (it == peers_.end())
+    return NotFound("InvalidatePeer: unknown peer '" + std::string(peer) + "'");
   DropPeerLocked(it->first, it->second,
                  PeerGone("peer '" + std::string(peer) + "': " + std::string(reason)));
   return Status::Ok();

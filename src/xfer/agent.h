@@ -58,9 +58,9 @@ struct PeerLoadResult {
 /// A snapshot of what the agent knows about a peer.
 struct PeerInfo {
   uint64_t incarnation = 0;
-  bool alive = false;    ///< false after a backend error or invalidation
-  Status failure;        ///< why it is not alive
-  uint32_t restarts = 0; ///< new incarnations seen for this name
+  bool alive = false;     ///< false after a backend error or invalidation
+  Status failure;         ///< why it is not alive
+  uint32_t restarts = 0;  ///< new incarnations seen for this name
   size_t regions = 0;
 };
 
@@ -80,7 +80,8 @@ struct ListInfo {
 
 class Agent final : private BackendSink {
  public:
-  /// Creates an agent over `backend`. Errors: kInvalidArgument (empty/long name, zero stall timeout).
+  /// Creates an agent over `backend`. Errors: kInvalidArgument (empty/long name, zero stall
+  /// timeout).
   static Result<std::unique_ptr<Agent>> Create(AgentOptions options,
                                                std::unique_ptr<Backend> backend);
   ~Agent() override;
@@ -105,10 +106,10 @@ class Agent final : private BackendSink {
   // ---- Metadata and peers ----
   /// Encodes this agent's metadata (name, incarnation, backend address, region table with keys).
   Result<std::vector<uint8_t>> ExportMetadata();
-  /// Validates and loads a peer's metadata, connecting to it. Same incarnation: refreshes the region
-  /// table. New incarnation: drops all state of the old one first (in-flight transfers fail with
-  /// kPeerGone, its prepared lists go stale). Errors: those of DecodeMetadata; kInvalidArgument
-  /// (own name, other backend), kUnavailable (connect failed).
+  /// Validates and loads a peer's metadata, connecting to it. Same incarnation: refreshes the
+  /// region table. New incarnation: drops all state of the old one first (in-flight transfers fail
+  /// with kPeerGone, its prepared lists go stale). Errors: those of DecodeMetadata;
+  /// kInvalidArgument (own name, other backend), kUnavailable (connect failed).
   Result<PeerLoadResult> LoadRemoteMetadata(std::span<const uint8_t> blob);
   /// Drops a peer: in-flight transfers to it fail with kPeerGone(reason), lists go stale, the
   /// backend disconnects. Errors: kNotFound.
@@ -118,7 +119,8 @@ class Agent final : private BackendSink {
 
   // ---- Prepared descriptor lists ----
   /// Validates local descriptors (region live, length > 0, in bounds), resolves keys and coalesces
-  /// adjacent ranges. Errors: kNotFound (region), kOutOfRange, kInvalidArgument (empty, zero length).
+  /// adjacent ranges. Errors: kNotFound (region), kOutOfRange, kInvalidArgument (empty, zero
+  /// length).
   Result<ListHandle> PrepareLocal(std::span<const Desc> descs);
   /// Same for a peer's regions (bounds-checked against the peer's exported region table).
   /// Errors additionally: kNotFound (peer), kPeerGone (peer failed).
@@ -129,12 +131,14 @@ class Agent final : private BackendSink {
 
   // ---- Transfers ----
   /// Builds a re-postable transfer: selects entries, pairs the two byte streams and coalesces into
-  /// flat ops. Cost O(selected entries); nothing on the Post path depends on descriptor count except
-  /// the backend's own issue loop. Errors: kNotFound (list), kInvalidArgument (lists of the wrong
-  /// side, byte totals differ, notification too large), kOutOfRange (index), kUnimplemented (op).
+  /// flat ops. Cost O(selected entries); nothing on the Post path depends on descriptor count
+  /// except the backend's own issue loop. Errors: kNotFound (list), kInvalidArgument (lists of the
+  /// wrong side, byte totals differ, notification too large), kOutOfRange (index), kUnimplemented
+  /// (op).
   Result<TransferHandle> CreateTransfer(const TransferSpec& spec);
   /// A transfer with no data, only a notification to `peer` (a standalone notification).
-  Result<TransferHandle> CreateNotification(std::string_view peer, std::span<const uint8_t> payload);
+  Result<TransferHandle> CreateNotification(std::string_view peer,
+                                            std::span<const uint8_t> payload);
   /// Number of backend ops a transfer posts (after coalescing). Errors: kNotFound.
   Result<size_t> TransferOpCount(TransferHandle t);
   /// Posts a transfer that is not in progress. Starts its stall deadline. Errors: kNotFound,
@@ -155,7 +159,8 @@ class Agent final : private BackendSink {
   // ---- Notifications received ----
   /// Takes all notifications received so far, in arrival order.
   std::vector<Notification> TakeNotifications();
-  /// Waits until at least `min_count` notifications are queued or `deadline` passes, then takes all.
+  /// Waits until at least `min_count` notifications are queued or `deadline` passes, then takes
+  /// all.
   std::vector<Notification> WaitNotifications(size_t min_count, TimePoint deadline);
 
  private:
@@ -180,10 +185,10 @@ class Agent final : private BackendSink {
     std::shared_ptr<BackendPeer> backend;
     std::map<uint32_t, RemoteRegion> regions;  // by RegionId::index
   };
-  struct Entry {  // one original descriptor, resolved
-    uint64_t addr = 0;      // local virtual address, or remote offset/address per caps
+  struct Entry {        // one original descriptor, resolved
+    uint64_t addr = 0;  // local virtual address, or remote offset/address per caps
     uint64_t length = 0;
-    uint32_t region = 0;    // local region slot index, or remote region index
+    uint32_t region = 0;            // local region slot index, or remote region index
     const void* backend = nullptr;  // BackendRegion* or BackendRemoteRegion*
   };
   struct List {
@@ -191,7 +196,7 @@ class Agent final : private BackendSink {
     std::string peer;
     uint64_t peer_generation = 0;
     std::vector<Entry> entries;
-    std::vector<Entry> runs;  // coalesced view of all entries
+    std::vector<Entry> runs;              // coalesced view of all entries
     std::vector<uint32_t> local_regions;  // distinct local region slots referenced (refcounts)
     std::vector<std::shared_ptr<BackendRemoteRegion>> keepalive;
     uint64_t bytes = 0;

@@ -7,7 +7,6 @@
 namespace kvpush::xfer {
 namespace {
 
-
 template <typename E>
 void Coalesce(std::vector<E>* runs, const E& e) {
   if (!runs->empty()) {
@@ -20,7 +19,9 @@ void Coalesce(std::vector<E>* runs, const E& e) {
   runs->push_back(e);
 }
 
-uint64_t Token(HandleBits h, uint32_t seq) { return (static_cast<uint64_t>(seq) << 32) | h.index; }
+uint64_t Token(HandleBits h, uint32_t seq) {
+  return (static_cast<uint64_t>(seq) << 32) | h.index;
+}
 
 }  // namespace
 
@@ -76,9 +77,8 @@ Result<ListHandle> Agent::PrepareRemote(std::string_view peer, std::span<const D
     if (cached == nullptr || cached->info.id.index != d.region.index) {
       auto rit = p.regions.find(d.region.index);
       cached = rit == p.regions.end() ? nullptr : &rit->second;
-      if (cached != nullptr &&
-          std::find(list.keepalive.begin(), list.keepalive.end(), cached->backend) ==
-              list.keepalive.end())
+      if (cached != nullptr && std::find(list.keepalive.begin(), list.keepalive.end(),
+                                         cached->backend) == list.keepalive.end())
         list.keepalive.push_back(cached->backend);
     }
     if (cached == nullptr || cached->info.id.generation != d.region.generation)
@@ -198,8 +198,10 @@ Result<TransferHandle> Agent::CreateNotification(std::string_view peer,
                            " bytes > limit " + std::to_string(options_.max_notification_bytes));
   std::lock_guard lock(mu_);
   auto pit = peers_.find(peer);
-  if (pit == peers_.end()) return NotFound("CreateNotification: unknown peer '" + std::string(peer) + "'");
-  if (!pit->second.alive) return PeerGone("CreateNotification: peer '" + std::string(peer) + "' is gone");
+  if (pit == peers_.end())
+    return NotFound("CreateNotification: unknown peer '" + std::string(peer) + "'");
+  if (!pit->second.alive)
+    return PeerGone("CreateNotification: peer '" + std::string(peer) + "' is gone");
   Transfer t;
   t.peer = pit->first;
   t.peer_generation = pit->second.generation;

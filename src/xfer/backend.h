@@ -1,9 +1,9 @@
 // Backend: the thin lower layer of the transfer engine (UCX's uct to the Agent's ucp).
 //
 // A backend moves bytes and messages; it makes no policy decisions and keeps no bookkeeping beyond
-// its own opaque per-region and per-peer objects, which it hands to the Agent and gets back on every
-// call. It advertises what it can do in BackendCaps; the Agent decides (addressing, allocation,
-// whether a target progress thread is needed) from those capabilities.
+// its own opaque per-region and per-peer objects, which it hands to the Agent and gets back on
+// every call. It advertises what it can do in BackendCaps; the Agent decides (addressing,
+// allocation, whether a target progress thread is needed) from those capabilities.
 //
 // Threading contract: every method may be called from any thread, concurrently. Post() and
 // SendMessage() never call the BackendSink synchronously: errors found while posting are returned;
@@ -31,17 +31,18 @@ enum class AddressMode : uint8_t {
 
 /// Where remote keys come from.
 enum class KeyKind : uint8_t {
-  kNone = 0,            ///< in-process: the region table index is enough
-  kAppChosen = 1,       ///< the application picks the key (libfabric FI_MR_PROV_KEY off)
-  kProviderIssued = 2,  ///< the provider issues a key blob at registration (UCX rkey, FI_MR_PROV_KEY)
+  kNone = 0,       ///< in-process: the region table index is enough
+  kAppChosen = 1,  ///< the application picks the key (libfabric FI_MR_PROV_KEY off)
+  kProviderIssued =
+      2,  ///< the provider issues a key blob at registration (UCX rkey, FI_MR_PROV_KEY)
 };
 
 /// What a backend can do. Fixed for the lifetime of the backend.
 struct BackendCaps {
-  std::string name;                   ///< "loopback", "ucx", "libfabric", "fault(<inner>)"
-  bool read = true;                   ///< supports Op::kRead
-  bool write = true;                  ///< supports Op::kWrite
-  bool needs_target_progress = true;  ///< target must run a progress thread for RMA to complete
+  std::string name;                      ///< "loopback", "ucx", "libfabric", "fault(<inner>)"
+  bool read = true;                      ///< supports Op::kRead
+  bool write = true;                     ///< supports Op::kWrite
+  bool needs_target_progress = true;     ///< target must run a progress thread for RMA to complete
   bool allocates_for_one_sided = false;  ///< AllocateRegion gives a faster (truly one-sided) path
   AddressMode addressing = AddressMode::kOffset;
   KeyKind key_kind = KeyKind::kNone;
@@ -101,10 +102,10 @@ struct OpBatch {
 struct PostRequest {
   uint64_t token = 0;  ///< echoed in BackendSink::OnPostDone
   Op op = Op::kWrite;
-  std::shared_ptr<BackendPeer> peer;  ///< kept alive by the post; may be disconnected meanwhile
-  std::shared_ptr<const OpBatch> batch;     ///< may be empty (notification only)
-  std::vector<uint8_t> notification;        ///< empty: none
-  std::shared_ptr<PostControl> control;     ///< never null
+  std::shared_ptr<BackendPeer> peer;     ///< kept alive by the post; may be disconnected meanwhile
+  std::shared_ptr<const OpBatch> batch;  ///< may be empty (notification only)
+  std::vector<uint8_t> notification;     ///< empty: none
+  std::shared_ptr<PostControl> control;  ///< never null
 };
 
 /// Receives asynchronous events from a backend. Called from backend threads; must be thread-safe
@@ -113,7 +114,8 @@ class BackendSink {
  public:
   virtual ~BackendSink() = default;
   /// A post finished: OK means all data is visible at its destination and the notification (if
-  /// any, and not aborted) was handed to the network after it. Called exactly once per accepted post.
+  /// any, and not aborted) was handed to the network after it. Called exactly once per accepted
+  /// post.
   virtual void OnPostDone(uint64_t token, Status status) = 0;
   /// A message (notification frame) arrived from some peer.
   virtual void OnMessage(std::span<const uint8_t> frame) = 0;
@@ -147,8 +149,10 @@ class Backend {
   /// kUnavailable (unreachable).
   virtual Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) = 0;
   /// Imports one of the peer's regions from its key blob and base address.
-  virtual Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(
-      BackendPeer* peer, std::span<const uint8_t> key, uint64_t base, uint64_t length) = 0;
+  virtual Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer* peer,
+                                                                    std::span<const uint8_t> key,
+                                                                    uint64_t base,
+                                                                    uint64_t length) = 0;
   /// Drops a peer: outstanding posts to it complete with kPeerGone (or are already complete), then
   /// its remote regions become unusable. The shared_ptrs may be released by the caller afterwards.
   virtual void Disconnect(std::shared_ptr<BackendPeer> peer,

@@ -35,18 +35,23 @@ class FaultBackend final : public Backend, private BackendSink {
     inner_->SetSink(this);
   }
   std::vector<uint8_t> LocalAddress() const override { return inner_->LocalAddress(); }
-  Result<std::unique_ptr<BackendRegion>> RegisterMemory(void* a, uint64_t n, MemoryType t) override {
+  Result<std::unique_ptr<BackendRegion>> RegisterMemory(void* a, uint64_t n,
+                                                        MemoryType t) override {
     return inner_->RegisterMemory(a, n, t);
   }
-  Result<std::unique_ptr<BackendRegion>> AllocateMemory(uint64_t n, MemoryType t, void** a) override {
+  Result<std::unique_ptr<BackendRegion>> AllocateMemory(uint64_t n, MemoryType t,
+                                                        void** a) override {
     return inner_->AllocateMemory(n, t, a);
   }
-  void ReleaseMemory(std::unique_ptr<BackendRegion> r) override { inner_->ReleaseMemory(std::move(r)); }
+  void ReleaseMemory(std::unique_ptr<BackendRegion> r) override {
+    inner_->ReleaseMemory(std::move(r));
+  }
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
     return inner_->Connect(address);
   }
-  Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer* p, std::span<const uint8_t> k,
-                                                            uint64_t b, uint64_t n) override {
+  Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer* p,
+                                                            std::span<const uint8_t> k, uint64_t b,
+                                                            uint64_t n) override {
     return inner_->ImportRegion(p, k, b, n);
   }
   void Disconnect(std::shared_ptr<BackendPeer> p,
@@ -105,8 +110,7 @@ class FaultBackend final : public Backend, private BackendSink {
   bool Chance(double p) { return p > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   std::chrono::microseconds Uniform(std::chrono::microseconds max) {
     if (max.count() <= 0) return max.zero();
-    return std::chrono::microseconds(
-        std::uniform_int_distribution<int64_t>(0, max.count())(rng_));
+    return std::chrono::microseconds(std::uniform_int_distribution<int64_t>(0, max.count())(rng_));
   }
   void Schedule(TimePoint when, std::function<void()> fn) {  // requires mu_
     timers_.emplace(when, std::move(fn));

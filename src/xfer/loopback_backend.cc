@@ -95,7 +95,8 @@ class LoopbackBackend final : public Backend {
     if (type != MemoryType::kHost) return Unimplemented("loopback: only host memory");
     const uint64_t rounded = (length + 4095) / 4096 * 4096;
     void* p = std::aligned_alloc(4096, rounded);
-    if (p == nullptr) return ResourceExhausted("loopback: cannot allocate " + std::to_string(length));
+    if (p == nullptr)
+      return ResourceExhausted("loopback: cannot allocate " + std::to_string(length));
     std::memset(p, 0, rounded);
     auto r = RegisterMemory(p, length, type);
     if (!r.ok()) {
@@ -128,8 +129,9 @@ class LoopbackBackend final : public Backend {
     p->id = id;
     return std::shared_ptr<BackendPeer>(std::move(p));
   }
-  Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer*, std::span<const uint8_t> key,
-                                                            uint64_t, uint64_t) override {
+  Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer*,
+                                                            std::span<const uint8_t> key, uint64_t,
+                                                            uint64_t) override {
     ByteReader rd(key);
     auto r = std::make_shared<LoopRemoteRegion>();
     if (!rd.U32(&r->key) || rd.remaining() != 0) return InvalidArgument("loopback: bad key blob");
@@ -169,7 +171,8 @@ class LoopbackBackend final : public Backend {
     std::shared_ptr<Endpoint> target = peer->target.lock();
     if (!target) return PeerGone("loopback: endpoint " + std::to_string(peer->id) + " is gone");
     std::shared_lock lock(target->mu);
-    if (!target->alive) return PeerGone("loopback: endpoint " + std::to_string(peer->id) + " is gone");
+    if (!target->alive)
+      return PeerGone("loopback: endpoint " + std::to_string(peer->id) + " is gone");
     uint32_t key = UINT32_MAX;
     std::pair<uint8_t*, uint64_t> region{nullptr, 0};
     for (const XferOp& op : req.batch->ops) {
@@ -212,6 +215,8 @@ class LoopbackBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> MakeLoopbackBackend() { return std::make_unique<LoopbackBackend>(); }
+std::unique_ptr<Backend> MakeLoopbackBackend() {
+  return std::make_unique<LoopbackBackend>();
+}
 
 }  // namespace kvpush::xfer

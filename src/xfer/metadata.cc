@@ -17,7 +17,8 @@ constexpr size_t kChecksumBytes = 8;
 }  // namespace
 
 Result<std::vector<uint8_t>> EncodeMetadata(const AgentMetadata& md) {
-  if (md.name.empty() || md.name.size() > 255) return InvalidArgument("metadata: name must be 1..255 bytes");
+  if (md.name.empty() || md.name.size() > 255)
+    return InvalidArgument("metadata: name must be 1..255 bytes");
   if (md.incarnation == 0) return InvalidArgument("metadata: incarnation must be non-zero");
   if (md.backend.empty() || md.backend.size() > 255)
     return InvalidArgument("metadata: backend name must be 1..255 bytes");
@@ -86,7 +87,8 @@ Result<AgentMetadata> DecodeMetadata(std::span<const uint8_t> blob) {
   if (!b.U16(&n16) || !b.String(n16, &md.name)) return truncated("name");
   if (!b.U16(&n16) || !b.String(n16, &md.backend)) return truncated("backend");
   if (!b.U32(&n32)) return truncated("address");
-  if (n32 > kMaxAddressBytes) return InvalidArgument("metadata: address length " + std::to_string(n32));
+  if (n32 > kMaxAddressBytes)
+    return InvalidArgument("metadata: address length " + std::to_string(n32));
   if (!b.Bytes(n32, &md.address)) return truncated("address");
   if (!b.U32(&n32)) return truncated("region count");
   if (n32 > kMaxRegions) return InvalidArgument("metadata: region count " + std::to_string(n32));
@@ -112,7 +114,8 @@ Result<AgentMetadata> DecodeMetadata(std::span<const uint8_t> blob) {
     if (ri.base + ri.length < ri.base) return InvalidArgument(where + "base + length overflows");
     if (!seen.insert(ri.id.index).second)
       return InvalidArgument(where + "duplicate region index " + std::to_string(ri.id.index));
-    if (key_len > kMaxKeyBytes) return InvalidArgument(where + "key length " + std::to_string(key_len));
+    if (key_len > kMaxKeyBytes)
+      return InvalidArgument(where + "key length " + std::to_string(key_len));
     if (!b.Bytes(key_len, &ri.key)) return truncated("region key");
   }
   if (b.remaining() != 0)

@@ -20,11 +20,11 @@ namespace kvpush::xfer {
 
 /// One exported region.
 struct RegionInfo {
-  RegionId id;                   ///< the exporting agent's handle for it
+  RegionId id;  ///< the exporting agent's handle for it
   MemoryType memory_type = MemoryType::kHost;
-  uint64_t length = 0;           ///< bytes, > 0
-  uint64_t base = 0;             ///< virtual address at the owner (used by kVirtualAddress backends)
-  std::vector<uint8_t> key;      ///< backend key blob (may be empty)
+  uint64_t length = 0;       ///< bytes, > 0
+  uint64_t base = 0;         ///< virtual address at the owner (used by kVirtualAddress backends)
+  std::vector<uint8_t> key;  ///< backend key blob (may be empty)
 };
 
 /// Everything an agent exports.

@@ -16,7 +16,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-TimePoint In(milliseconds ms) { return SteadyClock::now() + ms; }
+TimePoint In(milliseconds ms) {
+  return SteadyClock::now() + ms;
+}
 
 std::unique_ptr<Agent> MakeAgent(const std::string& name, std::unique_ptr<Backend> backend,
                                  milliseconds stall = milliseconds(5000)) {
@@ -170,8 +172,10 @@ TEST(AgentLoopbackTest, NotificationArrivesOnlyAfterItsDataUnderRandomDelays) {
   std::vector<TransferHandle> ts;
   for (uint32_t s = 0; s < kSlots; ++s) {
     auto ll = p.init->PrepareLocal(std::vector<Desc>{{p.src.id, s * kChunk, kChunk}}).value();
-    auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, s * kChunk, kChunk}}).value();
-    ts.push_back(p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {static_cast<uint8_t>(s)}}).value());
+    auto rl =
+        p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, s * kChunk, kChunk}}).value();
+    ts.push_back(
+        p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {static_cast<uint8_t>(s)}}).value());
   }
   // 2000 iterations: each stamps its slot with the iteration number; the target checks that the
   // slot holds exactly that stamp when the notification (slot, iteration) arrives.
@@ -198,7 +202,8 @@ TEST(AgentLoopbackTest, NotificationArrivesOnlyAfterItsDataUnderRandomDelays) {
       }
       ++checked;
     }
-    for (auto t : ts) ASSERT_EQ(p.init->Wait(t, In(milliseconds(5000)))->state, TransferState::kDone);
+    for (auto t : ts)
+      ASSERT_EQ(p.init->Wait(t, In(milliseconds(5000)))->state, TransferState::kDone);
   }
   EXPECT_EQ(checked, (kIters + kSlots - 1) / kSlots * kSlots);
 }
@@ -313,7 +318,8 @@ TEST(AgentLoopbackTest, StandaloneNotificationAndConcurrentPostersFromManyThread
   for (int th = 0; th < kThreads; ++th) {
     threads.emplace_back([&, th] {
       auto ll = p.init->PrepareLocal(std::vector<Desc>{{p.src.id, th * 4096ull, 4096}}).value();
-      auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, th * 4096ull, 4096}}).value();
+      auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, th * 4096ull, 4096}})
+                    .value();
       auto t = p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {}}).value();
       for (int i = 0; i < kPerThread; ++i) {
         if (!p.init->Post(t).ok()) return;

@@ -1,0 +1,531 @@
+#include "xfer/ucx_backend.h"
+
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "common/clock.h"
+
+namespace kvpush::xfer {
+namespace {
+
+constexpr unsigned kNotifyAmId = 17;
+
+std::string UcsText(ucs_status_t s) {
+  return ucs_status_string(s);
+}
+
+// Maps a UCX completion error to a Status code that keeps the cause.
+Status FromUcs(ucs_status_t s, const std::string& what) {
+  std::string m = "ucx: " + what + ": " + UcsText(s);
+  switch (s) {
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_REJECTED:
+      return PeerGone(m);
+    case UCS_ERR_CANCELED:
+      return Cancelled(m);
+    case UCS_ERR_TIMED_OUT:
+      return DeadlineExceeded(m);
+    case UCS_ERR_NO_MEMORY:
+    case UCS_ERR_NO_RESOURCE:
+      return ResourceExhausted(m);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return InvalidArgument(m);
+    default:
+      return Unavailable(m);
+  }
+}
+
+struct UcxRegion : BackendRegion {
+  ucp_mem_h memh = nullptr;
+  bool allocated = false;
+};
+struct UcxPeer : BackendPeer {
+  ucp_ep_h ep = nullptr;  // progress thread only
+  bool closed = false;    // progress thread only
+  bool failed = false;    // progress thread only
+  class UcxBackend* owner = nullptr;
+};
+struct UcxRemote : BackendRemoteRegion {
+  ucp_rkey_h rkey = nullptr;  // destroyed on the progress thread in Disconnect
+};
+
+// One accepted post while its flush / notification is outstanding. Progress thread only.
+struct InFlight {
+  PostRequest req;
+  class UcxBackend* owner = nullptr;
+  bool aborted = false;
+  bool reported = false;   // OnPostDone already delivered (shutdown); only free it later
+  bool ucx_owned = false;  // a UCX request holds this as user_data: its callback frees it
+};
+
+class UcxBackend final : public Backend {
+ public:
+  explicit UcxBackend(const UcxOptions& o) : options_(o) {
+    caps_.name = "ucx";
+    caps_.needs_target_progress = true;
+    caps_.allocates_for_one_sided = true;
+    caps_.addressing = AddressMode::kVirtualAddress;
+    caps_.key_kind = KeyKind::kProviderIssued;
+    caps_.max_message_bytes = 8192;
+  }
+
+  Status Init() {
+    std::string tls, devices;
+    if (options_.preset == "tcp") {
+      tls = "tcp";
+      devices = "lo";
+      peer_errors_ = true;
+    } else if (options_.preset == "shm") {
+      tls = "posix,sysv,cma";
+      peer_errors_ = false;
+      // Wakeups through the shm transports' event fd were not reliable with UCX 1.13 here (an AM
+      // could sit until the next timeout), so the thread re-polls after at most 1 ms asleep.
+      idle_timeout_ms_ = 1;
+    } else {
+      return InvalidArgument("ucx: unknown preset '" + options_.preset + "' (tcp, shm)");
+    }
+    if (!options_.transports.empty()) tls = options_.transports;
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
+    ucp_config_modify(config, "TLS", tls.c_str());
+    if (!devices.empty()) ucp_config_modify(config, "NET_DEVICES", devices.c_str());
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_NAME;
+    params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+    params.name = "kvpush-xfer";
+    s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return FromUcs(s, "ucp_init (TLS=" + tls + ")");
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_create");
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    s = ucp_worker_get_address(worker_, &addr, &addr_len);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
+    address_.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + addr_len);
+    ucp_worker_release_address(worker_, addr);
+    ucp_am_handler_param_t ap{};
+    ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                    UCP_AM_HANDLER_PARAM_FIELD_ARG;
+    ap.id = kNotifyAmId;
+    ap.cb = &UcxBackend::OnAm;
+    ap.arg = this;
+    s = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_set_am_recv_handler");
+    int efd = -1;
+    s = ucp_worker_get_efd(worker_, &efd);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
+    if (wake_fd_ < 0 || epoll_fd_ < 0) return IoError("ucx: eventfd/epoll_create1 failed");
+    for (int fd : {efd, wake_fd_}) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.fd = fd;
+      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
+        return IoError("ucx: epoll_ctl failed");
+    }
+    thread_ = std::thread([this] { ProgressLoop(); });
+    return Status::Ok();
+  }
+
+  ~UcxBackend() override {
+    if (thread_.joinable()) {
+      Enqueue([this] { stopping_ = true; });
+      thread_.join();
+    }
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    for (ucp_mem_h m : unmap_at_exit_) ucp_mem_unmap(context_, m);
+    if (context_ != nullptr) ucp_cleanup(context_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+    if (epoll_fd_ >= 0) close(epoll_fd_);
+  }
+
+  const BackendCaps& caps() const override { return caps_; }
+  void SetSink(BackendSink* sink) override { sink_ = sink; }
+  std::vector<uint8_t> LocalAddress() const override { return address_; }
+
+  Result<std::unique_ptr<BackendRegion>> RegisterMemory(void* addr, uint64_t length,
+                                                        MemoryType type) override {
+    return Map(addr, length, type, false, nullptr);
+  }
+  Result<std::unique_ptr<BackendRegion>> AllocateMemory(uint64_t length, MemoryType type,
+                                                        void** addr) override {
+    return Map(nullptr, length, type, true, addr);
+  }
+  // Registered (caller-owned) memory is unmapped now, synchronously, because the caller may free
+  // it next. Memory UCX allocated stays mapped until the worker is destroyed: with emulated RMA a
+  // peer's late put is applied by our progress thread at whatever address it names, so the memory
+  // must outlive the worker (a peer that might still write is the caller's contract, DESIGN §5).
+  void ReleaseMemory(std::unique_ptr<BackendRegion> region) override {
+    auto* r = static_cast<UcxRegion*>(region.get());
+    if (r->allocated) {
+      std::lock_guard lock(mu_);
+      unmap_at_exit_.push_back(r->memh);
+      return;
+    }
+    Status s = RunSync([&] {
+      ucp_mem_unmap(context_, r->memh);
+      return Status::Ok();
+    });
+    (void)s;
+  }
+
+  Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
+    if (address.size() < 8) return InvalidArgument("ucx: worker address blob too short");
+    auto peer = std::make_shared<UcxPeer>();
+    peer->owner = this;
+    std::vector<uint8_t> addr(address.begin(), address.end());
+    Status st = RunSync([&]() -> Status {
+      ucp_ep_params_t ep{};
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+      if (peer_errors_) {
+        ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+        ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+        ep.err_handler.cb = &UcxBackend::OnEpError;
+        ep.err_handler.arg = peer.get();
+      }
+      ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
+      if (s != UCS_OK) return Unavailable("ucx: ucp_ep_create: " + UcsText(s));
+      peers_.insert(peer.get());
+      return Status::Ok();
+    });
+    KVP_RETURN_IF_ERROR(st);
+    return std::shared_ptr<BackendPeer>(std::move(peer));
+  }
+
+  Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer* peer,
+                                                            std::span<const uint8_t> key, uint64_t,
+                                                            uint64_t) override {
+    if (key.empty()) return InvalidArgument("ucx: empty rkey blob");
+    auto r = std::make_shared<UcxRemote>();
+    auto* p = static_cast<UcxPeer*>(peer);
+    Status st = RunSync([&]() -> Status {
+      if (p->closed) return PeerGone("ucx: peer closed");
+      ucs_status_t s = ucp_ep_rkey_unpack(p->ep, key.data(), &r->rkey);
+      return s == UCS_OK ? Status::Ok() : InvalidArgument("ucx: ucp_ep_rkey_unpack: " + UcsText(s));
+    });
+    KVP_RETURN_IF_ERROR(st);
+    return std::shared_ptr<BackendRemoteRegion>(std::move(r));
+  }
+
+  void Disconnect(std::shared_ptr<BackendPeer> peer,
+                  std::vector<std::shared_ptr<BackendRemoteRegion>> regions) override {
+    if (peer == nullptr) return;
+    Enqueue([this, peer, regions = std::move(regions)] {
+      auto* p = static_cast<UcxPeer*>(peer.get());
+      CloseEp(p);
+      for (auto& r : regions) {
+        auto* u = static_cast<UcxRemote*>(r.get());
+        if (u->rkey != nullptr) ucp_rkey_destroy(u->rkey);
+        u->rkey = nullptr;
+      }
+    });
+  }
+
+  Status Post(PostRequest request) override {
+    if (request.peer == nullptr) return InvalidArgument("ucx: post without peer");
+    auto* f = new InFlight{std::move(request), this, false};
+    Enqueue([this, f] { Issue(f); });
+    return Status::Ok();
+  }
+  void Abort(uint64_t token) override {
+    Enqueue([this, token] {
+      auto it = inflight_.find(token);
+      if (it != inflight_.end() && !it->second->aborted) {
+        it->second->aborted = true;
+        --active_;
+      }
+    });
+  }
+
+ private:
+  Result<std::unique_ptr<BackendRegion>> Map(void* addr, uint64_t length, MemoryType type,
+                                             bool allocate, void** out) {
+    if (type != MemoryType::kHost) return Unimplemented("ucx: only host memory is supported");
+    auto r = std::make_unique<UcxRegion>();
+    Status st = RunSync([&]() -> Status {
+      ucp_mem_map_params_t mp{};
+      mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                      UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+      mp.address = addr;
+      mp.length = length;
+      mp.flags = allocate ? UCP_MEM_MAP_ALLOCATE : 0;
+      r->allocated = allocate;
+      ucs_status_t s = ucp_mem_map(context_, &mp, &r->memh);
+      if (s != UCS_OK) return ResourceExhausted("ucx: ucp_mem_map: " + UcsText(s));
+      if (allocate) {
+        ucp_mem_attr_t attr{};
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+        ucp_mem_query(r->memh, &attr);
+        *out = attr.address;
+        std::memset(attr.address, 0, length);
+      }
+      void* rkey = nullptr;
+      size_t rkey_len = 0;
+      s = ucp_rkey_pack(context_, r->memh, &rkey, &rkey_len);
+      if (s != UCS_OK) {
+        ucp_mem_unmap(context_, r->memh);
+        return Internal("ucx: ucp_rkey_pack: " + UcsText(s));
+      }
+      r->key.assign(static_cast<uint8_t*>(rkey), static_cast<uint8_t*>(rkey) + rkey_len);
+      ucp_rkey_buffer_release(rkey);
+      return Status::Ok();
+    });
+    KVP_RETURN_IF_ERROR(st);
+    return std::unique_ptr<BackendRegion>(std::move(r));
+  }
+
+  // ---- progress thread ----
+
+  void Enqueue(std::function<void()> job) {
+    {
+      std::lock_guard lock(mu_);
+      jobs_.push_back(std::move(job));
+      pending_.fetch_add(1, std::memory_order_seq_cst);
+    }
+    if (sleeping_.load(std::memory_order_seq_cst)) {
+      uint64_t one = 1;
+      ssize_t n = write(wake_fd_, &one, sizeof(one));
+      (void)n;
+    }
+  }
+
+  Status RunSync(const std::function<Status()>& fn) {
+    if (std::this_thread::get_id() == thread_.get_id()) return fn();
+    std::promise<Status> done;
+    Enqueue([&] { done.set_value(fn()); });
+    return done.get_future().get();
+  }
+
+  void Complete(InFlight* f, Status s) {
+    if (f->reported) {  // late UCX callback after shutdown already reported it
+      delete f;
+      return;
+    }
+    inflight_.erase(f->req.token);
+    if (!f->aborted) --active_;
+    --outstanding_;
+    last_activity_ns_ = NowNs();
+    sink_->OnPostDone(f->req.token, std::move(s));
+    if (!f->ucx_owned) delete f;
+  }
+
+  void Issue(InFlight* f) {
+    ++outstanding_;
+    ++active_;
+    inflight_[f->req.token] = f;
+    auto* peer = static_cast<UcxPeer*>(f->req.peer.get());
+    if (peer->closed || peer->failed)
+      return Complete(f, PeerGone("ucx: peer disconnected or failed"));
+    if (f->req.control->aborted()) return Complete(f, Cancelled("ucx: aborted before issue"));
+    ucp_request_param_t param{};
+    const bool write = f->req.op == Op::kWrite;
+    if (f->req.batch) {
+      for (const XferOp& op : f->req.batch->ops) {
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+        param.memh = static_cast<const UcxRegion*>(op.local)->memh;
+        ucp_rkey_h rkey = static_cast<const UcxRemote*>(op.remote)->rkey;
+        void* local = reinterpret_cast<void*>(op.local_addr);
+        ucs_status_ptr_t p =
+            write ? ucp_put_nbx(peer->ep, local, op.length, op.remote_addr, rkey, &param)
+                  : ucp_get_nbx(peer->ep, local, op.length, op.remote_addr, rkey, &param);
+        if (UCS_PTR_IS_ERR(p))
+          return Complete(f, FromUcs(UCS_PTR_STATUS(p), write ? "put" : "get"));
+        if (p != nullptr) ucp_request_free(p);  // completes in the background; flush covers it
+      }
+      param = {};
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+      param.cb.send = &UcxBackend::OnFlushDone;
+      param.user_data = f;
+      ucs_status_ptr_t p = ucp_ep_flush_nbx(peer->ep, &param);
+      if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "flush"));
+      if (p != nullptr) {
+        f->ucx_owned = true;  // OnFlushDone follows
+        return;
+      }
+    }
+    AfterData(f);
+  }
+
+  static void OnFlushDone(void* request, ucs_status_t status, void* user_data) {
+    auto* f = static_cast<InFlight*>(user_data);
+    ucp_request_free(request);
+    f->ucx_owned = false;
+    if (status != UCS_OK || f->reported) return f->owner->Complete(f, FromUcs(status, "flush"));
+    f->owner->AfterData(f);
+  }
+
+  // All data of the post is remotely complete: send the notification (if still wanted).
+  void AfterData(InFlight* f) {
+    if (f->req.notification.empty()) return Complete(f, Status::Ok());
+    if (!f->req.control->BeginNotify()) return Complete(f, Cancelled("ucx: aborted before notify"));
+    auto* peer = static_cast<UcxPeer*>(f->req.peer.get());
+    if (peer->closed || peer->failed)
+      return Complete(f, PeerGone("ucx: peer failed before notify"));
+    ucp_request_param_t param{};
+    param.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_AM_SEND_FLAG_EAGER;
+    param.cb.send = &UcxBackend::OnAmDone;
+    param.user_data = f;
+    ucs_status_ptr_t p =
+        ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, f->req.notification.data(),
+                        f->req.notification.size(), &param);
+    if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "am_send"));
+    if (p == nullptr) return Complete(f, Status::Ok());
+    f->ucx_owned = true;  // OnAmDone follows
+  }
+
+  static void OnAmDone(void* request, ucs_status_t status, void* user_data) {
+    auto* f = static_cast<InFlight*>(user_data);
+    ucp_request_free(request);
+    f->ucx_owned = false;
+    f->owner->Complete(f, status == UCS_OK ? Status::Ok() : FromUcs(status, "am_send"));
+  }
+
+  static ucs_status_t OnAm(void* arg, const void*, size_t, void* data, size_t length,
+                           const ucp_am_recv_param_t* param) {
+    auto* self = static_cast<UcxBackend*>(arg);
+    if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) != 0) return UCS_OK;  // never sent by us
+    self->sink_->OnMessage(std::span(static_cast<const uint8_t*>(data), length));
+    return UCS_OK;
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h, ucs_status_t status) {
+    auto* p = static_cast<UcxPeer*>(arg);
+    p->failed = true;
+    p->owner->sink_->OnPeerError(p, FromUcs(status, "endpoint error"));
+  }
+
+  void CloseEp(UcxPeer* p) {
+    if (p->closed) return;
+    p->closed = true;
+    peers_.erase(p);
+    ucp_request_param_t param{};
+    param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &param);
+    if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
+  }
+
+  void ReapClosing() {
+    for (size_t i = 0; i < closing_.size();) {
+      if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
+        ucp_request_free(closing_[i]);
+        closing_[i] = closing_.back();
+        closing_.pop_back();
+      } else {
+        ++i;
+      }
+    }
+  }
+
+  void RunJobs() {
+    std::deque<std::function<void()>> jobs;
+    {
+      std::lock_guard lock(mu_);
+      jobs.swap(jobs_);
+      pending_.store(0, std::memory_order_seq_cst);
+    }
+    for (auto& job : jobs) job();
+    if (!jobs.empty()) last_activity_ns_ = NowNs();
+  }
+
+  void ProgressLoop() {
+    int64_t stop_deadline = 0;
+    while (true) {
+      RunJobs();
+      while (ucp_worker_progress(worker_) != 0) {
+      }
+      ReapClosing();
+      if (stopping_) {
+        if (stop_deadline == 0) {
+          stop_deadline = NowNs() + 2'000'000'000;
+          for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
+        }
+        if ((outstanding_ == 0 && closing_.empty()) || NowNs() > stop_deadline) break;
+        continue;
+      }
+      if (active_ > 0 || !closing_.empty()) continue;  // busy-poll while work is outstanding
+      if (NowNs() - last_activity_ns_ < options_.linger_us * 1000ll) continue;
+      sleeping_.store(true, std::memory_order_seq_cst);
+      if (pending_.load(std::memory_order_seq_cst) == 0 && ucp_worker_arm(worker_) == UCS_OK) {
+        epoll_event ev[2];
+        int n = epoll_wait(epoll_fd_, ev, 2, outstanding_ > 0 ? 10 : idle_timeout_ms_);
+        for (int i = 0; i < n; ++i) {
+          if (ev[i].data.fd == wake_fd_) {
+            uint64_t v;
+            ssize_t r = read(wake_fd_, &v, sizeof(v));
+            (void)r;
+          }
+        }
+      }
+      sleeping_.store(false, std::memory_order_seq_cst);
+    }
+    // Whatever did not finish by now is failed so that the sink sees every post end.
+    std::vector<InFlight*> left;
+    for (auto& [t, f] : inflight_) left.push_back(f);
+    for (InFlight* f : left) {
+      bool owned = f->ucx_owned;
+      Complete(f, Cancelled("ucx: backend shut down"));  // deletes f unless UCX still holds it
+      if (owned) f->reported = true;
+    }
+  }
+
+  UcxOptions options_;
+  BackendCaps caps_;
+  bool peer_errors_ = true;
+  int idle_timeout_ms_ = 1000;  // longest epoll sleep when idle
+  BackendSink* sink_ = nullptr;
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  std::vector<uint8_t> address_;
+  int wake_fd_ = -1, epoll_fd_ = -1;
+
+  std::mutex mu_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<ucp_mem_h> unmap_at_exit_;
+  std::atomic<size_t> pending_{0};
+  std::atomic<bool> sleeping_{false};
+  std::thread thread_;
+
+  // Progress thread only.
+  bool stopping_ = false;
+  size_t outstanding_ = 0;  // accepted posts not yet completed
+  size_t active_ = 0;       // of those, not aborted (busy-poll only for these)
+  int64_t last_activity_ns_ = 0;
+  std::unordered_map<uint64_t, InFlight*> inflight_;
+  std::unordered_set<UcxPeer*> peers_;
+  std::vector<void*> closing_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Backend>> MakeUcxBackend(const UcxOptions& options) {
+  auto b = std::make_unique<UcxBackend>(options);
+  KVP_RETURN_IF_ERROR(b->Init());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace kvpush::xfer

@@ -1,0 +1,42 @@
+// UCX backend (UCP): RMA put/get with rkeys, active messages for notifications, and one progress
+// thread that owns the UCP worker (every UCP call runs on it; other threads hand it work through a
+// queue and an eventfd). The thread sleeps in epoll on the worker's event fd when nothing is
+// outstanding and busy-polls only while posts are in flight.
+//
+// Notification-after-data: the notification AM is sent only from the completion callback of a
+// ucp_ep_flush_nbx issued after the transfer's last put/get; flush completion means the RMA is
+// remotely complete on every transport (a fence only orders, and an AM can be handled on another
+// lane before an emulated put is applied). docs/xfer.md "Backend choices" has the reasoning.
+//
+// Transport presets (UcxOptions::preset):
+//   "tcp" : UCX_TLS=tcp on the loopback device, UCP_ERR_HANDLING_MODE_PEER (peer death is reported
+//           as kPeerGone). RMA over tcp is emulated by the target's progress thread.
+//   "shm" : UCX_TLS=sm (posix, sysv, cma), no peer error mode (it excludes posix/sysv). Regions
+//           allocated through the backend (ucp_mem_map ALLOCATE) are truly one-sided; registered
+//           user memory goes through cma or AM emulation. Peer death shows up as the stall
+//           deadline. Event-fd wakeups of these transports were unreliable here, so the idle thread
+//           sleeps at most 1 ms between polls (about 1000 cheap wakeups/s, no busy core).
+// Thread-safety: as Backend.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "xfer/backend.h"
+
+namespace kvpush::xfer {
+
+struct UcxOptions {
+  std::string preset = "tcp";  ///< "tcp" or "shm" (see file comment)
+  /// Overrides UCX_TLS of the preset when non-empty (e.g. "posix,cma" for experiments).
+  std::string transports;
+  /// Busy-poll this long after the last completion before sleeping in epoll, microseconds.
+  int linger_us = 50;
+};
+
+/// Creates the UCP context, worker and progress thread. Errors: kInvalidArgument (unknown preset),
+/// kUnavailable (UCX init failed, with UCX's status string).
+Result<std::unique_ptr<Backend>> MakeUcxBackend(const UcxOptions& options);
+
+}  // namespace kvpush::xfer

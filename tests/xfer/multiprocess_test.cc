@@ -1,0 +1,361 @@
+// Multi-process tests: this process is the initiator, a spawned xfer_test_peer is the target.
+// Runs for every backend/transport that works across processes here (ucx:tcp, ucx:shm, ...).
+#include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <set>
+
+#include "peer_channel.h"
+#include "xfer/agent.h"
+#include "xfer/backend_factory.h"
+#include "xfer/fault_backend.h"
+
+namespace kvpush::xfer {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::FillPattern;
+using testing::PeerProcess;
+using testing::RecvFrame;
+using testing::SendFrame;
+
+constexpr uint64_t kRegionBytes = 16u << 20;
+
+TimePoint In(milliseconds ms) {
+  return SteadyClock::now() + ms;
+}
+
+std::vector<uint8_t> Cmd(uint8_t c, std::initializer_list<uint64_t> args = {}) {
+  std::vector<uint8_t> f{c};
+  for (uint64_t a : args) {
+    size_t at = f.size();
+    f.resize(at + 8);
+    std::memcpy(f.data() + at, &a, 8);
+  }
+  return f;
+}
+
+class MultiProcessTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  // Spawns a target named `name` and returns its metadata blob.
+  std::vector<uint8_t> SpawnTarget(PeerProcess* p, const std::string& name = "decode") {
+    *p = PeerProcess::Spawn({XFER_TEST_PEER, GetParam(), name, std::to_string(kRegionBytes)});
+    auto md = RecvFrame(p->from);
+    EXPECT_TRUE(md.ok()) << md.status().ToString();
+    return md.ok() ? *md : std::vector<uint8_t>{};
+  }
+
+  void MakeInitiator(milliseconds stall, std::shared_ptr<FaultControls> faults = nullptr) {
+    auto backend = MakeBackend(GetParam());
+    ASSERT_TRUE(backend.ok()) << backend.status().ToString();
+    std::unique_ptr<Backend> b = std::move(backend).value();
+    if (faults) b = MakeFaultBackend(std::move(b), faults);
+    AgentOptions o;
+    o.name = "prefill";
+    o.stall_timeout = stall;
+    agent_ = Agent::Create(o, std::move(b)).value();
+    local_ = agent_->AllocateRegion(kRegionBytes, MemoryType::kHost).value();
+  }
+
+  uint64_t TargetHash(PeerProcess& p, uint64_t off, uint64_t n) {
+    EXPECT_TRUE(SendFrame(p.to, Cmd('H', {off, n})));
+    auto r = RecvFrame(p.from);
+    EXPECT_TRUE(r.ok() && r->size() == 9);
+    uint64_t v = 0;
+    if (r.ok() && r->size() == 9) std::memcpy(&v, r->data() + 1, 8);
+    return v;
+  }
+
+  // One transfer moving `n` chunks of `chunk` bytes between permuted slots of both regions.
+  TransferHandle Scattered(Op op, RegionId remote, size_t n, uint64_t chunk,
+                           std::vector<uint8_t> notif = {}) {
+    std::vector<Desc> l, r;
+    for (size_t i = 0; i < n; ++i) {
+      l.push_back({local_.id, i * chunk, chunk});
+      r.push_back({remote, ((i * 7919) % n) * chunk, chunk});
+    }
+    auto ll = agent_->PrepareLocal(l).value();
+    auto rl = agent_->PrepareRemote("decode", r).value();
+    return agent_->CreateTransfer({op, ll, {}, rl, {}, std::move(notif)}).value();
+  }
+
+  RegionId RemoteRegion(const std::vector<uint8_t>& blob) {
+    auto md = DecodeMetadata(blob).value();
+    return md.regions.at(0).id;
+  }
+
+  std::unique_ptr<Agent> agent_;
+  AllocatedRegion local_;
+};
+
+TEST_P(MultiProcessTest, WriteDeliversRandomBytesExactly) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(10000));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  constexpr size_t kChunks = 512;
+  constexpr uint64_t kChunk = 16384;
+  FillPattern(reinterpret_cast<uint8_t*>(local_.data), kChunks * kChunk, 42);
+  auto t = Scattered(Op::kWrite, RemoteRegion(md), kChunks, kChunk);
+  ASSERT_TRUE(agent_->Post(t).ok());
+  auto st = agent_->Wait(t, In(milliseconds(20000))).value();
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+  // Expected target image: zeros except the permuted chunks.
+  std::vector<uint8_t> expect(kRegionBytes, 0);
+  for (size_t i = 0; i < kChunks; ++i)
+    std::memcpy(expect.data() + ((i * 7919) % kChunks) * kChunk,
+                reinterpret_cast<uint8_t*>(local_.data) + i * kChunk, kChunk);
+  EXPECT_EQ(TargetHash(p, 0, kRegionBytes), XXH64(expect.data(), kRegionBytes, 0));
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+TEST_P(MultiProcessTest, ReadFetchesRandomBytesExactly) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(10000));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  ASSERT_TRUE(SendFrame(p.to, Cmd('F', {99})));
+  ASSERT_TRUE(RecvFrame(p.from).ok());
+  constexpr size_t kChunks = 256;
+  constexpr uint64_t kChunk = 65536;
+  auto t = Scattered(Op::kRead, RemoteRegion(md), kChunks, kChunk);
+  ASSERT_TRUE(agent_->Post(t).ok());
+  auto st = agent_->Wait(t, In(milliseconds(20000))).value();
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+  std::vector<uint8_t> remote(kRegionBytes);
+  FillPattern(remote.data(), kRegionBytes, 99);
+  for (size_t i = 0; i < kChunks; ++i)
+    ASSERT_EQ(std::memcmp(reinterpret_cast<uint8_t*>(local_.data) + i * kChunk,
+                          remote.data() + ((i * 7919) % kChunks) * kChunk, kChunk),
+              0)
+        << "chunk " << i;
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+// The target verifies the data of every transfer when its notification arrives; the initiator
+// posts through the fault backend with random delays so transfers overlap and reorder.
+TEST_P(MultiProcessTest, NotificationIsVisibleOnlyAfterItsData) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  auto faults = std::make_shared<FaultControls>();
+  FaultPlan plan;
+  plan.max_post_delay = std::chrono::microseconds(100);
+  plan.max_completion_delay = std::chrono::microseconds(50);
+  plan.seed = 5;
+  faults->Set(plan);
+  MakeInitiator(milliseconds(10000), faults);
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  RegionId remote = RemoteRegion(md);
+  constexpr int kSlots = 8, kIters = 3000;
+  constexpr uint64_t kChunk = 32768;
+  std::vector<ListHandle> ll(kSlots), rl(kSlots);
+  for (int s = 0; s < kSlots; ++s) {
+    // Each slot is 4 scattered 8 KiB pieces on the target side.
+    std::vector<Desc> rd;
+    for (int k = 0; k < 4; ++k) rd.push_back({remote, (s + k * kSlots) * 8192ull, 8192});
+    ll[s] = agent_->PrepareLocal(std::vector<Desc>{{local_.id, s * kChunk, kChunk}}).value();
+    rl[s] = agent_->PrepareRemote("decode", rd).value();
+  }
+  ASSERT_TRUE(SendFrame(p.to, {'W', static_cast<uint8_t>(kIters & 0xff),
+                               static_cast<uint8_t>((kIters >> 8) & 0xff), 0, 0}));
+  std::vector<TransferHandle> inflight(kSlots);
+  std::vector<bool> used(kSlots, false);
+  std::set<uint64_t> acked;
+  int bad = 0;
+  auto ack_until = [&](uint64_t tag) -> bool {
+    while (!acked.count(tag)) {
+      auto r = RecvFrame(p.from, 10000);
+      if (!r.ok()) {
+        auto st = agent_->GetStatus(inflight[tag % kSlots]).value();
+        ADD_FAILURE() << "waiting for the target's check of transfer " << tag << ": "
+                      << r.status().ToString() << "; initiator sees it "
+                      << TransferStateName(st.state) << " " << st.error.ToString();
+        return false;
+      }
+      uint64_t t;
+      std::memcpy(&t, r->data() + 1, 8);
+      if ((*r)[0] != 'k') ++bad;
+      acked.insert(t);
+    }
+    return true;
+  };
+  for (int it = 0; it < kIters; ++it) {
+    int s = it % kSlots;
+    if (used[s]) {
+      ASSERT_TRUE(ack_until(static_cast<uint64_t>(it - kSlots)));
+      auto st = agent_->Wait(inflight[s], In(milliseconds(10000))).value();
+      ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+      ASSERT_TRUE(agent_->ReleaseTransfer(inflight[s]).ok());
+    }
+    uint8_t* src = reinterpret_cast<uint8_t*>(local_.data) + s * kChunk;
+    FillPattern(src, kChunk, 1000 + it);
+    // The target checks all 4 pieces (piece k at off + k * stride) against pattern(seed).
+    std::vector<uint8_t> payload(48);
+    uint64_t fields[6] = {s * 8192ull,      8192, 1000ull + it, static_cast<uint64_t>(it),
+                          kSlots * 8192ull, 4};
+    std::memcpy(payload.data(), fields, 48);
+    inflight[s] = agent_->CreateTransfer({Op::kWrite, ll[s], {}, rl[s], {}, payload}).value();
+    used[s] = true;
+    ASSERT_TRUE(agent_->Post(inflight[s]).ok());
+  }
+  for (int it = kIters - kSlots; it < kIters; ++it)
+    ASSERT_TRUE(ack_until(static_cast<uint64_t>(it)));
+  EXPECT_EQ(bad, 0) << "notifications that overtook their data";
+  EXPECT_EQ(acked.size(), static_cast<size_t>(kIters));
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+TEST_P(MultiProcessTest, StalledTargetHitsStallDeadlineNotAHang) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(500));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  auto t = Scattered(Op::kWrite, RemoteRegion(md), 256, 65536, {1});
+  kill(p.pid, SIGSTOP);
+  auto start = SteadyClock::now();
+  ASSERT_TRUE(agent_->Post(t).ok());
+  auto st = agent_->Wait(t, In(milliseconds(5000))).value();
+  auto took = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
+  kill(p.pid, SIGCONT);
+  ASSERT_NE(st.state, TransferState::kInProgress);
+  EXPECT_LT(took.count(), 2000);
+  if (GetParam() == "ucx:tcp") {
+    // RMA over tcp needs the (stopped) target to progress: the stall deadline must fire.
+    EXPECT_EQ(st.error.code(), StatusCode::kDeadlineExceeded) << st.error.ToString();
+  } else {
+    // Truly one-sided transports may finish without the target; either way it ended in time.
+    EXPECT_TRUE(st.state == TransferState::kDone ||
+                st.error.code() == StatusCode::kDeadlineExceeded)
+        << st.error.ToString();
+  }
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+TEST_P(MultiProcessTest, CancelSuppressesTheNotification) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(10000));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  auto t = Scattered(Op::kWrite, RemoteRegion(md), 256, 65536, {7});
+  kill(p.pid, SIGSTOP);
+  ASSERT_TRUE(agent_->Post(t).ok());
+  Status c = agent_->Cancel(t);
+  auto st = agent_->GetStatus(t).value();
+  kill(p.pid, SIGCONT);
+  if (c.ok()) {
+    EXPECT_EQ(st.error.code(), StatusCode::kCancelled);
+    ASSERT_TRUE(SendFrame(p.to, {'P'}));
+    auto r = RecvFrame(p.from);
+    ASSERT_TRUE(r.ok());
+    uint32_t n = 0;
+    std::memcpy(&n, r->data(), 4);
+    EXPECT_EQ(n, 0u) << "a cancelled transfer's notification arrived";
+  } else {
+    EXPECT_EQ(c.code(), StatusCode::kFailedPrecondition);  // completed before we could cancel
+  }
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+TEST_P(MultiProcessTest, KilledTargetFailsInFlightTransfersWithinTheDeadline) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(1500));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  auto t = Scattered(Op::kWrite, RemoteRegion(md), 256, 65536, {3});
+  // Keep transfers flowing, kill the target in the middle, and require an error, not a hang.
+  Status last;
+  auto start = SteadyClock::now();
+  for (int i = 0; i < 10000; ++i) {
+    if (i == 3) p.Kill();
+    Status s = agent_->Post(t);
+    if (!s.ok()) {
+      last = s;
+      break;
+    }
+    auto st = agent_->Wait(t, In(milliseconds(5000))).value();
+    ASSERT_NE(st.state, TransferState::kInProgress) << "transfer hung past its stall deadline";
+    if (st.state == TransferState::kError) {
+      last = st.error;
+      break;
+    }
+  }
+  auto took = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
+  ASSERT_FALSE(last.ok()) << "transfers to a killed target kept succeeding";
+  EXPECT_TRUE(last.code() == StatusCode::kPeerGone || last.code() == StatusCode::kDeadlineExceeded)
+      << last.ToString();
+  if (GetParam() == "ucx:tcp") {
+    EXPECT_EQ(last.code(), StatusCode::kPeerGone) << last.ToString();
+  }
+  EXPECT_LT(took.count(), 4000);
+}
+
+TEST_P(MultiProcessTest, RestartedTargetIsDetectedByIncarnation) {
+  PeerProcess p1;
+  auto md1 = SpawnTarget(&p1);
+  MakeInitiator(milliseconds(2000));
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md1).ok());
+  auto old_t = Scattered(Op::kWrite, RemoteRegion(md1), 16, 4096);
+  ASSERT_TRUE(agent_->Post(old_t).ok());
+  ASSERT_EQ(agent_->Wait(old_t, In(milliseconds(5000)))->state, TransferState::kDone);
+  p1.Kill();
+  PeerProcess p2;
+  auto md2 = SpawnTarget(&p2);
+  auto load = agent_->LoadRemoteMetadata(md2);
+  ASSERT_TRUE(load.ok()) << load.status().ToString();
+  EXPECT_TRUE(load->restarted);
+  EXPECT_EQ(load->previous_incarnation, DecodeMetadata(md1)->incarnation);
+  EXPECT_EQ(agent_->Post(old_t).code(), StatusCode::kPeerGone);
+  // The old incarnation's metadata is refused from now on.
+  EXPECT_EQ(agent_->LoadRemoteMetadata(md1).status().code(), StatusCode::kFailedPrecondition);
+  FillPattern(reinterpret_cast<uint8_t*>(local_.data), 16 * 4096, 8);
+  auto t = Scattered(Op::kWrite, RemoteRegion(md2), 16, 4096);
+  ASSERT_TRUE(agent_->Post(t).ok());
+  auto st = agent_->Wait(t, In(milliseconds(5000))).value();
+  ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+  SendFrame(p2.to, {'Q'});
+  EXPECT_EQ(p2.Join(5000), 0);
+}
+
+TEST_P(MultiProcessTest, MalformedMetadataAndOutOfRangeDescriptorsAreRefused) {
+  PeerProcess p;
+  auto md = SpawnTarget(&p);
+  MakeInitiator(milliseconds(2000));
+  auto cut = std::vector<uint8_t>(md.begin(), md.begin() + md.size() / 2);
+  EXPECT_EQ(agent_->LoadRemoteMetadata(cut).status().code(), StatusCode::kDataLoss);
+  auto bigger = md;
+  bigger.resize(md.size() + 100, 0);
+  EXPECT_EQ(agent_->LoadRemoteMetadata(bigger).status().code(), StatusCode::kDataLoss);
+  auto flipped = md;
+  flipped[flipped.size() / 2] ^= 1;
+  EXPECT_EQ(agent_->LoadRemoteMetadata(flipped).status().code(), StatusCode::kDataLoss);
+  ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
+  RegionId r = RemoteRegion(md);
+  EXPECT_EQ(agent_->PrepareRemote("decode", std::vector<Desc>{{r, kRegionBytes - 10, 11}})
+                .status()
+                .code(),
+            StatusCode::kOutOfRange);
+  EXPECT_EQ(
+      agent_->PrepareRemote("decode", std::vector<Desc>{{r, kRegionBytes, 1}}).status().code(),
+      StatusCode::kOutOfRange);
+  SendFrame(p.to, {'Q'});
+  EXPECT_EQ(p.Join(5000), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, MultiProcessTest,
+                         ::testing::ValuesIn(MultiProcessBackendSpecs()),
+                         [](const auto& param_info) {
+                           std::string n = param_info.param;
+                           std::replace(n.begin(), n.end(), ':', '_');
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace kvpush::xfer

@@ -52,8 +52,7 @@ int RunGenModel(GenModelArgs& a) {
     return 1;
   }
   const ModelConfig& c = loaded->config;
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
       "wrote %s: llama, dim %d, layers %d, heads %d/%d kv, hidden %d, vocab %d, context %d, "
       "dtype %s, seed %llu, fingerprint %016llx (%.1f s)\n",

@@ -3,14 +3,72 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "model/gemm_kernels.h"
 
 extern "C" char* openblas_get_corename(void);
 
 namespace kvpush {
 
+namespace gemm_internal {
+
+void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
+                int64_t ldy) {
+  for (int64_t m = 0; m < m_rows; ++m) {
+    for (int64_t n = 0; n < n_rows; ++n) {
+      const float* a = x + m * k;
+      const float* b = w + n * k;
+      float acc[16] = {};
+      for (int64_t kk = 0; kk < k; ++kk) acc[kk & 15] = std::fma(a[kk], b[kk], acc[kk & 15]);
+      // Lanes past a k tail receive fma(0, 0, acc) = acc + 0 in the vector kernels.
+      for (int64_t kk = k; (kk & 15) != 0; ++kk) acc[kk & 15] = std::fma(0.0f, 0.0f, acc[kk & 15]);
+      for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+      for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+      for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+      y[m * ldy + n] = acc[0] + acc[1];
+    }
+  }
+}
+
+}  // namespace gemm_internal
+
+InvariantGemm::InvariantGemm(GemmBackend backend) : backend_(backend) {
+  if (backend_ == GemmBackend::kFixedOrder) {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) {
+      isa_ = 2;
+    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+      isa_ = 1;
+    }
+  }
+}
+
+std::string InvariantGemm::name() const {
+  switch (backend_) {
+    case GemmBackend::kFixedOrder:
+      return isa_ == 2   ? "fixed-order avx512"
+             : isa_ == 1 ? "fixed-order avx2"
+                         : "fixed-order scalar";
+    case GemmBackend::kFixedOrderScalar:
+      return "fixed-order scalar";
+    case GemmBackend::kOpenBlasTiles:
+      return "openblas 8-row tiles";
+  }
+  return "?";
+}
+
 void InvariantGemm::Run(const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
                         float* y) {
+  if (rows <= 0) return;
+  if (backend_ == GemmBackend::kFixedOrder || backend_ == GemmBackend::kFixedOrderScalar) {
+    gemm_internal::GemmFn fn = gemm_internal::GemmScalar;
+    if (backend_ == GemmBackend::kFixedOrder && isa_ == 2) fn = gemm_internal::GemmAvx512;
+    if (backend_ == GemmBackend::kFixedOrder && isa_ == 1) fn = gemm_internal::GemmAvx2;
+    fn(x, rows, k, w, n, y, n);
+    return;
+  }
   const auto kk = static_cast<blasint>(k), nn = static_cast<blasint>(n);
   const auto tile = static_cast<blasint>(kTileRows);
   int64_t m = 0;

@@ -1,32 +1,52 @@
 // Batch-invariant matrix multiply for the executor's linear layers.
 //
 // Problem: OpenBLAS's sgemm result for one row of X depends on M, the number of rows in the call
-// (M = 1..3 take a gemv-like path, other M use micro-kernel tails whose summation differs; measured
-// on OpenBLAS 0.3.21 "Haswell" kernels, see docs/model.md). A sequence's logits would then change
-// with the batch it happens to share. Fix: every sgemm call has exactly kTileRows rows. Rows are
-// processed in tiles of kTileRows; the last partial tile is copied into a zero-padded buffer. So
-// each row always goes through a call of identical shape, and its result is a function of that row
-// and W only. tests/model/gemm_invariance_test.cc asserts this bit for bit on the machine that
-// runs the tests, for every row position in the tile and 1 and 2 BLAS threads.
+// (measured with OpenBLAS 0.3.21's "Haswell" kernels on this machine: the M = 1 result differs from
+// the same row inside an M >= 4 call, and within a 16-row call rows differ by position; see
+// docs/model.md). A sequence's logits would then change with the batch it happens to share.
+//
+// Two batch-invariant backends:
+//  * kFixedOrder (default): kvpush's own kernel with a canonical per-element summation order
+//    (16 FMA lane accumulators over k, then a fixed reduction tree; model/gemm_kernels.h). Every
+//    element is computed by the same sequence of IEEE operations whatever the number of rows or
+//    columns, and the AVX-512, AVX2 and scalar versions give identical bits, so the result does not
+//    even depend on the CPU's vector width.
+//  * kOpenBlasTiles: cblas_sgemm always called with exactly 8 rows (the last tile zero-padded).
+//    Row invariance then rests on OpenBLAS using one fixed path for that shape, which the unit test
+//    checks on the machine that runs it (it held for 8 and failed for 16 here).
+// tests/model/gemm_invariance_test.cc asserts both bit for bit.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace kvpush {
+
+enum class GemmBackend {
+  kFixedOrder,        ///< own kernel, best ISA available (AVX-512F, AVX2+FMA, scalar fmaf)
+  kFixedOrderScalar,  ///< own kernel, portable scalar version (reference for tests)
+  kOpenBlasTiles,     ///< cblas_sgemm on fixed 8-row tiles
+};
 
 /// Computes Y[rows, n] = X[rows, k] * W[n, k]^T (W row-major [out = n, in = k], as nn.Linear).
 /// Row m of Y depends only on row m of X and on W (bitwise), never on `rows` or on other rows.
 /// Not thread-safe (owns scratch buffers); one per executor.
 class InvariantGemm {
  public:
-  /// Rows per sgemm call. 8 is invariant for every tile position with the OpenBLAS in use here
-  /// (16 and larger were not: the kernel's M tail handling leaks in).
-  static constexpr int64_t kTileRows = 8;
+  static constexpr int64_t kTileRows = 8;  ///< rows per sgemm call for kOpenBlasTiles
+
+  explicit InvariantGemm(GemmBackend backend = GemmBackend::kFixedOrder);
 
   void Run(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y);
 
+  GemmBackend backend() const { return backend_; }
+  /// "fixed-order avx512", "fixed-order avx2", "fixed-order scalar" or "openblas 8-row tiles".
+  std::string name() const;
+
  private:
+  GemmBackend backend_;
+  int isa_ = 0;  // 0 scalar, 1 avx2, 2 avx512 (kFixedOrder only)
   std::vector<float> pad_x_;
   std::vector<float> pad_y_;
 };

@@ -29,7 +29,8 @@ inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float*
 
 }  // namespace
 
-LlamaExecutor::LlamaExecutor(LlamaWeights weights) : weights_(std::move(weights)) {}
+LlamaExecutor::LlamaExecutor(LlamaWeights weights, GemmBackend gemm)
+    : weights_(std::move(weights)), gemm_(gemm) {}
 
 Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weights,
                                                              const LlamaExecutorOptions& options) {
@@ -38,7 +39,7 @@ Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weight
     weights.config.context_length = std::min(weights.config.context_length, options.max_context);
   }
   SetBlasThreads(options.blas_threads);
-  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights)));
+  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm));
   const ModelConfig& c = ex->weights_.config;
   // RoPE table in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim), angle = pos * freq_i.
   const int32_t pairs = c.rope_dim / 2;

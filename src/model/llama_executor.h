@@ -11,12 +11,12 @@
 // Then RMSNorm(x) * output_norm and the classifier for the last token of each chunk that wants
 // logits. Formulas: Touvron et al. 2023 (Llama 2), as in llama2.c run.c.
 //
-// Batch invariance: GEMMs go through InvariantGemm (fixed-shape sgemm tiles); RMSNorm, RoPE,
+// Batch invariance: GEMMs go through InvariantGemm (fixed summation order); RMSNorm, RoPE,
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
 // row's own data and position. A sequence's logits are therefore bit-identical whatever else is in
 // the batch and however its prompt is chunked (tests/model/batch_invariance_test.cc).
-// Threading: the executor runs on the calling (engine) thread; OpenBLAS gets
-// LlamaExecutorOptions::blas_threads threads (default 1, see docs/model.md).
+// Threading: everything runs on the calling (engine) thread (see docs/model.md); with the
+// kOpenBlasTiles backend OpenBLAS gets LlamaExecutorOptions::blas_threads threads.
 #pragma once
 
 #include <memory>
@@ -30,7 +30,8 @@ namespace kvpush {
 
 struct LlamaExecutorOptions {
   int32_t max_context = 0;   ///< 0 = the model's context length; else min(model, this)
-  int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global setting)
+  int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global; used by kOpenBlasTiles only)
+  GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
 };
 
 class LlamaExecutor final : public Executor {
@@ -41,6 +42,8 @@ class LlamaExecutor final : public Executor {
 
   const ModelConfig& config() const override { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
+  /// The GEMM kernel in use, e.g. "fixed-order avx512".
+  std::string gemm_name() const { return gemm_.name(); }
 
   /// See Executor::Execute. The KV cache layout must match the model (num_layers, num_kv_heads,
   /// head_dim, KvDtype::kF32), else kInvalidArgument. Scratch memory grows to the largest batch
@@ -49,7 +52,7 @@ class LlamaExecutor final : public Executor {
                  LayerObserver* observer) override;
 
  private:
-  explicit LlamaExecutor(LlamaWeights weights);
+  LlamaExecutor(LlamaWeights weights, GemmBackend gemm);
   Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
                   int64_t* total_tokens, int64_t* logit_rows) const;
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);

@@ -8,6 +8,7 @@
 
 #include "common/status.h"
 #include "model/executor.h"
+#include "model/gemm.h"
 #include "model/tokenizer.h"
 
 namespace kvpush {
@@ -16,7 +17,8 @@ struct ModelLoadOptions {
   std::string path;            ///< .gguf, or llama2.c .bin checkpoint
   std::string tokenizer_path;  ///< llama2.c tokenizer (tok512.bin); default: beside the .bin
   int32_t max_context = 0;     ///< 0 = the model's context length
-  int32_t blas_threads = 1;  ///< OpenBLAS threads for the executor (process-global; docs/model.md)
+  int32_t blas_threads = 1;    ///< OpenBLAS threads (process-global; kOpenBlasTiles only)
+  GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
 };
 
 struct LoadedModel {

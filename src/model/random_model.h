@@ -19,11 +19,13 @@
 namespace kvpush {
 
 struct RandomLlamaOptions {
-  int32_t dim = 1024;
+  // Defaults: ~28M parameters (106 MiB f32), sized so that a 512-token prefill takes about 0.5-1 s
+  // on the 2-core development machine (docs/benchmarks/model.md).
+  int32_t dim = 512;
   int32_t layers = 8;
-  int32_t heads = 16;
-  int32_t kv_heads = 8;
-  int32_t hidden_dim = 2816;
+  int32_t heads = 8;
+  int32_t kv_heads = 4;
+  int32_t hidden_dim = 1408;
   int32_t vocab = 4096;
   int32_t context = 2048;
   GgmlType dtype = GgmlType::kF32;  ///< storage type of the 2-D weights (norms stay f32)

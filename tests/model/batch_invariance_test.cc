@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "model/gemm.h"
 #include "model/model.h"
@@ -18,7 +19,7 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kBlocksPerSeq = 8;  // 128 positions per sequence
 
-LoadedModel SmallRandomModel(int32_t blas_threads) {
+LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm) {
   RandomLlamaOptions o;
   o.dim = 128;
   o.layers = 2;
@@ -34,6 +35,7 @@ LoadedModel SmallRandomModel(int32_t blas_threads) {
   ModelLoadOptions lo;
   lo.path = "random.gguf";
   lo.blas_threads = blas_threads;
+  lo.gemm = gemm;
   auto m = LoadModelFromGgufBytes(bytes, lo);
   EXPECT_TRUE(m.ok()) << m.status().ToString();
   return std::move(*m);
@@ -57,10 +59,10 @@ std::vector<Seq> MakeSeqs(int n, int32_t vocab, uint32_t seed) {
   return seqs;
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<int32_t> {
+class BatchInvarianceTest : public ::testing::TestWithParam<std::tuple<GemmBackend, int32_t>> {
  protected:
   void SetUp() override {
-    model_ = SmallRandomModel(GetParam());
+    model_ = SmallRandomModel(std::get<1>(GetParam()), std::get<0>(GetParam()));
     vocab_ = model_.config.vocab_size;
     seqs_ = MakeSeqs(32, vocab_, 123);
   }
@@ -215,8 +217,16 @@ TEST_P(BatchInvarianceTest, MixedPrefillAndDecodeStep) {
   EXPECT_TRUE(std::equal(logits.begin() + vocab_, logits.end(), ref_b.begin()));
 }
 
-INSTANTIATE_TEST_SUITE_P(BlasThreads, BatchInvarianceTest, ::testing::Values(1, 2),
-                         [](const auto& p) { return "threads" + std::to_string(p.param); });
+INSTANTIATE_TEST_SUITE_P(Backends, BatchInvarianceTest,
+                         ::testing::Values(std::tuple{GemmBackend::kFixedOrder, 1},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 1},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 2}),
+                         [](const auto& p) {
+                           return std::string(std::get<0>(p.param) == GemmBackend::kFixedOrder
+                                                  ? "FixedOrder"
+                                                  : "OpenBlasTiles") +
+                                  "Threads" + std::to_string(std::get<1>(p.param));
+                         });
 
 TEST(BatchInvarianceStories, BatchOf32EqualsAlone) {
   KVP_REQUIRE_SHARED_MODEL(path, "stories260K.gguf");

@@ -4,8 +4,10 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
+#include <tuple>
 
 #include "model/gemm.h"
 
@@ -16,10 +18,11 @@ struct Shape {
   int64_t k, n;
 };
 
-class GemmInvarianceTest : public ::testing::TestWithParam<int> {};
+class GemmInvarianceTest : public ::testing::TestWithParam<std::tuple<GemmBackend, int>> {};
 
 TEST_P(GemmInvarianceTest, RowResultIndependentOfRowCountAndPosition) {
-  SetBlasThreads(GetParam());
+  const auto [backend, threads] = GetParam();
+  SetBlasThreads(threads);
   std::mt19937 rng(5);
   std::normal_distribution<float> nd;
   for (Shape s : {Shape{64, 64}, Shape{64, 172}, Shape{172, 64}, Shape{64, 512}, Shape{333, 1000},
@@ -27,7 +30,7 @@ TEST_P(GemmInvarianceTest, RowResultIndependentOfRowCountAndPosition) {
     std::vector<float> w(static_cast<size_t>(s.n * s.k)), x(static_cast<size_t>(64 * s.k));
     for (float& v : w) v = nd(rng);
     for (float& v : x) v = nd(rng);
-    InvariantGemm gemm;
+    InvariantGemm gemm(backend);
     // Reference: each row computed alone.
     std::vector<float> ref(static_cast<size_t>(64 * s.n));
     for (int64_t r = 0; r < 64; ++r)
@@ -47,7 +50,37 @@ TEST_P(GemmInvarianceTest, RowResultIndependentOfRowCountAndPosition) {
   SetBlasThreads(1);
 }
 
-INSTANTIATE_TEST_SUITE_P(BlasThreads, GemmInvarianceTest, ::testing::Values(1, 2));
+INSTANTIATE_TEST_SUITE_P(Backends, GemmInvarianceTest,
+                         ::testing::Combine(::testing::Values(GemmBackend::kFixedOrder,
+                                                              GemmBackend::kFixedOrderScalar,
+                                                              GemmBackend::kOpenBlasTiles),
+                                            ::testing::Values(1, 2)));
+
+TEST(GemmInvarianceTest, FixedOrderKernelsAgreeBitwiseAcrossIsas) {
+  InvariantGemm best(GemmBackend::kFixedOrder), scalar(GemmBackend::kFixedOrderScalar);
+  std::printf("fixed-order kernel in use: %s\n", best.name().c_str());
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd;
+  for (Shape s :
+       {Shape{1, 3}, Shape{15, 7}, Shape{16, 16}, Shape{17, 65}, Shape{100, 9}, Shape{333, 130}}) {
+    const int64_t m = 13;
+    std::vector<float> w(static_cast<size_t>(s.n * s.k)), x(static_cast<size_t>(m * s.k));
+    for (float& v : w) v = nd(rng);
+    for (float& v : x) v = nd(rng);
+    std::vector<float> a(static_cast<size_t>(m * s.n)), b(a.size());
+    best.Run(x.data(), m, s.k, w.data(), s.n, a.data());
+    scalar.Run(x.data(), m, s.k, w.data(), s.n, b.data());
+    EXPECT_EQ(0, std::memcmp(a.data(), b.data(), a.size() * sizeof(float)))
+        << "k=" << s.k << " n=" << s.n;
+    // And close to a double-precision reference.
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < s.n; ++j) {
+        double ref = 0;
+        for (int64_t t = 0; t < s.k; ++t) ref += double(x[i * s.k + t]) * w[j * s.k + t];
+        EXPECT_NEAR(a[i * s.n + j], ref, 1e-4 * (1 + std::fabs(ref)));
+      }
+  }
+}
 
 TEST(GemmInvarianceTest, ReportsWhetherPlainSgemmIsInvariant) {
   SetBlasThreads(1);

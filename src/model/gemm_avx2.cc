@@ -1,0 +1,88 @@
+// AVX2+FMA kernel of the fixed-order GEMM (see gemm_kernels.h): the 16 lanes are two __m256
+// (lanes 0-7 and 8-15). Compiled with -mavx2 -mfma and only called after a CPUID check.
+#include <immintrin.h>
+
+#include "model/gemm_kernels.h"
+
+namespace kvpush::gemm_internal {
+
+namespace {
+
+constexpr int64_t kRowBlock = 64;
+
+inline float Reduce(__m256 lo, __m256 hi) {
+  alignas(32) float a[16];
+  _mm256_store_ps(a, lo);
+  _mm256_store_ps(a + 8, hi);
+  for (int i = 0; i < 8; ++i) a[i] += a[i + 8];
+  for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
+  for (int i = 0; i < 2; ++i) a[i] += a[i + 2];
+  return a[0] + a[1];
+}
+
+template <int R, int C>
+inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
+  __m256 lo[R][C], hi[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
+  const int64_t k_main = k & ~int64_t{15};
+  auto step = [&](const float* const* xs, const float* const* ws) {
+    __m256 xl[R], xh[R], wl[C], wh[C];
+    for (int r = 0; r < R; ++r) {
+      xl[r] = _mm256_loadu_ps(xs[r]);
+      xh[r] = _mm256_loadu_ps(xs[r] + 8);
+    }
+    for (int c = 0; c < C; ++c) {
+      wl[c] = _mm256_loadu_ps(ws[c]);
+      wh[c] = _mm256_loadu_ps(ws[c] + 8);
+    }
+    for (int r = 0; r < R; ++r)
+      for (int c = 0; c < C; ++c) {
+        lo[r][c] = _mm256_fmadd_ps(xl[r], wl[c], lo[r][c]);
+        hi[r][c] = _mm256_fmadd_ps(xh[r], wh[c], hi[r][c]);
+      }
+  };
+  const float* xs[R];
+  const float* ws[C];
+  for (int64_t kk = 0; kk < k_main; kk += 16) {
+    for (int r = 0; r < R; ++r) xs[r] = x + r * k + kk;
+    for (int c = 0; c < C; ++c) ws[c] = w + c * k + kk;
+    step(xs, ws);
+  }
+  if (k_main < k) {  // zero-padded tail, same as masked loads
+    alignas(32) float xt[R][16], wt[C][16];
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < 16; ++j) xt[r][j] = k_main + j < k ? x[r * k + k_main + j] : 0.0f;
+    for (int c = 0; c < C; ++c)
+      for (int j = 0; j < 16; ++j) wt[c][j] = k_main + j < k ? w[c * k + k_main + j] : 0.0f;
+    for (int r = 0; r < R; ++r) xs[r] = xt[r];
+    for (int c = 0; c < C; ++c) ws[c] = wt[c];
+    step(xs, ws);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(lo[r][c], hi[r][c]);
+}
+
+template <int R>
+inline void Row(const float* x, int64_t k, const float* w, int64_t n_rows, float* y, int64_t ldy) {
+  int64_t n = 0;
+  for (; n + 2 <= n_rows; n += 2) Block<R, 2>(x, k, w + n * k, y + n, ldy);
+  for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * k, y + n, ldy);
+}
+
+}  // namespace
+
+void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
+              int64_t ldy) {
+  for (int64_t m0 = 0; m0 < m_rows; m0 += kRowBlock) {
+    const int64_t m1 = m0 + kRowBlock < m_rows ? m0 + kRowBlock : m_rows;
+    for (int64_t n0 = 0; n0 < n_rows; n0 += 64) {
+      const int64_t nn = n0 + 64 < n_rows ? 64 : n_rows - n0;
+      int64_t m = m0;
+      for (; m + 2 <= m1; m += 2) Row<2>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
+      for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
+    }
+  }
+}
+
+}  // namespace kvpush::gemm_internal

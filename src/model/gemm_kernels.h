@@ -1,0 +1,26 @@
+// Fixed-order GEMM kernels (internal to gemm.cc): Y[m, n] = sum_k X[m, k] * W[n, k].
+//
+// The canonical arithmetic, identical in every kernel and for every element: 16 lane accumulators;
+// lane j accumulates, in increasing k, fma(X[m, k], W[n, k], acc_j) over k = j mod 16 (a k tail is
+// zero-padded to 16); then acc_j += acc_{j+8}, acc_j += acc_{j+4}, acc_j += acc_{j+2}, and
+// y = acc_0 + acc_1. Results are therefore bit-identical between the AVX-512, AVX2 and scalar
+// kernels and independent of how many rows or columns are computed together.
+#pragma once
+
+#include <cstdint>
+
+namespace kvpush::gemm_internal {
+
+/// Signature shared by the kernels: X [m_rows, k] (row stride k), W [n_rows, k] (row stride k),
+/// Y [m_rows, n_rows] with row stride ldy.
+using GemmFn = void (*)(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows,
+                        float* y, int64_t ldy);
+
+void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
+                int64_t ldy);
+void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
+              int64_t ldy);
+void GemmAvx512(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
+                int64_t ldy);
+
+}  // namespace kvpush::gemm_internal

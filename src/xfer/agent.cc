@@ -144,6 +144,7 @@ void Agent::FinishLocked(Transfer& t, Status status) {
   t.state = status.ok() ? TransferState::kDone : TransferState::kError;
   t.error = std::move(status);
   --in_progress_;
+  finished_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
 }
 

@@ -15,6 +15,7 @@
 // mutex, no I/O); Post hands work to the backend's progress thread. Wait blocks the caller only.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -91,6 +92,8 @@ class Agent final : private BackendSink {
   const std::string& name() const { return options_.name; }
   uint64_t incarnation() const { return options_.incarnation; }
   const BackendCaps& backend_caps() const { return backend_->caps(); }
+  /// The backend's issue-path counters (benchmarks).
+  BackendStats backend_stats() const { return backend_->stats(); }
 
   // ---- Regions ----
   /// Registers caller-owned memory [addr, addr+length); the caller keeps it alive until
@@ -243,6 +246,7 @@ class Agent final : private BackendSink {
   uint64_t next_peer_generation_ = 1;
   uint32_t post_seq_ = 0;  // tokens carry a fresh sequence number per post
   size_t in_progress_ = 0;
+  std::atomic<uint64_t> finished_{0};  // bumps on every FinishLocked (Wait spins on it)
 
   std::condition_variable watchdog_cv_;
   bool stopping_ = false;

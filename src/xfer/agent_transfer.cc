@@ -266,6 +266,18 @@ Result<TransferStatus> Agent::GetStatus(TransferHandle h) {
 }
 
 Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
+  if (options_.wait_spin_us > 0) {
+    uint64_t seen = finished_.load(std::memory_order_acquire);
+    {
+      std::lock_guard lock(mu_);
+      Transfer* t = transfers_.Find(h);
+      if (t == nullptr) return NotFound("Wait: no transfer " + std::to_string(h.index));
+      if (t->state != TransferState::kInProgress) return TransferStatus{t->state, t->error};
+    }
+    const int64_t spin_end = NowNs() + int64_t{options_.wait_spin_us} * 1000;
+    while (finished_.load(std::memory_order_acquire) == seen && NowNs() < spin_end) {
+    }
+  }
   std::unique_lock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("Wait: no transfer " + std::to_string(h.index));

@@ -6,7 +6,7 @@
 // allocation, whether a target progress thread is needed) from those capabilities.
 //
 // Threading contract: every method may be called from any thread, concurrently. Post() and
-// SendMessage() never call the BackendSink synchronously: errors found while posting are returned;
+// Abort() never call the BackendSink synchronously: errors found while posting are returned;
 // everything later is reported through the sink from the backend's own thread(s). The sink is set
 // once, before the first Post, and must outlive the backend.
 #pragma once
@@ -123,6 +123,14 @@ class BackendSink {
   virtual void OnPeerError(const BackendPeer* peer, Status status) = 0;
 };
 
+/// Counters of a backend's issue path (for benchmarks). Zero where a backend does not count.
+struct BackendStats {
+  uint64_t posts = 0;         ///< posts issued to the network
+  uint64_t ops = 0;           ///< RMA ops issued
+  int64_t issue_ns = 0;       ///< total time spent in the per-op issue loops, ns
+  int64_t last_issue_ns = 0;  ///< duration of the last post's issue loop (puts/gets + flush call)
+};
+
 /// The backend interface. See the file comment for the threading contract.
 class Backend {
  public:
@@ -163,6 +171,8 @@ class Backend {
   virtual Status Post(PostRequest request) = 0;
   /// Best effort: stop working on a post whose control was aborted (it still reports OnPostDone).
   virtual void Abort(uint64_t token) = 0;
+  /// Issue-path counters; safe to call from any thread.
+  virtual BackendStats stats() const { return {}; }
 };
 
 }  // namespace kvpush::xfer

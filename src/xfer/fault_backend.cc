@@ -83,6 +83,7 @@ class FaultBackend final : public Backend, private BackendSink {
     return Status::Ok();
   }
   void Abort(uint64_t token) override { inner_->Abort(token); }
+  BackendStats stats() const override { return inner_->stats(); }
 
  private:
   // BackendSink (from inner)

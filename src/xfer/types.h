@@ -81,6 +81,9 @@ struct AgentOptions {
   uint64_t incarnation = 0;
   /// A posted transfer that has not finished after this long ends in kDeadlineExceeded.
   std::chrono::milliseconds stall_timeout{10000};
+  /// Agent::Wait spins this long on a completion counter before blocking on a condition variable,
+  /// microseconds (0 = block at once). Saves a futex wake-up on short transfers.
+  int wait_spin_us = 20;
   /// Largest notification payload accepted for sending, bytes (receivers refuse larger frames).
   uint32_t max_notification_bytes = 4096;
 };

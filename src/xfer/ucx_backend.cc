@@ -249,6 +249,10 @@ class UcxBackend final : public Backend {
     Enqueue([this, f] { Issue(f); });
     return Status::Ok();
   }
+  BackendStats stats() const override {
+    return {stat_posts_.load(), stat_ops_.load(), stat_issue_ns_.load(),
+            stat_last_issue_ns_.load()};
+  }
   void Abort(uint64_t token) override {
     Enqueue([this, token] {
       auto it = inflight_.find(token);
@@ -341,7 +345,8 @@ class UcxBackend final : public Backend {
     if (f->req.control->aborted()) return Complete(f, Cancelled("ucx: aborted before issue"));
     ucp_request_param_t param{};
     const bool write = f->req.op == Op::kWrite;
-    if (f->req.batch) {
+    if (f->req.batch && !f->req.batch->ops.empty()) {
+      const int64_t t0 = NowNs();
       for (const XferOp& op : f->req.batch->ops) {
         param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
         param.memh = static_cast<const UcxRegion*>(op.local)->memh;
@@ -359,6 +364,11 @@ class UcxBackend final : public Backend {
       param.cb.send = &UcxBackend::OnFlushDone;
       param.user_data = f;
       ucs_status_ptr_t p = ucp_ep_flush_nbx(peer->ep, &param);
+      const int64_t dt = NowNs() - t0;
+      stat_posts_.fetch_add(1, std::memory_order_relaxed);
+      stat_ops_.fetch_add(f->req.batch->ops.size(), std::memory_order_relaxed);
+      stat_issue_ns_.fetch_add(dt, std::memory_order_relaxed);
+      stat_last_issue_ns_.store(dt, std::memory_order_relaxed);
       if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "flush"));
       if (p != nullptr) {
         f->ucx_owned = true;  // OnFlushDone follows
@@ -456,8 +466,9 @@ class UcxBackend final : public Backend {
     int64_t stop_deadline = 0;
     while (true) {
       RunJobs();
-      while (ucp_worker_progress(worker_) != 0) {
-      }
+      bool progressed = false;
+      while (ucp_worker_progress(worker_) != 0) progressed = true;
+      if (progressed) last_activity_ns_ = NowNs();  // stay hot while traffic flows (target side)
       ReapClosing();
       if (stopping_) {
         if (stop_deadline == 0) {
@@ -506,6 +517,8 @@ class UcxBackend final : public Backend {
   std::mutex mu_;
   std::deque<std::function<void()>> jobs_;
   std::vector<ucp_mem_h> unmap_at_exit_;
+  std::atomic<uint64_t> stat_posts_{0}, stat_ops_{0};
+  std::atomic<int64_t> stat_issue_ns_{0}, stat_last_issue_ns_{0};
   std::atomic<size_t> pending_{0};
   std::atomic<bool> sleeping_{false};
   std::thread thread_;

@@ -1,15 +1,147 @@
-// kvpush serve: placeholder until its layer lands.
+// kvpush serve: one instance = model + engine thread + OpenAI HTTP server (docs/configuration.md
+// lists every flag; docs/server.md the API). Runs until SIGINT/SIGTERM.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
+#include <string>
+#include <thread>
 
 #include "apps/commands.h"
+#include "common/log.h"
+#include "engine/engine.h"
+#include "model/model.h"
+#include "server/http_server.h"
 
 namespace kvpush::apps {
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void OnStopSignal(int) {
+  g_stop.store(true);
+}
+
+struct ServeOptions {
+  std::string model;
+  std::string tokenizer;
+  std::string role = "both";
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;
+  std::string log_level = "info";
+  int blas_threads = 1;
+  EngineConfig engine;
+  bool no_prefix_caching = false;
+};
+
+int RunServe(const ServeOptions& o) {
+  if (Status s = InitLogging(o.log_level); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  if (o.role != "both") {
+    std::fprintf(stderr,
+                 "kvpush serve: --role %s is not implemented yet (only --role both; the P/D "
+                 "issue adds prefill/decode)\n",
+                 o.role.c_str());
+    return 2;
+  }
+  if (o.port < 0 || o.port > 65535) {
+    std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
+    return 2;
+  }
+  EngineConfig ec = o.engine;
+  ec.enable_prefix_caching = !o.no_prefix_caching;
+  if (Status s = ec.Validate(); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  ModelLoadOptions mo;
+  mo.path = o.model;
+  mo.tokenizer_path = o.tokenizer;
+  mo.blas_threads = o.blas_threads;
+  auto loaded = LoadModel(mo);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "kvpush serve: loading %s: %s\n", o.model.c_str(),
+                 loaded.status().ToString().c_str());
+    return 1;
+  }
+  LoadedModel model = std::move(loaded).value();
+  auto engine = Engine::Create(ec, std::move(model.executor), *model.tokenizer);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", engine.status().message().c_str());
+    return 2;
+  }
+  server::ServerOptions so;
+  so.host = o.host;
+  so.port = o.port;
+  so.served_model_name = o.served_model_name.empty()
+                             ? std::filesystem::path(o.model).filename().string()
+                             : o.served_model_name;
+  spdlog::info(
+      "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
+      "role={} served_model_name={} host={} port={} {}",
+      o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
+      model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
+      so.served_model_name, so.host, so.port, (*engine)->config().ToString());
+  server::HttpServer http(**engine, so);
+  if (Status s = http.Start(); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+  std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
+  std::fflush(stdout);
+  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  spdlog::info("kvpush serve: shutting down");
+  http.Stop();
+  (*engine)->Stop();
+  return 0;
+}
+
+}  // namespace
 
 void RegisterServeCommand(CLI::App& app) {
-  auto* cmd = app.add_subcommand("serve", "(not implemented yet)");
-  cmd->callback([] {
-    std::fprintf(stderr, "kvpush serve: not implemented yet\n");
-    throw CLI::RuntimeError(2);
+  auto opts = std::make_shared<ServeOptions>();
+  auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
+  cmd->add_option("--model", opts->model, "Model file (.gguf or llama2.c .bin)")->required();
+  cmd->add_option("--tokenizer", opts->tokenizer,
+                  "llama2.c tokenizer (default: tok<vocab>.bin beside a .bin model)");
+  cmd->add_option("--role", opts->role, "both | prefill | decode (only both is implemented)")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}));
+  cmd->add_option("--host", opts->host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", opts->port, "Port to bind (0 = any free port)")->capture_default_str();
+  cmd->add_option("--served-model-name", opts->served_model_name,
+                  "Model name in the API (default: the model file name)");
+  cmd->add_option("--block-size", opts->engine.block_size, "Tokens per KV block")
+      ->capture_default_str();
+  cmd->add_option("--num-kv-blocks,--num-gpu-blocks-override", opts->engine.num_kv_blocks,
+                  "KV blocks in the pool (overrides --kv-cache-memory)");
+  cmd->add_option("--kv-cache-memory", opts->engine.kv_cache_memory_bytes,
+                  "KV arena bytes when --num-kv-blocks is not given")
+      ->capture_default_str();
+  cmd->add_option("--max-num-seqs", opts->engine.max_num_seqs, "Max running requests per step")
+      ->capture_default_str();
+  cmd->add_option("--max-num-batched-tokens", opts->engine.max_num_batched_tokens,
+                  "Token budget per engine step (longer prompts are prefilled in chunks)")
+      ->capture_default_str();
+  cmd->add_option("--max-model-len", opts->engine.max_model_len,
+                  "Max prompt + output tokens (default: the model's context length)");
+  cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix_caching, "Disable the prefix cache");
+  cmd->add_option("--max-pending-requests", opts->engine.max_pending_requests,
+                  "Waiting requests beyond which new ones get HTTP 503")
+      ->capture_default_str();
+  cmd->add_option("--blas-threads", opts->blas_threads, "OpenBLAS threads of the executor")
+      ->capture_default_str();
+  cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  cmd->callback([opts] {
+    int rc = RunServe(*opts);
+    if (rc != 0) throw CLI::RuntimeError(rc);
   });
 }
 

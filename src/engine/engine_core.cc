@@ -97,7 +97,7 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   seq->num_prompt_tokens = seq->num_tokens();
   seq->max_output_tokens = std::min(request.max_tokens, config_.max_model_len - seq->num_tokens());
   seq->arrival_ns = arrival_ns;
-  seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop);
+  seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop, seq->tokens);
   seq->request = std::move(request);
   stats_.prompt_tokens += seq->num_prompt_tokens;
   Sequence* raw = seq.get();

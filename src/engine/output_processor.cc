@@ -5,8 +5,10 @@
 
 namespace kvpush {
 
-OutputTextProcessor::OutputTextProcessor(const Tokenizer& tokenizer, std::vector<std::string> stop)
+OutputTextProcessor::OutputTextProcessor(const Tokenizer& tokenizer, std::vector<std::string> stop,
+                                         std::span<const int32_t> prompt)
     : detok_(tokenizer) {
+  for (int32_t t : prompt) detok_.Push(t);  // prime; the prompt's own text is not emitted
   for (auto& s : stop) {
     if (s.empty()) continue;
     holdback_ = std::max(holdback_, s.size() - 1);

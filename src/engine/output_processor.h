@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,8 +18,12 @@ namespace kvpush {
 /// Not thread-safe: owned by the engine thread, one per request.
 class OutputTextProcessor {
  public:
-  /// `tokenizer` must outlive this object. Empty stop strings are ignored.
-  OutputTextProcessor(const Tokenizer& tokenizer, std::vector<std::string> stop);
+  /// `tokenizer` must outlive this object. Empty stop strings are ignored. The detokenizer is
+  /// primed with `prompt` (its text is not emitted), so SentencePiece's dropped leading space
+  /// applies only to the first piece of the whole sequence: after a BOS-only prompt the first
+  /// generated piece loses its space (llama2.c), after a text prompt it keeps it.
+  OutputTextProcessor(const Tokenizer& tokenizer, std::vector<std::string> stop,
+                      std::span<const int32_t> prompt = {});
 
   struct Delta {
     std::string text;         ///< text that became final

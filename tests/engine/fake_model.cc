@@ -191,7 +191,11 @@ Result<std::vector<int32_t>> FakeTokenizer::Encode(std::string_view text) const 
         best_len = p.size();
       }
     }
-    if (best < 0) return InvalidArgument("fake tokenizer: cannot encode byte " + std::to_string(i));
+    if (best < 0) {  // lossy byte fallback: any other byte maps onto a letter token
+      out.push_back(3 + static_cast<unsigned char>(text[i]) % 26);
+      ++i;
+      continue;
+    }
     out.push_back(best);
     i += best_len;
   }

@@ -1,0 +1,274 @@
+#include "server/completion_handler.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <ctime>
+#include <memory>
+#include <vector>
+
+#include "server/chat_template.h"
+#include "server/http_server.h"
+#include "server/openai_response.h"
+
+namespace kvpush::server {
+namespace {
+
+using std::chrono::milliseconds;
+
+void ReplyError(httplib::Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(e.ToJson(), "application/json");
+}
+
+/// Maps an engine Submit/finish error to an HTTP error.
+ApiError FromStatus(const Status& st, const std::string& param) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+      return ApiError::Invalid(st.message(), param);
+    case StatusCode::kResourceExhausted:
+      return ApiError::Invalid(st.message(), param, "kv_cache_too_small");
+    case StatusCode::kUnavailable:
+      return ApiError{503, st.message(), "server_error", "", "overloaded"};
+    case StatusCode::kAborted:
+      return ApiError{503, st.message(), "server_error", "", "aborted"};
+    default:
+      return ApiError{500, st.ToString(), "server_error", "", ""};
+  }
+}
+
+/// All per-request state, shared by the handler and the SSE content provider.
+struct RequestState {
+  ResponseMeta meta;
+  bool include_usage = false;
+  std::vector<Engine::Handle> handles;
+  std::vector<ChoiceResult> choices;
+  std::vector<bool> role_sent;
+  size_t num_finished = 0;
+  bool done_sent = false;
+  ApiError error;  ///< first kError/kAbort seen
+  bool failed = false;
+
+  /// Applies one output to choice i; returns true when it finished the choice.
+  bool Apply(size_t i, const RequestOutput& o) {
+    ChoiceResult& c = choices[i];
+    c.text += o.text;
+    c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());
+    c.prompt_tokens = o.num_prompt_tokens;
+    c.completion_tokens = o.num_output_tokens;
+    if (!o.finished()) return false;
+    c.finish = o.finish_reason;
+    c.stop_reason = o.stop_reason;
+    ++num_finished;
+    if ((o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) &&
+        !failed) {
+      failed = true;
+      error = FromStatus(o.error.ok() ? Aborted("request aborted") : o.error, "");
+    }
+    return true;
+  }
+  bool all_finished() const { return num_finished == handles.size(); }
+};
+
+void AbortUnfinished(Engine& engine, const RequestState& st) {
+  for (size_t i = 0; i < st.handles.size(); ++i) {
+    if (st.choices[i].finish == FinishReason::kNone) engine.Abort(st.handles[i].id);
+  }
+}
+
+}  // namespace
+
+void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httplib::Response& res) {
+  HttpServer& srv = server_;
+  Engine& engine = srv.engine_;
+  const Tokenizer& tok = engine.tokenizer();
+
+  auto st = std::make_shared<RequestState>();
+  st->meta.kind = kind;
+  std::string id = req.get_header_value("x-request-id");
+  bool id_ok = !id.empty() && id.size() <= 256;
+  for (char c : id) id_ok = id_ok && c > 0x20 && c < 0x7f;
+  st->meta.id = id_ok ? id : srv.NewRequestId(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
+  res.set_header("x-request-id", st->meta.id);
+  st->meta.created = static_cast<int64_t>(std::time(nullptr));
+  st->meta.model = srv.options_.served_model_name;
+
+  auto parsed = ParseOpenAiRequest(kind, req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return ReplyError(res, *e);
+  OpenAiRequest& r = std::get<OpenAiRequest>(parsed);
+  if (!r.model.empty() && r.model != srv.options_.served_model_name) {
+    return ReplyError(res, ApiError{404, "The model '" + r.model + "' does not exist.",
+                                    "invalid_request_error", "model", "model_not_found"});
+  }
+  st->meta.logprobs = r.logprobs >= 0;
+  st->meta.token_ids = r.return_token_ids;
+  st->include_usage = r.include_usage;
+
+  // Tokenize every prompt (BOS + text; token-id prompts are used as given).
+  std::vector<std::vector<int32_t>> prompts;
+  if (kind == ApiKind::kChat) {
+    r.prompts.push_back(PromptInput{false, ApplyDefaultChatTemplate(r.messages), {}});
+  }
+  const ModelConfig& model = engine.model_config();
+  const int32_t max_len = engine.config().max_model_len;
+  for (const PromptInput& p : r.prompts) {
+    std::vector<int32_t> ids;
+    if (p.is_tokens) {
+      ids = p.tokens;
+      for (int32_t t : ids) {
+        if (t < 0 || t >= model.vocab_size) {
+          return ReplyError(res, ApiError::Invalid("token id " + std::to_string(t) +
+                                                       " is outside the vocabulary [0, " +
+                                                       std::to_string(model.vocab_size) + ")",
+                                                   "prompt"));
+        }
+      }
+    } else {
+      auto enc = tok.Encode(p.text);
+      if (!enc.ok()) return ReplyError(res, ApiError::Invalid(enc.status().message(), "prompt"));
+      ids.push_back(tok.bos_id());
+      ids.insert(ids.end(), enc->begin(), enc->end());
+    }
+    const int64_t n = static_cast<int64_t>(ids.size());
+    const char* what = kind == ApiKind::kChat ? "messages" : "prompt";
+    if (n + 1 > max_len) {
+      return ReplyError(
+          res,
+          ApiError::Invalid("This model's maximum context length is " + std::to_string(max_len) +
+                                " tokens. However, your " + what + " has " + std::to_string(n) +
+                                " tokens (at least one " + "token must be generated).",
+                            what, "context_length_exceeded"));
+    }
+    if (r.max_tokens && n + *r.max_tokens > max_len) {
+      return ReplyError(
+          res, ApiError::Invalid("This model's maximum context length is " +
+                                     std::to_string(max_len) + " tokens. However, you requested " +
+                                     std::to_string(n + *r.max_tokens) + " tokens (" +
+                                     std::to_string(n) + " in the " + what + ", " +
+                                     std::to_string(*r.max_tokens) + " in the completion).",
+                                 "max_tokens", "context_length_exceeded"));
+    }
+    prompts.push_back(std::move(ids));
+  }
+
+  const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : srv.RandomSeed();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest g;
+    g.request_id = prompts.size() == 1 ? st->meta.id : st->meta.id + "-" + std::to_string(i);
+    const int32_t room = max_len - static_cast<int32_t>(prompts[i].size());
+    g.max_tokens = r.max_tokens ? *r.max_tokens
+                                : (kind == ApiKind::kChat ? room : std::min<int32_t>(16, room));
+    g.prompt_tokens = std::move(prompts[i]);
+    g.sampling.temperature = r.temperature;
+    g.sampling.top_p = r.top_p;
+    g.sampling.top_k = r.top_k;
+    g.sampling.seed = seed;
+    g.sampling.logprobs = r.logprobs;
+    g.stop = r.stop;
+    g.stop_token_ids = r.stop_token_ids;
+    g.ignore_eos = r.ignore_eos;
+    auto h = engine.Submit(std::move(g));
+    if (!h.ok()) {
+      for (const auto& done : st->handles) engine.Abort(done.id);
+      return ReplyError(res, FromStatus(h.status(), "prompt"));
+    }
+    st->handles.push_back(*h);
+  }
+  st->choices.resize(st->handles.size());
+  st->role_sent.assign(st->handles.size(), false);
+
+  if (!r.stream) {
+    // Wait for every choice (bounded by max_tokens); abort if the server stops meanwhile.
+    while (!st->all_finished()) {
+      if (srv.stopping_.load()) {
+        AbortUnfinished(engine, *st);
+        return ReplyError(res, ApiError{503, "server is shutting down", "server_error", "", ""});
+      }
+      for (size_t i = 0; i < st->handles.size(); ++i) {
+        if (st->choices[i].finish != FinishReason::kNone) continue;
+        if (auto o = st->handles[i].channel->Next(milliseconds(100))) st->Apply(i, *o);
+      }
+    }
+    if (st->failed) return ReplyError(res, st->error);
+    res.status = 200;
+    res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
+    return;
+  }
+
+  // SSE: the provider is called repeatedly on this HTTP thread until it calls sink.done() or
+  // returns false (write failed: the client went away). The releaser aborts what is unfinished.
+  Engine* eng = &engine;
+  HttpServer* server = &srv;
+  res.set_header("Cache-Control", "no-cache");
+  res.set_chunked_content_provider(
+      "text/event-stream",
+      [st, eng, server, &tok](size_t, httplib::DataSink& sink) -> bool {
+        auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
+        if (st->done_sent) return true;
+        if (server->stopping_.load()) return false;
+        if (st->meta.kind == ApiKind::kChat) {
+          for (size_t i = 0; i < st->handles.size(); ++i) {
+            if (st->role_sent[i]) continue;
+            st->role_sent[i] = true;
+            if (!write(BuildStreamChunk(st->meta, static_cast<int>(i), "", {}, FinishReason::kNone,
+                                        "", true, st->include_usage, tok))) {
+              return false;
+            }
+          }
+        }
+        // Gather what is ready; if nothing is, wait briefly on the first unfinished choice.
+        std::vector<std::pair<size_t, RequestOutput>> ready;
+        for (size_t i = 0; i < st->handles.size(); ++i) {
+          if (st->choices[i].finish != FinishReason::kNone) continue;
+          for (auto& o : st->handles[i].channel->TakeAll()) ready.emplace_back(i, std::move(o));
+        }
+        if (ready.empty()) {
+          for (size_t i = 0; i < st->handles.size(); ++i) {
+            if (st->choices[i].finish != FinishReason::kNone) continue;
+            if (auto o = st->handles[i].channel->Next(milliseconds(50))) {
+              ready.emplace_back(i, std::move(*o));
+            }
+            break;
+          }
+        }
+        for (auto& [i, o] : ready) {
+          if (st->choices[i].finish != FinishReason::kNone) continue;
+          st->Apply(i, o);
+          if (o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) {
+            ApiError e = FromStatus(o.error.ok() ? Aborted("request aborted") : o.error, "");
+            if (!write("data: " + e.ToJson() + "\n\n")) return false;
+            continue;
+          }
+          if (o.text.empty() && !o.finished() && !st->meta.logprobs && !st->meta.token_ids)
+            continue;
+          if (!write(BuildStreamChunk(st->meta, static_cast<int>(i), o.text, o.tokens,
+                                      o.finish_reason, o.stop_reason, false, st->include_usage,
+                                      tok))) {
+            return false;
+          }
+        }
+        if (st->all_finished()) {
+          if (st->include_usage) {
+            int64_t p = 0, c = 0;
+            for (const auto& ch : st->choices) {
+              p += ch.prompt_tokens;
+              c += ch.completion_tokens;
+            }
+            if (!write(BuildUsageChunk(st->meta, p, c))) return false;
+          }
+          if (!write("data: [DONE]\n\n")) return false;
+          st->done_sent = true;
+          sink.done();
+        }
+        return true;
+      },
+      [st, eng](bool success) {
+        if (!success || !st->all_finished()) {
+          spdlog::debug("request {}: stream ended early; aborting", st->meta.id);
+          AbortUnfinished(*eng, *st);
+        }
+      });
+}
+
+}  // namespace kvpush::server

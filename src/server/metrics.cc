@@ -1,0 +1,128 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+#include <sstream>
+
+namespace kvpush::server {
+namespace {
+
+std::string Escape(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string Num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+class Writer {
+ public:
+  explicit Writer(std::string model) : model_label_("model_name=\"" + Escape(model) + "\"") {}
+
+  void Header(const std::string& name, const char* type, const char* help) {
+    os_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";
+  }
+  void Sample(const std::string& name, double v, const std::string& extra = {}) {
+    os_ << name << "{" << model_label_ << (extra.empty() ? "" : ",") << extra << "} " << Num(v)
+        << "\n";
+  }
+  void Scalar(const std::string& name, const char* type, const char* help, double v) {
+    Header(name, type, help);
+    Sample(name, v);
+  }
+  void Hist(const std::string& name, const char* help, const Histogram& h) {
+    Header(name, "histogram", help);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.bounds().size(); ++i) {
+      cum += h.counts()[i];
+      Sample(name + "_bucket", static_cast<double>(cum), "le=\"" + Num(h.bounds()[i]) + "\"");
+    }
+    cum += h.counts().empty() ? 0 : h.counts().back();
+    Sample(name + "_bucket", static_cast<double>(cum), "le=\"+Inf\"");
+    Sample(name + "_sum", h.sum());
+    Sample(name + "_count", static_cast<double>(h.count()));
+  }
+  std::string str() const { return os_.str(); }
+
+ private:
+  std::string model_label_;
+  std::ostringstream os_;
+};
+
+}  // namespace
+
+std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
+                             const std::string& model_name) {
+  Writer w(model_name);
+  w.Scalar("kvpush_num_requests_running", "gauge", "Requests in the running batch.", s.num_running);
+  w.Scalar("kvpush_num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
+           s.num_waiting);
+  w.Scalar("kvpush_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
+           s.num_kv_blocks_total);
+  w.Scalar("kvpush_kv_blocks_used", "gauge", "KV blocks referenced by requests.", s.kv.num_used);
+  w.Scalar("kvpush_kv_blocks_free", "gauge", "KV blocks free (never cached).", s.kv.num_free);
+  w.Scalar("kvpush_kv_blocks_cached", "gauge", "KV blocks free but holding prefix-cache content.",
+           s.kv.num_cached);
+  w.Scalar("kvpush_kv_cache_usage_perc", "gauge", "Fraction of KV blocks used (0-1).",
+           s.num_kv_blocks_total > 0
+               ? static_cast<double>(s.kv.num_used) / static_cast<double>(s.num_kv_blocks_total)
+               : 0.0);
+  w.Scalar("kvpush_prefix_cache_queries_total", "counter",
+           "Full prompt blocks looked up in the prefix cache.",
+           static_cast<double>(s.kv.prefix_query_blocks));
+  w.Scalar("kvpush_prefix_cache_hits_total", "counter",
+           "Full prompt blocks found in the prefix cache.",
+           static_cast<double>(s.kv.prefix_hit_blocks));
+  w.Scalar("kvpush_prefix_cache_evictions_total", "counter", "Cached blocks evicted for reuse.",
+           static_cast<double>(s.kv.evictions));
+  w.Scalar("kvpush_prompt_tokens_total", "counter", "Prompt tokens of accepted requests.",
+           static_cast<double>(s.prompt_tokens));
+  w.Scalar("kvpush_prompt_tokens_cached_total", "counter",
+           "Prompt tokens served from the prefix cache.",
+           static_cast<double>(s.cached_prompt_tokens));
+  w.Scalar("kvpush_generation_tokens_total", "counter", "Generated tokens.",
+           static_cast<double>(s.generation_tokens));
+  w.Scalar("kvpush_computed_tokens_total", "counter",
+           "Tokens executed by the model (prefill chunks, decodes, recomputation).",
+           static_cast<double>(s.computed_tokens));
+  w.Scalar("kvpush_num_preemptions_total", "counter", "Requests preempted (recompute).",
+           static_cast<double>(s.num_preemptions));
+  w.Scalar("kvpush_engine_steps_total", "counter", "Engine steps executed.",
+           static_cast<double>(s.num_steps));
+  w.Scalar("kvpush_requests_received_total", "counter", "Requests handed to the engine.",
+           static_cast<double>(s.requests_received));
+
+  w.Header("kvpush_request_success_total", "counter", "Finished requests by finish reason.");
+  for (FinishReason r :
+       {FinishReason::kStop, FinishReason::kLength, FinishReason::kAbort, FinishReason::kError}) {
+    w.Sample("kvpush_request_success_total",
+             static_cast<double>(s.finished_by_reason[static_cast<size_t>(r)]),
+             "finished_reason=\"" + std::string(FinishReasonName(r)) + "\"");
+  }
+  w.Header("kvpush_http_requests_total", "counter", "HTTP responses by path and status code.");
+  for (const auto& [key, count] : http) {
+    w.Sample("kvpush_http_requests_total", static_cast<double>(count),
+             "path=\"" + Escape(key.first) + "\",status=\"" + std::to_string(key.second) + "\"");
+  }
+
+  w.Hist("kvpush_time_to_first_token_seconds", "Time to first token (arrival to first token).",
+         s.ttft);
+  w.Hist("kvpush_time_per_output_token_seconds",
+         "Time per output token after the first (per request mean).", s.tpot);
+  w.Hist("kvpush_inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);
+  w.Hist("kvpush_e2e_request_latency_seconds", "Arrival to finish.", s.e2e);
+  w.Hist("kvpush_request_queue_time_seconds", "Arrival to first scheduled.", s.queue_time);
+  return w.str();
+}
+
+}  // namespace kvpush::server

@@ -1,0 +1,21 @@
+// Prometheus text exposition (format 0.0.4) of the engine's and the HTTP server's metrics.
+// Metric names are listed in docs/server.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+
+#include "engine/engine_stats.h"
+
+namespace kvpush::server {
+
+/// HTTP responses counted by (path, status code). Value type.
+using HttpCounters = std::map<std::pair<std::string, int>, int64_t>;
+
+/// Renders every metric. `model_name` becomes the model_name label. Pure; thread-safe.
+std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& http,
+                             const std::string& model_name);
+
+}  // namespace kvpush::server

@@ -1,0 +1,340 @@
+#include "server/openai_request.h"
+
+#include <cmath>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+namespace kvpush::server {
+namespace {
+
+using nlohmann::json;
+
+constexpr int32_t kMaxLogprobs = 20;
+constexpr size_t kMaxStopStrings = 16;
+
+std::string TypeName(const json& v) {
+  return v.type_name();
+}
+
+ApiError WrongType(const std::string& field, const char* want, const json& v) {
+  return ApiError::Invalid("'" + field + "' must be " + want + ", got " + TypeName(v), field);
+}
+
+/// Reads an optional integer field into `out` (range-checked). Returns an error or nullopt.
+std::optional<ApiError> GetInt(const json& body, const std::string& field, int64_t lo, int64_t hi,
+                               std::optional<int64_t>& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  int64_t v = 0;
+  if (it->is_number_unsigned()) {
+    uint64_t u = it->get<uint64_t>();
+    if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return ApiError::Invalid("'" + field + "' is out of range", field);
+    }
+    v = static_cast<int64_t>(u);
+  } else if (it->is_number_integer()) {
+    v = it->get<int64_t>();
+  } else if (it->is_number_float()) {
+    double d = it->get<double>();
+    if (!std::isfinite(d) || d != std::floor(d) || std::fabs(d) > 9e15) {
+      return WrongType(field, "an integer", *it);
+    }
+    v = static_cast<int64_t>(d);
+  } else {
+    return WrongType(field, "an integer", *it);
+  }
+  if (v < lo || v > hi) {
+    return ApiError::Invalid("'" + field + "' must be in [" + std::to_string(lo) + ", " +
+                                 std::to_string(hi) + "], got " + std::to_string(v),
+                             field);
+  }
+  out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetFloat(const json& body, const std::string& field, double lo, double hi,
+                                 bool lo_open, float& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_number()) return WrongType(field, "a number", *it);
+  double d = it->get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
+    return ApiError::Invalid("'" + field + "' must be in " + (lo_open ? "(" : "[") +
+                                 std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                             field);
+  }
+  out = static_cast<float>(d);
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetBool(const json& body, const std::string& field, bool& out) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_boolean()) return WrongType(field, "a boolean", *it);
+  out = it->get<bool>();
+  return std::nullopt;
+}
+
+/// A JSON array of integers in [0, 2^31) -> ids. `what` names the field for errors.
+std::optional<ApiError> GetIds(const json& arr, const std::string& field,
+                               std::vector<int32_t>& out) {
+  out.reserve(arr.size());
+  for (const auto& e : arr) {
+    if (!e.is_number_integer()) return WrongType(field, "an array of integer token ids", e);
+    if (e.is_number_unsigned() ? e.get<uint64_t>() > 0x7fffffffull
+                               : (e.get<int64_t>() < 0 || e.get<int64_t>() > 0x7fffffffll)) {
+      return ApiError::Invalid("'" + field + "' contains a token id out of range", field);
+    }
+    out.push_back(static_cast<int32_t>(e.get<int64_t>()));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(const json& body, OpenAiRequest& r) {
+  auto it = body.find("prompt");
+  if (it == body.end() || it->is_null()) {
+    return ApiError::Invalid("'prompt' is required", "prompt", "missing_required_parameter");
+  }
+  const json& p = *it;
+  if (p.is_string()) {
+    r.prompts.push_back(PromptInput{false, p.get<std::string>(), {}});
+  } else if (p.is_array()) {
+    if (p.empty()) return ApiError::Invalid("'prompt' is empty", "prompt");
+    if (p[0].is_number()) {
+      PromptInput in;
+      in.is_tokens = true;
+      if (auto e = GetIds(p, "prompt", in.tokens)) return e;
+      r.prompts.push_back(std::move(in));
+    } else {
+      for (const auto& e : p) {
+        if (e.is_string()) {
+          r.prompts.push_back(PromptInput{false, e.get<std::string>(), {}});
+        } else if (e.is_array()) {
+          PromptInput in;
+          in.is_tokens = true;
+          if (auto err = GetIds(e, "prompt", in.tokens)) return err;
+          r.prompts.push_back(std::move(in));
+        } else {
+          return WrongType("prompt", "a string, an array of strings or of token id arrays", e);
+        }
+      }
+    }
+  } else {
+    return WrongType("prompt", "a string or an array", p);
+  }
+  for (const auto& in : r.prompts) {
+    if (in.is_tokens ? in.tokens.empty() : in.text.empty()) {
+      return ApiError::Invalid("'prompt' is empty", "prompt");
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
+  auto it = body.find("messages");
+  if (it == body.end() || it->is_null()) {
+    return ApiError::Invalid("'messages' is required", "messages", "missing_required_parameter");
+  }
+  if (!it->is_array()) return WrongType("messages", "an array", *it);
+  if (it->empty()) return ApiError::Invalid("'messages' is empty", "messages");
+  for (const auto& m : *it) {
+    if (!m.is_object()) return WrongType("messages", "an array of objects", m);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string()) {
+      return ApiError::Invalid("each message needs a string 'role'", "messages");
+    }
+    ChatMessage msg;
+    msg.role = role->get<std::string>();
+    if (msg.role == "developer") msg.role = "system";
+    if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
+      return ApiError::Invalid(
+          "unsupported message role '" + msg.role + "' (system, user, assistant are supported)",
+          "messages");
+    }
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null()) {
+      // An assistant message may have null content (tool calls); nothing else is supported.
+      if (msg.role != "assistant") {
+        return ApiError::Invalid("message 'content' is required", "messages");
+      }
+    } else if (content->is_string()) {
+      msg.content = content->get<std::string>();
+    } else if (content->is_array()) {
+      for (const auto& part : *content) {
+        if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          return ApiError::Invalid("only text content parts are supported", "messages");
+        }
+        msg.content += part["text"].get<std::string>();
+      }
+    } else {
+      return WrongType("messages.content", "a string or an array of text parts", *content);
+    }
+    r.messages.push_back(std::move(msg));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStop(const json& body, OpenAiRequest& r) {
+  auto it = body.find("stop");
+  if (it != body.end() && !it->is_null()) {
+    if (it->is_string()) {
+      r.stop.push_back(it->get<std::string>());
+    } else if (it->is_array()) {
+      for (const auto& s : *it) {
+        if (!s.is_string()) return WrongType("stop", "a string or an array of strings", s);
+        r.stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return WrongType("stop", "a string or an array of strings", *it);
+    }
+    if (r.stop.size() > kMaxStopStrings) {
+      return ApiError::Invalid("at most 16 stop strings are supported", "stop");
+    }
+    std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
+  }
+  auto ids = body.find("stop_token_ids");
+  if (ids != body.end() && !ids->is_null()) {
+    if (!ids->is_array()) return WrongType("stop_token_ids", "an array of integers", *ids);
+    if (auto e = GetIds(*ids, "stop_token_ids", r.stop_token_ids)) return e;
+  }
+  return std::nullopt;
+}
+
+/// Fields we refuse when they ask for something not implemented.
+std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
+  std::optional<int64_t> n;
+  if (auto e = GetInt(body, "n", 1, 1, n)) {
+    e->message = "only n = 1 is supported";
+    return e;
+  }
+  std::optional<int64_t> best_of;
+  if (auto e = GetInt(body, "best_of", 1, 1, best_of)) {
+    e->message = "only best_of = 1 is supported";
+    return e;
+  }
+  bool echo = false;
+  if (auto e = GetBool(body, "echo", echo)) return e;
+  if (echo) return ApiError::Invalid("'echo' is not supported", "echo");
+  auto suffix = body.find("suffix");
+  if (suffix != body.end() && !suffix->is_null() &&
+      !(suffix->is_string() && suffix->get<std::string>().empty())) {
+    return ApiError::Invalid("'suffix' is not supported", "suffix");
+  }
+  auto bias = body.find("logit_bias");
+  if (bias != body.end() && !bias->is_null() && !(bias->is_object() && bias->empty())) {
+    return ApiError::Invalid("'logit_bias' is not supported", "logit_bias");
+  }
+  for (const char* f : {"presence_penalty", "frequency_penalty"}) {
+    float v = 0.0f;
+    if (auto e = GetFloat(body, f, -2.0, 2.0, false, v)) return e;
+    if (v != 0.0f) return ApiError::Invalid(std::string("'") + f + "' is not supported", f);
+  }
+  float rep = 1.0f;
+  if (auto e = GetFloat(body, "repetition_penalty", 0.0, 10.0, true, rep)) return e;
+  if (rep != 1.0f) {
+    return ApiError::Invalid("'repetition_penalty' is not supported", "repetition_penalty");
+  }
+  if (kind == ApiKind::kChat) {
+    for (const char* f : {"tools", "functions", "tool_choice", "function_call"}) {
+      auto t = body.find(f);
+      if (t != body.end() && !t->is_null() && !(t->is_array() && t->empty()) &&
+          !(t->is_string() && t->get<std::string>() == "none")) {
+        return ApiError::Invalid(std::string("'") + f + "' is not supported", f);
+      }
+    }
+    auto rf = body.find("response_format");
+    if (rf != body.end() && !rf->is_null()) {
+      if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text") {
+        return ApiError::Invalid("only response_format {\"type\": \"text\"} is supported",
+                                 "response_format");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
+std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body) {
+  OpenAiRequest r;
+  r.kind = kind;
+  if (auto e = RefuseUnsupported(body, kind)) return *e;
+
+  auto model = body.find("model");
+  if (model != body.end() && !model->is_null()) {
+    if (!model->is_string()) return WrongType("model", "a string", *model);
+    r.model = model->get<std::string>();
+  }
+  if (kind == ApiKind::kCompletion) {
+    if (auto e = ParsePrompt(body, r)) return *e;
+  } else {
+    if (auto e = ParseMessages(body, r)) return *e;
+  }
+
+  std::optional<int64_t> v;
+  const char* max_field = "max_tokens";
+  if (kind == ApiKind::kChat && body.contains("max_completion_tokens") &&
+      !body["max_completion_tokens"].is_null()) {
+    max_field = "max_completion_tokens";
+  }
+  if (auto e = GetInt(body, max_field, 1, std::numeric_limits<int32_t>::max(), v)) return *e;
+  if (v) r.max_tokens = static_cast<int32_t>(*v);
+
+  if (auto e = GetFloat(body, "temperature", 0.0, 1e6, false, r.temperature)) return *e;
+  if (auto e = GetFloat(body, "top_p", 0.0, 1.0, true, r.top_p)) return *e;
+  v.reset();
+  if (auto e = GetInt(body, "top_k", -1, std::numeric_limits<int32_t>::max(), v)) return *e;
+  if (v) r.top_k = static_cast<int32_t>(*v);
+  if (auto e = GetInt(body, "seed", std::numeric_limits<int64_t>::min(),
+                      std::numeric_limits<int64_t>::max(), r.seed)) {
+    return *e;
+  }
+  if (auto e = ParseStop(body, r)) return *e;
+  if (auto e = GetBool(body, "ignore_eos", r.ignore_eos)) return *e;
+  if (auto e = GetBool(body, "return_token_ids", r.return_token_ids)) return *e;
+
+  if (kind == ApiKind::kCompletion) {
+    v.reset();
+    if (auto e = GetInt(body, "logprobs", 0, kMaxLogprobs, v)) return *e;
+    if (v) r.logprobs = static_cast<int32_t>(*v);
+  } else {
+    bool want = false;
+    if (auto e = GetBool(body, "logprobs", want)) return *e;
+    v.reset();
+    if (auto e = GetInt(body, "top_logprobs", 0, kMaxLogprobs, v)) return *e;
+    if (v && !want) {
+      return ApiError::Invalid("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+    }
+    if (want) r.logprobs = v ? static_cast<int32_t>(*v) : 0;
+  }
+
+  if (auto e = GetBool(body, "stream", r.stream)) return *e;
+  auto so = body.find("stream_options");
+  if (so != body.end() && !so->is_null()) {
+    if (!r.stream) {
+      return ApiError::Invalid("'stream_options' is only allowed when 'stream' is true",
+                               "stream_options");
+    }
+    if (!so->is_object()) return WrongType("stream_options", "an object", *so);
+    if (auto e = GetBool(*so, "include_usage", r.include_usage)) {
+      e->param = "stream_options.include_usage";
+      return *e;
+    }
+  }
+  return r;
+}
+
+}  // namespace
+
+std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body) {
+  json parsed = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  if (parsed.is_discarded()) return ApiError::Invalid("request body is not valid JSON", "", "");
+  if (!parsed.is_object()) return ApiError::Invalid("request body must be a JSON object");
+  try {
+    return ParseObject(kind, parsed);
+  } catch (const json::exception& e) {  // defensive: every access above is type-checked
+    return ApiError::Invalid(std::string("malformed request: ") + e.what());
+  }
+}
+
+}  // namespace kvpush::server

@@ -1,0 +1,60 @@
+// Parsing and validating OpenAI /v1/completions and /v1/chat/completions request bodies.
+// JSON in, a validated OpenAiRequest or an ApiError out; no I/O, no engine, no tokenizer, so it
+// can be fuzzed (fuzz/request_json_fuzz.cc).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "server/api_error.h"
+
+namespace kvpush::server {
+
+enum class ApiKind { kCompletion, kChat };
+
+/// One prompt: text (tokenized by the server, BOS prepended) or token ids (used as given).
+struct PromptInput {
+  bool is_tokens = false;
+  std::string text;
+  std::vector<int32_t> tokens;
+};
+
+/// One chat message after flattening content parts into text.
+struct ChatMessage {
+  std::string role;  ///< "system", "user" or "assistant" ("developer" is mapped to "system")
+  std::string content;
+};
+
+/// A validated request. Field semantics follow the OpenAI API and vLLM's extensions
+/// (top_k, ignore_eos, stop_token_ids). docs/server.md lists what is accepted and refused.
+struct OpenAiRequest {
+  ApiKind kind = ApiKind::kCompletion;
+  std::string model;                  ///< "" = not given
+  std::vector<PromptInput> prompts;   ///< completions: >= 1 (a list = a batch, one choice each)
+  std::vector<ChatMessage> messages;  ///< chat: >= 1
+  std::optional<int32_t> max_tokens;  ///< >= 1; absent = server default
+  float temperature = 1.0f;           ///< >= 0 (0 = greedy)
+  float top_p = 1.0f;                 ///< (0, 1]
+  int32_t top_k = -1;                 ///< -1 or 0 = disabled
+  std::optional<int64_t> seed;
+  std::vector<std::string> stop;  ///< up to 16 non-empty strings... empty ones dropped
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t logprobs = -1;  ///< -1 = none; n >= 0 = sampled token + top n (<= 20)
+  bool stream = false;
+  bool include_usage = false;     ///< stream_options.include_usage
+  bool return_token_ids = false;  ///< vLLM extension: add "token_ids" to each choice
+};
+
+/// Parses `body` for endpoint `kind`. Errors (ApiError, HTTP 400, invalid_request_error, param
+/// set): malformed JSON, a non-object body, wrong field types, out-of-range values, n != 1,
+/// echo = true, best_of > 1, unsupported features (suffix, logit_bias, tools, non-zero
+/// presence/frequency penalty, response_format other than text), stream_options without
+/// stream. Unknown fields are ignored. Thread-safe (pure). Never throws.
+std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body);
+
+}  // namespace kvpush::server

@@ -41,18 +41,14 @@ Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weight
   SetBlasThreads(options.blas_threads);
   std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm));
   const ModelConfig& c = ex->weights_.config;
-  // RoPE table in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim), angle = pos * freq_i.
+  // RoPE frequencies in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim). The angles
+  // pos * freq_i are computed per step for the rows in the batch (no context-sized table, so a
+  // file declaring a huge context cannot make us allocate for it).
   const int32_t pairs = c.rope_dim / 2;
-  ex->rope_cos_.resize(static_cast<size_t>(c.context_length) * pairs);
-  ex->rope_sin_.resize(ex->rope_cos_.size());
+  ex->rope_freq_.resize(static_cast<size_t>(pairs));
   for (int32_t i = 0; i < pairs; ++i) {
-    const float freq =
+    ex->rope_freq_[static_cast<size_t>(i)] =
         1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.rope_dim));
-    for (int32_t pos = 0; pos < c.context_length; ++pos) {
-      const float angle = static_cast<float>(pos) * freq;
-      ex->rope_cos_[static_cast<size_t>(pos) * pairs + i] = std::cos(angle);
-      ex->rope_sin_[static_cast<size_t>(pos) * pairs + i] = std::sin(angle);
-    }
   }
   return ex;
 }
@@ -177,19 +173,28 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   grow(att_, n_tok * qdim);
   grow(gate_, n_tok * hid);
   grow(up_, n_tok * hid);
-  grow(scores_, c.context_length);
-  if (static_cast<int64_t>(row_pos_.size()) < n_tok) row_pos_.resize(static_cast<size_t>(n_tok));
+  grow(rope_cos_, n_tok * pairs);
+  grow(rope_sin_, n_tok * pairs);
+  int64_t max_pos = 0;
 
   {
     int64_t row = 0;
     for (const SequenceChunk& ch : batch) {
       for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
-        row_pos_[static_cast<size_t>(row)] = ch.start_pos + static_cast<int32_t>(t);
+        const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
+        max_pos = std::max<int64_t>(max_pos, pos);
+        for (int32_t i = 0; i < pairs; ++i) {
+          const float angle = static_cast<float>(pos) * rope_freq_[static_cast<size_t>(i)];
+          rope_cos_[static_cast<size_t>(row * pairs + i)] = std::cos(angle);
+          rope_sin_[static_cast<size_t>(row * pairs + i)] = std::sin(angle);
+        }
         std::memcpy(x_.data() + row * d, weights_.token_embd.data() + int64_t{ch.tokens[t]} * d,
                     static_cast<size_t>(d) * sizeof(float));
       }
     }
   }
+
+  grow(scores_, max_pos + 1);
 
   const int32_t bs = kv.layout().block_size;
   for (int32_t l = 0; l < c.num_layers; ++l) {
@@ -202,8 +207,8 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     gemm_.Run(xn_.data(), n_tok, d, w.wv.data(), kvdim, v_.data());
     // RoPE on adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of every head.
     for (int64_t r = 0; r < n_tok; ++r) {
-      const float* cs = rope_cos_.data() + int64_t{row_pos_[static_cast<size_t>(r)]} * pairs;
-      const float* sn = rope_sin_.data() + int64_t{row_pos_[static_cast<size_t>(r)]} * pairs;
+      const float* cs = rope_cos_.data() + r * pairs;
+      const float* sn = rope_sin_.data() + r * pairs;
       auto rotate = [&](float* vec, int64_t heads) {
         for (int64_t h = 0; h < heads; ++h) {
           float* p = vec + h * hd;

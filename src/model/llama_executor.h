@@ -58,11 +58,11 @@ class LlamaExecutor final : public Executor {
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
 
   LlamaWeights weights_;
-  std::vector<float> rope_cos_, rope_sin_;  ///< [context_length, rope_dim / 2]
+  std::vector<float> rope_freq_;            ///< [rope_dim / 2]: theta^(-2i / rope_dim)
+  std::vector<float> rope_cos_, rope_sin_;  ///< per step: [tokens, rope_dim / 2]
   InvariantGemm gemm_;
   // Scratch, [tokens, width] row-major.
   std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, scores_;
-  std::vector<int32_t> row_pos_;
 };
 
 }  // namespace kvpush

@@ -98,7 +98,7 @@ Result<std::unique_ptr<SpmTokenizer>> SpmTokenizer::Create(SpmVocab vocab) {
       tok->token_bytes_[i] = std::string(1, static_cast<char>(b));
       continue;  // byte pieces are not looked up as text
     }
-    if (type != TokenType::kControl && type != TokenType::kUnused) {
+    if (type == TokenType::kNormal || type == TokenType::kUserDefined) {
       tok->piece_to_id_.emplace(v.pieces[i], id);  // first id wins for duplicates
     }
     if (type == TokenType::kNormal || type == TokenType::kUserDefined ||

@@ -82,12 +82,16 @@ EngineStats Engine::stats() const {
 
 void Engine::Loop() {
   std::deque<Command> cmds;
+  int32_t last_step_tokens = 0;
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (!core_->HasWork()) {
-        cv_.wait_for(lock, std::chrono::milliseconds(100),
-                     [&] { return stopping_ || !queue_.empty(); });
+      // Sleep when there is nothing to do, and briefly when the last step could not schedule
+      // anything (e.g. only connector-held blocks remain), instead of spinning.
+      if (!core_->HasWork() || last_step_tokens == 0) {
+        const auto wait =
+            core_->HasWork() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(100);
+        cv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
       }
       if (stopping_) break;
       cmds.swap(queue_);
@@ -100,7 +104,7 @@ void Engine::Loop() {
       }
     }
     cmds.clear();
-    core_->Step();
+    last_step_tokens = core_->Step();
     const EngineStats& s = core_->stats();
     num_waiting_.store(s.num_waiting);
     std::lock_guard<std::mutex> lock(stats_mu_);

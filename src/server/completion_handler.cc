@@ -185,9 +185,19 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
         AbortUnfinished(engine, *st);
         return ReplyError(res, ApiError{503, "server is shutting down", "server_error", "", ""});
       }
+      bool any = false;
       for (size_t i = 0; i < st->handles.size(); ++i) {
         if (st->choices[i].finish != FinishReason::kNone) continue;
+        for (auto& o : st->handles[i].channel->TakeAll()) {
+          any = true;
+          if (st->choices[i].finish == FinishReason::kNone) st->Apply(i, o);
+        }
+      }
+      if (any || st->all_finished()) continue;
+      for (size_t i = 0; i < st->handles.size(); ++i) {  // wait on the first unfinished choice
+        if (st->choices[i].finish != FinishReason::kNone) continue;
         if (auto o = st->handles[i].channel->Next(milliseconds(100))) st->Apply(i, *o);
+        break;
       }
     }
     if (st->failed) return ReplyError(res, st->error);

@@ -23,6 +23,7 @@
 #include "model/gemm.h"
 #include "model/llama_executor.h"
 #include "model/model.h"
+#include "model/random_model.h"
 
 namespace {
 
@@ -60,6 +61,7 @@ struct Args {
   int decode_steps = 16;
   int reps = 5;
   int threads = 1;
+  std::string gemm = "fixed";  // fixed | openblas
 };
 
 struct Row {
@@ -177,10 +179,12 @@ int main(int argc, char** argv) {
         p = q + 1;
       }
     } else {
-      std::fprintf(stderr,
-                   "usage: kvpush_model_bench --model PATH [--tokenizer PATH] [--label NAME] "
-                   "[--batches 1,32] [--prompt-batch1 512] [--prompt-batchn 64] [--context 128] "
-                   "[--decode-steps 16] [--reps 5] [--threads 1] [--json OUT]\n");
+      std::fprintf(
+          stderr,
+          "usage: kvpush_model_bench --model PATH|random [--tokenizer PATH] [--label NAME] "
+          "[--gemm fixed|openblas] "
+          "[--batches 1,32] [--prompt-batch1 512] [--prompt-batchn 64] [--context 128] "
+          "[--decode-steps 16] [--reps 5] [--threads 1] [--json OUT]\n");
       return 2;
     }
   }
@@ -192,7 +196,21 @@ int main(int argc, char** argv) {
   lo.path = a.model;
   lo.tokenizer_path = a.tokenizer;
   lo.blas_threads = a.threads;
-  auto m = kvpush::LoadModel(lo);
+  lo.gemm =
+      a.gemm == "openblas" ? kvpush::GemmBackend::kOpenBlasTiles : kvpush::GemmBackend::kFixedOrder;
+  kvpush::Result<kvpush::LoadedModel> m = kvpush::Internal("not loaded");
+  if (a.model == "random") {
+    // `kvpush gen-model` defaults, built in memory (seed 1).
+    auto w = kvpush::BuildRandomLlamaGguf(kvpush::RandomLlamaOptions{});
+    if (!w.ok()) {
+      std::fprintf(stderr, "gen: %s\n", w.status().ToString().c_str());
+      return 1;
+    }
+    lo.path = "random";
+    m = kvpush::LoadModelFromGgufBytes(w->Serialize(), lo);
+  } else {
+    m = kvpush::LoadModel(lo);
+  }
   if (!m.ok()) {
     std::fprintf(stderr, "load: %s\n", m.status().ToString().c_str());
     return 1;
@@ -258,6 +276,7 @@ int main(int argc, char** argv) {
                    {"hidden_dim", c.hidden_dim},
                    {"vocab", c.vocab_size}};
     j["weight_bytes_f32"] = weight_bytes;
+    j["gemm"] = llama->gemm_name();
     j["blas_core"] = kvpush::BlasCoreName();
     j["blas_threads"] = a.threads;
     j["copy_bandwidth_bytes_per_s"] = bw;

@@ -48,6 +48,10 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 template <int R>
 inline void Row(const float* x, int64_t k, const float* w, int64_t n_rows, float* y, int64_t ldy) {
   int64_t n = 0;
+  // A single row (decode) streams W: eight rows of W in flight per step.
+  if constexpr (R == 1) {
+    for (; n + 8 <= n_rows; n += 8) Block<1, 8>(x, k, w + n * k, y + n, ldy);
+  }
   for (; n + 4 <= n_rows; n += 4) Block<R, 4>(x, k, w + n * k, y + n, ldy);
   for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * k, y + n, ldy);
 }

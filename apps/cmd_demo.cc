@@ -98,9 +98,19 @@ void PrintTable(const std::vector<RunStats>& runs) {
   }
 }
 
-nlohmann::json CompletionBody(const std::string& prompt, int max_tokens) {
-  return {
-      {"model", "default"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0.0}};
+nlohmann::json CompletionBody(const std::string& model, const std::string& prompt, int max_tokens) {
+  return {{"model", model}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0.0}};
+}
+
+// The served model name, from /v1/models (first entry).
+Result<std::string> ServedModelName(const OpenAiClient& client) {
+  KVP_ASSIGN_OR_RETURN(std::string body, client.Get("/v1/models"));
+  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
+      !j["data"][0].contains("id") || !j["data"][0]["id"].is_string()) {
+    return DataLoss("/v1/models: unexpected body: " + body.substr(0, 200));
+  }
+  return j["data"][0]["id"].get<std::string>();
 }
 
 // Prints the KV block gauges from /metrics (lines whose name mentions kv_blocks).
@@ -114,8 +124,15 @@ void PrintKvGauges(const OpenAiClient& client, const char* when) {
     size_t eol = body.find('\n', start);
     if (eol == std::string::npos) eol = body.size();
     std::string line = body.substr(start, eol - start);
-    if (!line.empty() && line[0] != '#' && line.find("kv_blocks") != std::string::npos) {
-      std::printf("  %s", line.c_str());
+    const std::string prefix = "kvpush_kv_blocks_";
+    if (line.rfind(prefix, 0) == 0) {
+      // "kvpush_kv_blocks_free{labels} 13107" -> " free 13107"
+      const size_t name_end = line.find_first_of("{ ");
+      const size_t value_start = line.rfind(' ');
+      if (name_end != std::string::npos && value_start != std::string::npos) {
+        std::printf(" %s %s", line.substr(prefix.size(), name_end - prefix.size()).c_str(),
+                    line.substr(value_start + 1).c_str());
+      }
     }
     start = eol + 1;
   }
@@ -173,6 +190,12 @@ int RunDemo(const DemoOptions& opt) {
   }
   std::printf("  instance: colocated (--role both) on http://%s:%d\n\n", host.c_str(), *port);
   OpenAiClient client(host, *port);
+  auto served = ServedModelName(client);
+  if (!served.ok()) {
+    std::fprintf(stderr, "demo: %s\n", served.status().ToString().c_str());
+    return 1;
+  }
+  const std::string model_name = *served;
   PrintKvGauges(client, "at start");
 
   const auto& prompts = DemoPrompts();
@@ -181,7 +204,7 @@ int RunDemo(const DemoOptions& opt) {
 
   RunStats seq{"colocated, 1 at a time", {}};
   for (const auto& p : prompts) {
-    auto r = client.Stream("/v1/completions", CompletionBody(p, opt.max_tokens));
+    auto r = client.Stream("/v1/completions", CompletionBody(model_name, p, opt.max_tokens));
     if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
       ++failures;
       std::fprintf(stderr, "request failed: %s\n",
@@ -200,7 +223,7 @@ int RunDemo(const DemoOptions& opt) {
   for (const auto& p : prompts) {
     threads.emplace_back([&, p] {
       OpenAiClient c(host, *port);
-      auto r = c.Stream("/v1/completions", CompletionBody(p, opt.max_tokens));
+      auto r = c.Stream("/v1/completions", CompletionBody(model_name, p, opt.max_tokens));
       std::lock_guard<std::mutex> lock(mu);
       if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
         ++failures;

@@ -169,6 +169,8 @@ int main(int argc, char** argv) {
       a.reps = ParseInt(val());
     else if (k == "--threads")
       a.threads = ParseInt(val());
+    else if (k == "--gemm")
+      a.gemm = val();
     else if (k == "--batches") {
       a.batches.clear();
       std::string s = val();
@@ -254,9 +256,9 @@ int main(int argc, char** argv) {
       a.label.c_str(), c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
       weight_bytes / (1 << 20));
   std::printf(
-      "OpenBLAS core %s, %d thread(s); copy bandwidth %.2f GB/s (read+write); "
+      "GEMM %s (OpenBLAS core %s, %d thread(s)); copy bandwidth %.2f GB/s (read+write); "
       "decode bound at batch 1: %.1f tok/s\n",
-      kvpush::BlasCoreName(), a.threads, bw / 1e9, bound);
+      llama->gemm_name().c_str(), kvpush::BlasCoreName(), a.threads, bw / 1e9, bound);
   std::printf("%-6s %-8s %14s %14s %16s %14s\n", "batch", "prompt", "prefill tok/s", "decode tok/s",
               "decode step ms", "vs bound");
   for (const Row& r : rows) {
@@ -276,6 +278,7 @@ int main(int argc, char** argv) {
                    {"hidden_dim", c.hidden_dim},
                    {"vocab", c.vocab_size}};
     j["weight_bytes_f32"] = weight_bytes;
+    j["gemm"] = llama->gemm_name();
     j["gemm"] = llama->gemm_name();
     j["blas_core"] = kvpush::BlasCoreName();
     j["blas_threads"] = a.threads;

@@ -10,14 +10,12 @@ namespace {
 
 constexpr int64_t kRowBlock = 64;
 
+/// The canonical tree in registers: lanes i + (i + 8), then + 4, + 2, + 1 (gemm_kernels.h).
 inline float Reduce(__m256 lo, __m256 hi) {
-  alignas(32) float a[16];
-  _mm256_store_ps(a, lo);
-  _mm256_store_ps(a + 8, hi);
-  for (int i = 0; i < 8; ++i) a[i] += a[i + 8];
-  for (int i = 0; i < 4; ++i) a[i] += a[i + 4];
-  for (int i = 0; i < 2; ++i) a[i] += a[i + 2];
-  return a[0] + a[1];
+  const __m256 s8 = _mm256_add_ps(lo, hi);
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
 template <int R, int C>

@@ -1,5 +1,6 @@
 #include "xfer/backend_factory.h"
 
+#include "xfer/libfabric_backend.h"
 #include "xfer/loopback_backend.h"
 #include "xfer/ucx_backend.h"
 
@@ -12,12 +13,17 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec) {
     o.preset = spec.substr(4);
     return MakeUcxBackend(o);
   }
+  if (spec == "libfabric:tcp" || spec == "libfabric:shm") {
+    LibfabricOptions o;
+    o.provider = spec == "libfabric:tcp" ? "tcp;ofi_rxm" : "shm";
+    return MakeLibfabricBackend(o);
+  }
   return InvalidArgument("unknown backend spec '" + spec +
                          "' (loopback, ucx:tcp, ucx:shm, libfabric:tcp, libfabric:shm)");
 }
 
 std::vector<std::string> MultiProcessBackendSpecs() {
-  return {"ucx:tcp", "ucx:shm"};
+  return {"ucx:tcp", "ucx:shm", "libfabric:tcp", "libfabric:shm"};
 }
 
 }  // namespace kvpush::xfer

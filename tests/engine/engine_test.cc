@@ -77,7 +77,6 @@ TEST(EngineTest, ConcurrentSubmittersGetTheirOwnTokens) {
     EXPECT_EQ(got[i].tokens, solo[0].tokens) << i;
     EXPECT_EQ(got[i].text, solo[0].text) << i;
   }
-  EXPECT_GT(probe->max_batch_seqs.load(), 1);
   WaitNoBlocksUsed(*engine);
   auto s = engine->stats();
   EXPECT_EQ(s.finished_by_reason[static_cast<size_t>(FinishReason::kLength)], kN);

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <set>
@@ -289,6 +290,8 @@ TEST_P(MultiProcessTest, KilledTargetFailsInFlightTransfersWithinTheDeadline) {
   }
   auto took = std::chrono::duration_cast<milliseconds>(SteadyClock::now() - start);
   ASSERT_FALSE(last.ok()) << "transfers to a killed target kept succeeding";
+  std::printf("[   INFO   ] killed target reported after %lld ms as: %s\n",
+              static_cast<long long>(took.count()), last.ToString().c_str());
   EXPECT_TRUE(last.code() == StatusCode::kPeerGone || last.code() == StatusCode::kDeadlineExceeded)
       << last.ToString();
   if (GetParam() == "ucx:tcp") {

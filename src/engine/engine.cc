@@ -23,6 +23,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
                const Tokenizer& tokenizer)
     : config_(config), model_(core->model_config()), tokenizer_(tokenizer), core_(std::move(core)) {
   stats_ = core_->stats();
+  core_->set_defer_outputs(true);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -107,8 +108,11 @@ void Engine::Loop() {
     last_step_tokens = core_->Step();
     const EngineStats& s = core_->stats();
     num_waiting_.store(s.num_waiting);
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_ = s;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats_ = s;
+    }
+    core_->FlushOutputs();  // after the snapshot: a finished output implies updated stats
   }
   // Shutdown: answer everything still queued or running.
   std::deque<Command> rest;
@@ -124,8 +128,11 @@ void Engine::Loop() {
     c.channel->Push(std::move(out));
   }
   core_->AbortAll("engine is shutting down");
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_ = core_->stats();
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_ = core_->stats();
+  }
+  core_->FlushOutputs();
 }
 
 }  // namespace kvpush

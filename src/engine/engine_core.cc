@@ -87,7 +87,7 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
     out.error = st;
     out.num_prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
     ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
-    channel->Push(std::move(out));
+    Emit(channel, std::move(out));
     return;
   }
   auto seq = std::make_unique<Sequence>();
@@ -230,7 +230,7 @@ void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
   out.num_prompt_tokens = seq.num_prompt_tokens;
   out.num_output_tokens = seq.num_output_tokens();
   out.num_cached_tokens = seq.num_cached_tokens;
-  seq.channel->Push(std::move(out));
+  Emit(seq.channel, std::move(out));
 }
 
 void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
@@ -261,7 +261,20 @@ void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::s
   }
   std::shared_ptr<OutputChannel> channel = std::move(seq.channel);
   seqs_.erase(seq.seq_id);  // destroys seq
-  channel->Push(std::move(out));
+  Emit(channel, std::move(out));
+}
+
+void EngineCore::Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out) {
+  if (!defer_outputs_) {
+    channel->Push(std::move(out));
+    return;
+  }
+  pending_outputs_.emplace_back(channel, std::move(out));
+}
+
+void EngineCore::FlushOutputs() {
+  for (auto& [channel, out] : pending_outputs_) channel->Push(std::move(out));
+  pending_outputs_.clear();
 }
 
 const EngineStats& EngineCore::stats() {

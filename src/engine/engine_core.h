@@ -63,6 +63,12 @@ class EngineCore {
   /// Counters and gauges, refreshed.
   const EngineStats& stats();
 
+  /// With deferral on, outputs produced by AddRequest/Abort/Step are kept until FlushOutputs()
+  /// instead of being pushed at once. Engine uses it to publish the stats snapshot first, so a
+  /// client that has seen a request's final output also sees it counted in /metrics.
+  void set_defer_outputs(bool defer) { defer_outputs_ = defer; }
+  void FlushOutputs();
+
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const { return executor_->config(); }
   const BlockPool& block_pool() const { return pool_; }
@@ -79,6 +85,7 @@ class EngineCore {
   void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
               std::string stop_reason, RequestOutput* partial = nullptr);
   void ReleaseHeldBlocks();
+  void Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out);
 
   EngineConfig config_;
   std::unique_ptr<Executor> executor_;
@@ -92,6 +99,8 @@ class EngineCore {
   EngineStats stats_;
   std::vector<SequenceChunk> batch_;  ///< reused per step
   std::vector<float> logits_;         ///< reused per step
+  bool defer_outputs_ = false;
+  std::vector<std::pair<std::shared_ptr<OutputChannel>, RequestOutput>> pending_outputs_;
 };
 
 }  // namespace kvpush

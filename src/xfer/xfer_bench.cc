@@ -207,7 +207,7 @@ Status RunInitiator(const XferBenchConfig& c, const std::vector<uint8_t>& target
   for (const std::string& op : c.ops) {
     for (uint64_t block : c.block_sizes) {
       for (uint32_t batch : c.batch_sizes) {
-        if (block * batch > c.max_transfer_bytes) continue;
+        if ((c.same_block ? block : block * batch) > c.max_transfer_bytes) continue;
         std::vector<Desc> ld, rd;
         for (uint32_t i = 0; i < batch; ++i) {
           uint64_t off = c.same_block ? 0 : 2 * block * i;

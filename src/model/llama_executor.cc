@@ -238,6 +238,9 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
         }
       }
     }
+    // This layer's K/V of the whole batch is final: let the push connector start its WRITEs
+    // while the rest of the layer (attention, FFN) is computed.
+    if (observer != nullptr) observer->OnLayerDone(l);
     Attention(l, batch, kv);
     gemm_.Run(att_.data(), n_tok, qdim, w.wo.data(), d, xn_.data());
     for (int64_t i = 0; i < n_tok * d; ++i)
@@ -255,7 +258,6 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     gemm_.Run(gate_.data(), n_tok, hid, w.w_down.data(), d, xn_.data());
     for (int64_t i = 0; i < n_tok * d; ++i)
       x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
-    if (observer != nullptr) observer->OnLayerDone(l);
   }
 
   if (n_logits == 0) return Status::Ok();

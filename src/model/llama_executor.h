@@ -4,10 +4,10 @@
 //   xn = RMSNorm(x) * attn_norm;  q, k, v = xn Wq^T, xn Wk^T, xn Wv^T   (all rows in one GEMM)
 //   RoPE (adjacent pairs, llama2.c / llama.cpp "normal") on q and k at each row's position;
 //   k, v written into the KV cache slots given by the sequence's block table;
+//   observer->OnLayerDone(layer) (this layer's K/V is final; the push connector may send it now);
 //   attention per sequence, token and head over positions [0, pos] read from the cache (GQA:
 //   query head h uses KV head h / (num_heads / num_kv_heads)); causal by construction;
-//   x += attn Wo^T;  xn = RMSNorm(x) * ffn_norm;  x += (silu(xn Wg^T) * (xn Wu^T)) Wd^T;
-//   observer->OnLayerDone(layer).
+//   x += attn Wo^T;  xn = RMSNorm(x) * ffn_norm;  x += (silu(xn Wg^T) * (xn Wu^T)) Wd^T.
 // Then RMSNorm(x) * output_norm and the classifier for the last token of each chunk that wants
 // logits. Formulas: Touvron et al. 2023 (Llama 2), as in llama2.c run.c.
 //

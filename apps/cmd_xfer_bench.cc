@@ -12,7 +12,8 @@ void RegisterXferBenchCommand(CLI::App& app) {
       "xfer-bench",
       "Transfer engine benchmark: READ/WRITE bandwidth, 8-byte latency, posting cost");
   auto cfg = std::make_shared<xfer::XferBenchConfig>();
-  cmd->add_option("--backend", cfg->backend, "ucx:shm | ucx:tcp | libfabric:tcp | libfabric:shm")->capture_default_str();
+  cmd->add_option("--backend", cfg->backend, "ucx:shm | ucx:tcp | libfabric:tcp | libfabric:shm")
+      ->capture_default_str();
   cmd->add_option("--ops", cfg->ops, "write and/or read")->capture_default_str();
   cmd->add_option("--block-sizes", cfg->block_sizes, "block sizes in bytes")->capture_default_str();
   cmd->add_option("--batch-sizes", cfg->batch_sizes, "blocks per transfer")->capture_default_str();

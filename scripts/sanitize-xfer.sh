@@ -24,6 +24,7 @@ for mode in "${modes[@]}"; do
   # allocator interception, so they are turned off (UCX_MEM_MALLOC_HOOKS/EVENTS=no).
   export TSAN_OPTIONS="suppressions=$ROOT/tests/xfer/tsan.supp halt_on_error=1 second_deadlock_stack=1"
   export ASAN_OPTIONS="detect_leaks=1"
+  export LSAN_OPTIONS="suppressions=$ROOT/tests/xfer/lsan.supp"
   export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
   export UCX_MEM_MALLOC_HOOKS=no UCX_MEM_EVENTS=no UCX_HANDLE_ERRORS=none
   (cd "$dir" && ctest -L xfer --output-on-failure -j1)

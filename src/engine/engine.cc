@@ -24,6 +24,7 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
     : config_(config), model_(core->model_config()), tokenizer_(tokenizer), core_(std::move(core)) {
   stats_ = core_->stats();
   core_->set_defer_outputs(true);
+  spdlog::default_logger_raw();  // construct the registry before the engine thread may log
   thread_ = std::thread([this] { Loop(); });
 }
 

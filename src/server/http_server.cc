@@ -150,6 +150,9 @@ Status HttpServer::Start() {
   if (thread_.joinable()) return FailedPrecondition("HttpServer already started");
   if (options_.served_model_name.empty()) return InvalidArgument("served model name is empty");
   std::signal(SIGPIPE, SIG_IGN);
+  // Create spdlog's registry here, before any HTTP thread logs: its lazy construction inside the
+  // (uninstrumented) shared library is otherwise reported by TSan when two threads log first.
+  spdlog::default_logger_raw();
   int threads = options_.num_threads > 0 ? options_.num_threads
                                          : std::max(16, engine_.config().max_num_seqs + 8);
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };

@@ -376,10 +376,16 @@ TEST_F(HttpServerTest, PrefixCacheHitsShowInMetrics) {
   EXPECT_EQ(MetricValue(m2, "kvpush_kv_blocks_free" + lbl) +
                 MetricValue(m2, "kvpush_kv_blocks_cached" + lbl),
             1024);
-  EXPECT_GE(MetricValue(m2,
-                        "kvpush_http_requests_total{model_name=\"test-model\","
-                        "path=\"/v1/completions\",status=\"200\"}"),
-            2);
+  // HTTP responses are counted after they are written: poll (deadline) for the second one.
+  const std::string http_ok =
+      "kvpush_http_requests_total{model_name=\"test-model\",path=\"/v1/completions\","
+      "status=\"200\"}";
+  double ok_count = MetricValue(m2, http_ok);
+  for (int i = 0; i < 500 && ok_count < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ok_count = MetricValue(metrics(), http_ok);
+  }
+  EXPECT_EQ(ok_count, 2);
   EXPECT_NE(m2.find("# TYPE kvpush_time_per_output_token_seconds histogram"), std::string::npos);
   EXPECT_NE(m2.find("# TYPE kvpush_request_queue_time_seconds histogram"), std::string::npos);
 }

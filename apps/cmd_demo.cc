@@ -235,6 +235,12 @@ int RunDemo(const DemoOptions& opt) {
   for (auto& t : threads) t.join();
   runs.push_back(std::move(conc));
 
+  if (failures == static_cast<int>(2 * prompts.size())) {
+    std::fprintf(stderr, "demo: every request failed; see the errors above and %s/colocated.log\n",
+                 log_dir.c_str());
+    server.Stop();
+    return 1;
+  }
   PrintTable(runs);
   std::printf("\n");
   PrintKvGauges(client, "at end  ");
@@ -258,7 +264,7 @@ void RegisterDemoCommand(CLI::App& app) {
                   "GGUF or llama2.c .bin (default: ../shared/models/stories260K.gguf, else a "
                   "generated random model)");
   cmd->add_option("--max-tokens", opt->max_tokens, "Tokens to generate per prompt")
-      ->check(CLI::Range(1, 4096));
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--log-dir", opt->log_dir,
                   "Folder for the instances' logs (default: a temp dir)");
   cmd->callback([opt] {

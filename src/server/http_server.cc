@@ -2,6 +2,7 @@
 
 #include <httplib.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
 
 #include <chrono>
 #include <csignal>
@@ -122,8 +123,28 @@ void HttpServer::Route() {
   s.set_error_handler(
       httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
         if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-        std::string msg = res.status == 404 ? "no route for " + req.method + " " + req.path
-                                            : "HTTP error " + std::to_string(res.status);
+        std::string msg;
+        switch (res.status) {
+          case 404:
+            msg = "no route for " + req.method + " " + req.path;
+            break;
+          case 400:
+            msg =
+                "malformed HTTP request (unreadable body, headers or content encoding; send a "
+                "JSON body with Content-Type: application/json)";
+            break;
+          case 413:
+            msg =
+                "request body too large (bodies sent as form data are limited to 8 KiB by the "
+                "HTTP library: send Content-Type: application/json)";
+            break;
+          case 414:
+            msg = "request URI too long";
+            break;
+          default:
+            msg = "HTTP error " + std::to_string(res.status);
+            break;
+        }
         ApiError e{res.status, msg, res.status >= 500 ? "server_error" : "invalid_request_error",
                    "", res.status == 404 ? "not_found" : ""};
         res.set_content(e.ToJson(), "application/json");
@@ -158,6 +179,13 @@ Status HttpServer::Start() {
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_keep_alive_max_count(1000);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently share its connections. Keep SO_REUSEADDR only (restart over TIME_WAIT sockets), so a
+  // port that is in use makes Start() fail.
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
   Route();
   if (options_.port == 0) {
     port_ = server_->bind_to_any_port(options_.host);

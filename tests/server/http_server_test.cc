@@ -448,3 +448,19 @@ TEST_F(HttpServerTest, OverloadGets503) {
 
 }  // namespace
 }  // namespace kvpush::testing
+
+namespace kvpush::testing {
+namespace {
+
+TEST_F(HttpServerTest, SecondServerOnTheSamePortFailsToStart) {
+  server::ServerOptions so;
+  so.host = "127.0.0.1";
+  so.port = server_->port;
+  so.served_model_name = "second";
+  server::HttpServer second(*server_->engine, so);
+  Status st = second.Start();
+  EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+}
+
+}  // namespace
+}  // namespace kvpush::testing

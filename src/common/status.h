@@ -159,6 +159,7 @@ class [[nodiscard]] Result {
     if (!kvp_status_.ok()) return kvp_status_; \
   } while (false)
 
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration and cannot be parenthesised.
 /// `KVP_ASSIGN_OR_RETURN(auto x, MakeX());` declares x from a Result or returns its error.
 #define KVP_ASSIGN_OR_RETURN(lhs, expr) \
   KVP_ASSIGN_OR_RETURN_IMPL_(KVP_CONCAT_(kvp_r_, __LINE__), lhs, expr)
@@ -166,3 +167,4 @@ class [[nodiscard]] Result {
   auto tmp = (expr);                               \
   if (!tmp.ok()) return tmp.status();              \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)

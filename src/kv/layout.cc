@@ -23,7 +23,7 @@ Status KvLayout::Validate() const {
   // Overflow check on the total size, in long double to avoid wrapping.
   long double total = static_cast<long double>(num_layers) * 2 * num_blocks * block_size *
                       num_kv_heads * head_dim * static_cast<long double>(element_size());
-  if (total > static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {
+  if (total > static_cast<long double>(std::numeric_limits<int64_t>::max()) / 2) {
     return InvalidArgument("KV layout: arena size overflows");
   }
   return Status::Ok();

@@ -107,7 +107,7 @@ Status ReadScalar(Cursor& c, GgufType type, int64_t* i, double* f, std::string* 
     }
     case GgufType::kI8: {
       KVP_ASSIGN_OR_RETURN(int8_t v, c.Read<int8_t>("i8"));
-      *i = v;
+      *i = v;  // NOLINT(bugprone-signed-char-misuse): a GGUF i8 is a signed integer
       break;
     }
     case GgufType::kU16: {

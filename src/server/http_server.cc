@@ -151,7 +151,7 @@ void HttpServer::Route() {
         return httplib::Server::HandlerResponse::Handled;
       }));
   s.set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+      [](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
         std::string what = "internal error";
         try {
           if (ep) std::rethrow_exception(ep);

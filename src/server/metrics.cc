@@ -27,7 +27,8 @@ std::string Num(double v) {
 
 class Writer {
  public:
-  explicit Writer(std::string model) : model_label_("model_name=\"" + Escape(model) + "\"") {}
+  explicit Writer(const std::string& model)
+      : model_label_("model_name=\"" + Escape(model) + "\"") {}
 
   void Header(const std::string& name, const char* type, const char* help) {
     os_ << "# HELP " << name << " " << help << "\n# TYPE " << name << " " << type << "\n";

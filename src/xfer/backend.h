@@ -150,7 +150,9 @@ class Backend {
   /// receives the address. Errors as RegisterMemory.
   virtual Result<std::unique_ptr<BackendRegion>> AllocateMemory(uint64_t length, MemoryType type,
                                                                 void** addr) = 0;
-  /// Deregisters (and frees, if allocated) a region. No op may reference it afterwards.
+  /// Deregisters (and frees, if allocated) a region. No new op may reference it afterwards; the
+  /// backend keeps the region's own data until it is destroyed, because a post that is still
+  /// being issued on its progress thread may read it.
   virtual void ReleaseMemory(std::unique_ptr<BackendRegion> region) = 0;
 
   /// Connects to a peer from its LocalAddress blob. Errors: kInvalidArgument (bad blob),

@@ -126,7 +126,7 @@ class LibfabricBackend final : public Backend {
     cq_attr.format = FI_CQ_FORMAT_DATA;
     cq_attr.wait_obj = FI_WAIT_FD;
     cq_attr.size = 65536;
-    if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) {
+    if (fi_cq_open(domain_, &cq_attr, &cq_, nullptr) != 0) {
       cq_attr.wait_obj = FI_WAIT_NONE;  // provider without wait fds: timed polling
       if ((rc = fi_cq_open(domain_, &cq_attr, &cq_, nullptr)) != 0) return FromFi(rc, "fi_cq_open");
     } else if (fi_control(&cq_->fid, FI_GETWAIT, &cq_fd_) != 0) {
@@ -228,6 +228,7 @@ class LibfabricBackend final : public Backend {
       std::lock_guard lock(mu_);
       close_at_exit_.push_back(r->mr);
       free_at_exit_.push_back(r->owned);
+      retired_regions_.push_back(std::move(region));
       return;
     }
     Status s = RunSync([&] {
@@ -235,6 +236,8 @@ class LibfabricBackend final : public Backend {
       return Status::Ok();
     });
     (void)s;
+    std::lock_guard lock(mu_);
+    retired_regions_.push_back(std::move(region));
   }
 
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
@@ -495,6 +498,9 @@ class LibfabricBackend final : public Backend {
   std::deque<std::function<void()>> jobs_;
   std::vector<fid_mr*> close_at_exit_;
   std::vector<void*> free_at_exit_;
+  // Released regions' backend data: a post still being issued on the progress thread may read it
+  // (its memory descriptor), so it is freed only after that thread has been joined.
+  std::vector<std::unique_ptr<BackendRegion>> retired_regions_;
   std::atomic<size_t> pending_{0};
   std::atomic<bool> sleeping_{false};
   std::atomic<bool> shutdown_{false};

@@ -181,6 +181,7 @@ class UcxBackend final : public Backend {
     if (r->allocated) {
       std::lock_guard lock(mu_);
       unmap_at_exit_.push_back(r->memh);
+      retired_regions_.push_back(std::move(region));
       return;
     }
     Status s = RunSync([&] {
@@ -188,6 +189,8 @@ class UcxBackend final : public Backend {
       return Status::Ok();
     });
     (void)s;
+    std::lock_guard lock(mu_);
+    retired_regions_.push_back(std::move(region));
   }
 
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
@@ -500,7 +503,8 @@ class UcxBackend final : public Backend {
     for (InFlight* f : left) {
       bool owned = f->ucx_owned;
       Complete(f, Cancelled("ucx: backend shut down"));  // deletes f unless UCX still holds it
-      if (owned) f->reported = true;
+      // Complete() freed f unless UCX still owns it; only then is it touched again.
+      if (owned) f->reported = true;  // NOLINT(clang-analyzer-cplusplus.NewDelete)
     }
   }
 
@@ -517,6 +521,9 @@ class UcxBackend final : public Backend {
   std::mutex mu_;
   std::deque<std::function<void()>> jobs_;
   std::vector<ucp_mem_h> unmap_at_exit_;
+  // Released regions' backend data: a post still being issued on the progress thread may read it,
+  // so it is freed only after that thread has been joined.
+  std::vector<std::unique_ptr<BackendRegion>> retired_regions_;
   std::atomic<uint64_t> stat_posts_{0}, stat_ops_{0};
   std::atomic<int64_t> stat_issue_ns_{0}, stat_last_issue_ns_{0};
   std::atomic<size_t> pending_{0};

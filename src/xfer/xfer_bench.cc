@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -84,7 +85,7 @@ struct Point {
 
 double Percentile(std::vector<double> v, double q) {
   std::sort(v.begin(), v.end());
-  size_t i = std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5));
+  size_t i = std::min(v.size() - 1, static_cast<size_t>(std::llround(q * double(v.size() - 1))));
   return v[i];
 }
 

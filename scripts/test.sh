@@ -4,5 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
 scripts/build.sh -DKVPUSH_BUILD_TESTS=ON -DKVPUSH_BUILD_BENCH=ON
+# libfabric's shm provider names its shared memory /dev/shm/<pid>:<n>:<n>; a killed process (the
+# transfer tests kill targets on purpose) leaves the file behind, and a later process that gets the
+# same pid fails fi_enable with EBUSY. Remove the leftovers of processes that no longer exist.
+for f in /dev/shm/[0-9]*:[0-9]*:[0-9]*; do
+  [ -e "$f" ] || continue
+  owner=${f##*/}
+  owner=${owner%%:*}
+  kill -0 "$owner" 2>/dev/null || rm -f "$f"
+done
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}"

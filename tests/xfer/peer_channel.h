@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <random>
 #include <string>
 #include <vector>
@@ -127,16 +128,28 @@ struct PeerProcess {
     if (pid > 0) {
       kill(pid, SIGKILL);
       waitpid(pid, &st, 0);
+      RemoveShmLeftovers(pid);
       pid = -1;
     }
     CloseFds();
     return st;
+  }
+  /// libfabric's shm provider names its shared memory /dev/shm/<pid>:<n>:<n> and a killed
+  /// process never unlinks it; a later process that gets the same pid then fails fi_enable with
+  /// EBUSY. Removes the leftovers of a reaped child.
+  static void RemoveShmLeftovers(pid_t dead) {
+    const std::string prefix = std::to_string(dead) + ":";
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+      if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+    }
   }
   /// Waits up to timeout_ms for a clean exit; kills otherwise. Returns exit code or -1.
   int Join(int timeout_ms) {
     for (int waited = 0; pid > 0 && waited < timeout_ms; waited += 10) {
       int st = 0;
       if (waitpid(pid, &st, WNOHANG) == pid) {
+        RemoveShmLeftovers(pid);
         pid = -1;
         CloseFds();
         return WIFEXITED(st) ? WEXITSTATUS(st) : -1;

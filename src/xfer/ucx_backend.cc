@@ -153,7 +153,21 @@ class UcxBackend final : public Backend {
       Enqueue([this] { stopping_ = true; });
       thread_.join();
     }
-    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    if (worker_ != nullptr) {
+      // Let pending wireup messages go out first (e.g. the reply to a peer that connected just
+      // before shutdown): UCX 1.13 asserts when ucp_worker_destroy purges a pending wireup REP
+      // ("ucp_request.c:684 ... got REP message"). Progress until 20 idle rounds, at most 200 ms.
+      const int64_t until = NowNs() + 200'000'000;
+      for (int idle = 0; idle < 20 && NowNs() < until;) {
+        if (ucp_worker_progress(worker_) != 0) {
+          idle = 0;
+        } else {
+          ++idle;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      ucp_worker_destroy(worker_);
+    }
     for (ucp_mem_h m : unmap_at_exit_) ucp_mem_unmap(context_, m);
     if (context_ != nullptr) ucp_cleanup(context_);
     if (wake_fd_ >= 0) close(wake_fd_);

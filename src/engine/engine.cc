@@ -11,18 +11,22 @@ namespace kvpush {
 
 Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
                                                std::unique_ptr<Executor> executor,
-                                               const Tokenizer& tokenizer, KvConnector* connector) {
+                                               const Tokenizer& tokenizer, KvConnector* connector,
+                                               std::span<std::byte> kv_memory) {
   if (executor == nullptr) return InvalidArgument("Engine: no executor");
   KVP_ASSIGN_OR_RETURN(EngineConfig resolved, config.Resolve(executor->config()));
-  KVP_ASSIGN_OR_RETURN(auto core,
-                       EngineCore::Create(resolved, std::move(executor), tokenizer, connector));
-  return std::unique_ptr<Engine>(new Engine(resolved, std::move(core), tokenizer));
+  KVP_ASSIGN_OR_RETURN(auto core, EngineCore::Create(resolved, std::move(executor), tokenizer,
+                                                     connector, kv_memory));
+  return std::unique_ptr<Engine>(new Engine(resolved, std::move(core), tokenizer, connector));
 }
 
 Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
-               const Tokenizer& tokenizer)
+               const Tokenizer& tokenizer, KvConnector* connector)
     : config_(config), model_(core->model_config()), tokenizer_(tokenizer), core_(std::move(core)) {
   stats_ = core_->stats();
+  if (connector != nullptr) {
+    connector->BindEngine([this] { Wake(); }, [this](int64_t id) { Abort(id); });
+  }
   core_->set_defer_outputs(true);
   spdlog::default_logger_raw();  // construct the registry before the engine thread may log
   thread_ = std::thread([this] { Loop(); });
@@ -30,6 +34,14 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
 
 Engine::~Engine() {
   Stop();
+}
+
+void Engine::Wake() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    woken_ = true;
+  }
+  cv_.notify_one();
 }
 
 void Engine::Stop() {
@@ -88,13 +100,15 @@ void Engine::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      // Sleep when there is nothing to do, and briefly when the last step could not schedule
-      // anything (e.g. only connector-held blocks remain), instead of spinning.
-      if (!core_->HasWork() || last_step_tokens == 0) {
+      // Sleep when the last step could not schedule anything (idle, or only waiting on the
+      // connector: it calls Wake() when a load finishes or held blocks may be released); the
+      // timeout is a safety net, not a poll interval.
+      if (last_step_tokens == 0) {
         const auto wait =
-            core_->HasWork() ? std::chrono::milliseconds(1) : std::chrono::milliseconds(100);
-        cv_.wait_for(lock, wait, [&] { return stopping_ || !queue_.empty(); });
+            core_->HasWork() ? std::chrono::milliseconds(20) : std::chrono::milliseconds(200);
+        cv_.wait_for(lock, wait, [&] { return stopping_ || woken_ || !queue_.empty(); });
       }
+      woken_ = false;
       if (stopping_) break;
       cmds.swap(queue_);
     }

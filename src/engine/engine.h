@@ -10,6 +10,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <thread>
 
 #include "engine/engine_core.h"
@@ -20,11 +21,14 @@ class Engine {
  public:
   /// Resolves and validates `config` against the executor's model, allocates the KV arena and
   /// starts the engine thread. `tokenizer` (and `connector`, null in colocated mode) must outlive
-  /// the engine. Errors: those of EngineConfig::Resolve and EngineCore::Create.
+  /// the engine. `kv_memory` (optional) holds the KV arena (EngineCore::Create). A connector gets
+  /// BindEngine() before the engine thread starts. Errors: those of EngineConfig::Resolve and
+  /// EngineCore::Create.
   static Result<std::unique_ptr<Engine>> Create(const EngineConfig& config,
                                                 std::unique_ptr<Executor> executor,
                                                 const Tokenizer& tokenizer,
-                                                KvConnector* connector = nullptr);
+                                                KvConnector* connector = nullptr,
+                                                std::span<std::byte> kv_memory = {});
 
   /// Stops the engine thread; unfinished requests end with FinishReason::kAbort.
   ~Engine();
@@ -47,6 +51,9 @@ class Engine {
   /// blocks are released). Unknown or finished ids are ignored. Thread-safe, non-blocking.
   void Abort(int64_t id);
 
+  /// Makes the engine thread run a step soon (a connector has news). Thread-safe, non-blocking.
+  void Wake();
+
   /// Stops the engine thread (idempotent). Thread-safe.
   void Stop();
 
@@ -59,7 +66,8 @@ class Engine {
   const Tokenizer& tokenizer() const { return tokenizer_; }
 
  private:
-  Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core, const Tokenizer& tokenizer);
+  Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core, const Tokenizer& tokenizer,
+         KvConnector* connector);
   void Loop();
 
   struct Command {
@@ -79,6 +87,7 @@ class Engine {
   std::condition_variable cv_;
   std::deque<Command> queue_;
   bool stopping_ = false;
+  bool woken_ = false;
 
   mutable std::mutex stats_mu_;
   EngineStats stats_;  ///< guarded by stats_mu_

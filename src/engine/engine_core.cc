@@ -46,18 +46,27 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
 Result<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& config,
                                                        std::unique_ptr<Executor> executor,
                                                        const Tokenizer& tokenizer,
-                                                       KvConnector* connector) {
+                                                       KvConnector* connector,
+                                                       std::span<std::byte> kv_memory) {
   KVP_RETURN_IF_ERROR(config.Validate());
   if (executor == nullptr) return InvalidArgument("EngineCore: no executor");
   if (config.num_kv_blocks < 1 || config.max_model_len < 2) {
     return InvalidArgument("EngineCore: config not resolved (num_kv_blocks, max_model_len)");
   }
-  const ModelConfig& m = executor->config();
-  KvLayout layout{m.num_layers,      m.num_kv_heads,       m.head_dim,
-                  config.block_size, config.num_kv_blocks, KvDtype::kF32};
-  KVP_ASSIGN_OR_RETURN(auto kv, KvCache::Create(layout));
+  const KvLayout layout = LayoutFor(config, executor->config());
+  std::unique_ptr<KvCache> kv;
+  if (kv_memory.empty()) {
+    KVP_ASSIGN_OR_RETURN(kv, KvCache::Create(layout));
+  } else {
+    KVP_ASSIGN_OR_RETURN(kv, KvCache::Wrap(layout, kv_memory));
+  }
   return std::unique_ptr<EngineCore>(
       new EngineCore(config, std::move(executor), std::move(kv), tokenizer, connector));
+}
+
+KvLayout EngineCore::LayoutFor(const EngineConfig& config, const ModelConfig& m) {
+  return KvLayout{m.num_layers,      m.num_kv_heads,       m.head_dim,
+                  config.block_size, config.num_kv_blocks, KvDtype::kF32};
 }
 
 EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> executor,
@@ -120,7 +129,35 @@ void EngineCore::AbortAll(const std::string& reason) {
 }
 
 bool EngineCore::HasWork() const {
-  return !seqs_.empty() || !held_blocks_.empty();
+  return !seqs_.empty() || !held_blocks_.empty() ||
+         (connector_ != nullptr && connector_->HasPendingWork());
+}
+
+void EngineCore::ApplyKvLoads() {
+  if (connector_ == nullptr) return;
+  for (KvLoadResult& r : connector_->GetFinishedLoading()) {
+    auto it = seqs_.find(r.seq_id);
+    if (it == seqs_.end()) continue;  // finished meanwhile (abort): its blocks went the held way
+    Sequence& seq = *it->second;
+    if (seq.state != SequenceState::kWaitingForRemoteKv) continue;
+    const int32_t local = seq.num_computed;
+    if (!r.status.ok() && !r.recompute) {
+      Finish(seq, FinishReason::kError, r.status, {}, {});
+      continue;
+    }
+    if (!r.status.ok()) {
+      spdlog::warn("request {}: KV load failed ({}); recomputing the prompt locally",
+                   seq.request.request_id, r.status.ToString());
+      ++stats_.kv_load_recomputes;
+      scheduler_.OnKvLoaded(seq, local);
+      continue;
+    }
+    ++stats_.kv_loads;
+    scheduler_.OnKvLoaded(seq, local + seq.num_external_tokens);
+    if (r.first_token && seq.num_computed == seq.num_tokens()) {
+      ProcessSampled(seq, std::move(*r.first_token));
+    }
+  }
 }
 
 void EngineCore::ReleaseHeldBlocks() {
@@ -135,6 +172,7 @@ void EngineCore::ReleaseHeldBlocks() {
 
 int32_t EngineCore::Step() {
   ReleaseHeldBlocks();
+  ApplyKvLoads();
   std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   stats_.num_preemptions = scheduler_.num_preemptions();
   if (chunks.empty()) return 0;
@@ -188,10 +226,15 @@ int32_t EngineCore::Step() {
 }
 
 void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
+  SampleResult r = Sample(logits, seq.request.sampling, seq.num_output_tokens());
+  ProcessSampled(seq, TokenOutput{r.token, r.logprob, std::move(r.top_logprobs)});
+}
+
+void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
   const GenerationRequest& req = seq.request;
-  SampleResult r = Sample(logits, req.sampling, seq.num_output_tokens());
   const int64_t now = NowNs();
-  seq.tokens.push_back(r.token);
+  seq.last_token = r;
+  seq.tokens.push_back(r.id);
   ++stats_.generation_tokens;
   if (seq.first_token_ns == 0) {
     seq.first_token_ns = now;
@@ -202,17 +245,18 @@ void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
   seq.last_token_ns = now;
 
   RequestOutput out;
-  out.tokens.push_back(TokenOutput{r.token, r.logprob, std::move(r.top_logprobs)});
+  out.tokens.push_back(std::move(r));
   FinishReason reason = FinishReason::kNone;
   std::string stop_reason;
-  const bool is_eos = r.token == model_config().eos_id && !req.ignore_eos;
+  const int32_t token = seq.tokens.back();
+  const bool is_eos = token == model_config().eos_id && !req.ignore_eos;
   const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
-                                    r.token) != req.stop_token_ids.end();
+                                    token) != req.stop_token_ids.end();
   if (is_eos || is_stop_id) {
     reason = FinishReason::kStop;
     out.text = seq.text->Flush();  // the stop token's own text is not emitted
   } else {
-    OutputTextProcessor::Delta d = seq.text->Append(r.token);
+    OutputTextProcessor::Delta d = seq.text->Append(token);
     out.text = std::move(d.text);
     if (d.stopped) {
       reason = FinishReason::kStop;
@@ -246,7 +290,7 @@ void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::s
   out.num_cached_tokens = seq.num_cached_tokens;
 
   std::vector<BlockId> blocks = scheduler_.Remove(&seq);
-  if (connector_ != nullptr && connector_->OnRequestFinished(seq, blocks)) {
+  if (connector_ != nullptr && connector_->OnRequestFinished(seq, blocks, out)) {
     held_blocks_[seq.seq_id] = std::move(blocks);
   } else {
     pool_.Release(blocks);
@@ -280,6 +324,7 @@ void EngineCore::FlushOutputs() {
 const EngineStats& EngineCore::stats() {
   stats_.num_running = scheduler_.num_running();
   stats_.num_waiting = scheduler_.num_waiting();
+  stats_.num_waiting_for_kv = scheduler_.num_waiting_for_kv();
   stats_.kv = pool_.stats();
   stats_.num_preemptions = scheduler_.num_preemptions();
   return stats_;

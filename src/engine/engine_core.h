@@ -34,11 +34,18 @@ class EngineCore {
  public:
   /// `config` must be resolved (EngineConfig::Resolve). Allocates the KV arena.
   /// `tokenizer` and `connector` (null in colocated mode) must outlive the core.
-  /// Errors: kInvalidArgument (config), kResourceExhausted (arena allocation).
+  /// `kv_memory`: when not empty, the KV arena lives there (e.g. memory the transfer agent
+  /// allocated and registered); it must hold KvLayout::total_bytes() and outlive the core.
+  /// Errors: kInvalidArgument (config, kv_memory too small), kResourceExhausted (allocation).
   static Result<std::unique_ptr<EngineCore>> Create(const EngineConfig& config,
                                                     std::unique_ptr<Executor> executor,
                                                     const Tokenizer& tokenizer,
-                                                    KvConnector* connector = nullptr);
+                                                    KvConnector* connector = nullptr,
+                                                    std::span<std::byte> kv_memory = {});
+
+  /// The KV layout an engine with a resolved `config` and `model` uses (what the connector
+  /// registers and announces). Pure.
+  static KvLayout LayoutFor(const EngineConfig& config, const ModelConfig& model);
 
   /// Admits a request under engine id `seq_id` (unique). An invalid request is answered at once
   /// on `channel` with FinishReason::kError. `arrival_ns` is the NowNs() of its arrival.
@@ -72,6 +79,8 @@ class EngineCore {
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const { return executor_->config(); }
   const BlockPool& block_pool() const { return pool_; }
+  /// The KV arena (tests fill it the way a remote WRITE would).
+  KvCache& kv_cache() { return *kv_; }
 
  private:
   EngineCore(const EngineConfig& config, std::unique_ptr<Executor> executor,
@@ -80,6 +89,10 @@ class EngineCore {
   /// Samples the next token of `seq` from `logits`, appends it, streams the delta and finishes
   /// the request when a stop condition holds.
   void ProcessLogits(Sequence& seq, std::span<const float> logits);
+  /// Appends an already sampled token (from logits or from a connector) and streams it.
+  void ProcessSampled(Sequence& seq, TokenOutput token);
+  /// Applies the connector's finished asynchronous KV loads.
+  void ApplyKvLoads();
   /// Sends the final output (`partial` carries this step's token, if any), releases or hands
   /// over the blocks, records latencies and destroys `seq`.
   void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,

@@ -16,6 +16,7 @@ struct EngineStats {
   // Gauges.
   int32_t num_running = 0;
   int32_t num_waiting = 0;
+  int32_t num_waiting_for_kv = 0;  ///< requests whose K/V are being loaded from a peer
   int32_t num_kv_blocks_total = 0;
   BlockPool::Stats kv;  ///< used/free/cached blocks and prefix-cache counters (blocks)
 
@@ -28,6 +29,8 @@ struct EngineStats {
   int64_t computed_tokens = 0;  ///< tokens executed (prefill chunks + decodes, incl. recompute)
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
+  int64_t kv_loads = 0;            ///< asynchronous KV loads that succeeded (P/D decode side)
+  int64_t kv_load_recomputes = 0;  ///< failed loads recomputed locally (policy recompute)
 
   // Latencies in seconds (recorded when a request finishes, or per token for ITL).
   Histogram ttft{Histogram::LatencyBounds()};        ///< arrival -> first token

@@ -80,18 +80,41 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   while (!preempted && !waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
-    int32_t num_external = 0;
+    KvMatch match;
     if (seq->num_computed == 0 && seq->blocks.empty()) {
       // Never match the whole sequence: at least its last token is computed, for the logits.
       const int32_t max_blocks = (seq->num_tokens() - 1) / config_.block_size;
       seq->blocks = pool_.MatchPrefix(seq->tokens, max_blocks);
       seq->num_computed = static_cast<int32_t>(seq->blocks.size()) * config_.block_size;
       if (connector_ != nullptr) {
-        num_external = std::clamp(connector_->GetNumMatchedTokens(*seq, seq->num_computed), 0,
-                                  seq->num_tokens() - 1 - seq->num_computed);
+        match = connector_->GetNumMatchedTokens(*seq, seq->num_computed);
+        // An async load may bring every remaining prompt token (plus the first output token);
+        // a synchronous one must leave at least one token to compute for the logits.
+        const int32_t limit = seq->num_tokens() - seq->num_computed - (match.load_async ? 0 : 1);
+        match.num_external_tokens = std::clamp(match.num_external_tokens, 0, limit);
+        if (match.num_external_tokens == 0) match.load_async = false;
       }
     }
     const int32_t local_computed = seq->num_computed;
+    const int32_t num_external = match.num_external_tokens;
+    if (match.load_async) {
+      if (!EnsureBlocks(*seq, local_computed + num_external)) {
+        ResetProgress(*seq);  // give matched blocks back; retried next step
+        break;
+      }
+      waiting_.pop_front();
+      seq->state = SequenceState::kWaitingForRemoteKv;
+      if (!seq->admitted_once) {
+        seq->admitted_once = true;
+        seq->num_cached_tokens = local_computed;
+        seq->first_scheduled_ns = NowNs();
+      }
+      seq->num_external_tokens = num_external;
+      CommitFullBlocks(*seq);
+      connector_->OnBlocksAllocated(*seq, seq->blocks, num_external);
+      waiting_for_kv_.push_back(seq);
+      continue;  // no compute this step: uses no budget
+    }
     const int32_t n = std::min(seq->num_tokens() - local_computed - num_external, budget);
     if (!EnsureBlocks(*seq, local_computed + num_external + n)) {
       ResetProgress(*seq);  // give matched blocks back; retried next step
@@ -128,11 +151,23 @@ void Scheduler::CommitFullBlocks(Sequence& seq) {
   }
 }
 
+void Scheduler::OnKvLoaded(Sequence& seq, int32_t num_computed) {
+  auto it = std::find(waiting_for_kv_.begin(), waiting_for_kv_.end(), &seq);
+  if (it == waiting_for_kv_.end()) return;
+  waiting_for_kv_.erase(it);
+  seq.num_computed = std::clamp(num_computed, 0, seq.num_tokens());
+  seq.state = SequenceState::kRunning;
+  CommitFullBlocks(seq);
+  running_.push_back(&seq);
+}
+
 std::vector<BlockId> Scheduler::Remove(Sequence* seq) {
   auto r = std::find(running_.begin(), running_.end(), seq);
   if (r != running_.end()) running_.erase(r);
   auto w = std::find(waiting_.begin(), waiting_.end(), seq);
   if (w != waiting_.end()) waiting_.erase(w);
+  auto k = std::find(waiting_for_kv_.begin(), waiting_for_kv_.end(), seq);
+  if (k != waiting_for_kv_.end()) waiting_for_kv_.erase(k);
   std::vector<BlockId> blocks;
   blocks.swap(seq->blocks);
   seq->block_hashes.clear();

@@ -30,7 +30,9 @@ struct ScheduledChunk {
 ///     the waiting queue; it is recomputed later, prompt and generated tokens alike);
 ///  3. if nothing was preempted, waiting sequences are admitted in FIFO order while budget and
 ///     blocks last: the prefix cache is matched first (never the whole sequence: at least one
-///     token is computed so there are logits), then blocks for the chunk are allocated.
+///     token is computed so there are logits), then blocks for the chunk are allocated. A request
+///     whose connector loads its K/V asynchronously gets blocks for its whole prompt and waits
+///     (kWaitingForRemoteKv) without using the step's token budget, until OnKvLoaded.
 /// Not thread-safe: owned by the engine thread. Does not own the sequences.
 class Scheduler {
  public:
@@ -48,12 +50,18 @@ class Scheduler {
   /// (chained hashes, BlockPool::CommitFullBlock). Call after num_computed advanced.
   void CommitFullBlocks(Sequence& seq);
 
+  /// An asynchronous KV load of `seq` (state kWaitingForRemoteKv) ended: its first
+  /// `num_computed` tokens now have K/V in its blocks. Commits full blocks to the prefix cache
+  /// and makes it running (lowest priority).
+  void OnKvLoaded(Sequence& seq, int32_t num_computed);
+
   /// Takes `seq` out of the running/waiting queues and returns its block table (the caller
   /// releases it or hands it to the connector).
   std::vector<BlockId> Remove(Sequence* seq);
 
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  int32_t num_waiting_for_kv() const { return static_cast<int32_t>(waiting_for_kv_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
 
  private:
@@ -66,6 +74,7 @@ class Scheduler {
   KvConnector* connector_;
   std::deque<Sequence*> waiting_;
   std::vector<Sequence*> running_;  ///< admission order; back = lowest priority
+  std::vector<Sequence*> waiting_for_kv_;  ///< kWaitingForRemoteKv, admission order
   int64_t num_preemptions_ = 0;
 };
 

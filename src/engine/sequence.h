@@ -12,8 +12,10 @@
 
 namespace kvpush {
 
-/// Lifecycle: kWaiting -> kRunning -> (kWaiting again on preemption) -> finished (destroyed).
-enum class SequenceState : uint8_t { kWaiting, kRunning };
+/// Lifecycle: kWaiting -> [kWaitingForRemoteKv ->] kRunning -> (kWaiting again on preemption)
+/// -> finished (destroyed). kWaitingForRemoteKv: blocks allocated, K/V arriving from a peer
+/// (never preempted, never scheduled).
+enum class SequenceState : uint8_t { kWaiting, kWaitingForRemoteKv, kRunning };
 
 /// Owned by EngineCore; the scheduler and the connector hooks see it by reference.
 /// Not thread-safe: only the engine thread touches it.
@@ -34,6 +36,8 @@ struct Sequence {
   bool admission_counted = false;  ///< EngineCore counted its cached prompt tokens
   int32_t num_cached_tokens = 0;   ///< prefix-cache hit tokens at first admission
   int32_t num_preemptions = 0;
+  int32_t num_external_tokens = 0;  ///< tokens whose K/V a connector loads (KvMatch)
+  TokenOutput last_token;           ///< the latest generated token with its logprobs
 
   int64_t arrival_ns = 0;  ///< steady clock (NowNs)
   int64_t first_scheduled_ns = 0;

@@ -3,6 +3,7 @@
 // the block table, so a scheduling bug shows up as a wrong token.
 #include <gtest/gtest.h>
 
+#include "common/clock.h"
 #include "engine_test_util.h"
 
 namespace kvpush::testing {
@@ -307,27 +308,36 @@ TEST(EngineCoreTest, LogprobsAreReported) {
 // A connector that records the hook calls and keeps finished requests' blocks until released.
 class RecordingConnector : public KvConnector, public LayerObserver {
  public:
-  int32_t GetNumMatchedTokens(const Sequence&, int32_t) override {
+  void BindEngine(std::function<void()>, std::function<void(int64_t)>) override {}
+  KvMatch GetNumMatchedTokens(const Sequence& seq, int32_t local) override {
     ++matched;
-    return 0;
+    if (!async_load) return {};
+    return KvMatch{seq.num_tokens() - local, true};
   }
-  void OnBlocksAllocated(const Sequence&, std::span<const BlockId> blocks, int32_t) override {
+  void OnBlocksAllocated(const Sequence&, std::span<const BlockId> table, int32_t) override {
     ++allocated;
-    EXPECT_FALSE(blocks.empty());
+    EXPECT_FALSE(table.empty());
+    blocks.assign(table.begin(), table.end());
   }
   LayerObserver* BeginStep(std::span<const SequenceChunk>) override {
     ++steps;
     return this;
   }
   void OnLayerDone(int32_t) override { ++layers; }
-  bool OnRequestFinished(const Sequence& seq, std::span<const BlockId>) override {
+  bool OnRequestFinished(const Sequence& seq, std::span<const BlockId>, RequestOutput&) override {
     finished_ids.push_back(seq.seq_id);
-    return true;
+    return hold;
   }
   std::vector<int64_t> GetFinished() override { return std::exchange(release, {}); }
+  std::vector<KvLoadResult> GetFinishedLoading() override { return std::exchange(loads, {}); }
+  bool HasPendingWork() const override { return false; }
 
+  bool async_load = false;
+  bool hold = true;
   int matched = 0, allocated = 0, steps = 0, layers = 0;
   std::vector<int64_t> finished_ids, release;
+  std::vector<KvLoadResult> loads;
+  std::vector<BlockId> blocks;
 };
 
 TEST(EngineCoreTest, ConnectorHooksAreCalledAndHeldBlocksReleased) {
@@ -347,6 +357,89 @@ TEST(EngineCoreTest, ConnectorHooksAreCalledAndHeldBlocksReleased) {
   core->Step();
   ExpectNoLeak(*core);
   EXPECT_FALSE(core->HasWork());
+}
+
+// An asynchronous load: the request waits without compute, then resumes with the first token
+// from the connector (push); a failed load is recomputed (policy recompute) or fails the request.
+TEST(EngineCoreTest, AsyncKvLoadResumesWithTheConnectorsFirstToken) {
+  FakeTokenizer tok;
+  RecordingConnector conn;
+  conn.async_load = true;
+  conn.hold = false;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+  const auto prompt = MakePrompt(9, 1);
+  const auto expected = FakeGreedy(prompt, 3, 64);
+  auto ch = std::make_shared<OutputChannel>();
+  core->AddRequest(7, MakeRequest(prompt, 3), ch, NowNs());
+  EXPECT_EQ(core->Step(), 0);  // admitted, waiting for the K/V: nothing computed
+  EXPECT_EQ(core->stats().num_waiting_for_kv, 1);
+  EXPECT_EQ(conn.allocated, 1);
+  EXPECT_TRUE(ch->TakeAll().empty());
+  // Fill the blocks the way P's WRITEs would (the fake model's K/V: token id, position + 1),
+  // then end the load with P's first token (the one P samples).
+  KvCache& kv = core->kv_cache();
+  const int32_t bs = kv.layout().block_size;
+  for (int32_t pos = 0; pos < static_cast<int32_t>(prompt.size()); ++pos) {
+    const BlockId b = conn.blocks[static_cast<size_t>(pos / bs)];
+    for (int32_t layer = 0; layer < kv.layout().num_layers; ++layer) {
+      for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+        float* slot = kv.chunk_f32(layer, kind, b) + (pos % bs) * 2;
+        slot[0] = static_cast<float>(prompt[static_cast<size_t>(pos)]);
+        slot[1] = static_cast<float>(pos + 1);
+      }
+    }
+  }
+  KvLoadResult r;
+  r.seq_id = 7;
+  r.first_token = TokenOutput{expected[0], 0.0f, {}};
+  conn.loads.push_back(r);
+  std::vector<int32_t> got;
+  for (int i = 0; i < 10 && core->HasWork(); ++i) {
+    core->Step();
+    for (auto& o : ch->TakeAll()) {
+      for (auto& t : o.tokens) got.push_back(t.id);
+    }
+  }
+  EXPECT_EQ(got, expected);
+  EXPECT_EQ(core->stats().kv_loads, 1);
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, FailedAsyncKvLoadIsRecomputedOrFailed) {
+  FakeTokenizer tok;
+  for (bool recompute : {true, false}) {
+    RecordingConnector conn;
+    conn.async_load = true;
+    conn.hold = false;
+    auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+    const auto prompt = MakePrompt(21, 3);
+    auto ch = std::make_shared<OutputChannel>();
+    core->AddRequest(1, MakeRequest(prompt, 4), ch, NowNs());
+    core->Step();
+    KvLoadResult r;
+    r.seq_id = 1;
+    r.status = PeerGone("prefill instance went away");
+    r.recompute = recompute;
+    conn.loads.push_back(r);
+    std::vector<int32_t> got;
+    RequestOutput last;
+    for (int i = 0; i < 20 && core->HasWork(); ++i) {
+      core->Step();
+      for (auto& o : ch->TakeAll()) {
+        for (auto& t : o.tokens) got.push_back(t.id);
+        last = o;
+      }
+    }
+    if (recompute) {
+      EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+      EXPECT_EQ(core->stats().kv_load_recomputes, 1);
+    } else {
+      EXPECT_TRUE(got.empty());
+      EXPECT_EQ(last.finish_reason, FinishReason::kError);
+      EXPECT_EQ(last.error.code(), StatusCode::kPeerGone);
+    }
+    ExpectNoLeak(*core);
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "apps/commands.h"
 #include "common/log.h"
+#include "connector/pd_connector.h"
 #include "engine/engine.h"
 #include "model/model.h"
 #include "server/http_server.h"
@@ -29,6 +30,8 @@ struct ServeOptions {
   std::string tokenizer;
   std::string role = "both";
   std::string host = "127.0.0.1";
+  std::string advertise_host;
+  std::string kv_transfer_config;
   int port = 8000;
   std::string served_model_name;
   std::string log_level = "info";
@@ -42,12 +45,15 @@ int RunServe(const ServeOptions& o) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
     return 2;
   }
-  if (o.role != "both") {
-    std::fprintf(stderr,
-                 "kvpush serve: --role %s is not implemented yet (only --role both; the P/D "
-                 "issue adds prefill/decode)\n",
-                 o.role.c_str());
-    return 2;
+  const bool pd = o.role != "both" || !o.kv_transfer_config.empty();
+  connector::KvTransferConfig kc;
+  if (pd) {
+    auto parsed = connector::KvTransferConfig::Parse(o.kv_transfer_config, o.role);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "kvpush serve: %s\n", parsed.status().message().c_str());
+      return 2;
+    }
+    kc = *parsed;
   }
   if (o.port < 0 || o.port > 65535) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
@@ -70,7 +76,31 @@ int RunServe(const ServeOptions& o) {
     return 1;
   }
   LoadedModel model = std::move(loaded).value();
-  auto engine = Engine::Create(ec, std::move(model.executor), *model.tokenizer);
+  auto resolved = ec.Resolve(model.config);
+  if (!resolved.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", resolved.status().message().c_str());
+    return 2;
+  }
+  std::unique_ptr<connector::PdConnector> conn;
+  if (pd) {
+    connector::ConnectorOptions co;
+    co.config = kc;
+    co.layout = EngineCore::LayoutFor(*resolved, model.config);
+    co.model_fingerprint = model.config.fingerprint;
+    co.role_name = o.role;
+    co.advertise_host = !o.advertise_host.empty() ? o.advertise_host
+                        : (o.host == "0.0.0.0" || o.host == "::") ? "127.0.0.1"
+                                                                   : o.host;
+    co.advertise_port = o.port;
+    auto c = connector::PdConnector::Create(co);
+    if (!c.ok()) {
+      std::fprintf(stderr, "kvpush serve: KV connector: %s\n", c.status().ToString().c_str());
+      return 1;
+    }
+    conn = std::move(c).value();
+  }
+  auto engine = Engine::Create(*resolved, std::move(model.executor), *model.tokenizer, conn.get(),
+                               conn ? conn->kv_memory() : std::span<std::byte>{});
   if (!engine.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", engine.status().message().c_str());
     return 2;
@@ -78,6 +108,7 @@ int RunServe(const ServeOptions& o) {
   server::ServerOptions so;
   so.host = o.host;
   so.port = o.port;
+  so.connector = conn.get();
   so.served_model_name = o.served_model_name.empty()
                              ? std::filesystem::path(o.model).filename().string()
                              : o.served_model_name;
@@ -92,6 +123,7 @@ int RunServe(const ServeOptions& o) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
     return 1;
   }
+  if (conn) conn->set_advertised_port(http.port());
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
   std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
@@ -111,8 +143,18 @@ void RegisterServeCommand(CLI::App& app) {
   cmd->add_option("--model", opts->model, "Model file (.gguf or llama2.c .bin)")->required();
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "llama2.c tokenizer (default: tok<vocab>.bin beside a .bin model)");
-  cmd->add_option("--role", opts->role, "both | prefill | decode (only both is implemented)")
-      ->check(CLI::IsMember({"both", "prefill", "decode"}));
+  cmd->add_option("--role", opts->role,
+                  "both (colocated) | prefill (P) | decode (D) of P/D disaggregated serving")
+      ->check(CLI::IsMember({"both", "prefill", "decode"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-transfer-config", opts->kv_transfer_config,
+                  "P/D connector config, JSON (vLLM shape): {\"kv_connector\": "
+                  "\"PushConnector\"|\"PullConnector\", \"kv_role\": ..., "
+                  "\"kv_connector_extra_config\": {\"backend\": \"ucx:tcp\", \"lease_ms\": ..., "
+                  "\"watchdog_ms\": ..., \"failure_policy\": \"recompute\"|\"fail\", "
+                  "\"pull_profile\": \"vllm\"|\"fast\"}} (docs/configuration.md)");
+  cmd->add_option("--advertise-host", opts->advertise_host,
+                  "Address peers use to reach this instance (default: --host)");
   cmd->add_option("--host", opts->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", opts->port, "Port to bind (0 = any free port)")->capture_default_str();
   cmd->add_option("--served-model-name", opts->served_model_name,

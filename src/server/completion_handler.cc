@@ -8,8 +8,10 @@
 #include <memory>
 #include <vector>
 
+#include "connector/pd_connector.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
+#include "server/kv_transfer_params.h"
 #include "server/openai_response.h"
 
 namespace kvpush::server {
@@ -49,6 +51,7 @@ struct RequestState {
   bool done_sent = false;
   ApiError error;  ///< first kError/kAbort seen
   bool failed = false;
+  std::string kv_transfer_params;  ///< from a P/D producer's final output (JSON object text)
 
   /// Applies one output to choice i; returns true when it finished the choice.
   bool Apply(size_t i, const RequestOutput& o) {
@@ -60,6 +63,7 @@ struct RequestState {
     if (!o.finished()) return false;
     c.finish = o.finish_reason;
     c.stop_reason = o.stop_reason;
+    if (!o.kv_transfer_params.empty()) kv_transfer_params = o.kv_transfer_params;
     ++num_finished;
     if ((o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) &&
         !failed) {
@@ -100,6 +104,22 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   if (!r.model.empty() && r.model != srv.options_.served_model_name) {
     return ReplyError(res, ApiError{404, "The model '" + r.model + "' does not exist.",
                                     "invalid_request_error", "model", "model_not_found"});
+  }
+  auto kv_parsed = ParseKvTransferParams(r.kv_transfer_params);
+  if (auto* e = std::get_if<ApiError>(&kv_parsed)) return ReplyError(res, *e);
+  KvTransferParams kv = std::get<KvTransferParams>(kv_parsed);
+  connector::PdConnector* conn = srv.options_.connector;
+  if (kv.role != KvTransferParams::Role::kNone) {
+    if (conn == nullptr) {
+      return ReplyError(res, ApiError::Invalid("kv_transfer_params: this instance is not a P/D "
+                                               "instance (serve --role prefill|decode)",
+                                               "kv_transfer_params"));
+    }
+    if (kind == ApiKind::kCompletion && r.prompts.size() != 1) {
+      return ReplyError(res, ApiError::Invalid("kv_transfer_params: a P/D request takes exactly "
+                                               "one prompt",
+                                               "prompt"));
+    }
   }
   st->meta.logprobs = r.logprobs >= 0;
   st->meta.token_ids = r.return_token_ids;
@@ -152,6 +172,31 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     prompts.push_back(std::move(ids));
   }
 
+  if (kv.role == KvTransferParams::Role::kConsumer) {
+    // Know P before the engine admits the request (cached after the first request).
+    auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port);
+    if (!peer.ok()) {
+      return ReplyError(res, ApiError{502, "prefill instance " + kv.remote_host + ":" +
+                                               std::to_string(kv.remote_port) + ": " +
+                                               peer.status().message(),
+                                      "server_error", "kv_transfer_params", "kv_peer_unavailable"});
+    }
+    if (!kv.remote_engine_id.empty() && kv.remote_engine_id != *peer) {
+      return ReplyError(res, ApiError::Invalid("kv_transfer_params.remote_engine_id '" +
+                                                   kv.remote_engine_id + "' is not the instance at " +
+                                                   kv.remote_host + ":" +
+                                                   std::to_string(kv.remote_port) + " ('" + *peer +
+                                                   "')",
+                                               "kv_transfer_params.remote_engine_id"));
+    }
+    kv.remote_engine_id = *peer;
+  }
+  if (kv.role != KvTransferParams::Role::kNone) {
+    if (Status v = conn->ValidateRequest(kv, prompts[0]); !v.ok()) {
+      return ReplyError(res, ApiError::Invalid(v.message(), "kv_transfer_params"));
+    }
+  }
+
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : srv.RandomSeed();
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest g;
@@ -168,6 +213,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     g.stop = r.stop;
     g.stop_token_ids = r.stop_token_ids;
     g.ignore_eos = r.ignore_eos;
+    g.kv_transfer = kv;
     auto h = engine.Submit(std::move(g));
     if (!h.ok()) {
       for (const auto& done : st->handles) engine.Abort(done.id);
@@ -202,7 +248,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
     if (st->failed) return ReplyError(res, st->error);
     res.status = 200;
-    res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
+    if (st->kv_transfer_params.empty()) {
+      res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
+      return;
+    }
+    auto body = nlohmann::json::parse(BuildResponse(st->meta, st->choices, tok));
+    body["kv_transfer_params"] = nlohmann::json::parse(st->kv_transfer_params);
+    res.set_content(body.dump(), "application/json");
     return;
   }
 

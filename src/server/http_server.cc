@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "connector/pd_connector.h"
 #include "server/completion_handler.h"
 
 namespace kvpush::server {
@@ -29,7 +30,8 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/v1/chat/completions", "POST"},
                                  {"/v1/models", "GET"},
                                  {"/health", "GET"},
-                                 {"/metrics", "GET"}};
+                                 {"/metrics", "GET"},
+                                 {"/kv/handshake", "POST"}};
 
 }  // namespace
 
@@ -99,8 +101,35 @@ void HttpServer::Route() {
     res.set_content("", "text/plain");
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
-    res.set_content(RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name),
-                    "text/plain; version=0.0.4; charset=utf-8");
+    std::string text =
+        RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
+    if (options_.connector != nullptr) {
+      text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name);
+    }
+    res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.connector == nullptr) {
+      ReplyError(res, ApiError{404, "this instance has no KV connector (--role both)",
+                               "invalid_request_error", "", "not_pd_instance"});
+      return;
+    }
+    auto body = nlohmann::json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) {
+      ReplyError(res, ApiError::Invalid("handshake body is not JSON"));
+      return;
+    }
+    auto r = options_.connector->HandleHandshake(body);
+    if (!r.ok()) {
+      const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
+                       : r.status().code() == StatusCode::kInvalidArgument  ? 400
+                                                                            : 503;
+      ReplyError(res, ApiError{code, r.status().message(),
+                               code == 503 ? "server_error" : "invalid_request_error", "",
+                               code == 409 ? "incompatible_peer" : ""});
+      return;
+    }
+    res.set_content(r->dump(), "application/json");
   });
   // Wrong method on a known path: 405 with an Allow header.
   for (const RouteSpec& r : kRoutes) {

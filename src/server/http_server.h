@@ -20,6 +20,10 @@ struct Request;
 struct Response;
 }  // namespace httplib
 
+namespace kvpush::connector {
+class PdConnector;
+}  // namespace kvpush::connector
+
 namespace kvpush::server {
 
 struct ServerOptions {
@@ -28,6 +32,10 @@ struct ServerOptions {
   std::string served_model_name;     ///< the `model` name clients use; required
   int num_threads = 0;               ///< HTTP worker threads; 0 = max(16, max_num_seqs + 8)
   size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
+  /// P/D instances (--role prefill|decode): serves POST /kv/handshake and requests with
+  /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive
+  /// the server.
+  connector::PdConnector* connector = nullptr;
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.

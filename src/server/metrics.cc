@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include "connector/pd_connector.h"
+
 #include <cstdio>
 #include <sstream>
 
@@ -68,6 +70,14 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
   w.Scalar("kvpush_num_requests_running", "gauge", "Requests in the running batch.", s.num_running);
   w.Scalar("kvpush_num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
            s.num_waiting);
+  w.Scalar("kvpush_num_requests_waiting_for_kv", "gauge",
+           "Requests whose KV is being transferred from a prefill instance.",
+           s.num_waiting_for_kv);
+  w.Scalar("kvpush_kv_loads_total", "counter", "Asynchronous KV loads that succeeded.",
+           static_cast<double>(s.kv_loads));
+  w.Scalar("kvpush_kv_load_recomputes_total", "counter",
+           "Failed KV loads recomputed locally (failure policy recompute).",
+           static_cast<double>(s.kv_load_recomputes));
   w.Scalar("kvpush_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
            s.num_kv_blocks_total);
   w.Scalar("kvpush_kv_blocks_used", "gauge", "KV blocks referenced by requests.", s.kv.num_used);
@@ -123,6 +133,42 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
   w.Hist("kvpush_inter_token_latency_seconds", "Time between consecutive tokens.", s.itl);
   w.Hist("kvpush_e2e_request_latency_seconds", "Arrival to finish.", s.e2e);
   w.Hist("kvpush_request_queue_time_seconds", "Arrival to first scheduled.", s.queue_time);
+  return w.str();
+}
+
+std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
+                                   const std::string& model_name) {
+  Writer w(model_name);
+  auto counter = [&](const char* name, const char* help, int64_t v) {
+    w.Scalar(name, "counter", help, static_cast<double>(v));
+  };
+  counter("kvpush_kv_transfer_handshakes_total", "P/D handshakes completed.", c.handshakes);
+  counter("kvpush_kv_transfer_push_targets_sent_total", "PUSH_TARGETs sent (decode).",
+          c.push_targets_sent);
+  counter("kvpush_kv_transfer_push_targets_received_total", "PUSH_TARGETs received (prefill).",
+          c.push_targets_received);
+  counter("kvpush_kv_transfer_writes_total", "Layer WRITE transfers posted (prefill).",
+          c.writes_posted);
+  counter("kvpush_kv_transfer_bytes_written_total", "KV bytes written to decode instances.",
+          c.bytes_written);
+  counter("kvpush_kv_transfer_kv_ready_sent_total", "KV_READY messages sent.", c.kv_ready_sent);
+  counter("kvpush_kv_transfer_kv_ready_received_total", "KV_READY messages received.",
+          c.kv_ready_received);
+  counter("kvpush_kv_transfer_reads_total", "Pull READs completed (decode).", c.reads_completed);
+  counter("kvpush_kv_transfer_failed_total", "Transfers that ended in an error.",
+          c.transfers_failed);
+  counter("kvpush_kv_transfer_watchdog_expired_total", "Decode watchdog expiries.",
+          c.watchdog_expired);
+  counter("kvpush_kv_transfer_leases_expired_total", "Prefill leases that expired.",
+          c.leases_expired);
+  counter("kvpush_kv_transfer_not_needed_total", "Full prefix hits on decode (no KV moved).",
+          c.not_needed);
+  counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
+          c.bad_messages);
+  w.Scalar("kvpush_kv_transfer_producers_active", "gauge", "Prefill-side transfers in flight.",
+           static_cast<double>(c.producers_active));
+  w.Scalar("kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight.",
+           static_cast<double>(c.consumers_waiting));
   return w.str();
 }
 

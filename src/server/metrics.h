@@ -9,6 +9,10 @@
 
 #include "engine/engine_stats.h"
 
+namespace kvpush::connector {
+struct ConnectorStats;
+}  // namespace kvpush::connector
+
 namespace kvpush::server {
 
 /// HTTP responses counted by (path, status code). Value type.
@@ -17,5 +21,9 @@ using HttpCounters = std::map<std::pair<std::string, int>, int64_t>;
 /// Renders every metric. `model_name` becomes the model_name label. Pure; thread-safe.
 std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& http,
                              const std::string& model_name);
+
+/// The P/D connector's counters (kvpush_kv_transfer_*), Prometheus text.
+std::string RenderConnectorMetrics(const connector::ConnectorStats& stats,
+                                   const std::string& model_name);
 
 }  // namespace kvpush::server

@@ -308,6 +308,12 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
     if (want) r.logprobs = v ? static_cast<int32_t>(*v) : 0;
   }
 
+  auto kv = body.find("kv_transfer_params");
+  if (kv != body.end() && !kv->is_null()) {
+    if (!kv->is_object()) return WrongType("kv_transfer_params", "an object", *kv);
+    r.kv_transfer_params = *kv;
+  }
+
   if (auto e = GetBool(body, "stream", r.stream)) return *e;
   auto so = body.find("stream_options");
   if (so != body.end() && !so->is_null()) {

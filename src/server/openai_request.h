@@ -10,6 +10,8 @@
 #include <variant>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "server/api_error.h"
 
 namespace kvpush::server {
@@ -48,6 +50,9 @@ struct OpenAiRequest {
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage
   bool return_token_ids = false;  ///< vLLM extension: add "token_ids" to each choice
+  /// vLLM P/D extension: the `kv_transfer_params` object (null when absent). Its fields are
+  /// validated by ParseKvTransferParams (server/kv_transfer_params.h).
+  nlohmann::json kv_transfer_params;
 };
 
 /// Parses `body` for endpoint `kind`. Errors (ApiError, HTTP 400, invalid_request_error, param

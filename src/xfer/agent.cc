@@ -146,6 +146,7 @@ void Agent::FinishLocked(Transfer& t, Status status) {
   --in_progress_;
   finished_.fetch_add(1, std::memory_order_release);
   cv_.notify_all();
+  if (options_.on_event) options_.on_event();
 }
 
 void Agent::FailPeerTransfersLocked(const std::string& peer, const Status& why) {
@@ -285,6 +286,7 @@ void Agent::OnMessage(std::span<const uint8_t> frame) {
   }
   notifications_.push_back(std::move(n).value());
   cv_.notify_all();
+  if (options_.on_event) options_.on_event();
 }
 
 void Agent::OnPeerError(const BackendPeer* peer, Status status) {

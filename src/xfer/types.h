@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -86,6 +87,11 @@ struct AgentOptions {
   int wait_spin_us = 20;
   /// Largest notification payload accepted for sending, bytes (receivers refuse larger frames).
   uint32_t max_notification_bytes = 4096;
+  /// Optional: called whenever a transfer finishes (any state) or a notification arrives, so an
+  /// owner can wake its own thread instead of blocking in Wait/WaitNotifications. Called on the
+  /// backend's progress thread or the agent's watchdog, with the agent's lock held: it must only
+  /// set a flag / notify (never call back into the agent).
+  std::function<void()> on_event;
 };
 
 }  // namespace kvpush::xfer

@@ -1,0 +1,53 @@
+// The P/D handshake document (docs/pd_protocol.md §2): what an instance tells a peer about
+// itself (transfer-agent metadata, KV layout, compatibility hash, incarnation), its JSON form,
+// and the compatibility check that names the first difference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+#include "kv/layout.h"
+
+namespace kvpush::connector {
+
+/// Version of the P/D protocol implemented here; peers must match.
+inline constexpr int kConnectorVersion = 1;
+
+struct HandshakeInfo {
+  std::string engine_id;  ///< the peer's agent name
+  uint64_t incarnation = 0;
+  std::string role;  ///< "prefill", "decode" or "both"
+  int connector_version = kConnectorVersion;
+  std::string transfer_backend;
+  uint64_t model_fingerprint = 0;
+  KvLayout layout;
+  uint32_t kv_region_index = 0;  ///< the arena's RegionId in the agent metadata
+  uint32_t kv_region_generation = 0;
+  int64_t lease_ms = 0;
+  int64_t watchdog_ms = 0;
+  std::vector<uint8_t> agent_metadata;
+
+  /// XXH3-64 over (model fingerprint, layers, kv heads, head dim, block size, dtype, connector
+  /// version, transfer backend): equal on compatible instances.
+  uint64_t CompatHash() const;
+
+  nlohmann::json ToJson() const;
+  /// Parses and validates types and ranges (layout.Validate(), base64, hex fields, compat hash
+  /// consistent with the fields). Errors: kInvalidArgument naming the field.
+  static Result<HandshakeInfo> FromJson(const nlohmann::json& j);
+};
+
+/// Checks that `peer` can exchange KV with `self`. Errors: kFailedPrecondition whose message
+/// names the first differing field ("block_size: 16 here, 32 on peer 'decode-0'").
+Status CheckCompatible(const HandshakeInfo& self, const HandshakeInfo& peer);
+
+std::string Base64Encode(const std::vector<uint8_t>& in);
+Result<std::vector<uint8_t>> Base64Decode(const std::string& in);
+std::string Hex64(uint64_t v);
+Result<uint64_t> ParseHex64(const std::string& s);
+
+}  // namespace kvpush::connector

@@ -1,0 +1,176 @@
+#include "connector/kv_transfer_config.h"
+
+#include <nlohmann/json.hpp>
+
+#include "xfer/backend_factory.h"
+
+namespace kvpush::connector {
+
+std::string_view KvRoleName(KvRole r) {
+  switch (r) {
+    case KvRole::kProducer:
+      return "kv_producer";
+    case KvRole::kConsumer:
+      return "kv_consumer";
+    case KvRole::kBoth:
+      return "kv_both";
+  }
+  return "?";
+}
+
+std::string_view PullProfileName(PullProfile p) {
+  return p == PullProfile::kVllm ? "vllm" : "fast";
+}
+
+namespace {
+
+Result<std::chrono::milliseconds> Ms(const nlohmann::json& j, const char* key, int64_t lo,
+                                     int64_t hi, std::chrono::milliseconds def) {
+  if (!j.contains(key)) return def;
+  const auto& v = j[key];
+  if (!v.is_number_integer()) {
+    return InvalidArgument(std::string("kv_connector_extra_config.") + key +
+                           " must be an integer (milliseconds)");
+  }
+  const auto x = v.get<int64_t>();
+  if (x < lo || x > hi) {
+    return InvalidArgument(std::string("kv_connector_extra_config.") + key + " must be in [" +
+                           std::to_string(lo) + ", " + std::to_string(hi) + "] ms, got " +
+                           std::to_string(x));
+  }
+  return std::chrono::milliseconds(x);
+}
+
+}  // namespace
+
+Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::string_view role) {
+  KvTransferConfig c;
+  if (role == "prefill") {
+    c.role = KvRole::kProducer;
+  } else if (role == "decode") {
+    c.role = KvRole::kConsumer;
+  } else if (role == "both") {
+    c.role = KvRole::kBoth;
+  } else {
+    return InvalidArgument("--role must be prefill, decode or both");
+  }
+  nlohmann::json j = nlohmann::json::object();
+  if (!text.empty()) {
+    j = nlohmann::json::parse(text, nullptr, false);
+    if (j.is_discarded() || !j.is_object()) {
+      return InvalidArgument("--kv-transfer-config is not a JSON object");
+    }
+  }
+  for (const auto& [k, v] : j.items()) {
+    if (k != "kv_connector" && k != "kv_role" && k != "kv_connector_extra_config" &&
+        k != "kv_buffer_device" && k != "engine_id") {
+      return InvalidArgument("--kv-transfer-config: unknown field '" + k + "'");
+    }
+  }
+  if (j.contains("kv_connector")) {
+    if (!j["kv_connector"].is_string()) return InvalidArgument("kv_connector must be a string");
+    const std::string name = j["kv_connector"].get<std::string>();
+    if (name == "PushConnector" || name == "KvpushPushConnector") {
+      c.kv_connector = "PushConnector";
+    } else if (name == "PullConnector" || name == "NixlConnector") {
+      c.kv_connector = "PullConnector";
+    } else {
+      return InvalidArgument("kv_connector '" + name +
+                             "' is not supported (PushConnector, PullConnector, NixlConnector)");
+    }
+  }
+  if (j.contains("kv_role")) {
+    if (!j["kv_role"].is_string()) return InvalidArgument("kv_role must be a string");
+    const std::string r = j["kv_role"].get<std::string>();
+    KvRole jr;
+    if (r == "kv_producer") {
+      jr = KvRole::kProducer;
+    } else if (r == "kv_consumer") {
+      jr = KvRole::kConsumer;
+    } else if (r == "kv_both") {
+      jr = KvRole::kBoth;
+    } else {
+      return InvalidArgument("kv_role must be kv_producer, kv_consumer or kv_both, got '" + r +
+                             "'");
+    }
+    if (role != "both" && jr != c.role) {
+      return InvalidArgument("kv_role '" + r + "' contradicts --role " + std::string(role));
+    }
+    c.role = jr;
+  }
+  if (j.contains("engine_id")) {
+    if (!j["engine_id"].is_string()) return InvalidArgument("engine_id must be a string");
+    c.engine_id = j["engine_id"].get<std::string>();
+  }
+  if (j.contains("kv_connector_extra_config")) {
+    const auto& x = j["kv_connector_extra_config"];
+    if (!x.is_object()) return InvalidArgument("kv_connector_extra_config must be an object");
+    for (const auto& [k, v] : x.items()) {
+      static const char* kKnown[] = {"backend",      "lease_ms",       "watchdog_ms",
+                                     "cancel_ack_ms", "stall_ms",      "failure_policy",
+                                     "pull_profile", "layerwise",      "engine_id"};
+      bool known = false;
+      for (const char* kk : kKnown) known = known || k == kk;
+      if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
+    }
+    if (x.contains("backend")) {
+      if (!x["backend"].is_string()) return InvalidArgument("backend must be a string");
+      c.backend = x["backend"].get<std::string>();
+    }
+    if (x.contains("engine_id")) {
+      if (!x["engine_id"].is_string()) return InvalidArgument("engine_id must be a string");
+      c.engine_id = x["engine_id"].get<std::string>();
+    }
+    KVP_ASSIGN_OR_RETURN(c.lease, Ms(x, "lease_ms", 100, 3600000, c.lease));
+    KVP_ASSIGN_OR_RETURN(c.watchdog, Ms(x, "watchdog_ms", 10, 3600000, c.watchdog));
+    KVP_ASSIGN_OR_RETURN(c.cancel_ack, Ms(x, "cancel_ack_ms", 10, 600000, c.cancel_ack));
+    KVP_ASSIGN_OR_RETURN(c.stall, Ms(x, "stall_ms", 10, 600000, c.stall));
+    if (x.contains("failure_policy")) {
+      const auto& v = x["failure_policy"];
+      if (v == "recompute") {
+        c.failure_policy = FailurePolicy::kRecompute;
+      } else if (v == "fail") {
+        c.failure_policy = FailurePolicy::kFail;
+      } else {
+        return InvalidArgument("failure_policy must be \"recompute\" or \"fail\"");
+      }
+    }
+    if (x.contains("pull_profile")) {
+      const auto& v = x["pull_profile"];
+      if (v == "vllm") {
+        c.pull_profile = PullProfile::kVllm;
+      } else if (v == "fast") {
+        c.pull_profile = PullProfile::kFast;
+      } else {
+        return InvalidArgument("pull_profile must be \"vllm\" or \"fast\"");
+      }
+    }
+    if (x.contains("layerwise")) {
+      if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
+      c.layerwise = x["layerwise"].get<bool>();
+    }
+  }
+  bool backend_known = c.backend == "loopback";  // in-process (tests)
+  for (const auto& b : xfer::MultiProcessBackendSpecs()) backend_known |= b == c.backend;
+  if (!backend_known) {
+    std::string list;
+    for (const auto& b : xfer::MultiProcessBackendSpecs()) list += (list.empty() ? "" : ", ") + b;
+    return InvalidArgument("backend '" + c.backend + "' is not one of: " + list);
+  }
+  if (c.engine_id.size() > 200) return InvalidArgument("engine_id is longer than 200 bytes");
+  return c;
+}
+
+std::string KvTransferConfig::ToString() const {
+  return "kv_connector=" + kv_connector + " kv_role=" + std::string(KvRoleName(role)) +
+         " backend=" + backend + " engine_id=" + (engine_id.empty() ? "(auto)" : engine_id) +
+         " lease_ms=" + std::to_string(lease.count()) +
+         " watchdog_ms=" + std::to_string(watchdog.count()) +
+         " cancel_ack_ms=" + std::to_string(cancel_ack.count()) +
+         " stall_ms=" + std::to_string(stall.count()) + " failure_policy=" +
+         (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
+         " pull_profile=" + std::string(PullProfileName(pull_profile)) +
+         " layerwise=" + (layerwise ? "true" : "false");
+}
+
+}  // namespace kvpush::connector

@@ -1,0 +1,56 @@
+// KvTransferConfig: the typed, validated form of `kvpush serve --kv-transfer-config JSON` (vLLM's
+// --kv-transfer-config shape: kv_connector, kv_role, kv_connector_extra_config).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/status.h"
+
+namespace kvpush::connector {
+
+/// What a decode instance does when the KV of a request does not arrive (DESIGN.md §6).
+enum class FailurePolicy : uint8_t { kRecompute = 0, kFail = 1 };
+
+/// Instance role in P/D serving.
+enum class KvRole : uint8_t { kProducer = 0, kConsumer = 1, kBoth = 2 };
+
+/// Pull options: `kVllm` runs pull the way vLLM's NixlConnector does by default (the READ is
+/// prepared and posted from the engine thread right before the next forward pass, and D
+/// recomputes the last prompt token); `kFast` posts the READ from the connector thread as soon as
+/// blocks are allocated and takes P's first token instead of recomputing it.
+enum class PullProfile : uint8_t { kVllm = 0, kFast = 1 };
+
+struct KvTransferConfig {
+  /// "PushConnector" (kvpush push, the default for the router's push mode) or "PullConnector"
+  /// (also accepted: "NixlConnector"). Both connectors serve both modes per request; this picks
+  /// the instance's default mode for requests that do not say.
+  std::string kv_connector = "PushConnector";
+  KvRole role = KvRole::kBoth;
+  std::string backend = "ucx:tcp";  ///< xfer backend spec (xfer/backend_factory.h)
+  std::string engine_id;            ///< agent name; "" = "<role>-<host>:<port>"
+  std::chrono::milliseconds lease{30000};     ///< P holds blocks for a pull / unmatched push
+  std::chrono::milliseconds watchdog{10000};  ///< D waits for KV at most this long
+  std::chrono::milliseconds cancel_ack{2000};  ///< D waits for P's CANCEL_ACK this long
+  std::chrono::milliseconds stall{5000};       ///< transfer stall deadline (xfer)
+  FailurePolicy failure_policy = FailurePolicy::kRecompute;
+  PullProfile pull_profile = PullProfile::kFast;
+  /// Push: post each layer's WRITE as soon as that layer is computed (true) or everything after
+  /// the prefill (false; for measurements).
+  bool layerwise = true;
+
+  /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
+  /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON
+  /// kv_role that contradicts --role is refused. Errors: kInvalidArgument naming the field.
+  static Result<KvTransferConfig> Parse(std::string_view json, std::string_view role);
+
+  /// One line with every field, for the start-up log.
+  std::string ToString() const;
+};
+
+std::string_view KvRoleName(KvRole r);
+std::string_view PullProfileName(PullProfile p);
+
+}  // namespace kvpush::connector

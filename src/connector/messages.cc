@@ -1,0 +1,183 @@
+#include "connector/messages.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace kvpush::connector {
+namespace {
+
+void PutU32(std::vector<uint8_t>& b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void PutU64(std::vector<uint8_t>& b, uint64_t v) {
+  for (int i = 0; i < 8; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void PutF32(std::vector<uint8_t>& b, float f) {
+  uint32_t v;
+  std::memcpy(&v, &f, 4);
+  PutU32(b, v);
+}
+
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> b) : b_(b) {}
+  bool U8(uint8_t& v) {
+    if (b_.size() - pos_ < 1) return false;
+    v = b_[pos_++];
+    return true;
+  }
+  bool U32(uint32_t& v) {
+    if (b_.size() - pos_ < 4) return false;
+    v = 0;
+    for (int i = 0; i < 4; ++i) v |= static_cast<uint32_t>(b_[pos_ + i]) << (8 * i);
+    pos_ += 4;
+    return true;
+  }
+  bool U64(uint64_t& v) {
+    if (b_.size() - pos_ < 8) return false;
+    v = 0;
+    for (int i = 0; i < 8; ++i) v |= static_cast<uint64_t>(b_[pos_ + i]) << (8 * i);
+    pos_ += 8;
+    return true;
+  }
+  bool F32(float& f) {
+    uint32_t v;
+    if (!U32(v)) return false;
+    std::memcpy(&f, &v, 4);
+    return true;
+  }
+  bool Bytes(size_t n, std::string& out) {
+    if (b_.size() - pos_ < n) return false;
+    out.assign(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  size_t left() const { return b_.size() - pos_; }
+
+ private:
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+bool IsValidTransferId(std::string_view id) {
+  if (id.size() != 32) return false;
+  for (char c : id) {
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+uint64_t PromptHash(std::span<const int32_t> tokens) {
+  // int32 little-endian on the machines we target (x86-64, aarch64).
+  return XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t));
+}
+
+Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
+  if (!IsValidTransferId(m.transfer_id)) {
+    return InvalidArgument("message: transfer id must be 32 lowercase hex chars");
+  }
+  std::vector<uint8_t> b;
+  b.reserve(64 + m.block_ids.size() * 4);
+  b.push_back(static_cast<uint8_t>(m.tag));
+  b.insert(b.end(), m.transfer_id.begin(), m.transfer_id.end());
+  switch (m.tag) {
+    case MsgTag::kPushTarget:
+      if (m.block_ids.size() > kMaxTargetBlocks) {
+        return InvalidArgument("push target of " + std::to_string(m.block_ids.size()) +
+                               " blocks exceeds the limit of " + std::to_string(kMaxTargetBlocks));
+      }
+      PutU32(b, m.num_prompt_tokens);
+      PutU64(b, m.prompt_hash);
+      PutU32(b, m.first_block);
+      PutU32(b, static_cast<uint32_t>(m.block_ids.size()));
+      for (int32_t id : m.block_ids) PutU32(b, static_cast<uint32_t>(id));
+      break;
+    case MsgTag::kKvReady:
+      if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
+      PutU32(b, static_cast<uint32_t>(m.token_id));
+      PutF32(b, m.logprob);
+      PutU32(b, static_cast<uint32_t>(m.top_logprobs.size()));
+      for (const auto& [id, lp] : m.top_logprobs) {
+        PutU32(b, static_cast<uint32_t>(id));
+        PutF32(b, lp);
+      }
+      break;
+    case MsgTag::kTransferFailed:
+      b.push_back(m.code);
+      b.insert(b.end(), m.message.begin(), m.message.begin() + std::min<size_t>(m.message.size(), 1024));
+      break;
+    case MsgTag::kNotNeeded:
+    case MsgTag::kCancel:
+    case MsgTag::kCancelAck:
+    case MsgTag::kRelease:
+      break;
+    default:
+      return InvalidArgument("message: unknown tag");
+  }
+  return b;
+}
+
+Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
+  Reader r(payload);
+  PdMessage m;
+  uint8_t tag = 0;
+  if (!r.U8(tag)) return InvalidArgument("message: empty");
+  if (tag < 1 || tag > 7) return InvalidArgument("message: unknown tag " + std::to_string(tag));
+  m.tag = static_cast<MsgTag>(tag);
+  if (!r.Bytes(32, m.transfer_id)) return InvalidArgument("message: truncated transfer id");
+  if (!IsValidTransferId(m.transfer_id)) return InvalidArgument("message: malformed transfer id");
+  switch (m.tag) {
+    case MsgTag::kPushTarget: {
+      uint32_t n = 0;
+      if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(m.first_block) ||
+          !r.U32(n)) {
+        return InvalidArgument("push target: truncated header");
+      }
+      if (n > kMaxTargetBlocks || r.left() != static_cast<size_t>(n) * 4) {
+        return InvalidArgument("push target: block count " + std::to_string(n) +
+                               " does not match the payload");
+      }
+      m.block_ids.resize(n);
+      for (auto& id : m.block_ids) {
+        uint32_t v = 0;
+        r.U32(v);
+        if (v > 0x7fffffffu) return InvalidArgument("push target: negative block id");
+        id = static_cast<int32_t>(v);
+      }
+      break;
+    }
+    case MsgTag::kKvReady: {
+      uint32_t tok = 0, n = 0;
+      if (!r.U32(tok) || !r.F32(m.logprob) || !r.U32(n)) {
+        return InvalidArgument("kv ready: truncated");
+      }
+      if (tok > 0x7fffffffu) return InvalidArgument("kv ready: negative token id");
+      m.token_id = static_cast<int32_t>(tok);
+      if (n > kMaxTopLogprobs || r.left() != static_cast<size_t>(n) * 8) {
+        return InvalidArgument("kv ready: top logprob count does not match the payload");
+      }
+      for (uint32_t i = 0; i < n; ++i) {
+        uint32_t id = 0;
+        float lp = 0;
+        r.U32(id);
+        r.F32(lp);
+        if (id > 0x7fffffffu) return InvalidArgument("kv ready: negative top token id");
+        m.top_logprobs.emplace_back(static_cast<int32_t>(id), lp);
+      }
+      break;
+    }
+    case MsgTag::kTransferFailed:
+      if (!r.U8(m.code)) return InvalidArgument("transfer failed: truncated");
+      r.Bytes(r.left(), m.message);
+      break;
+    default:
+      break;
+  }
+  if (r.left() != 0) return InvalidArgument("message: trailing bytes");
+  return m;
+}
+
+}  // namespace kvpush::connector

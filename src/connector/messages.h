@@ -1,0 +1,63 @@
+// Messages P and D exchange through transfer-engine notifications (docs/pd_protocol.md §3).
+// Encoding: one tag byte, then the fields little-endian; a transfer id is 32 lowercase hex chars.
+// Decode validates everything (length, tag, id format, counts) and never trusts a length field.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpush::connector {
+
+enum class MsgTag : uint8_t {
+  kPushTarget = 1,
+  kKvReady = 2,
+  kTransferFailed = 3,
+  kNotNeeded = 4,
+  kCancel = 5,
+  kCancelAck = 6,
+  kRelease = 7,
+};
+
+/// Upper bound on block ids in one PUSH_TARGET (the notification frame limit is 4 KiB;
+/// larger targets are refused by the encoder with kInvalidArgument).
+inline constexpr uint32_t kMaxTargetBlocks = 900;
+/// Upper bound on top-logprob pairs in a KV_READY.
+inline constexpr uint32_t kMaxTopLogprobs = 20;
+
+/// One decoded message; which fields are meaningful depends on `tag`.
+struct PdMessage {
+  MsgTag tag = MsgTag::kPushTarget;
+  std::string transfer_id;
+  // kPushTarget
+  uint32_t num_prompt_tokens = 0;
+  uint64_t prompt_hash = 0;
+  uint32_t first_block = 0;  ///< index in the request's block table of the first target block
+  std::vector<int32_t> block_ids;
+  // kKvReady
+  int32_t token_id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top_logprobs;
+  // kTransferFailed
+  uint8_t code = 0;  ///< StatusCode of the failure
+  std::string message;
+};
+
+/// True when `id` is 32 lowercase hex characters.
+bool IsValidTransferId(std::string_view id);
+
+/// XXH3-64 of the token ids as int32 little-endian (the prompt_hash of the protocol).
+uint64_t PromptHash(std::span<const int32_t> tokens);
+
+/// Encodes `m`. Errors: kInvalidArgument (bad transfer id, too many blocks or top logprobs).
+Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m);
+
+/// Decodes and validates a payload. Errors: kInvalidArgument with the reason (truncated, unknown
+/// tag, bad id, counts beyond limits, trailing bytes, negative block ids).
+Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload);
+
+}  // namespace kvpush::connector

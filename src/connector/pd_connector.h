@@ -1,0 +1,324 @@
+// PdConnector: the P/D KV connector of one instance (DESIGN.md §3, §5, §6; docs/pd_protocol.md).
+//
+// It joins the engine (through the KvConnector hooks) and the transfer engine (one xfer::Agent
+// whose registered region is the engine's KV arena). Per request it plays one of four parts,
+// chosen by the request's KvTransferParams:
+//   push producer (P): after each layer of the request is computed, the connector thread posts
+//     the WRITE of that layer's blocks into D's target blocks (or all layers at once when D's
+//     PUSH_TARGET arrives after the prefill), then sends KV_READY carrying the first token once
+//     every WRITE completed; P's blocks are held until then.
+//   push consumer (D): allocates blocks for the uncached tail, sends PUSH_TARGET, waits (without
+//     touching the engine thread) for KV_READY; watchdog -> CANCEL/CANCEL_ACK -> failure policy.
+//   pull producer (P): holds the blocks under a lease and returns vLLM-style kv_transfer_params.
+//   pull consumer (D): READs P's blocks (from the engine thread before the next forward pass in
+//     the vllm profile, from the connector thread at once in the fast profile), sends RELEASE.
+//
+// Threads: the engine thread calls the hooks (they only queue events and never block); one
+// connector thread (the "writer") owns all per-transfer state, posts transfers and handles
+// notifications; HTTP threads call HandleHandshake/EnsurePeer/ValidateRequest. Idle, the
+// connector thread sleeps on a condition variable (1 s safety timeout).
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "connector/handshake.h"
+#include "connector/kv_transfer_config.h"
+#include "connector/messages.h"
+#include "engine/kv_connector.h"
+#include "kv/layout.h"
+#include "xfer/agent.h"
+
+namespace kvpush::connector {
+
+struct ConnectorOptions {
+  KvTransferConfig config;
+  KvLayout layout;  ///< the engine's resolved layout (EngineCore::LayoutFor)
+  uint64_t model_fingerprint = 0;
+  std::string role_name = "both";  ///< "prefill", "decode", "both"
+  std::string advertise_host = "127.0.0.1";  ///< how peers reach this instance's HTTP port
+  int advertise_port = 0;                    ///< may be set later (set_advertised_port)
+};
+
+/// Counters for /metrics. Monotonic except the gauges marked.
+struct ConnectorStats {
+  int64_t handshakes = 0;
+  int64_t push_targets_sent = 0;
+  int64_t push_targets_received = 0;
+  int64_t writes_posted = 0;  ///< layer WRITE transfers
+  int64_t bytes_written = 0;
+  int64_t kv_ready_sent = 0;
+  int64_t kv_ready_received = 0;
+  int64_t reads_completed = 0;
+  int64_t bytes_read = 0;
+  int64_t transfers_failed = 0;
+  int64_t watchdog_expired = 0;
+  int64_t leases_expired = 0;
+  int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
+  int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
+  int64_t producers_active = 0;  ///< gauge
+  int64_t consumers_waiting = 0;  ///< gauge
+};
+
+class PdConnector final : public KvConnector, private LayerObserver {
+ public:
+  /// Creates the agent and backend, allocates (through the backend when that makes one-sided
+  /// access work) and registers the KV arena, and starts the connector thread.
+  /// Errors: kInvalidArgument (layout), kUnavailable (backend), kResourceExhausted (arena).
+  static Result<std::unique_ptr<PdConnector>> Create(ConnectorOptions options);
+  ~PdConnector() override;
+  PdConnector(const PdConnector&) = delete;
+  PdConnector& operator=(const PdConnector&) = delete;
+
+  /// The registered KV arena (layout.total_bytes() bytes) for Engine::Create.
+  std::span<std::byte> kv_memory() { return arena_; }
+  const std::string& engine_id() const { return agent_->name(); }
+  const KvTransferConfig& config() const { return options_.config; }
+  /// Sets the port advertised in pull kv_transfer_params (after the HTTP server bound it).
+  void set_advertised_port(int port) { advertise_port_.store(port); }
+
+  /// POST /kv/handshake: validates the peer's document, loads its agent metadata and answers
+  /// with this instance's document. Thread-safe. Errors: kInvalidArgument (malformed: HTTP 400),
+  /// kFailedPrecondition (incompatible: HTTP 409, names the difference), kUnavailable.
+  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body);
+
+  /// Makes sure the instance at host:port is handshaken (cached per peer; a peer that failed
+  /// or restarted is handshaken again). Returns its engine id. Thread-safe; blocks on HTTP.
+  /// Errors: kUnavailable (unreachable, HTTP error), kFailedPrecondition (incompatible).
+  Result<std::string> EnsurePeer(const std::string& host, int port);
+
+  /// Checks a request's P/D params against this instance's role and, for a pull consumer,
+  /// against the prompt (token count, prompt hash, block count). Thread-safe.
+  /// Errors: kInvalidArgument with the reason.
+  Status ValidateRequest(const KvTransferParams& p, std::span<const int32_t> prompt) const;
+
+  /// Snapshot of the counters. Thread-safe.
+  ConnectorStats stats() const;
+
+  // KvConnector (engine thread).
+  void BindEngine(std::function<void()> wake, std::function<void(int64_t)> abort) override;
+  KvMatch GetNumMatchedTokens(const Sequence& seq, int32_t num_local_computed) override;
+  void OnBlocksAllocated(const Sequence& seq, std::span<const BlockId> blocks,
+                         int32_t num_external_tokens) override;
+  LayerObserver* BeginStep(std::span<const SequenceChunk> batch) override;
+  bool OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
+                         RequestOutput& out) override;
+  std::vector<int64_t> GetFinished() override;
+  std::vector<KvLoadResult> GetFinishedLoading() override;
+  bool HasPendingWork() const override;
+
+ private:
+  // ---- events from the engine thread to the connector thread ----
+  struct StepChunk {
+    int64_t seq_id = 0;
+    int32_t end_pos = 0;  ///< tokens computed once this step's layer is done
+    std::vector<BlockId> blocks;
+  };
+  struct Event {
+    enum Kind : uint8_t {
+      kProducerStart,
+      kStep,
+      kLayer,
+      kProducerDone,
+      kConsumerStart,
+      kConsumerNotNeeded,
+      kConsumerAbort,
+      kReadPosted,
+    } kind = kStep;
+    int64_t seq_id = 0;
+    KvTransferParams params;
+    int32_t num_prompt_tokens = 0;
+    uint64_t prompt_hash = 0;
+    std::vector<BlockId> blocks;
+    int32_t local_tokens = 0;
+    int32_t external_tokens = 0;
+    std::vector<StepChunk> chunks;
+    int32_t layer = 0;
+    bool ok = false;
+    TokenOutput token;
+    Status error;
+    xfer::TransferHandle transfer;
+  };
+
+  // ---- connector-thread state ----
+  struct Producer {
+    int64_t seq_id = 0;
+    std::string tid;
+    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    int32_t n = 0;  ///< prompt tokens
+    uint64_t prompt_hash = 0;
+    std::vector<BlockId> blocks;
+    std::vector<int32_t> layer_done;  ///< per layer: tokens whose K/V are computed
+    std::vector<int32_t> layer_sent;  ///< per layer: table index of the next block to send
+    bool finished = false;            ///< the engine finished the request (blocks held)
+    bool finished_ok = false;
+    TokenOutput token;
+    bool has_target = false;
+    std::string peer;
+    uint32_t first_block = 0;
+    std::vector<BlockId> dst;
+    bool dropped = false;  ///< NOT_NEEDED, CANCEL or failure: no (more) writes
+    bool cancel_ack_due = false;
+    bool fail_due = false;
+    Status failure;
+    int outstanding = 0;
+    bool ready_posted = false;
+    bool released = false;
+    TimePoint lease_deadline = TimePoint::max();
+  };
+  struct Consumer {
+    int64_t seq_id = 0;
+    std::string tid;
+    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    std::string peer;
+    std::vector<BlockId> blocks;
+    int32_t local_tokens = 0;
+    int32_t external_tokens = 0;
+    int32_t n = 0;
+    TimePoint deadline{};
+    bool cancelling = false;
+    TimePoint cancel_deadline{};
+    bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
+    bool read_posted = false;
+    std::optional<TokenOutput> first_token;  ///< pull fast profile
+  };
+  enum class XferKind : uint8_t { kWrite, kReady, kMessage, kRead };
+  struct Outstanding {
+    std::string tid;
+    XferKind kind = XferKind::kMessage;
+    uint64_t bytes = 0;
+  };
+  struct PeerState {
+    HandshakeInfo info;
+    xfer::ListHandle remote_list;  ///< every (layer, K|V, block) chunk of the peer's arena
+  };
+
+  explicit PdConnector(ConnectorOptions options);
+  Status Init();
+  // LayerObserver (engine thread): queues "layer done" for the writer.
+  void OnLayerDone(int32_t layer) override;
+  HandshakeInfo SelfInfo() const;
+  /// Loads a peer's handshake document (compat check, agent metadata, remote list). Thread-safe.
+  Status AdoptPeer(const HandshakeInfo& peer);
+  std::optional<PeerState> FindPeer(const std::string& engine_id) const;
+  uint32_t EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind, BlockId block) const;
+
+  void Push(Event ev);
+  void Loop();
+  void HandleEvent(Event& ev);
+  void HandleMessage(const xfer::Notification& n);
+  void PollTransfers();
+  void Timers();
+  /// Sends `m` to `peer` as a standalone notification (tracked until done).
+  void SendMessage(const std::string& peer, const PdMessage& m);
+  void Tombstone(const std::string& tid);
+  bool IsTombstoned(const std::string& tid) const;
+  /// Posts `spec`, tracking it as `kind` for transfer `tid`. Returns false on failure.
+  bool PostTracked(const xfer::TransferSpec& spec, const std::string& tid, XferKind kind,
+                   uint64_t bytes, Status* error);
+
+  // Producer (P) side: pd_connector_producer.cc.
+  void OnProducerStart(Event& ev);
+  void OnStep(Event& ev);
+  void OnLayer(int32_t layer);
+  void OnProducerDone(Event& ev);
+  void OnPushTarget(const std::string& peer, PdMessage& m);
+  void AttachTarget(Producer& p, const std::string& peer, PdMessage& m);
+  void TryPostLayer(Producer& p, int32_t layer);
+  void TryPostAll(Producer& p);
+  void AdvanceProducer(Producer& p);
+  void DropProducer(Producer& p, Status why, bool tell_peer);
+  void ReleaseProducer(Producer& p);
+  void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
+  void OnProducerMessage(const std::string& peer, PdMessage& m);
+
+  // Consumer (D) side: pd_connector_consumer.cc.
+  void OnConsumerStart(Event& ev);
+  void OnConsumerAbort(Event& ev);
+  void OnConsumerMessage(const std::string& peer, PdMessage& m);
+  void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
+  void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);
+  /// Builds the READ of a pull consumer (local D blocks <- remote P blocks).
+  Result<xfer::TransferSpec> BuildRead(const std::string& peer, std::span<const BlockId> local,
+                                       std::span<const int32_t> remote);
+
+  ConnectorOptions options_;
+  std::unique_ptr<xfer::Agent> agent_;
+  xfer::RegionId arena_region_;
+  std::span<std::byte> arena_;
+  void* owned_arena_ = nullptr;  ///< arena allocated here (backend did not allocate it)
+  xfer::ListHandle local_list_;  ///< every (layer, K|V, block) chunk of the own arena
+  std::vector<uint8_t> agent_metadata_;
+  std::atomic<int> advertise_port_{0};
+
+  std::function<void()> wake_engine_;
+  std::function<void(int64_t)> abort_request_;
+
+  // Engine-thread-only state.
+  std::unordered_map<int64_t, int32_t> push_producers_;  ///< seq_id -> prompt tokens
+  std::unordered_map<int64_t, int32_t> consumers_engine_;  ///< seq_id -> waiting (1)
+  struct PendingRead {
+    int64_t seq_id;
+    std::string tid;
+    std::string peer;
+    std::vector<BlockId> local;
+    std::vector<int32_t> remote;
+  };
+  std::vector<PendingRead> pending_reads_;  ///< vllm profile: posted at the next BeginStep
+  int64_t engine_holds_ = 0;
+  int64_t engine_waiting_ = 0;
+
+  // Inbox (engine/HTTP threads -> connector thread).
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Event> inbox_;
+  bool agent_event_ = false;
+  bool stopping_ = false;
+
+  // Outbox (connector thread -> engine thread).
+  std::mutex out_mu_;
+  std::vector<int64_t> release_ids_;
+  std::vector<KvLoadResult> loads_done_;
+
+  // Peers (HTTP threads, connector thread, engine thread).
+  mutable std::mutex peers_mu_;
+  std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
+  std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
+  std::mutex handshake_mu_;  ///< serializes outgoing handshakes
+
+  // Connector-thread-only state.
+  std::unordered_map<std::string, Producer> producers_;  ///< by transfer id
+  std::unordered_map<int64_t, std::string> producer_by_seq_;
+  std::unordered_map<std::string, Consumer> consumers_;  ///< by transfer id
+  struct PendingTarget {
+    std::string peer;
+    PdMessage msg;
+    TimePoint expiry;
+  };
+  std::unordered_map<std::string, PendingTarget> pending_targets_;
+  std::unordered_map<uint64_t, Outstanding> outstanding_;  ///< by TransferHandle::packed()
+  std::unordered_map<std::string, TimePoint> tombstones_;
+  std::deque<std::pair<TimePoint, std::string>> tombstone_order_;
+  std::vector<StepChunk> step_chunks_;
+  TimePoint next_timer_check_{};
+
+  mutable std::mutex stats_mu_;
+  ConnectorStats stats_;
+
+  std::thread thread_;
+};
+
+}  // namespace kvpush::connector

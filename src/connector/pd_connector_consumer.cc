@@ -1,0 +1,253 @@
+// PdConnector, decode (D) side: push targets, KV_READY, pull READs, watchdog outcomes.
+#include <spdlog/spdlog.h>
+
+#include "connector/pd_connector.h"
+
+namespace kvpush::connector {
+
+using Mode = KvTransferParams::Mode;
+
+Result<xfer::TransferSpec> PdConnector::BuildRead(const std::string& peer,
+                                                  std::span<const BlockId> local,
+                                                  std::span<const int32_t> remote) {
+  auto ps = FindPeer(peer);
+  if (!ps) return NotFound("no handshake with prefill instance '" + peer + "'");
+  if (local.size() != remote.size() || local.empty()) {
+    return InvalidArgument("READ: local and remote block counts differ");
+  }
+  xfer::TransferSpec spec;
+  spec.op = xfer::Op::kRead;
+  spec.local = local_list_;
+  spec.remote = ps->remote_list;
+  const size_t n = local.size() * 2 * static_cast<size_t>(options_.layout.num_layers);
+  spec.local_indices.reserve(n);
+  spec.remote_indices.reserve(n);
+  for (int32_t layer = 0; layer < options_.layout.num_layers; ++layer) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (size_t i = 0; i < local.size(); ++i) {
+        if (remote[i] < 0 || remote[i] >= ps->info.layout.num_blocks) {
+          return InvalidArgument("READ: remote block " + std::to_string(remote[i]) +
+                                 " is outside the prefill pool");
+        }
+        spec.local_indices.push_back(
+            EntryIndex(options_.layout.num_blocks, layer, kind, local[i]));
+        spec.remote_indices.push_back(
+            EntryIndex(ps->info.layout.num_blocks, layer, kind, remote[i]));
+      }
+    }
+  }
+  return spec;
+}
+
+void PdConnector::OnConsumerStart(Event& ev) {
+  const std::string& tid = ev.params.transfer_id;
+  if (ev.kind == Event::kReadPosted) {
+    // vllm profile: the engine thread posted (or failed to post) the READ.
+    auto it = consumers_.find(tid);
+    if (it == consumers_.end()) {
+      if (ev.error.ok()) (void)agent_->Cancel(ev.transfer);
+      return;
+    }
+    Consumer& c = it->second;
+    if (!ev.error.ok()) {
+      if (ev.transfer.generation != 0) (void)agent_->ReleaseTransfer(ev.transfer);
+      CompleteConsumer(c, Status(ev.error.code(), "posting the READ: " + ev.error.message()),
+                       std::nullopt);
+      return;
+    }
+    c.read_posted = true;
+    outstanding_[ev.transfer.packed()] = Outstanding{tid, XferKind::kRead, 0};
+    PollTransfers();  // it may already be done
+    return;
+  }
+  if (consumers_.count(tid) != 0) {
+    // A duplicate transfer id (router bug or replay): never let two requests share targets.
+    Consumer dup;
+    dup.seq_id = ev.seq_id;
+    std::lock_guard lock(out_mu_);
+    loads_done_.push_back(KvLoadResult{
+        ev.seq_id, AlreadyExists("transfer id " + tid + " is already in use on this instance"),
+        options_.config.failure_policy == FailurePolicy::kRecompute, std::nullopt});
+    return;
+  }
+  Consumer c;
+  c.seq_id = ev.seq_id;
+  c.tid = tid;
+  c.mode = ev.params.mode;
+  c.blocks = std::move(ev.blocks);
+  c.local_tokens = ev.local_tokens;
+  c.external_tokens = ev.external_tokens;
+  c.n = ev.num_prompt_tokens;
+  c.deadline = SteadyClock::now() + options_.config.watchdog;
+  c.peer = ev.params.remote_engine_id;
+  if (c.peer.empty()) {
+    std::lock_guard lock(peers_mu_);
+    auto it = endpoints_.find(ev.params.remote_host + ":" + std::to_string(ev.params.remote_port));
+    if (it != endpoints_.end()) c.peer = it->second;
+  }
+  auto [it, inserted] = consumers_.emplace(tid, std::move(c));
+  (void)inserted;
+  Consumer& con = it->second;
+  if (con.peer.empty()) {
+    CompleteConsumer(con, FailedPrecondition("no handshake with the prefill instance"),
+                     std::nullopt);
+    return;
+  }
+  const int32_t bs = options_.layout.block_size;
+  if (con.mode == Mode::kPush) {
+    PdMessage m;
+    m.tag = MsgTag::kPushTarget;
+    m.transfer_id = tid;
+    m.num_prompt_tokens = static_cast<uint32_t>(con.n);
+    // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
+    m.prompt_hash = ev.prompt_hash;
+    m.first_block = static_cast<uint32_t>(con.local_tokens / bs);
+    const int32_t nblocks = (con.n + bs - 1) / bs;
+    m.block_ids.assign(con.blocks.begin() + m.first_block, con.blocks.begin() + nblocks);
+    if (m.block_ids.size() > kMaxTargetBlocks) {
+      CompleteConsumer(con,
+                       InvalidArgument("prompt needs " + std::to_string(m.block_ids.size()) +
+                                       " target blocks; one push target carries at most " +
+                                       std::to_string(kMaxTargetBlocks)),
+                       std::nullopt);
+      return;
+    }
+    SendMessage(con.peer, m);
+    std::lock_guard lock(stats_mu_);
+    ++stats_.push_targets_sent;
+    return;
+  }
+  // Pull.
+  if (ev.params.first_token_id >= 0 && con.local_tokens + con.external_tokens == con.n) {
+    con.first_token = TokenOutput{ev.params.first_token_id, ev.params.first_token_logprob, {}};
+  }
+  const PullProfile profile = ev.params.pull_profile < 0
+                                  ? options_.config.pull_profile
+                                  : static_cast<PullProfile>(ev.params.pull_profile);
+  if (profile == PullProfile::kVllm) return;  // the engine thread posts it (kReadPosted)
+  const size_t first = static_cast<size_t>(con.local_tokens / bs);
+  const size_t last = static_cast<size_t>((con.local_tokens + con.external_tokens + bs - 1) / bs);
+  std::vector<int32_t> remote(ev.params.remote_block_ids.begin() + static_cast<ptrdiff_t>(first),
+                              ev.params.remote_block_ids.begin() + static_cast<ptrdiff_t>(last));
+  auto spec = BuildRead(con.peer,
+                        std::span<const BlockId>(con.blocks.data() + first, last - first), remote);
+  Status err = spec.status();
+  if (spec.ok() && PostTracked(*spec, tid, XferKind::kRead, 0, &err)) {
+    con.read_posted = true;
+    return;
+  }
+  CompleteConsumer(con, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
+}
+
+void PdConnector::OnConsumerAbort(Event& ev) {
+  auto it = consumers_.find(ev.params.transfer_id);
+  if (it == consumers_.end() || it->second.seq_id != ev.seq_id) {
+    // Its load already ended (the result crossed the abort): nothing can land any more.
+    std::lock_guard lock(out_mu_);
+    release_ids_.push_back(ev.seq_id);
+    return;
+  }
+  Consumer& c = it->second;
+  c.aborted = true;
+  if (c.cancelling) return;
+  c.cancelling = true;
+  c.cancel_deadline = SteadyClock::now() + options_.config.cancel_ack;
+  if (c.mode == Mode::kPush) {
+    PdMessage m;
+    m.tag = MsgTag::kCancel;
+    m.transfer_id = c.tid;
+    SendMessage(c.peer, m);
+    return;
+  }
+  if (!c.read_posted) {
+    CompleteConsumer(c, Aborted("aborted"), std::nullopt);
+    return;
+  }
+  for (auto& [h, o] : outstanding_) {
+    if (o.tid != c.tid || o.kind != XferKind::kRead) continue;
+    xfer::TransferHandle th;
+    static_cast<xfer::HandleBits&>(th) = xfer::HandleBits::Unpack(h);
+    (void)agent_->Cancel(th);
+  }
+}
+
+void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
+  auto it = consumers_.find(m.transfer_id);
+  if (it == consumers_.end() || it->second.peer != peer) {
+    if (m.tag != MsgTag::kCancelAck) {
+      spdlog::debug("kv connector: message {} for unknown transfer {} from '{}'",
+                    static_cast<int>(m.tag), m.transfer_id, peer);
+    }
+    return;
+  }
+  Consumer& c = it->second;
+  switch (m.tag) {
+    case MsgTag::kKvReady: {
+      if (c.mode != Mode::kPush) return;
+      {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.kv_ready_received;
+      }
+      // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V.
+      TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
+      CompleteConsumer(c, Status::Ok(), std::move(t));
+      return;
+    }
+    case MsgTag::kCancelAck:
+      CompleteConsumer(c,
+                       DeadlineExceeded("KV did not arrive within " +
+                                        std::to_string(options_.config.watchdog.count()) + " ms"),
+                       std::nullopt);
+      return;
+    case MsgTag::kTransferFailed:
+      // P sends it only once none of its WRITEs can land any more.
+      CompleteConsumer(c, Unavailable("prefill instance failed the transfer: " + m.message),
+                       std::nullopt);
+      return;
+    default:
+      return;
+  }
+}
+
+void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {
+  auto it = consumers_.find(o.tid);
+  if (it == consumers_.end()) return;
+  Consumer& c = it->second;
+  PdMessage rel;
+  rel.tag = MsgTag::kRelease;
+  rel.transfer_id = c.tid;
+  SendMessage(c.peer, rel);  // P may free its leased blocks either way
+  if (st.state != xfer::TransferState::kDone) {
+    CompleteConsumer(c, Status(st.error.code(), "READ failed: " + st.error.message()),
+                     std::nullopt);
+    return;
+  }
+  {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.reads_completed;
+  }
+  CompleteConsumer(c, Status::Ok(), c.first_token);
+}
+
+void PdConnector::CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token) {
+  {
+    std::lock_guard lock(out_mu_);
+    if (c.aborted) {
+      release_ids_.push_back(c.seq_id);
+    } else {
+      KvLoadResult r;
+      r.seq_id = c.seq_id;
+      r.recompute = options_.config.failure_policy == FailurePolicy::kRecompute;
+      if (!status.ok()) {
+        spdlog::warn("kv connector: transfer {} failed: {} (policy {})", c.tid, status.ToString(),
+                     r.recompute ? "recompute" : "fail");
+      }
+      r.status = std::move(status);
+      r.first_token = std::move(token);
+      loads_done_.push_back(std::move(r));
+    }
+  }
+  consumers_.erase(c.tid);  // c is dangling after this line
+}
+
+}  // namespace kvpush::connector

@@ -11,5 +11,6 @@ void RegisterGenerateCommand(CLI::App& app);   // kvpush generate  (apps/cmd_gen
 void RegisterGenModelCommand(CLI::App& app);   // kvpush gen-model (apps/cmd_gen_model.cc)
 void RegisterXferBenchCommand(CLI::App& app);  // kvpush xfer-bench (apps/cmd_xfer_bench.cc)
 void RegisterDemoCommand(CLI::App& app);       // kvpush demo      (apps/cmd_demo.cc)
+void RegisterRouterCommand(CLI::App& app);     // kvpush router    (apps/cmd_router.cc)
 
 }  // namespace kvpush::apps

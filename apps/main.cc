@@ -11,6 +11,7 @@ int main(int argc, char** argv) {
   kvpush::apps::RegisterGenModelCommand(app);
   kvpush::apps::RegisterXferBenchCommand(app);
   kvpush::apps::RegisterDemoCommand(app);
+  kvpush::apps::RegisterRouterCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

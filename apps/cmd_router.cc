@@ -1,0 +1,93 @@
+// kvpush router: the P/D front door (docs/router.md). Picks a prefill and a decode instance per
+// request and runs the push or pull flow of docs/pd_protocol.md §1. Runs until SIGINT/SIGTERM.
+#include <spdlog/spdlog.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/commands.h"
+#include "common/log.h"
+#include "router/router.h"
+
+namespace kvpush::apps {
+namespace {
+
+std::atomic<bool> g_stop{false};
+extern "C" void OnRouterStopSignal(int) {
+  g_stop.store(true);
+}
+
+struct RouterCliOptions {
+  router::RouterOptions router;
+  std::string mode = "push";
+  std::string log_level = "info";
+};
+
+int RunRouter(RouterCliOptions o) {
+  if (Status s = InitLogging(o.log_level); !s.ok()) {
+    std::fprintf(stderr, "kvpush router: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  o.router.mode = o.mode == "pull" ? router::TransferMode::kPull : router::TransferMode::kPush;
+  if (Status s = o.router.Validate(); !s.ok()) {
+    std::fprintf(stderr, "kvpush router: %s\n", s.message().c_str());
+    return 2;
+  }
+  spdlog::info("kvpush router: {}", o.router.ToString());
+  router::Router r(o.router);
+  if (Status s = r.Start(); !s.ok()) {
+    std::fprintf(stderr, "kvpush router: %s\n", s.ToString().c_str());
+    return s.code() == StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::signal(SIGINT, OnRouterStopSignal);
+  std::signal(SIGTERM, OnRouterStopSignal);
+  std::printf("kvpush router: listening on http://%s:%d\n", o.router.host.c_str(), r.port());
+  std::fflush(stdout);
+  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  spdlog::info("kvpush router: shutting down");
+  r.Stop();
+  return 0;
+}
+
+}  // namespace
+
+void RegisterRouterCommand(CLI::App& app) {
+  auto opts = std::make_shared<RouterCliOptions>();
+  auto* cmd = app.add_subcommand(
+      "router", "P/D router: OpenAI-compatible front door over prefill and decode instances");
+  cmd->add_option("--prefill", opts->router.prefill_urls,
+                  "Prefill instance URLs (http://HOST:PORT), one or more")
+      ->required();
+  cmd->add_option("--decode", opts->router.decode_urls,
+                  "Decode instance URLs (http://HOST:PORT), one or more")
+      ->required();
+  cmd->add_option("--mode", opts->mode, "KV transfer mode: push | pull")
+      ->check(CLI::IsMember({"push", "pull"}))
+      ->capture_default_str();
+  cmd->add_option("--pull-profile", opts->router.pull_profile,
+                  "Pull profile sent to decode instances: vllm | fast (default: the decode "
+                  "instance's own default)")
+      ->check(CLI::IsMember({"vllm", "fast"}));
+  cmd->add_option("--host", opts->router.host, "Address to bind")->capture_default_str();
+  cmd->add_option("--port", opts->router.port, "Port to bind (0 = any free port)")
+      ->capture_default_str();
+  cmd->add_option("--health-interval-ms", opts->router.health_interval_ms,
+                  "Time between two GET /health rounds over the instances")
+      ->capture_default_str();
+  cmd->add_option("--request-timeout-s", opts->router.request_timeout_s,
+                  "Read/write timeout of each leg to an instance")
+      ->capture_default_str();
+  cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
+      ->capture_default_str();
+  cmd->callback([opts] {
+    int rc = RunRouter(*opts);
+    if (rc != 0) throw CLI::RuntimeError(rc);
+  });
+}
+
+}  // namespace kvpush::apps

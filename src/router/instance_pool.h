@@ -1,0 +1,129 @@
+// InstancePool: the prefill (P) and decode (D) instances a router sends legs to, their health
+// and their outstanding-leg counts; picks an instance per leg by least outstanding requests
+// (ties: round robin). See docs/router.md.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpush::router {
+
+enum class Role { kPrefill, kDecode };
+
+/// "prefill" / "decode".
+const char* RoleName(Role role);
+
+/// An instance's address, parsed from a URL like "http://127.0.0.1:8100". Value type.
+struct InstanceAddress {
+  std::string url;  ///< normalized "http://HOST:PORT"
+  std::string host;
+  int port = 0;
+};
+
+/// Parses "http://HOST:PORT" (an optional trailing "/" is accepted). Errors: kInvalidArgument
+/// naming what is wrong (scheme other than http, missing host or port, port outside
+/// [1, 65535], a path).
+Result<InstanceAddress> ParseInstanceUrl(const std::string& url);
+
+/// What /health and /metrics report about one instance. Value type.
+struct InstanceSnapshot {
+  Role role = Role::kPrefill;
+  std::string url;
+  bool healthy = false;
+  int64_t outstanding = 0;  ///< legs in flight to this instance
+};
+
+class InstancePool;
+
+/// A leg's hold on one instance: counts as one outstanding request until destroyed (or
+/// Release()d). Movable, not copyable. Not thread-safe itself; the pool it points into is.
+class InstanceLease {
+ public:
+  InstanceLease() = default;
+  InstanceLease(InstancePool* pool, size_t index, InstanceAddress address, Role role)
+      : pool_(pool), index_(index), address_(std::move(address)), role_(role) {}
+  ~InstanceLease() { Release(); }
+  InstanceLease(InstanceLease&& o) noexcept { *this = std::move(o); }
+  InstanceLease& operator=(InstanceLease&& o) noexcept;
+  InstanceLease(const InstanceLease&) = delete;
+  InstanceLease& operator=(const InstanceLease&) = delete;
+
+  /// Ends the hold early; idempotent.
+  void Release();
+  /// Marks the instance unhealthy (a connection to it failed) until its /health passes again.
+  void MarkUnhealthy(const std::string& reason) const;
+
+  bool valid() const { return pool_ != nullptr; }
+  const InstanceAddress& address() const { return address_; }
+  Role role() const { return role_; }
+
+ private:
+  InstancePool* pool_ = nullptr;
+  size_t index_ = 0;
+  InstanceAddress address_;
+  Role role_ = Role::kPrefill;
+};
+
+/// Health-check settings.
+struct HealthOptions {
+  int interval_ms = 1000;  ///< time between two rounds of GET /health
+  int timeout_ms = 1000;   ///< connect + read timeout of one check
+};
+
+/// Fixed set of instances (given at construction). Every instance is polled with GET /health by
+/// one background thread; a non-200 answer or a connection failure excludes it from selection
+/// until a later check passes. Thread-safety: every method may be called from any thread, except
+/// Start/Stop (one controlling thread). Leases must not outlive the pool.
+class InstancePool {
+ public:
+  InstancePool(std::vector<InstanceAddress> prefill, std::vector<InstanceAddress> decode,
+               HealthOptions health);
+  ~InstancePool();
+  InstancePool(const InstancePool&) = delete;
+  InstancePool& operator=(const InstancePool&) = delete;
+
+  /// Runs one health round synchronously (so the first requests see real health), then starts
+  /// the background health thread. Idempotent.
+  void Start();
+  /// Wakes and joins the health thread. Idempotent.
+  void Stop();
+
+  /// Picks the healthy instance of `role` with the fewest outstanding legs (ties: round robin)
+  /// and counts one more leg on it. nullopt when no instance of `role` is healthy.
+  std::optional<InstanceLease> Acquire(Role role);
+
+  /// Checks every instance once (blocking, sequential) and updates health.
+  void CheckAllOnce();
+
+  /// Current state of every instance, prefill first, in the order given.
+  std::vector<InstanceSnapshot> Snapshot() const;
+
+ private:
+  friend class InstanceLease;
+  struct Instance {
+    Role role;
+    InstanceAddress address;
+    bool healthy = false;
+    int64_t outstanding = 0;
+  };
+  void Release(size_t index);
+  void SetHealth(size_t index, bool healthy, const std::string& reason);
+  void HealthLoop();
+
+  HealthOptions health_;
+  mutable std::mutex mu_;  ///< guards instances_' health/outstanding, rr_, stop_
+  std::condition_variable cv_;
+  std::vector<Instance> instances_;
+  size_t rr_[2] = {0, 0};  ///< round-robin cursor per role
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvpush::router

@@ -1,0 +1,67 @@
+// Leg: one HTTP call from the router to an instance (a P leg, a D leg, a /v1/models proxy) that
+// another thread can stop at any time by closing its connection.
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "router/instance_pool.h"
+
+namespace httplib {
+class Client;
+}  // namespace httplib
+
+namespace kvpush::router {
+
+/// Outcome of one leg. `answered` is true when a complete HTTP answer arrived (any status).
+struct LegResult {
+  bool answered = false;
+  bool connect_failed = false;  ///< the instance could not be reached (refused, timed out)
+  bool stopped = false;         ///< Stop() ended it
+  std::string error;            ///< transport error text when !answered
+  int status = 0;               ///< HTTP status; also set when the stream broke after headers
+  std::string content_type;
+  std::string body;  ///< the body (PostStreaming: only when status != 200)
+};
+
+/// One connection to one instance (no keep-alive). Calls run on the caller's thread and block;
+/// Stop() may be called from any thread, before or during a call, and makes the call return
+/// promptly with `stopped` set (the instance sees its connection close and aborts the request).
+/// Timeouts: connect `connect_timeout_s`, each read/write `read_timeout_s`.
+class Leg {
+ public:
+  Leg(InstanceAddress address, double connect_timeout_s, double read_timeout_s);
+  ~Leg();
+  Leg(const Leg&) = delete;
+  Leg& operator=(const Leg&) = delete;
+
+  /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
+  LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
+
+  /// GET `path`, reading the whole answer.
+  LegResult Get(const std::string& path, const std::string& request_id);
+
+  /// POSTs `body` and streams the answer: `on_headers(status, content_type)` once when the
+  /// status line and headers arrived, then, when the status is 200, `on_data` for each piece of
+  /// the body as it arrives (other statuses collect the body into the result). Either callback
+  /// returning false stops the call (result `stopped`).
+  LegResult PostStreaming(const std::string& path, const std::string& request_id,
+                          const std::string& body,
+                          const std::function<bool(int, const std::string&)>& on_headers,
+                          const std::function<bool(const char*, size_t)>& on_data);
+
+  /// Closes the connection (if any) and makes every later call fail at once. Thread-safe,
+  /// idempotent.
+  void Stop();
+  bool stopped() const { return stopped_.load(); }
+  const InstanceAddress& address() const { return address_; }
+
+ private:
+  InstanceAddress address_;
+  std::unique_ptr<httplib::Client> cli_;
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace kvpush::router

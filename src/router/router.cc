@@ -1,0 +1,365 @@
+#include "router/router.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <csignal>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "router/leg.h"
+#include "router/request_flow.h"
+
+namespace kvpush::router {
+namespace {
+
+using nlohmann::json;
+
+void ReplyError(httplib::Response& res, int status, const std::string& message,
+                const std::string& type, const std::string& code = {}) {
+  res.status = status;
+  res.set_content(ErrorJson(message, type, code), "application/json");
+}
+
+/// Paths with a handler and the one method each accepts; other methods get 405.
+struct RouteSpec {
+  const char* path;
+  const char* method;
+};
+constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
+                                 {"/v1/chat/completions", "POST"},
+                                 {"/v1/models", "GET"},
+                                 {"/health", "GET"},
+                                 {"/metrics", "GET"}};
+
+/// Prometheus label value escaping (backslash, quote, newline).
+std::string LabelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+Status RouterOptions::Validate() const {
+  if (prefill_urls.empty()) return InvalidArgument("at least one --prefill URL is required");
+  if (decode_urls.empty()) return InvalidArgument("at least one --decode URL is required");
+  for (const auto* urls : {&prefill_urls, &decode_urls}) {
+    for (const std::string& u : *urls) {
+      if (auto a = ParseInstanceUrl(u); !a.ok()) return a.status();
+    }
+  }
+  if (!pull_profile.empty() && pull_profile != "vllm" && pull_profile != "fast") {
+    return InvalidArgument("--pull-profile must be vllm or fast, not '" + pull_profile + "'");
+  }
+  if (port < 0 || port > 65535) return InvalidArgument("--port must be in [0, 65535]");
+  if (health_interval_ms < 10) return InvalidArgument("--health-interval-ms must be >= 10");
+  if (health_timeout_ms < 1) return InvalidArgument("health timeout must be >= 1 ms");
+  if (!(request_timeout_s > 0)) return InvalidArgument("--request-timeout-s must be > 0");
+  if (!(connect_timeout_s > 0)) return InvalidArgument("connect timeout must be > 0");
+  if (max_concurrent_streams < 1) return InvalidArgument("max concurrent streams must be >= 1");
+  return Status::Ok();
+}
+
+std::string RouterOptions::ToString() const {
+  std::ostringstream s;
+  s << "prefill=[";
+  for (size_t i = 0; i < prefill_urls.size(); ++i) s << (i ? "," : "") << prefill_urls[i];
+  s << "] decode=[";
+  for (size_t i = 0; i < decode_urls.size(); ++i) s << (i ? "," : "") << decode_urls[i];
+  s << "] mode=" << TransferModeName(mode)
+    << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile)
+    << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
+    << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
+    << " connect_timeout_s=" << connect_timeout_s
+    << " max_concurrent_streams=" << max_concurrent_streams;
+  return s.str();
+}
+
+Router::Router(RouterOptions options)
+    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+
+Router::~Router() {
+  Stop();
+}
+
+RouterCounters Router::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+std::vector<InstanceSnapshot> Router::Snapshot() const {
+  return pool_ ? pool_->Snapshot() : std::vector<InstanceSnapshot>{};
+}
+
+void Router::CountRequest(TransferMode mode, bool ok) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.requests[mode == TransferMode::kPush ? 0 : 1][ok ? 0 : 1];
+}
+
+void Router::CountLegFailure(Role role) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.leg_failures[role == Role::kPrefill ? 0 : 1];
+}
+
+std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address) {
+  const double read_s = options_.request_timeout_s;
+  std::shared_ptr<Leg> leg(new Leg(address, options_.connect_timeout_s, read_s), [this](Leg* l) {
+    ForgetLeg(l);
+    delete l;
+  });
+  std::lock_guard<std::mutex> lock(legs_mu_);
+  if (stopping_.load()) leg->Stop();
+  legs_.insert(leg.get());
+  return leg;
+}
+
+void Router::ForgetLeg(Leg* leg) {
+  std::lock_guard<std::mutex> lock(legs_mu_);
+  legs_.erase(leg);
+}
+
+bool Router::BeginBackground() {
+  std::lock_guard<std::mutex> lock(legs_mu_);
+  if (stopping_.load()) return false;
+  ++background_;
+  return true;
+}
+
+void Router::EndBackground() {
+  std::lock_guard<std::mutex> lock(legs_mu_);
+  --background_;
+  legs_cv_.notify_all();
+}
+
+std::string Router::RenderMetrics() const {
+  const RouterCounters c = counters();
+  std::ostringstream s;
+  s << "# HELP kvpush_router_requests_total Completion requests by transfer mode and outcome.\n"
+    << "# TYPE kvpush_router_requests_total counter\n";
+  for (int m = 0; m < 2; ++m) {
+    for (int o = 0; o < 2; ++o) {
+      s << "kvpush_router_requests_total{mode=\"" << (m == 0 ? "push" : "pull") << "\",outcome=\""
+        << (o == 0 ? "ok" : "error") << "\"} " << c.requests[m][o] << "\n";
+    }
+  }
+  s << "# HELP kvpush_router_leg_failures_total Legs that failed (unreachable, non-200, broken "
+       "stream).\n"
+    << "# TYPE kvpush_router_leg_failures_total counter\n"
+    << "kvpush_router_leg_failures_total{leg=\"prefill\"} " << c.leg_failures[0] << "\n"
+    << "kvpush_router_leg_failures_total{leg=\"decode\"} " << c.leg_failures[1] << "\n";
+  const std::vector<InstanceSnapshot> snap = Snapshot();
+  s << "# HELP kvpush_router_instance_healthy 1 when the instance passes its health check.\n"
+    << "# TYPE kvpush_router_instance_healthy gauge\n";
+  for (const auto& i : snap) {
+    s << "kvpush_router_instance_healthy{role=\"" << RoleName(i.role) << "\",url=\""
+      << LabelValue(i.url) << "\"} " << (i.healthy ? 1 : 0) << "\n";
+  }
+  s << "# HELP kvpush_router_instance_outstanding Legs in flight to the instance.\n"
+    << "# TYPE kvpush_router_instance_outstanding gauge\n";
+  for (const auto& i : snap) {
+    s << "kvpush_router_instance_outstanding{role=\"" << RoleName(i.role) << "\",url=\""
+      << LabelValue(i.url) << "\"} " << i.outstanding << "\n";
+  }
+  return s.str();
+}
+
+void Router::Route() {
+  httplib::Server& s = *server_;
+  auto completions = [this](const httplib::Request& req, httplib::Response& res) {
+    RequestFlow(*this).Handle(req, res);
+  };
+  s.Post("/v1/completions", completions);
+  s.Post("/v1/chat/completions", completions);
+  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+    std::string id = req.get_header_value("x-request-id");
+    if (!IsValidRequestId(id)) id = ids_.RequestId("models-");
+    res.set_header("x-request-id", id);
+    std::optional<InstanceLease> d = pool_->Acquire(Role::kDecode);
+    if (!d) {
+      return ReplyError(res, 503, "no healthy decode instance", "server_error",
+                        "no_healthy_instance");
+    }
+    LegResult r = NewLeg(d->address())->Get("/v1/models", id);
+    if (!r.answered) {
+      if (r.connect_failed) d->MarkUnhealthy("GET /v1/models: " + r.error);
+      return ReplyError(res, 502,
+                        "decode instance " + d->address().url + " unreachable: " + r.error,
+                        "server_error", "decode_unreachable");
+    }
+    res.status = r.status;
+    res.set_content(r.body, r.content_type.empty() ? "application/json" : r.content_type);
+  });
+  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    const std::vector<InstanceSnapshot> snap = Snapshot();
+    int healthy[2] = {0, 0}, total[2] = {0, 0};
+    std::string down;
+    json instances = json::array();
+    for (const auto& i : snap) {
+      const int k = i.role == Role::kPrefill ? 0 : 1;
+      ++total[k];
+      healthy[k] += i.healthy ? 1 : 0;
+      if (!i.healthy)
+        down += (down.empty() ? "" : ", ") + std::string(RoleName(i.role)) + " " + i.url;
+      instances.push_back({{"role", RoleName(i.role)},
+                           {"url", i.url},
+                           {"healthy", i.healthy},
+                           {"outstanding", i.outstanding}});
+    }
+    json body = {{"prefill", {{"healthy", healthy[0]}, {"total", total[0]}}},
+                 {"decode", {{"healthy", healthy[1]}, {"total", total[1]}}},
+                 {"instances", instances}};
+    if (stopping_.load()) {
+      res.status = 503;
+      body["status"] = "unavailable";
+      body["error"] = json::parse(
+          ErrorJson("router is shutting down", "server_error", "shutting_down"))["error"];
+    } else if (healthy[0] > 0 && healthy[1] > 0) {
+      res.status = 200;
+      body["status"] = "ok";
+    } else {
+      std::string msg;
+      if (healthy[0] == 0) msg = "no healthy prefill instance";
+      if (healthy[1] == 0)
+        msg += std::string(msg.empty() ? "" : "; ") + "no healthy decode instance";
+      msg += " (down: " + down + ")";
+      res.status = 503;
+      body["status"] = "unavailable";
+      body["error"] = json::parse(ErrorJson(msg, "server_error", "no_healthy_instance"))["error"];
+    }
+    res.set_content(body.dump(), "application/json");
+  });
+  s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+    res.set_content(RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // Wrong method on a known path: 405 with an Allow header.
+  for (const RouteSpec& r : kRoutes) {
+    const std::string allow = r.method;
+    auto not_allowed = [allow](const httplib::Request& req, httplib::Response& res) {
+      res.set_header("Allow", allow);
+      ReplyError(res, 405,
+                 "method " + req.method + " is not allowed on " + req.path + " (use " + allow + ")",
+                 "invalid_request_error", "method_not_allowed");
+    };
+    if (allow != "GET") s.Get(r.path, not_allowed);
+    if (allow != "POST") s.Post(r.path, not_allowed);
+    s.Put(r.path, not_allowed);
+    s.Delete(r.path, not_allowed);
+    s.Patch(r.path, not_allowed);
+    s.Options(r.path, not_allowed);
+  }
+  // Errors without a body (unknown path -> 404, 413, httplib's own 400s) get an OpenAI body.
+  s.set_error_handler(
+      httplib::Server::HandlerWithResponse([](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        std::string msg;
+        switch (res.status) {
+          case 404:
+            msg = "no route for " + req.method + " " + req.path;
+            break;
+          case 400:
+            msg = "malformed HTTP request";
+            break;
+          case 413:
+            msg = "request body too large";
+            break;
+          default:
+            msg = "HTTP error " + std::to_string(res.status);
+            break;
+        }
+        res.set_content(ErrorJson(msg, res.status >= 500 ? "server_error" : "invalid_request_error",
+                                  res.status == 404 ? "not_found" : ""),
+                        "application/json");
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  s.set_exception_handler(
+      [](const httplib::Request&, httplib::Response& res, const std::exception_ptr& ep) {
+        std::string what = "internal error";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        ReplyError(res, 500, what, "server_error");
+      });
+  s.set_logger([](const httplib::Request& req, const httplib::Response& res) {
+    spdlog::debug("{} {} -> {}", req.method, req.path, res.status);
+  });
+}
+
+Status Router::Start() {
+  if (thread_.joinable()) return FailedPrecondition("Router already started");
+  if (Status st = options_.Validate(); !st.ok()) return st;
+  std::vector<InstanceAddress> prefill, decode;
+  for (const auto& u : options_.prefill_urls) prefill.push_back(*ParseInstanceUrl(u));
+  for (const auto& u : options_.decode_urls) decode.push_back(*ParseInstanceUrl(u));
+  std::signal(SIGPIPE, SIG_IGN);
+  spdlog::default_logger_raw();  // create the registry before worker threads log (TSan)
+  pool_ = std::make_unique<InstancePool>(
+      std::move(prefill), std::move(decode),
+      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms});
+  pool_->Start();
+
+  const int threads = options_.max_concurrent_streams + 16;
+  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  server_->set_payload_max_length(options_.max_body_bytes);
+  server_->set_keep_alive_max_count(1000);
+  const auto timeout_s = static_cast<time_t>(options_.request_timeout_s);
+  server_->set_write_timeout(timeout_s > 0 ? timeout_s : 1, 0);
+  // SO_REUSEADDR only (not httplib's SO_REUSEPORT): a port in use makes Start() fail.
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  Route();
+  if (options_.port == 0) {
+    port_ = server_->bind_to_any_port(options_.host);
+    if (port_ <= 0) {
+      pool_->Stop();
+      return Unavailable("cannot bind " + options_.host + ":<any>");
+    }
+  } else {
+    if (!server_->bind_to_port(options_.host, options_.port)) {
+      pool_->Stop();
+      return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
+    }
+    port_ = options_.port;
+  }
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server_->is_running() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!server_->is_running()) return Unavailable("HTTP server did not start listening");
+  return Status::Ok();
+}
+
+void Router::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(legs_mu_);
+    stopping_.store(true);
+    for (Leg* l : legs_) l->Stop();
+  }
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+  {
+    // Legs created while the server drained were stopped at creation; close any still open.
+    std::unique_lock<std::mutex> lock(legs_mu_);
+    for (Leg* l : legs_) l->Stop();
+    legs_cv_.wait(lock, [this] { return background_ == 0; });
+  }
+  if (pool_) pool_->Stop();
+}
+
+}  // namespace kvpush::router

@@ -1,0 +1,116 @@
+// Router: the OpenAI-compatible front door of disaggregated serving. Per request it picks a
+// prefill (P) and a decode (D) instance, runs the push or pull flow of docs/pd_protocol.md §1,
+// and relays D's answer (SSE streamed through as it arrives). Endpoints, selection, failure
+// mapping and metrics: docs/router.md.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "common/status.h"
+#include "router/instance_pool.h"
+#include "router/pd_legs.h"
+
+namespace httplib {
+class Server;
+struct Request;
+struct Response;
+}  // namespace httplib
+
+namespace kvpush::router {
+
+class Leg;
+
+/// Router configuration; validated by Router::Start (and Validate()).
+struct RouterOptions {
+  std::vector<std::string> prefill_urls;  ///< "http://HOST:PORT", at least one
+  std::vector<std::string> decode_urls;   ///< "http://HOST:PORT", at least one
+  TransferMode mode = TransferMode::kPush;
+  std::string pull_profile;  ///< "vllm" | "fast" | "" (D's default) for pull requests
+  std::string host = "127.0.0.1";
+  int port = 8000;                   ///< 0 = pick a free port (see Router::port())
+  int health_interval_ms = 1000;     ///< time between two health rounds
+  int health_timeout_ms = 1000;      ///< connect + read timeout of one GET /health
+  double request_timeout_s = 600.0;  ///< read/write timeout of each leg
+  double connect_timeout_s = 5.0;    ///< connect timeout of each leg
+  int max_concurrent_streams = 256;  ///< HTTP worker threads = this + 16
+  size_t max_body_bytes = 8u << 20;  ///< larger client bodies get 413
+
+  /// Errors: kInvalidArgument naming the first bad field (URLs, mode, profile, ranges).
+  Status Validate() const;
+  /// One line, for the start-up log.
+  std::string ToString() const;
+};
+
+/// Counters /metrics reports. Value type.
+struct RouterCounters {
+  int64_t requests[2][2] = {{0, 0}, {0, 0}};  ///< [mode push=0/pull=1][outcome ok=0/error=1]
+  int64_t leg_failures[2] = {0, 0};           ///< [prefill=0/decode=1]
+};
+
+/// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
+/// Each request is handled on an HTTP worker thread; a push request's P leg runs on a thread of
+/// its own and a streamed D leg on a pump thread (DecodeStream). The router keeps no state across
+/// requests except instance health and outstanding counts.
+/// Thread-safety: Start/Stop from one controlling thread; counters()/Snapshot() from any.
+class Router {
+ public:
+  explicit Router(RouterOptions options);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  /// Validates the options, checks every instance's /health once, binds host:port and serves
+  /// on background threads. Ignores SIGPIPE process-wide. Errors: kInvalidArgument (options),
+  /// kUnavailable (bind failed), kFailedPrecondition (already started).
+  Status Start();
+
+  /// Stops accepting, closes every in-flight leg (instances see their connections close),
+  /// joins the server, the health thread and every leg thread. Idempotent.
+  void Stop();
+
+  /// The bound port (after Start).
+  int port() const { return port_; }
+
+  RouterCounters counters() const;
+  std::vector<InstanceSnapshot> Snapshot() const;
+
+ private:
+  friend class RequestFlow;
+  void Route();
+  std::string RenderMetrics() const;
+  void CountRequest(TransferMode mode, bool ok);
+  void CountLegFailure(Role role);
+
+  /// Registers a leg so Stop() can close it; a leg created after Stop() began is stopped at once.
+  std::shared_ptr<Leg> NewLeg(const InstanceAddress& address);
+  void ForgetLeg(Leg* leg);
+  /// Background (push P leg) threads: Stop() waits until none is left.
+  bool BeginBackground();
+  void EndBackground();
+
+  RouterOptions options_;
+  std::unique_ptr<InstancePool> pool_;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  IdMinter ids_;
+
+  mutable std::mutex mu_;  ///< guards counters_
+  RouterCounters counters_;
+
+  std::mutex legs_mu_;  ///< guards legs_, background_
+  std::condition_variable legs_cv_;
+  std::unordered_set<Leg*> legs_;
+  int background_ = 0;
+};
+
+}  // namespace kvpush::router

@@ -1,0 +1,34 @@
+// SseSplitter: cuts a byte stream of server-sent events into whole events, so the router relays
+// event by event and can append its own error event after a broken stream without splicing it
+// into a half-written one.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace kvpush::router {
+
+/// What one event carries, as far as the router cares.
+enum class SseEventKind {
+  kData,   ///< anything else (a chunk, a comment)
+  kDone,   ///< "data: [DONE]"
+  kError,  ///< "data: {"error": ...}"
+};
+
+/// Events are separated by a blank line ("\n\n" or "\r\n\r\n"). Not thread-safe.
+class SseSplitter {
+ public:
+  /// Appends bytes; returns the events completed by them, each with its trailing blank line.
+  std::vector<std::string> Feed(const char* data, size_t len);
+  /// Whatever is left after the stream ended (an unterminated event), or "".
+  std::string TakeRest();
+
+ private:
+  std::string buffer_;
+};
+
+/// Classifies one event (as returned by SseSplitter::Feed).
+SseEventKind ClassifySseEvent(const std::string& event);
+
+}  // namespace kvpush::router

@@ -25,10 +25,11 @@ ChildProcess::~ChildProcess() {
   Stop();
 }
 
-Status ChildProcess::Start(const std::vector<std::string>& args, const std::string& log_path) {
+Status ChildProcess::Start(const std::vector<std::string>& args, const std::string& log_path,
+                          const std::string& exe) {
   if (pid_ > 0) return FailedPrecondition("child already started");
   std::vector<std::string> argv_s;
-  argv_s.emplace_back("/proc/self/exe");
+  argv_s.emplace_back(exe);
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   argv.reserve(argv_s.size() + 1);
@@ -43,7 +44,7 @@ Status ChildProcess::Start(const std::vector<std::string>& args, const std::stri
     posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   }
   pid_t pid = -1;
-  int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  int rc = posix_spawn(&pid, exe.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) return IoError(std::string("posix_spawn: ") + std::strerror(rc));
   pid_ = pid;

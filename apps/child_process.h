@@ -21,8 +21,11 @@ class ChildProcess {
   ChildProcess(const ChildProcess&) = delete;
   ChildProcess& operator=(const ChildProcess&) = delete;
 
-  /// Spawns `/proc/self/exe args...`. Errors: kIoError when spawning fails.
-  Status Start(const std::vector<std::string>& args, const std::string& log_path);
+  /// Spawns `exe args...` (default: this binary; tests pass the kvpush binary, or "/usr/bin/ip"
+  /// with "netns exec NS kvpush ..." to run it in a network namespace; a path without '/' is not
+  /// searched). Errors: kIoError when spawning fails.
+  Status Start(const std::vector<std::string>& args, const std::string& log_path,
+               const std::string& exe = "/proc/self/exe");
 
   /// True while the child has not exited (reaps it if it has).
   bool Running();

@@ -133,7 +133,8 @@ void InstancePool::CheckAllOnce() {
 void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   Instance& inst = instances_[index];
-  if (inst.healthy == healthy) return;
+  if (inst.checked && inst.healthy == healthy) return;
+  inst.checked = true;
   inst.healthy = healthy;
   if (healthy) {
     spdlog::info("router: {} instance {} is healthy ({})", RoleName(inst.role), inst.address.url,

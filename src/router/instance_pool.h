@@ -111,6 +111,7 @@ class InstancePool {
     Role role;
     InstanceAddress address;
     bool healthy = false;
+    bool checked = false;  ///< health known (the first result is always logged)
     int64_t outstanding = 0;
   };
   void Release(size_t index);

@@ -1,6 +1,8 @@
-// kvpush demo: the main job. Starts a kvpush instance on loopback as a child process, sends a
-// handful of prompts (one at a time, then all at once), prints the generated text and a table of
-// TTFT / TPOT / end-to-end latency, and shuts everything down.
+// kvpush demo: the main job. Starts a router, one prefill and one decode instance (and a colocated
+// instance as the reference) on loopback as child processes, sends a handful of prompts in push
+// mode and in pull mode (vLLM default and fast options), prints the generated text, a table of
+// TTFT / TPOT / end-to-end latency and the handoff time per mode, checks that every mode produced
+// the colocated tokens, and shuts everything down.
 //
 // Model: --model, else ../shared/models/stories260K.gguf (looked up beside the checkout), else a
 // small random-weight model generated with `kvpush gen-model` into the log folder (its text is
@@ -27,6 +29,7 @@ namespace fs = std::filesystem;
 
 struct DemoOptions {
   std::string model;
+  std::string backend = "ucx:tcp";
   int max_tokens = 48;
   std::string log_dir;
 };
@@ -139,6 +142,31 @@ void PrintKvGauges(const OpenAiClient& client, const char* when) {
   std::printf("\n");
 }
 
+// One started instance (or router) of the demo.
+struct Proc {
+  std::string name;
+  int port = 0;
+  ChildProcess child;
+};
+
+Status StartProc(Proc& p, const std::vector<std::string>& args, const std::string& log_dir) {
+  KVP_ASSIGN_OR_RETURN(p.port, PickFreePort());
+  std::vector<std::string> a = args;
+  a.insert(a.end(), {"--host", "127.0.0.1", "--port", std::to_string(p.port), "--log-level",
+                     "warn"});
+  KVP_RETURN_IF_ERROR(p.child.Start(a, log_dir + "/" + p.name + ".log"));
+  return Status::Ok();
+}
+
+// Median of per-prompt differences a[i] - b[i] (both TTFTs in ms, same prompt order).
+double MedianDiff(const RunStats& a, const RunStats& b) {
+  std::vector<double> d;
+  for (size_t i = 0; i < a.results.size() && i < b.results.size(); ++i) {
+    d.push_back(a.results[i].TtftMs() - b.results[i].TtftMs());
+  }
+  return Percentile(d, 0.5);
+}
+
 int RunDemo(const DemoOptions& opt) {
   std::string log_dir = opt.log_dir;
   if (log_dir.empty()) {
@@ -169,89 +197,156 @@ int RunDemo(const DemoOptions& opt) {
                    s.ToString().c_str(), log_dir.c_str());
       return 1;
     }
-  }
-  std::printf("kvpush demo\n  model:    %s\n  logs:     %s\n", model.c_str(), log_dir.c_str());
-
-  auto port = PickFreePort();
-  if (!port.ok()) {
-    std::fprintf(stderr, "demo: %s\n", port.status().ToString().c_str());
+  } else if (!fs::exists(model)) {
+    std::fprintf(stderr, "demo: model %s does not exist\n", model.c_str());
     return 1;
   }
-  ChildProcess server;
-  const std::string host = "127.0.0.1";
-  Status s = server.Start({"serve", "--model", model, "--role", "both", "--host", host, "--port",
-                           std::to_string(*port), "--log-level", "warn"},
-                          log_dir + "/colocated.log");
-  if (s.ok()) s = WaitHealthy(host, *port, server, 60000);
+  std::printf("kvpush demo: router + 1 prefill + 1 decode on loopback, push vs pull\n");
+  std::printf("  model:    %s\n  backend:  %s\n  logs:     %s\n", model.c_str(),
+              opt.backend.c_str(), log_dir.c_str());
+
+  // The prefix cache is off so that every mode moves the whole prompt's KV (the same prompts
+  // are sent in every mode).
+  const std::string kv_config =
+      R"({"kv_connector_extra_config":{"backend":")" + opt.backend + R"("}})";
+  const std::vector<std::string> serve = {"serve", "--model", model,
+                                          "--no-enable-prefix-caching"};
+  Proc colocated{"colocated", 0, {}}, prefill{"prefill", 0, {}}, decode{"decode", 0, {}},
+      router{"router", 0, {}};
+  auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
+    a.insert(a.end(), more);
+    return a;
+  };
+  Status s = StartProc(colocated, with(serve, {"--role", "both"}), log_dir);
+  if (s.ok()) {
+    s = StartProc(prefill, with(serve, {"--role", "prefill", "--kv-transfer-config", kv_config}),
+                  log_dir);
+  }
+  if (s.ok()) {
+    s = StartProc(decode, with(serve, {"--role", "decode", "--kv-transfer-config", kv_config}),
+                  log_dir);
+  }
+  for (Proc* p : {&colocated, &prefill, &decode}) {
+    if (s.ok()) s = WaitHealthy("127.0.0.1", p->port, p->child, 60000);
+    if (!s.ok()) {
+      std::fprintf(stderr, "demo: %s instance did not start: %s (see %s/%s.log)\n",
+                   p->name.c_str(), s.ToString().c_str(), log_dir.c_str(), p->name.c_str());
+      return 1;
+    }
+  }
+  s = StartProc(router,
+                {"router", "--prefill", "http://127.0.0.1:" + std::to_string(prefill.port),
+                 "--decode", "http://127.0.0.1:" + std::to_string(decode.port), "--mode", "push"},
+                log_dir);
+  if (s.ok()) s = WaitHealthy("127.0.0.1", router.port, router.child, 30000);
   if (!s.ok()) {
-    std::fprintf(stderr, "demo: colocated instance did not start: %s (see %s/colocated.log)\n",
+    std::fprintf(stderr, "demo: router did not start: %s (see %s/router.log)\n",
                  s.ToString().c_str(), log_dir.c_str());
     return 1;
   }
-  std::printf("  instance: colocated (--role both) on http://%s:%d\n\n", host.c_str(), *port);
-  OpenAiClient client(host, *port);
-  auto served = ServedModelName(client);
+  std::printf("  colocated http://127.0.0.1:%d   prefill http://127.0.0.1:%d   decode "
+              "http://127.0.0.1:%d   router http://127.0.0.1:%d\n\n",
+              colocated.port, prefill.port, decode.port, router.port);
+
+  OpenAiClient colo_client("127.0.0.1", colocated.port);
+  OpenAiClient router_client("127.0.0.1", router.port);
+  auto served = ServedModelName(colo_client);
   if (!served.ok()) {
     std::fprintf(stderr, "demo: %s\n", served.status().ToString().c_str());
     return 1;
   }
   const std::string model_name = *served;
-  PrintKvGauges(client, "at start");
+  OpenAiClient p_client("127.0.0.1", prefill.port), d_client("127.0.0.1", decode.port);
 
+  // Modes, run prompt by prompt in turn so that machine noise hits them alike.
+  struct Mode {
+    const char* name;
+    const char* header;  // x-kvpush-mode, or null for the colocated instance
+  };
+  const Mode modes[] = {{"colocated", nullptr},
+                        {"push", "push"},
+                        {"pull (vLLM default)", "pull-vllm"},
+                        {"pull (fast)", "pull-fast"}};
   const auto& prompts = DemoPrompts();
   std::vector<RunStats> runs;
+  for (const Mode& m : modes) runs.push_back(RunStats{m.name, {}});
   int failures = 0;
-
-  RunStats seq{"colocated, 1 at a time", {}};
+  std::vector<bool> same(std::size(modes), true);
+  auto stream = [&](const Mode& m, const std::string& prompt) {
+    nlohmann::json body = CompletionBody(model_name, prompt, opt.max_tokens);
+    body["return_token_ids"] = true;
+    if (m.header == nullptr) return colo_client.Stream("/v1/completions", body);
+    return router_client.Stream("/v1/completions", body, {{"x-kvpush-mode", m.header}});
+  };
   for (const auto& p : prompts) {
-    auto r = client.Stream("/v1/completions", CompletionBody(model_name, p, opt.max_tokens));
-    if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
-      ++failures;
-      std::fprintf(stderr, "request failed: %s\n",
-                   r.ok() ? r->error.c_str() : r.status().ToString().c_str());
-      continue;
-    }
-    std::printf("> %s\n%s\n\n", p.c_str(), r->text.c_str());
-    seq.results.push_back(std::move(*r));
-  }
-  runs.push_back(std::move(seq));
-
-  RunStats conc{"colocated, " + std::to_string(prompts.size()) + " at once", {}};
-  std::mutex mu;
-  std::vector<std::thread> threads;
-  threads.reserve(prompts.size());
-  for (const auto& p : prompts) {
-    threads.emplace_back([&, p] {
-      OpenAiClient c(host, *port);
-      auto r = c.Stream("/v1/completions", CompletionBody(model_name, p, opt.max_tokens));
-      std::lock_guard<std::mutex> lock(mu);
+    for (size_t k = 0; k < std::size(modes); ++k) {
+      auto r = stream(modes[k], p);
       if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
         ++failures;
-        return;
+        std::fprintf(stderr, "%s request failed: %s\n", modes[k].name,
+                     r.ok() ? r->error.c_str() : r.status().ToString().c_str());
+        continue;
       }
-      conc.results.push_back(std::move(*r));
-    });
+      if (k == 1) std::printf("> %s\n%s\n\n", p.c_str(), r->text.c_str());
+      if (k > 0 && !runs[0].results.empty() &&
+          r->token_ids != runs[0].results.back().token_ids) {
+        same[k] = false;
+      }
+      runs[k].results.push_back(std::move(*r));
+    }
   }
-  for (auto& t : threads) t.join();
-  runs.push_back(std::move(conc));
+  // All prompts at once, push and pull (vLLM default), through the router.
+  for (size_t k : {size_t{1}, size_t{2}}) {
+    RunStats conc{std::string(modes[k].name) + ", " + std::to_string(prompts.size()) + " at once",
+                  {}};
+    std::mutex mu;
+    std::vector<std::thread> threads;
+    for (const auto& p : prompts) {
+      threads.emplace_back([&, p] {
+        auto r = stream(modes[k], p);
+        std::lock_guard<std::mutex> lock(mu);
+        if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
+          ++failures;
+          return;
+        }
+        conc.results.push_back(std::move(*r));
+      });
+    }
+    for (auto& t : threads) t.join();
+    runs.push_back(std::move(conc));
+  }
 
-  if (failures == static_cast<int>(2 * prompts.size())) {
-    std::fprintf(stderr, "demo: every request failed; see the errors above and %s/colocated.log\n",
+  if (failures > 0 && runs[1].results.empty()) {
+    std::fprintf(stderr, "demo: every push request failed; see the errors above and %s\n",
                  log_dir.c_str());
-    server.Stop();
     return 1;
   }
   PrintTable(runs);
+  std::printf("\nHandoff overhead H = TTFT(mode) - TTFT(colocated), median over the same prompts:\n");
+  for (size_t k = 1; k < std::size(modes); ++k) {
+    std::printf("  %-22s H = %7.2f ms   tokens identical to colocated: %s\n", modes[k].name,
+                MedianDiff(runs[k], runs[0]), same[k] ? "yes" : "NO");
+  }
   std::printf("\n");
-  PrintKvGauges(client, "at end  ");
-  const int st = server.Stop();
-  std::printf("colocated instance stopped (%s)\n",
-              WIFEXITED(st) && WEXITSTATUS(st) == 0 ? "clean exit" : "killed or failed");
+  PrintKvGauges(p_client, "on prefill at end");
+  PrintKvGauges(d_client, "on decode at end ");
+  bool clean = true;
+  for (Proc* p : {&router, &decode, &prefill, &colocated}) {
+    const int st = p->child.Stop();
+    clean = clean && WIFEXITED(st) && WEXITSTATUS(st) == 0;
+  }
+  std::printf("all instances stopped (%s)\n", clean ? "clean exit" : "killed or failed");
+  bool identical = true;
+  for (size_t k = 1; k < std::size(modes); ++k) identical = identical && same[k];
   if (failures > 0) {
     std::fprintf(stderr, "demo: %d request(s) failed\n", failures);
     return 1;
   }
-  return 0;
+  if (!identical) {
+    std::fprintf(stderr, "demo: P/D output differs from colocated output\n");
+    return 1;
+  }
+  return clean ? 0 : 1;
 }
 
 }  // namespace
@@ -259,10 +354,15 @@ int RunDemo(const DemoOptions& opt) {
 void RegisterDemoCommand(CLI::App& app) {
   auto opt = std::make_shared<DemoOptions>();
   auto* cmd = app.add_subcommand(
-      "demo", "Start an instance on loopback, run a few prompts, print text and TTFT/TPOT");
+      "demo",
+      "Start router + prefill + decode (and a colocated reference) on loopback, run prompts in "
+      "push and pull mode, print text, TTFT/TPOT and handoff time");
   cmd->add_option("--model", opt->model,
                   "GGUF or llama2.c .bin (default: ../shared/models/stories260K.gguf, else a "
                   "generated random model)");
+  cmd->add_option("--backend", opt->backend, "KV transfer backend between P and D")
+      ->check(CLI::IsMember({"ucx:tcp", "ucx:shm", "libfabric:tcp", "libfabric:shm"}))
+      ->capture_default_str();
   cmd->add_option("--max-tokens", opt->max_tokens, "Tokens to generate per prompt")
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--log-dir", opt->log_dir,

@@ -11,6 +11,7 @@ namespace kvpush {
 namespace {
 
 void ConfigureTimeouts(httplib::Client& cli, double timeout_s) {
+  cli.set_tcp_nodelay(true);  // no Nagle delay on small requests (TTFT is measured through it)
   const auto sec = static_cast<time_t>(timeout_s);
   const auto usec = static_cast<time_t>((timeout_s - static_cast<double>(sec)) * 1e6);
   cli.set_connection_timeout(sec, usec);
@@ -50,7 +51,13 @@ bool ApplyEvent(const std::string& data, StreamedCompletion& out) {
         c["delta"]["content"].is_string()) {
       delta = c["delta"]["content"].get<std::string>();
     }
-    const bool has_token = !delta.empty() || (c.contains("logprobs") && !c["logprobs"].is_null());
+    bool has_token = !delta.empty() || (c.contains("logprobs") && !c["logprobs"].is_null());
+    if (c.contains("token_ids") && c["token_ids"].is_array()) {
+      for (const auto& t : c["token_ids"]) {
+        if (t.is_number_integer()) out.token_ids.push_back(t.get<int32_t>());
+      }
+      has_token = has_token || !c["token_ids"].empty();
+    }
     if (has_token) out.chunk_ns.push_back(NowNs());
     out.text += delta;
     if (c.contains("finish_reason") && c["finish_reason"].is_string()) {
@@ -109,8 +116,9 @@ Result<nlohmann::json> OpenAiClient::PostJson(const std::string& path, const nlo
   return j;
 }
 
-Result<StreamedCompletion> OpenAiClient::Stream(const std::string& path,
-                                                nlohmann::json body) const {
+Result<StreamedCompletion> OpenAiClient::Stream(
+    const std::string& path, nlohmann::json body,
+    const std::vector<std::pair<std::string, std::string>>& headers) const {
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   httplib::Client cli(host_, port_);
@@ -126,6 +134,7 @@ Result<StreamedCompletion> OpenAiClient::Stream(const std::string& path,
   req.body = body.dump();
   req.set_header("Content-Type", "application/json");
   req.set_header("Accept", "text/event-stream");
+  for (const auto& [k, v] : headers) req.set_header(k, v);
   req.response_handler = [&](const httplib::Response& r) {
     out.http_status = r.status;
     return true;

@@ -23,6 +23,7 @@ struct StreamedCompletion {
   int64_t start_ns = 0;           ///< request sent
   int64_t end_ns = 0;             ///< [DONE] received / stream closed
   std::vector<int64_t> chunk_ns;  ///< arrival of each chunk carrying generated text or a token
+  std::vector<int32_t> token_ids;  ///< generated ids, when the server sends "token_ids" (vLLM)
 
   /// TTFT in ms: first content chunk minus start; -1 when nothing arrived.
   double TtftMs() const;
@@ -48,7 +49,10 @@ class OpenAiClient {
   /// POSTs `body` to `path` with "stream": true and stream_options.include_usage set, and reads
   /// the SSE stream to the end. HTTP errors and SSE error events are reported in the result's
   /// http_status / error, not as a Status. Errors: kUnavailable (connection failed or dropped).
-  Result<StreamedCompletion> Stream(const std::string& path, nlohmann::json body) const;
+  /// `headers`: extra request headers (e.g. x-request-id, x-kvpush-mode).
+  Result<StreamedCompletion> Stream(
+      const std::string& path, nlohmann::json body,
+      const std::vector<std::pair<std::string, std::string>>& headers = {}) const;
 
  private:
   std::string host_;

@@ -205,6 +205,7 @@ Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
     }
   }
   httplib::Client cli(host, port);
+  cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(2, 0);
   cli.set_read_timeout(10, 0);
   const std::string body = SelfInfo().ToJson().dump();
@@ -634,6 +635,7 @@ bool PdConnector::PostTracked(const xfer::TransferSpec& spec, const std::string&
 }
 
 void PdConnector::SendMessage(const std::string& peer, const PdMessage& m) {
+  if (!IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
   auto payload = EncodeMessage(m);
   if (!payload.ok()) {
     spdlog::error("kv connector: cannot encode a message for '{}': {}", peer,

@@ -175,7 +175,12 @@ int32_t EngineCore::Step() {
   ApplyKvLoads();
   std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   stats_.num_preemptions = scheduler_.num_preemptions();
-  if (chunks.empty()) return 0;
+  if (chunks.empty()) {
+    // No forward pass, but the connector may have work queued for "before the next forward
+    // pass" (e.g. a pull READ posted from the engine thread): give it its hook now.
+    if (connector_ != nullptr) (void)connector_->BeginStep({});
+    return 0;
+  }
 
   batch_.clear();
   size_t num_logits = 0;

@@ -30,6 +30,7 @@ Leg::Leg(InstanceAddress address, double connect_timeout_s, double read_timeout_
   cli_->set_read_timeout(sec, usec);
   cli_->set_write_timeout(sec, usec);
   cli_->set_keep_alive(false);
+  cli_->set_tcp_nodelay(true);  // small legs and SSE chunks: no Nagle delay
 }
 
 Leg::~Leg() = default;

@@ -313,6 +313,7 @@ Status Router::Start() {
   const int threads = options_.max_concurrent_streams + 16;
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
+  server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay)
   server_->set_keep_alive_max_count(1000);
   const auto timeout_s = static_cast<time_t>(options_.request_timeout_s);
   server_->set_write_timeout(timeout_s > 0 ? timeout_s : 1, 0);

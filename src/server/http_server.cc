@@ -207,6 +207,7 @@ Status HttpServer::Start() {
                                          : std::max(16, engine_.config().max_num_seqs + 8);
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
+  server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay on the token path)
   server_->set_keep_alive_max_count(1000);
   // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
   // silently share its connections. Keep SO_REUSEADDR only (restart over TIME_WAIT sockets), so a

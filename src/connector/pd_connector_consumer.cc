@@ -112,6 +112,8 @@ void PdConnector::OnConsumerStart(Event& ev) {
                        std::nullopt);
       return;
     }
+    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", tid, con.peer,
+                  m.block_ids.size(), m.first_block);
     SendMessage(con.peer, m);
     std::lock_guard lock(stats_mu_);
     ++stats_.push_targets_sent;

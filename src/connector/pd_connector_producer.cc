@@ -23,6 +23,8 @@ void PdConnector::OnProducerStart(Event& ev) {
     producers_.emplace(p.tid, std::move(p));
     return;
   }
+  spdlog::debug("kv connector: producer {} started (seq {}, {} tokens, {})", tid, ev.seq_id,
+                ev.num_prompt_tokens, ev.params.mode == Mode::kPush ? "push" : "pull");
   Producer p;
   p.seq_id = ev.seq_id;
   p.tid = tid;
@@ -77,6 +79,8 @@ void PdConnector::OnProducerDone(Event& ev) {
     return;
   }
   Producer& p = producers_.at(s->second);
+  spdlog::debug("kv connector: producer {} finished (ok={}, target={}, dropped={})", p.tid, ev.ok,
+                p.has_target, p.dropped);
   p.finished = true;
   p.finished_ok = ev.ok;
   p.token = ev.token;
@@ -179,6 +183,8 @@ void PdConnector::OnPushTarget(const std::string& peer, PdMessage& m) {
     f.message = why;
     SendMessage(peer, f);
   };
+  spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {})", m.transfer_id, peer,
+                m.block_ids.size(), m.first_block);
   if (IsTombstoned(m.transfer_id)) {
     reply_failed("unknown or expired transfer (its lease ran out or it already ended)");
     return;
@@ -186,8 +192,8 @@ void PdConnector::OnPushTarget(const std::string& peer, PdMessage& m) {
   auto it = producers_.find(m.transfer_id);
   if (it == producers_.end()) {
     // Target first, prefill request later: keep it until the request arrives (bounded by the lease).
-    pending_targets_[m.transfer_id] =
-        PendingTarget{peer, std::move(m), SteadyClock::now() + options_.config.lease};
+    const std::string tid = m.transfer_id;  // (the right side of = is evaluated first)
+    pending_targets_[tid] = PendingTarget{peer, std::move(m), SteadyClock::now() + options_.config.lease};
     return;
   }
   AttachTarget(it->second, peer, m);
@@ -284,6 +290,8 @@ void PdConnector::TryPostLayer(Producer& p, int32_t layer) {
                  true);
     return;
   }
+  spdlog::debug("kv connector: {} layer {} WRITE of blocks [{}, {}) posted", p.tid, layer, sent,
+                upto);
   sent = upto;
   ++p.outstanding;
   std::lock_guard lock(stats_mu_);
@@ -304,6 +312,8 @@ void PdConnector::OnProducerTransferDone(const Outstanding& o, const xfer::Trans
     return;
   }
   --p.outstanding;
+  spdlog::debug("kv connector: {} WRITE ended ({}), {} outstanding", p.tid,
+                xfer::TransferStateName(st.state), p.outstanding);
   if (st.state == xfer::TransferState::kDone) {
     std::lock_guard lock(stats_mu_);
     stats_.bytes_written += static_cast<int64_t>(o.bytes);
@@ -393,6 +403,7 @@ void PdConnector::AdvanceProducer(Producer& p) {
       if (err.ok()) {
         outstanding_[t->packed()] = Outstanding{p.tid, XferKind::kReady, 0};
         p.ready_posted = true;
+        spdlog::debug("kv connector: KV_READY of {} posted", p.tid);
         std::lock_guard lock(stats_mu_);
         ++stats_.kv_ready_sent;
         return;

@@ -6,6 +6,16 @@
 
 namespace kvpush {
 
+namespace {
+
+/// A push producer's blocks may be read by in-flight WRITEs at any time: never preempt it.
+bool IsPinned(const Sequence& seq) {
+  return seq.request.kv_transfer.role == KvTransferParams::Role::kProducer &&
+         seq.request.kv_transfer.mode == KvTransferParams::Mode::kPush;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector)
     : config_(config), pool_(pool), connector_(connector) {}
 
@@ -55,8 +65,16 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       const int32_t n = std::min(remaining, budget);
       bool self_preempted = false;
       while (!EnsureBlocks(*seq, seq->num_computed + n)) {
-        Sequence* victim = running_.back();
-        running_.pop_back();
+        // The victim: the most recently admitted sequence that may be preempted. One whose KV a
+        // connector may be reading (a push producer: WRITEs in flight) never is.
+        auto vit = std::find_if(running_.rbegin(), running_.rend(),
+                                [](const Sequence* s) { return !IsPinned(*s); });
+        if (vit == running_.rend()) {
+          self_preempted = true;  // nothing may be preempted: this one waits for blocks
+          break;
+        }
+        Sequence* victim = *vit;
+        running_.erase(std::next(vit).base());
         auto it =
             std::find_if(out.begin(), out.end(), [&](const auto& c) { return c.seq == victim; });
         if (it != out.end()) {

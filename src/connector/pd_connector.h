@@ -69,6 +69,13 @@ struct ConnectorStats {
   int64_t leases_expired = 0;
   int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
   int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
+  /// Push, P side: from the moment the last layer of a request's prompt was computed to KV_READY
+  /// posted (the exposed part of the handoff on P: last layer's WRITE + sampling overlap).
+  int64_t push_tail_ns_sum = 0;
+  int64_t push_tail_count = 0;
+  /// Pull, D side: from posting the READ to its completion.
+  int64_t read_ns_sum = 0;
+  int64_t read_count = 0;
   int64_t producers_active = 0;  ///< gauge
   int64_t consumers_waiting = 0;  ///< gauge
 };
@@ -178,6 +185,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
     bool ready_posted = false;
     bool released = false;
     TimePoint lease_deadline = TimePoint::max();
+    int64_t last_layer_ns = 0;  ///< when the last layer of the whole prompt was computed
   };
   struct Consumer {
     int64_t seq_id = 0;
@@ -193,6 +201,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
     TimePoint cancel_deadline{};
     bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
     bool read_posted = false;
+    int64_t read_posted_ns = 0;
     std::optional<TokenOutput> first_token;  ///< pull fast profile
   };
   enum class XferKind : uint8_t { kWrite, kReady, kMessage, kRead };

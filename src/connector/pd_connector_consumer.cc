@@ -56,6 +56,7 @@ void PdConnector::OnConsumerStart(Event& ev) {
       return;
     }
     c.read_posted = true;
+    c.read_posted_ns = NowNs();
     outstanding_[ev.transfer.packed()] = Outstanding{tid, XferKind::kRead, 0};
     PollTransfers();  // it may already be done
     return;
@@ -134,6 +135,7 @@ void PdConnector::OnConsumerStart(Event& ev) {
   auto spec = BuildRead(con.peer,
                         std::span<const BlockId>(con.blocks.data() + first, last - first), remote);
   Status err = spec.status();
+  con.read_posted_ns = NowNs();
   if (spec.ok() && PostTracked(*spec, tid, XferKind::kRead, 0, &err)) {
     con.read_posted = true;
     return;
@@ -227,6 +229,8 @@ void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::Trans
   {
     std::lock_guard lock(stats_mu_);
     ++stats_.reads_completed;
+    stats_.read_ns_sum += NowNs() - c.read_posted_ns;
+    ++stats_.read_count;
   }
   CompleteConsumer(c, Status::Ok(), c.first_token);
 }

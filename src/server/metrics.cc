@@ -165,6 +165,16 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
           c.not_needed);
   counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
           c.bad_messages);
+  w.Scalar("kvpush_kv_transfer_push_tail_seconds_sum", "counter",
+           "Push (P): last layer computed -> KV_READY posted, summed over requests.",
+           static_cast<double>(c.push_tail_ns_sum) * 1e-9);
+  counter("kvpush_kv_transfer_push_tail_seconds_count", "Push (P): requests in the sum above.",
+          c.push_tail_count);
+  w.Scalar("kvpush_kv_transfer_read_seconds_sum", "counter",
+           "Pull (D): READ posted -> READ complete, summed over requests.",
+           static_cast<double>(c.read_ns_sum) * 1e-9);
+  counter("kvpush_kv_transfer_read_seconds_count", "Pull (D): READs in the sum above.",
+          c.read_count);
   w.Scalar("kvpush_kv_transfer_producers_active", "gauge", "Prefill-side transfers in flight.",
            static_cast<double>(c.producers_active));
   w.Scalar("kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight.",

@@ -2,7 +2,7 @@
 # Builds and runs the tests under sanitizers, each mode in its own build folder:
 #   scripts/sanitize.sh address   -> build-asan: -fsanitize=address,undefined, every test
 #   scripts/sanitize.sh thread    -> build-tsan: -fsanitize=thread, the threaded layers' tests
-#                                    (ctest labels xfer|engine|server|client)
+#                                    (ctest labels xfer|engine|server|client|connector|router|pd)
 # Default: both. LABELS=<ctest regex> narrows either mode (e.g. LABELS=xfer).
 # Suppressions (third-party libraries only): tests/tsan.supp, tests/lsan.supp.
 set -euo pipefail
@@ -20,7 +20,7 @@ export UBSAN_OPTIONS="print_stacktrace=1 halt_on_error=1"
 for m in "${modes[@]}"; do
   case "$m" in
     address) dir=build-asan; san=address,undefined; labels=${LABELS:-.} ;;
-    thread) dir=build-tsan; san=thread; labels=${LABELS:-xfer|engine|server|client} ;;
+    thread) dir=build-tsan; san=thread; labels=${LABELS:-xfer|engine|server|client|connector|router|pd} ;;
     *) echo "unknown mode $m (address|thread)" >&2; exit 2 ;;
   esac
   BUILD_DIR=$dir scripts/build.sh -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \

@@ -1,0 +1,429 @@
+// docs/pd_protocol.md §3: the P <-> D notification messages (EncodeMessage / DecodeMessage).
+#include "connector/messages.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace kvpush::connector {
+namespace {
+
+const std::string kTid = "0123456789abcdef0123456789abcdef";
+
+std::vector<uint8_t> Enc(const PdMessage& m) {
+  auto r = EncodeMessage(m);
+  EXPECT_TRUE(r.ok()) << r.status().ToString();
+  return r.ok() ? r.value() : std::vector<uint8_t>{};
+}
+
+Result<PdMessage> Dec(const std::vector<uint8_t>& b) {
+  return DecodeMessage(std::span<const uint8_t>(b.data(), b.size()));
+}
+
+PdMessage PushTarget() {
+  PdMessage m;
+  m.tag = MsgTag::kPushTarget;
+  m.transfer_id = kTid;
+  m.num_prompt_tokens = 37;
+  m.prompt_hash = 0x0123456789abcdefull;
+  m.first_block = 2;
+  m.block_ids = {3, 4, 5, 0x7fffffff, 0};
+  return m;
+}
+
+PdMessage KvReady() {
+  PdMessage m;
+  m.tag = MsgTag::kKvReady;
+  m.transfer_id = kTid;
+  m.token_id = 42;
+  m.logprob = -0.125f;
+  m.top_logprobs = {{42, -0.125f}, {7, -2.5f}, {0x7fffffff, -30.0f}};
+  return m;
+}
+
+void PutU32(std::vector<uint8_t>& b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+
+// Byte layout of a PUSH_TARGET header, built by hand from the table in §3.
+std::vector<uint8_t> RawPushTarget(uint32_t count, const std::vector<uint32_t>& ids) {
+  std::vector<uint8_t> b{1};
+  b.insert(b.end(), kTid.begin(), kTid.end());
+  PutU32(b, 10);                       // num_prompt_tokens
+  for (int i = 0; i < 8; ++i) b.push_back(0);  // prompt_hash
+  PutU32(b, 0);                        // first_block
+  PutU32(b, count);
+  for (uint32_t id : ids) PutU32(b, id);
+  return b;
+}
+
+TEST(Messages, PushTargetRoundTripAndWireLayout) {
+  const PdMessage m = PushTarget();
+  const auto b = Enc(m);
+  // tag + id + u32 + u64 + u32 + u32 + 5 x u32
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 5 * 4);
+  EXPECT_EQ(b[0], 1);
+  EXPECT_EQ(std::string(b.begin() + 1, b.begin() + 33), kTid);
+  EXPECT_EQ(b[33], 37);  // num_prompt_tokens little-endian
+  EXPECT_EQ(b[34], 0);
+  EXPECT_EQ(b[37], 0xef);  // prompt_hash low byte first
+  EXPECT_EQ(b[44], 0x01);
+  auto d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kPushTarget);
+  EXPECT_EQ(d->transfer_id, kTid);
+  EXPECT_EQ(d->num_prompt_tokens, 37u);
+  EXPECT_EQ(d->prompt_hash, 0x0123456789abcdefull);
+  EXPECT_EQ(d->first_block, 2u);
+  EXPECT_EQ(d->block_ids, m.block_ids);
+}
+
+TEST(Messages, PushTargetWithZeroAndMaxBlocksRoundTrips) {
+  PdMessage m = PushTarget();
+  m.block_ids.clear();
+  auto d = Dec(Enc(m));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_TRUE(d->block_ids.empty());
+
+  m.block_ids.resize(kMaxTargetBlocks);
+  for (uint32_t i = 0; i < kMaxTargetBlocks; ++i) m.block_ids[i] = static_cast<int32_t>(i * 7);
+  const auto b = Enc(m);
+  EXPECT_LE(b.size(), 4096u);  // fits a notification frame
+  d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->block_ids, m.block_ids);
+}
+
+TEST(Messages, KvReadyRoundTrip) {
+  const PdMessage m = KvReady();
+  const auto b = Enc(m);
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 4 + 4 + 3 * 8);
+  EXPECT_EQ(b[0], 2);
+  auto d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kKvReady);
+  EXPECT_EQ(d->transfer_id, kTid);
+  EXPECT_EQ(d->token_id, 42);
+  EXPECT_EQ(d->logprob, -0.125f);
+  EXPECT_EQ(d->top_logprobs, m.top_logprobs);
+
+  PdMessage none = KvReady();
+  none.top_logprobs.clear();
+  none.token_id = 0;
+  d = Dec(Enc(none));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->token_id, 0);
+  EXPECT_TRUE(d->top_logprobs.empty());
+
+  PdMessage max = KvReady();
+  max.top_logprobs.assign(kMaxTopLogprobs, {1, -1.0f});
+  d = Dec(Enc(max));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->top_logprobs.size(), kMaxTopLogprobs);
+}
+
+TEST(Messages, TransferFailedRoundTrip) {
+  PdMessage m;
+  m.tag = MsgTag::kTransferFailed;
+  m.transfer_id = kTid;
+  m.code = 14;
+  m.message = "write failed: peer gone";
+  const auto b = Enc(m);
+  ASSERT_EQ(b.size(), 1u + 32 + 1 + m.message.size());
+  EXPECT_EQ(b[0], 3);
+  auto d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kTransferFailed);
+  EXPECT_EQ(d->transfer_id, kTid);
+  EXPECT_EQ(d->code, 14);
+  EXPECT_EQ(d->message, m.message);
+
+  m.message.clear();  // an empty message is allowed
+  d = Dec(Enc(m));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->message, "");
+  EXPECT_EQ(d->code, 14);
+}
+
+TEST(Messages, TransferFailedMessageIsCappedAt1024Bytes) {
+  PdMessage m;
+  m.tag = MsgTag::kTransferFailed;
+  m.transfer_id = kTid;
+  m.code = 1;
+  m.message = std::string(5000, 'x');
+  auto d = Dec(Enc(m));
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->message, std::string(1024, 'x'));
+}
+
+TEST(Messages, IdOnlyTagsRoundTrip) {
+  for (MsgTag tag : {MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease}) {
+    PdMessage m;
+    m.tag = tag;
+    m.transfer_id = kTid;
+    const auto b = Enc(m);
+    ASSERT_EQ(b.size(), 33u);
+    EXPECT_EQ(b[0], static_cast<uint8_t>(tag));
+    auto d = Dec(b);
+    ASSERT_TRUE(d.ok()) << d.status().ToString();
+    EXPECT_EQ(d->tag, tag);
+    EXPECT_EQ(d->transfer_id, kTid);
+    EXPECT_TRUE(d->block_ids.empty());
+    EXPECT_TRUE(d->message.empty());
+  }
+  EXPECT_EQ(static_cast<int>(MsgTag::kPushTarget), 1);
+  EXPECT_EQ(static_cast<int>(MsgTag::kKvReady), 2);
+  EXPECT_EQ(static_cast<int>(MsgTag::kTransferFailed), 3);
+  EXPECT_EQ(static_cast<int>(MsgTag::kNotNeeded), 4);
+  EXPECT_EQ(static_cast<int>(MsgTag::kCancel), 5);
+  EXPECT_EQ(static_cast<int>(MsgTag::kCancelAck), 6);
+  EXPECT_EQ(static_cast<int>(MsgTag::kRelease), 7);
+}
+
+TEST(Messages, DecodeRefusesEmptyAndUnknownTags) {
+  auto d = DecodeMessage({});
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  for (int tag : {0, 8, 9, 127, 255}) {
+    std::vector<uint8_t> b{static_cast<uint8_t>(tag)};
+    b.insert(b.end(), kTid.begin(), kTid.end());
+    d = Dec(b);
+    ASSERT_FALSE(d.ok()) << "tag " << tag;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("tag"), std::string::npos) << d.status().message();
+  }
+}
+
+TEST(Messages, DecodeRefusesEveryTruncationOfPushTarget) {
+  const auto full = Enc(PushTarget());
+  ASSERT_TRUE(Dec(full).ok());
+  for (size_t len = 0; len < full.size(); ++len) {
+    std::vector<uint8_t> p(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(len));
+    auto d = Dec(p);
+    EXPECT_FALSE(d.ok()) << "prefix of " << len << " bytes decoded";
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST(Messages, DecodeRefusesEveryTruncationOfKvReady) {
+  const auto full = Enc(KvReady());
+  ASSERT_TRUE(Dec(full).ok());
+  for (size_t len = 0; len < full.size(); ++len) {
+    std::vector<uint8_t> p(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(len));
+    auto d = Dec(p);
+    EXPECT_FALSE(d.ok()) << "prefix of " << len << " bytes decoded";
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+}
+
+TEST(Messages, DecodeRefusesTruncatedIdOnlyAndTransferFailed) {
+  PdMessage m;
+  m.tag = MsgTag::kCancel;
+  m.transfer_id = kTid;
+  const auto c = Enc(m);
+  for (size_t len = 1; len < c.size(); ++len) {
+    EXPECT_FALSE(Dec(std::vector<uint8_t>(c.begin(), c.begin() + static_cast<std::ptrdiff_t>(len))).ok())
+        << len;
+  }
+  m.tag = MsgTag::kTransferFailed;
+  m.code = 3;
+  const auto f = Enc(m);
+  ASSERT_EQ(f.size(), 34u);
+  EXPECT_FALSE(Dec(std::vector<uint8_t>(f.begin(), f.begin() + 33)).ok());  // no code byte
+}
+
+TEST(Messages, DecodeRefusesTrailingBytes) {
+  for (const PdMessage& base : {PushTarget(), KvReady()}) {
+    auto b = Enc(base);
+    b.push_back(0);
+    EXPECT_FALSE(Dec(b).ok()) << static_cast<int>(base.tag);
+  }
+  for (MsgTag tag : {MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease}) {
+    PdMessage m;
+    m.tag = tag;
+    m.transfer_id = kTid;
+    auto b = Enc(m);
+    b.push_back('x');
+    auto d = Dec(b);
+    ASSERT_FALSE(d.ok()) << static_cast<int>(tag);
+    EXPECT_NE(d.status().message().find("trailing"), std::string::npos) << d.status().message();
+  }
+  // KV_READY: 4 extra bytes (half a top-logprob pair) do not match ntop.
+  auto b = Enc(KvReady());
+  PutU32(b, 1);
+  EXPECT_FALSE(Dec(b).ok());
+}
+
+TEST(Messages, DecodeRefusesBlockCountThatDisagreesWithPayload) {
+  EXPECT_TRUE(Dec(RawPushTarget(2, {1, 2})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(3, {1, 2})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {1, 2})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(0, {1})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(0xffffffffu, {1, 2})).ok());
+  // A count whose byte size wraps around 32 bits (0x40000002 * 4 = 8 mod 2^32).
+  EXPECT_FALSE(Dec(RawPushTarget(0x40000002u, {1, 2})).ok());
+}
+
+TEST(Messages, DecodeRefusesCountAboveLimit) {
+  std::vector<uint32_t> ids(kMaxTargetBlocks + 1, 1);
+  auto d = Dec(RawPushTarget(kMaxTargetBlocks + 1, ids));
+  ASSERT_FALSE(d.ok());
+  EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+  ids.pop_back();
+  EXPECT_TRUE(Dec(RawPushTarget(kMaxTargetBlocks, ids)).ok());
+
+  // KV_READY with more than kMaxTopLogprobs pairs, hand-built.
+  std::vector<uint8_t> b{2};
+  b.insert(b.end(), kTid.begin(), kTid.end());
+  PutU32(b, 1);
+  PutU32(b, 0);
+  PutU32(b, kMaxTopLogprobs + 1);
+  for (uint32_t i = 0; i < kMaxTopLogprobs + 1; ++i) {
+    PutU32(b, i);
+    PutU32(b, 0);
+  }
+  EXPECT_FALSE(Dec(b).ok());
+}
+
+TEST(Messages, DecodeRefusesNegativeIds) {
+  auto d = Dec(RawPushTarget(2, {5, 0x80000000u}));
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(d.status().message().find("negative"), std::string::npos) << d.status().message();
+  EXPECT_FALSE(Dec(RawPushTarget(1, {0xffffffffu})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(1, {0x7fffffffu})).ok());
+
+  // KV_READY token id and top token id.
+  std::vector<uint8_t> b{2};
+  b.insert(b.end(), kTid.begin(), kTid.end());
+  PutU32(b, 0x80000000u);
+  PutU32(b, 0);
+  PutU32(b, 0);
+  EXPECT_FALSE(Dec(b).ok());
+  b.resize(33);
+  PutU32(b, 1);
+  PutU32(b, 0);
+  PutU32(b, 1);
+  PutU32(b, 0xffffffffu);
+  PutU32(b, 0);
+  EXPECT_FALSE(Dec(b).ok());
+}
+
+TEST(Messages, DecodeRefusesMalformedTransferIds) {
+  for (const std::string& bad : std::vector<std::string>{"0123456789ABCDEF0123456789abcdef", "0123456789abcdeg0123456789abcdef",
+                          "0123456789abcdef0123456789abcde ", std::string(32, '\0'),
+                          "0123456789abcdef0123456789abcde-"}) {
+    ASSERT_EQ(bad.size(), 32u);
+    std::vector<uint8_t> b{static_cast<uint8_t>(MsgTag::kCancel)};
+    b.insert(b.end(), bad.begin(), bad.end());
+    auto d = Dec(b);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("transfer id"), std::string::npos);
+  }
+}
+
+TEST(Messages, IsValidTransferId) {
+  EXPECT_TRUE(IsValidTransferId(kTid));
+  EXPECT_TRUE(IsValidTransferId(std::string(32, 'f')));
+  EXPECT_FALSE(IsValidTransferId(""));
+  EXPECT_FALSE(IsValidTransferId(kTid.substr(1)));
+  EXPECT_FALSE(IsValidTransferId(kTid + "0"));
+  EXPECT_FALSE(IsValidTransferId("0123456789ABCDEF0123456789ABCDEF"));
+  EXPECT_FALSE(IsValidTransferId("0123456789abcdefg123456789abcdef"));
+}
+
+TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
+  for (std::string bad : {std::string(), std::string("abc"), std::string(31, 'a'),
+                          std::string(33, 'a'), std::string("0123456789ABCDEF0123456789abcdef"),
+                          std::string("0123456789abcdef0123456789abcdez")}) {
+    for (MsgTag tag : {MsgTag::kPushTarget, MsgTag::kKvReady, MsgTag::kTransferFailed,
+                       MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease}) {
+      PdMessage m;
+      m.tag = tag;
+      m.transfer_id = bad;
+      auto r = EncodeMessage(m);
+      ASSERT_FALSE(r.ok()) << "'" << bad << "' tag " << static_cast<int>(tag);
+      EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    }
+  }
+  PdMessage m = PushTarget();
+  m.block_ids.assign(kMaxTargetBlocks + 1, 1);
+  auto r = EncodeMessage(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(std::to_string(kMaxTargetBlocks)), std::string::npos);
+
+  PdMessage k = KvReady();
+  k.top_logprobs.assign(kMaxTopLogprobs + 1, {1, -1.0f});
+  EXPECT_FALSE(EncodeMessage(k).ok());
+
+  PdMessage u;
+  u.transfer_id = kTid;
+  u.tag = static_cast<MsgTag>(0);
+  EXPECT_FALSE(EncodeMessage(u).ok());
+  u.tag = static_cast<MsgTag>(8);
+  EXPECT_FALSE(EncodeMessage(u).ok());
+}
+
+// Random payloads: DecodeMessage returns an error or a valid message and never crashes; every
+// message it accepts re-encodes to the same bytes.
+TEST(Messages, RandomPayloadsNeverCrash) {
+  std::mt19937_64 rng(20261129);
+  const std::vector<std::vector<uint8_t>> seeds = {Enc(PushTarget()), Enc(KvReady())};
+  int accepted = 0;
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<uint8_t> p;
+    if (i % 2 == 0) {
+      // Pure random bytes, random length 0..200, tag biased into 0..9.
+      p.resize(rng() % 201);
+      for (auto& x : p) x = static_cast<uint8_t>(rng());
+      if (!p.empty()) p[0] = static_cast<uint8_t>(rng() % 10);
+    } else {
+      // A valid message with a few random byte flips and a random cut / extension.
+      p = seeds[rng() % seeds.size()];
+      const int flips = static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) p[33 + rng() % (p.size() - 33)] = static_cast<uint8_t>(rng());
+      if (rng() % 3 == 0) p.resize(rng() % (p.size() + 16));
+    }
+    auto d = DecodeMessage(p);
+    if (!d.ok()) {
+      EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
+      continue;
+    }
+    ++accepted;
+    EXPECT_TRUE(IsValidTransferId(d->transfer_id));
+    EXPECT_LE(d->block_ids.size(), kMaxTargetBlocks);
+    EXPECT_LE(d->top_logprobs.size(), kMaxTopLogprobs);
+    for (int32_t id : d->block_ids) EXPECT_GE(id, 0);
+    auto again = EncodeMessage(*d);
+    ASSERT_TRUE(again.ok()) << again.status().ToString();
+    EXPECT_EQ(again.value(), p) << "iteration " << i;
+  }
+  EXPECT_GT(accepted, 100);  // the mutated half must also exercise the success path
+}
+
+TEST(Messages, PromptHashIsStableAndSensitive) {
+  // XXH3-64 (seed 0) of the int32 little-endian bytes, computed independently with libxxhash.
+  EXPECT_EQ(PromptHash({}), 0x2d06800538d394c2ull);
+  const std::vector<int32_t> t = {1, 2, 3, 4, 5};
+  EXPECT_EQ(PromptHash(t), 0xf2f19a6764b86d62ull);
+  EXPECT_EQ(PromptHash(t), PromptHash(std::vector<int32_t>(t)));
+  auto u = t;
+  u[4] = 6;
+  EXPECT_NE(PromptHash(u), PromptHash(t));
+  u = t;
+  u[0] = 0;
+  EXPECT_NE(PromptHash(u), PromptHash(t));
+  u = t;
+  u.push_back(0);  // one more token (a zero) changes the hash too
+  EXPECT_NE(PromptHash(u), PromptHash(t));
+}
+
+}  // namespace
+}  // namespace kvpush::connector

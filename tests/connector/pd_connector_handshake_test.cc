@@ -1,0 +1,185 @@
+// Two in-process PdConnectors on the "loopback" backend handshake with each other: one over a
+// real HTTP round trip (EnsurePeer -> a test server that forwards to HandleHandshake), then
+// HandleHandshake's refusals. No engine, no KV movement.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <thread>
+
+#include "connector/pd_connector.h"
+
+namespace kvpush::connector {
+namespace {
+
+ConnectorOptions Options(const std::string& role, const std::string& engine_id) {
+  ConnectorOptions o;
+  auto cfg = KvTransferConfig::Parse(
+      R"({"kv_connector_extra_config": {"backend": "loopback", "engine_id": ")" + engine_id +
+          "\"}}",
+      role);
+  EXPECT_TRUE(cfg.ok()) << cfg.status().ToString();
+  o.config = cfg.value();
+  o.layout.num_layers = 2;
+  o.layout.num_kv_heads = 2;
+  o.layout.head_dim = 4;
+  o.layout.block_size = 4;
+  o.layout.num_blocks = 64;
+  o.layout.dtype = KvDtype::kF32;
+  o.model_fingerprint = 0xabcdef0123456789ull;
+  o.role_name = role;
+  return o;
+}
+
+// Serves POST /kv/handshake for one connector, remembering the last request and answer.
+class HandshakeServer {
+ public:
+  explicit HandshakeServer(PdConnector& c) : c_(c) {
+    srv_.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
+      auto body = nlohmann::json::parse(req.body, nullptr, false);
+      auto r = c_.HandleHandshake(body);
+      last_request = body;
+      if (r.ok()) {
+        last_answer = *r;
+        res.set_content(r->dump(), "application/json");
+      } else {
+        res.status = r.status().code() == StatusCode::kFailedPrecondition ? 409 : 400;
+        res.set_content(nlohmann::json{{"error", {{"message", r.status().message()}}}}.dump(),
+                        "application/json");
+      }
+    });
+    port = srv_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_.listen_after_bind(); });
+    while (!srv_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~HandshakeServer() {
+    srv_.stop();
+    thread_.join();
+  }
+  int port = 0;
+  nlohmann::json last_request, last_answer;
+
+ private:
+  PdConnector& c_;
+  httplib::Server srv_;
+  std::thread thread_;
+};
+
+TEST(PdConnectorHandshake, LoopbackPairHandshakesOverHttp) {
+  auto p = PdConnector::Create(Options("prefill", "p-test"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto d = PdConnector::Create(Options("decode", "d-test"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ((*p)->engine_id(), "p-test");
+  EXPECT_EQ((*d)->engine_id(), "d-test");
+  EXPECT_EQ((*p)->kv_memory().size(), Options("prefill", "x").layout.total_bytes());
+  EXPECT_EQ((*p)->stats().handshakes, 0);
+
+  HandshakeServer server(**p);
+  ASSERT_GT(server.port, 0);
+  auto peer = (*d)->EnsurePeer("127.0.0.1", server.port);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  EXPECT_EQ(*peer, "p-test");
+  EXPECT_EQ((*p)->stats().handshakes, 1);
+  EXPECT_EQ((*d)->stats().handshakes, 1);
+
+  // What each side told the other: the documented fields, self-consistent.
+  auto dinfo = HandshakeInfo::FromJson(server.last_request);
+  ASSERT_TRUE(dinfo.ok()) << dinfo.status().ToString();
+  EXPECT_EQ(dinfo->engine_id, "d-test");
+  EXPECT_EQ(dinfo->role, "decode");
+  EXPECT_EQ(dinfo->transfer_backend, "loopback");
+  EXPECT_EQ(dinfo->connector_version, kConnectorVersion);
+  EXPECT_EQ(dinfo->model_fingerprint, 0xabcdef0123456789ull);
+  EXPECT_EQ(dinfo->layout, Options("decode", "x").layout);
+  EXPECT_EQ(dinfo->lease_ms, 30000);
+  EXPECT_EQ(dinfo->watchdog_ms, 10000);
+  EXPECT_FALSE(dinfo->agent_metadata.empty());
+  auto pinfo = HandshakeInfo::FromJson(server.last_answer);
+  ASSERT_TRUE(pinfo.ok()) << pinfo.status().ToString();
+  EXPECT_EQ(pinfo->engine_id, "p-test");
+  EXPECT_EQ(pinfo->role, "prefill");
+  EXPECT_EQ(pinfo->CompatHash(), dinfo->CompatHash());
+  EXPECT_NE(pinfo->incarnation, 0u);
+
+  // Cached: a second EnsurePeer does not handshake again.
+  peer = (*d)->EnsurePeer("127.0.0.1", server.port);
+  ASSERT_TRUE(peer.ok());
+  EXPECT_EQ((*p)->stats().handshakes, 1);
+  EXPECT_EQ((*d)->stats().handshakes, 1);
+
+  // Idempotent: the same document again is answered (and not counted again).
+  auto again = (*p)->HandleHandshake(server.last_request);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)["engine_id"], "p-test");
+  EXPECT_EQ((*p)->stats().handshakes, 1);
+}
+
+TEST(PdConnectorHandshake, HandleHandshakeRefusals) {
+  auto p = PdConnector::Create(Options("prefill", "p-ref"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  auto d = PdConnector::Create(Options("decode", "d-ref"));
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  HandshakeServer server(**p);
+  ASSERT_TRUE((*d)->EnsurePeer("127.0.0.1", server.port).ok());
+  const nlohmann::json ddoc = server.last_request;  // d's own document
+  const nlohmann::json pdoc = server.last_answer;   // p's own document
+
+  // Malformed: kInvalidArgument.
+  auto r = (*p)->HandleHandshake(nlohmann::json::array());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  auto bad = ddoc;
+  bad.erase("layout");
+  r = (*p)->HandleHandshake(bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+
+  // Incompatible: kFailedPrecondition naming the field (a differently shaped decode peer).
+  HandshakeInfo other = HandshakeInfo::FromJson(ddoc).value();
+  other.engine_id = "d-other";
+  other.layout.block_size = 8;
+  r = (*p)->HandleHandshake(other.ToJson());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message(), "block_size: 4 here, 8 on peer 'd-other'");
+
+  // Its own document (same engine_id) is refused.
+  r = (*p)->HandleHandshake(pdoc);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+
+  // Decode refuses a prefill whose lease does not outlast its watchdog + 1 s.
+  HandshakeInfo short_lease = HandshakeInfo::FromJson(pdoc).value();
+  short_lease.engine_id = "p-short";
+  short_lease.lease_ms = 11000;
+  r = (*d)->HandleHandshake(short_lease.ToJson());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_EQ(r.status().message().rfind("lease_ms:", 0), 0u) << r.status().message();
+
+  // Undecodable agent metadata: kUnavailable.
+  HandshakeInfo junk = HandshakeInfo::FromJson(ddoc).value();
+  junk.engine_id = "d-junk";
+  junk.agent_metadata = {1, 2, 3};
+  r = (*p)->HandleHandshake(junk.ToJson());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kUnavailable) << r.status().ToString();
+
+  // An incompatible peer reached over HTTP: EnsurePeer maps the 409 to kFailedPrecondition.
+  auto p2opts = Options("prefill", "p-wide");
+  p2opts.layout.head_dim = 8;
+  auto p2 = PdConnector::Create(p2opts);
+  ASSERT_TRUE(p2.ok());
+  HandshakeServer server2(**p2);
+  auto e = (*d)->EnsurePeer("127.0.0.1", server2.port);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(e.status().message().find("head_dim"), std::string::npos) << e.status().message();
+  // Unreachable: kUnavailable.
+  e = (*d)->EnsurePeer("127.0.0.1", 1);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace kvpush::connector

@@ -165,6 +165,9 @@ Result<HandshakeInfo> HandshakeInfo::FromJson(const nlohmann::json& j) {
   KVP_RETURN_IF_ERROR(str("incarnation", inc));
   KVP_ASSIGN_OR_RETURN(h.incarnation, ParseHex64(inc));
   KVP_RETURN_IF_ERROR(str("role", h.role));
+  if (h.role != "prefill" && h.role != "decode" && h.role != "both") {
+    return InvalidArgument("handshake: 'role' must be prefill, decode or both");
+  }
   KVP_RETURN_IF_ERROR(str("transfer_backend", h.transfer_backend));
   KVP_RETURN_IF_ERROR(str("model_fingerprint", fp));
   KVP_ASSIGN_OR_RETURN(h.model_fingerprint, ParseHex64(fp));

@@ -1,6 +1,5 @@
 #include "server/kv_transfer_params.h"
 
-#include <cstdlib>
 #include <string>
 
 namespace kvpush::server {
@@ -98,9 +97,16 @@ std::variant<KvTransferParams, ApiError> ParseKvTransferParams(const nlohmann::j
   std::string hash;
   if (auto e = str("prompt_hash", hash, 16)) return *e;
   if (!hash.empty()) {
-    char* end = nullptr;
-    p.prompt_hash = std::strtoull(hash.c_str(), &end, 16);
-    if (end == nullptr || *end != '\0') return Bad("prompt_hash", "must be hex");
+    uint64_t v64 = 0;
+    for (char c : hash) {  // 1-16 lowercase or uppercase hex digits, nothing else
+      int d = -1;
+      if (c >= '0' && c <= '9') d = c - '0';
+      if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+      if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+      if (d < 0) return Bad("prompt_hash", "must be 1-16 hex digits");
+      v64 = (v64 << 4) | static_cast<uint64_t>(d);
+    }
+    p.prompt_hash = v64;
   }
   v = -1;
   if (auto e = integer("first_token_id", -1, 0x7fffffff, v)) return *e;

@@ -59,6 +59,7 @@ json MakePrefillBody(const json& client, TransferMode mode, const std::string& t
   json p = client;
   p["max_tokens"] = 1;
   p.erase("max_completion_tokens");
+  p.erase("min_tokens");  // would contradict max_tokens = 1 (vLLM refuses min_tokens > max_tokens)
   p["stream"] = false;
   p.erase("stream_options");
   p["kv_transfer_params"] = {{"do_remote_decode", true},

@@ -1,0 +1,652 @@
+// End-to-end tests of P/D disaggregated serving with real processes: a colocated instance (the
+// oracle), a prefill instance (P), a decode instance (D) and `kvpush router` in front of P and D.
+// Every request sent through the router must give exactly the colocated token ids (greedy and
+// seeded sampling, push and both pull profiles, 1 and 32 requests in flight, chunked prefill,
+// partial and full prefix hits on D), and after every phase no KV block may stay in use on P or D.
+// Faults: P killed while D waits (recompute / fail policy), malformed kv_transfer_params.
+// Topology: loopback (ucx:tcp, ucx:shm) and P, D, router in separate network namespaces.
+//
+// Children's logs go to a temp dir; on failure their tails are printed and the dir is kept.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "pd_test_util.h"
+#include "test_util.h"
+
+namespace kvpush::pd_test {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+/// Polls `pred` every 50 ms until it holds or `timeout_ms` passed.
+bool WaitFor(const std::function<bool()>& pred, int timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (!pred()) {
+    if (Clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return true;
+}
+
+std::string IdsToString(const std::vector<int32_t>& v) {
+  std::string s = "[";
+  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
+  return s + "]";
+}
+
+/// TcpExtListenOverflows of this network namespace (/proc/net/netstat); -1 if unreadable. A
+/// rise means a server's accept queue overflowed (connections dropped or reset).
+long ListenOverflows() {
+  auto [rc, out] = Sh("awk '/^TcpExt:/{if(!h){for(i=1;i<=NF;i++)n[i]=$i;h=1}else{for(i=1;i<=NF;i++)"
+                      "if(n[i]==\"ListenOverflows\")print $i}}' /proc/net/netstat");
+  return rc == 0 && !out.empty() ? std::stol(out) : -1;
+}
+
+std::string IpBinary() {
+  for (const char* p : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
+    if (std::filesystem::exists(p)) return p;
+  }
+  return "";
+}
+
+constexpr const char* kReady = "kvpush_kv_transfer_kv_ready_received_total";
+constexpr const char* kReadySent = "kvpush_kv_transfer_kv_ready_sent_total";
+constexpr const char* kReads = "kvpush_kv_transfer_reads_total";
+constexpr const char* kNotNeeded = "kvpush_kv_transfer_not_needed_total";
+constexpr const char* kFailed = "kvpush_kv_transfer_failed_total";
+constexpr const char* kWatchdog = "kvpush_kv_transfer_watchdog_expired_total";
+constexpr const char* kRecomputes = "kvpush_kv_load_recomputes_total";
+constexpr const char* kBlocksUsed = "kvpush_kv_blocks_used";
+constexpr const char* kWaitingForKv = "kvpush_num_requests_waiting_for_kv";
+
+struct Cluster {
+  Proc* colo = nullptr;
+  Proc* p = nullptr;
+  Proc* d = nullptr;
+  Proc* router = nullptr;
+  std::string model_label;
+  int vocab = 512;
+};
+
+struct Phase {
+  std::string mode;  ///< x-kvpush-mode: push | pull-vllm | pull-fast
+  bool seeded = false;
+  int concurrency = 1;
+  uint32_t prompt_seed = 1;
+  int n_short = 5, n_long = 6, n_prefix = 6, n_repeat = 5;
+  int max_tokens = 16;
+};
+
+class PdE2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "kvpush-pd-XXXXXX").string();
+    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+
+  void TearDown() override {
+    // Stop in reverse start order (router before instances), then remove namespaces.
+    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->child.Stop(3000);
+    netns_.Destroy();
+    if (HasFailure()) {
+      for (const auto& p : procs_) {
+        std::printf("---- %s (%s) log tail: %s\n%s", p->name.c_str(), p->url().c_str(),
+                    p->log.c_str(), Tail(p->log, 40).c_str());
+      }
+      std::printf("logs kept in %s\n", dir_.c_str());
+    } else {
+      std::error_code ec;
+      std::filesystem::remove_all(dir_, ec);
+    }
+    procs_.clear();
+  }
+
+  /// Spawns `exe prefix... args...` with its log in the temp dir (does not wait).
+  Proc* Spawn(const std::string& name, const std::vector<std::string>& args,
+              const std::string& host, int port, const std::vector<std::string>& prefix = {},
+              const std::string& exe = KvpushBin()) {
+    auto p = std::make_unique<Proc>();
+    p->name = name;
+    p->host = host;
+    p->port = port;
+    p->log = dir_ + "/" + name + ".log";
+    std::vector<std::string> full = prefix;
+    full.insert(full.end(), args.begin(), args.end());
+    Status s = p->child.Start(full, p->log, exe);
+    EXPECT_TRUE(s.ok()) << name << ": " << s.ToString();
+    procs_.push_back(std::move(p));
+    return procs_.back().get();
+  }
+
+  /// Waits until every process answers /health (60 s each, they start in parallel).
+  void WaitHealthyAll(const std::vector<Proc*>& ps) {
+    for (Proc* p : ps) {
+      Status s = apps::WaitHealthy(p->host, p->port, p->child, 60000);
+      ASSERT_TRUE(s.ok()) << p->name << " did not become healthy: " << s.ToString() << "\n"
+                          << Tail(p->log, 30);
+    }
+  }
+
+  static int Port() {
+    auto p = apps::PickFreePort();
+    EXPECT_TRUE(p.ok());
+    return p.ok() ? *p : 0;
+  }
+
+  static std::vector<std::string> ServeArgs(const std::string& model, const std::string& role,
+                                            const std::string& host, int port,
+                                            const std::string& kv_cfg,
+                                            const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> a = {"serve",  "--model", model, "--role", role, "--host", host,
+                                  "--port", std::to_string(port), "--num-kv-blocks", "1024",
+                                  "--log-level", "info"};
+    if (!kv_cfg.empty()) {
+      a.push_back("--kv-transfer-config");
+      a.push_back(kv_cfg);
+    }
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  }
+
+  static std::string KvCfg(const std::string& backend, json extra = json::object()) {
+    json x = extra;
+    x["backend"] = backend;
+    return json{{"kv_connector_extra_config", x}}.dump();
+  }
+
+  /// Colocated + P + D (+ router) on loopback. P and the colocated instance prefill in chunks of
+  /// 32 tokens; D keeps the default budget.
+  void StartLoopback(const std::string& model, const std::string& label, int vocab,
+                     const std::string& backend, Cluster* c) {
+    const std::string h = "127.0.0.1";
+    const std::string cfg = KvCfg(backend);
+    const std::vector<std::string> chunked = {"--max-num-batched-tokens", "32"};
+    int pc = Port(), pp = Port(), pd = Port();
+    c->colo = Spawn("colocated", ServeArgs(model, "both", h, pc, "", chunked), h, pc);
+    c->p = Spawn("prefill", ServeArgs(model, "prefill", h, pp, cfg, chunked), h, pp);
+    c->d = Spawn("decode", ServeArgs(model, "decode", h, pd, cfg), h, pd);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c->colo, c->p, c->d}));
+    int pr = Port();
+    c->router = Spawn("router",
+                      {"router", "--prefill", c->p->url(), "--decode", c->d->url(), "--mode",
+                       "push", "--pull-profile", "vllm", "--host", h, "--port",
+                       std::to_string(pr), "--health-interval-ms", "500"},
+                      h, pr);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c->router}));
+    c->model_label = label;
+    c->vocab = vocab;
+  }
+
+  /// Polls /metrics until no block is used and no request waits for KV (5 s).
+  void ExpectIdle(Proc* p, bool pd, const std::string& what) {
+    double used = 0, waiting = 0;
+    const bool ok = WaitFor(
+        [&] {
+          used = Metric(p->host, p->port, kBlocksUsed);
+          waiting = pd ? Metric(p->host, p->port, kWaitingForKv) : 0;
+          return used == 0 && waiting == 0;
+        },
+        5000);
+    EXPECT_TRUE(ok) << what << ": " << p->name << " still has " << kBlocksUsed << "=" << used
+                    << " " << kWaitingForKv << "=" << waiting << " 5 s after the phase";
+  }
+
+  /// Runs one phase: the prompt set on the colocated instance, then through the router with the
+  /// phase's mode header; compares every request's token ids and checks blocks and counters.
+  void RunPhase(const Cluster& c, const Phase& ph) {
+    std::vector<Req> reqs = MakePrompts(c.vocab, ph.prompt_seed, ph.n_short, ph.n_long,
+                                        ph.n_prefix, ph.n_repeat, ph.max_tokens);
+    for (size_t i = 0; i < reqs.size(); ++i) reqs[i].seeded = ph.seeded;
+    const std::string what = "[" + c.model_label + " mode=" + ph.mode +
+                             (ph.seeded ? " seeded(T=0.8,top_p=0.95)" : " greedy") +
+                             " concurrency=" + std::to_string(ph.concurrency) + "]";
+    const long overflows0 = ListenOverflows();
+    const auto t0 = Clock::now();
+    std::vector<Res> ref = SendAll(c.colo->host, c.colo->port, reqs, ph.concurrency);
+    const double t_ref = SecondsSince(t0);
+    for (size_t i = 0; i < reqs.size(); ++i) reqs[i].stream = i % 3 == 1;  // SSE via the router
+
+    const double d_ready0 = Metric(c.d->host, c.d->port, kReady);
+    const double d_reads0 = Metric(c.d->host, c.d->port, kReads);
+    const double d_nn0 = Metric(c.d->host, c.d->port, kNotNeeded);
+    const double d_failed0 = Metric(c.d->host, c.d->port, kFailed);
+    const double d_wd0 = Metric(c.d->host, c.d->port, kWatchdog);
+    const double d_rec0 = Metric(c.d->host, c.d->port, kRecomputes);
+    const double p_failed0 = Metric(c.p->host, c.p->port, kFailed);
+    const double p_sent0 = Metric(c.p->host, c.p->port, kReadySent);
+
+    const auto t1 = Clock::now();
+    std::vector<Res> got = SendAll(c.router->host, c.router->port, reqs, ph.concurrency,
+                                   {{"x-kvpush-mode", ph.mode}});
+    const double t_pd = SecondsSince(t1);
+    const long overflows = ListenOverflows() - overflows0;
+    std::printf("%s %zu requests: colocated %.2f s, router+P+D %.2f s, listen overflows +%ld\n",
+                what.c_str(), reqs.size(), t_ref, t_pd, overflows);
+    std::fflush(stdout);
+
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const std::string who = what + " request #" + std::to_string(i) + " " + reqs[i].label +
+                              (reqs[i].stream ? " (streamed)" : "") +
+                              (reqs[i].seeded ? " seed=" + std::to_string(reqs[i].seed) : "");
+      const std::string overflow_note =
+          overflows > 0 ? " (TcpExtListenOverflows rose by " + std::to_string(overflows) +
+                              " during the phase: an accept queue overflowed)"
+                        : "";
+      ASSERT_EQ(ref[i].status, 200) << who << ": colocated failed: " << ref[i].error << " "
+                                    << ref[i].raw << overflow_note;
+      ASSERT_EQ(ref[i].ids.size(), static_cast<size_t>(reqs[i].max_tokens))
+          << who << ": colocated token count";
+      EXPECT_EQ(got[i].status, 200) << who << ": router answered " << got[i].status << " "
+                                    << got[i].error << " " << got[i].raw << overflow_note;
+      EXPECT_TRUE(got[i].error.empty()) << who << ": error " << got[i].error;
+      EXPECT_EQ(got[i].ids, ref[i].ids)
+          << who << ": P/D tokens differ from colocated\n  colocated: " << IdsToString(ref[i].ids)
+          << "\n  P/D:       " << IdsToString(got[i].ids);
+    }
+
+    ExpectIdle(c.p, true, what);
+    ExpectIdle(c.d, true, what);
+    ExpectIdle(c.colo, false, what);
+
+    const double n = static_cast<double>(reqs.size());
+    const double ready = Metric(c.d->host, c.d->port, kReady) - d_ready0;
+    const double reads = Metric(c.d->host, c.d->port, kReads) - d_reads0;
+    const double nn = Metric(c.d->host, c.d->port, kNotNeeded) - d_nn0;
+    EXPECT_EQ(Metric(c.d->host, c.d->port, kFailed) - d_failed0, 0)
+        << what << ": D counted failed transfers (a recompute would hide them from the tokens)";
+    EXPECT_EQ(Metric(c.d->host, c.d->port, kWatchdog) - d_wd0, 0) << what << ": D watchdog expired";
+    EXPECT_EQ(Metric(c.d->host, c.d->port, kRecomputes) - d_rec0, 0)
+        << what << ": D recomputed prompts whose KV load failed (see its log)";
+    EXPECT_EQ(Metric(c.p->host, c.p->port, kFailed) - p_failed0, 0)
+        << what << ": P counted failed transfers";
+    // Prompts of <= 16 tokens (less than one full block beyond the last token) are full hits.
+    EXPECT_GE(nn, ph.n_short) << what << ": " << kNotNeeded << " did not count the short prompts";
+    if (ph.concurrency == 1) {
+      EXPECT_GE(nn, ph.n_short + ph.n_repeat)
+          << what << ": the repeated prompts were not full prefix hits on D";
+    }
+    if (ph.mode == "push") {
+      EXPECT_GT(ready, 0) << what << ": D received no KV_READY";
+      EXPECT_EQ(ready + nn, n) << what << ": every push request takes KV_READY or NOT_NEEDED ("
+                               << kReady << " +" << ready << ", " << kNotNeeded << " +" << nn
+                               << ")";
+      EXPECT_EQ(Metric(c.p->host, c.p->port, kReadySent) - p_sent0, ready)
+          << what << ": P's KV_READY sent != D's received";
+      EXPECT_EQ(reads, 0) << what << ": push phase did pull READs";
+    } else {
+      EXPECT_GT(reads, 0) << what << ": D did no pull READ";
+      EXPECT_EQ(reads + nn, n) << what << ": every pull request READs or is a full hit ("
+                               << kReads << " +" << reads << ", " << kNotNeeded << " +" << nn
+                               << ")";
+      EXPECT_EQ(ready, 0) << what << ": pull phase received KV_READY";
+    }
+  }
+
+  /// Generates a small Llama-shaped GGUF in the temp dir.
+  std::string GenModel() {
+    const std::string out = dir_ + "/gen-model.gguf";
+    auto [rc, text] = Sh(KvpushBin() +
+                         " gen-model --dim 128 --layers 4 --heads 4 --kv-heads 2 --hidden-dim 256"
+                         " --vocab 512 --context 512 --seed 7 --out " + out);
+    EXPECT_EQ(rc, 0) << text;
+    return rc == 0 ? out : "";
+  }
+
+  std::string dir_;
+  std::vector<std::unique_ptr<Proc>> procs_;
+  NetnsTopology netns_;
+};
+
+std::vector<Phase> FullMatrix() {
+  std::vector<Phase> out;
+  uint32_t seed = 100;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    for (int conc : {1, 32}) {
+      for (bool seeded : {false, true}) {
+        Phase ph;
+        ph.mode = mode;
+        ph.seeded = seeded;
+        ph.concurrency = conc;
+        ph.prompt_seed = seed++;
+        if (conc == 32) ph.n_short = ph.n_long = ph.n_prefix = ph.n_repeat = 8;  // 32 in flight
+        out.push_back(ph);
+      }
+    }
+  }
+  return out;
+}
+
+TEST_F(PdE2E, Stories260KUcxTcpRouterBitIdentical) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "stories260K ucx:tcp", 512, "ucx:tcp", &c));
+  for (const Phase& ph : FullMatrix()) RunPhase(c, ph);
+}
+
+TEST_F(PdE2E, Stories260KUcxShmRouterBitIdentical) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "stories260K ucx:shm", 512, "ucx:shm", &c));
+  uint32_t seed = 200;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    for (int conc : {1, 32}) {
+      Phase ph;
+      ph.mode = mode;
+      ph.concurrency = conc;
+      ph.seeded = conc == 32;
+      ph.prompt_seed = seed++;
+      if (conc == 32) ph.n_short = ph.n_long = ph.n_prefix = ph.n_repeat = 8;
+      RunPhase(c, ph);
+    }
+  }
+}
+
+TEST_F(PdE2E, GeneratedModelUcxTcpRouterBitIdentical) {
+  const auto t0 = Clock::now();
+  const std::string model = GenModel();
+  ASSERT_FALSE(model.empty());
+  std::printf("gen-model: %.2f s\n", SecondsSince(t0));
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "gen-model(dim128,4 layers)", 512, "ucx:tcp", &c));
+  uint32_t seed = 300;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    for (bool seeded : {false, true}) {
+      Phase ph;
+      ph.mode = mode;
+      ph.seeded = seeded;
+      ph.concurrency = seeded ? 32 : 1;  // all 12 in flight at once
+      ph.prompt_seed = seed++;
+      ph.n_short = ph.n_long = ph.n_prefix = ph.n_repeat = 3;
+      ph.max_tokens = 12;
+      RunPhase(c, ph);
+    }
+  }
+}
+
+// P, D and the router each in their own network namespace, joined by veth pairs on a bridge;
+// the test talks to the router over the bridge. UCX is told the namespace's device.
+TEST_F(PdE2E, NetnsRouterPrefillDecodeUcxTcp) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  const std::string ipbin = IpBinary();
+  if (geteuid() != 0 || ipbin.empty()) {
+    GTEST_SKIP() << "needs root and iproute2 (ip) to create network namespaces; skipping";
+  }
+  if (std::string e = netns_.Create({"p", "d", "r"}); !e.empty()) {
+    netns_.Destroy();
+    GTEST_SKIP() << "cannot create network namespaces here (" << e << "); skipping";
+  }
+  const json x = {{"stall_ms", 2000}, {"watchdog_ms", 4000}};
+  const std::string cfg = KvCfg("ucx:tcp", x);
+  const std::vector<std::string> chunked = {"--max-num-batched-tokens", "32"};
+  auto in_ns = [&](size_t i) {
+    return std::vector<std::string>{"netns", "exec", netns_.ns(i), "/usr/bin/env",
+                                    "UCX_NET_DEVICES=" + netns_.dev(i), KvpushBin()};
+  };
+  Cluster c;
+  const int pc = Port(), pp = Port(), pd = Port(), pr = Port();
+  c.colo = Spawn("colocated", ServeArgs(model, "both", "127.0.0.1", pc, "", chunked),
+                 "127.0.0.1", pc);
+  std::vector<std::string> pargs = ServeArgs(model, "prefill", netns_.ip(0), pp, cfg, chunked);
+  pargs.push_back("--advertise-host");
+  pargs.push_back(netns_.ip(0));
+  c.p = Spawn("prefill@" + netns_.ns(0), pargs, netns_.ip(0), pp, in_ns(0), ipbin);
+  c.d = Spawn("decode@" + netns_.ns(1), ServeArgs(model, "decode", netns_.ip(1), pd, cfg),
+              netns_.ip(1), pd, in_ns(1), ipbin);
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c.colo, c.p, c.d}));
+  c.router = Spawn("router@" + netns_.ns(2),
+                   {"router", "--prefill", c.p->url(), "--decode", c.d->url(), "--host",
+                    netns_.ip(2), "--port", std::to_string(pr), "--pull-profile", "fast"},
+                   netns_.ip(2), pr, in_ns(2), ipbin);
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c.router}));
+  c.model_label = "stories260K netns ucx:tcp";
+  uint32_t seed = 400;
+  for (const char* mode : {"push", "pull-fast", "pull-vllm"}) {
+    Phase ph;
+    ph.mode = mode;
+    ph.seeded = std::string(mode) == "pull-fast";
+    ph.concurrency = ph.seeded ? 32 : 1;
+    ph.prompt_seed = seed++;
+    ph.n_short = 3;
+    ph.n_long = ph.n_prefix = 3;
+    ph.n_repeat = 2;
+    RunPhase(c, ph);
+    if (HasFailure()) break;  // the next modes would fail the same way, slowly
+  }
+}
+
+// ---- faults ----
+
+struct Leg {
+  std::string tid;
+  json params;
+};
+
+/// The D leg of a push request as the router builds it (docs/pd_protocol.md §1).
+json PushDParams(const std::string& tid, const Proc& p) {
+  return {{"do_remote_prefill", true}, {"do_remote_decode", false}, {"transfer_mode", "push"},
+          {"transfer_id", tid},        {"remote_host", p.host},     {"remote_port", p.port}};
+}
+
+/// The P leg of a request (max_tokens 1, not streamed).
+json PLegBody(const Req& r, const std::string& mode, const std::string& tid) {
+  json b = r.Body();
+  b["max_tokens"] = 1;
+  b["stream"] = false;
+  b["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
+                             {"transfer_mode", mode}, {"transfer_id", tid}};
+  return b;
+}
+
+/// P is SIGKILLed while D waits for its KV (push: D's PUSH_TARGET is held by P, no P leg sent;
+/// pull: P answered, then died before D's READ). recompute -> colocated tokens; fail -> an error,
+/// never a 200 with tokens.
+TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  const std::string h = "127.0.0.1";
+  const std::string pcfg = KvCfg("ucx:tcp", {{"lease_ms", 5000}});
+  const std::string rec = KvCfg("ucx:tcp", {{"watchdog_ms", 1500},
+                                            {"cancel_ack_ms", 500},
+                                            {"stall_ms", 1000},
+                                            {"failure_policy", "recompute"}});
+  const std::string fail = KvCfg("ucx:tcp", {{"watchdog_ms", 1500},
+                                             {"cancel_ack_ms", 500},
+                                             {"stall_ms", 1000},
+                                             {"failure_policy", "fail"}});
+  const int pc = Port(), dr = Port(), df = Port();
+  Proc* colo = Spawn("colocated", ServeArgs(model, "both", h, pc, ""), h, pc);
+  Proc* d_rec = Spawn("decode-recompute", ServeArgs(model, "decode", h, dr, rec), h, dr);
+  Proc* d_fail = Spawn("decode-fail", ServeArgs(model, "decode", h, df, fail), h, df);
+  std::vector<Proc*> ps;
+  for (int i = 0; i < 4; ++i) {
+    const int port = Port();
+    ps.push_back(Spawn("prefill-" + std::to_string(i), ServeArgs(model, "prefill", h, port, pcfg),
+                       h, port));
+  }
+  std::vector<Proc*> all = {colo, d_rec, d_fail};
+  all.insert(all.end(), ps.begin(), ps.end());
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll(all));
+
+  std::vector<Req> prompts = MakePrompts(512, 77, 0, 4, 0, 0, 12);
+  std::vector<Res> ref = SendAll(colo->host, colo->port, prompts, 1);
+  for (const Res& r : ref) ASSERT_EQ(r.status, 200) << r.raw;
+
+  auto kill_p = [](Proc* p) {
+    ::kill(p->child.pid(), SIGKILL);
+    p->child.Stop(1000);
+  };
+  // Push: send the D leg only, wait until D waits for KV (PUSH_TARGET sent), kill P.
+  auto push_case = [&](Proc* d, Proc* p, const Req& r) {
+    const std::string tid = NewTransferId();
+    json extra = {{"kv_transfer_params", PushDParams(tid, *p)}};
+    const double waiting0 = Metric(d->host, d->port, kWaitingForKv);
+    Res out;
+    std::thread t([&] { out = Send(d->host, d->port, r, {}, &extra, 60.0); });
+    const bool waiting = WaitFor(
+        [&] { return Metric(d->host, d->port, kWaitingForKv) > waiting0; }, 10000);
+    EXPECT_TRUE(waiting) << d->name << " never waited for KV";
+    kill_p(p);
+    const auto t0 = Clock::now();
+    t.join();
+    std::printf("%s: answered %.2f s after P was killed (status %d)\n", d->name.c_str(),
+                SecondsSince(t0), out.status);
+    return out;
+  };
+
+  // (1) recompute: colocated tokens.
+  {
+    Res out = push_case(d_rec, ps[0], prompts[0]);
+    EXPECT_EQ(out.status, 200) << "push, P killed, policy recompute: " << out.error << out.raw;
+    EXPECT_EQ(out.ids, ref[0].ids) << "push, P killed, policy recompute: tokens differ from "
+                                      "colocated\n  colocated: "
+                                   << IdsToString(ref[0].ids) << "\n  got: " << IdsToString(out.ids);
+    ExpectIdle(d_rec, true, "push, P killed, recompute");
+  }
+  // (2) fail, not streamed: an HTTP error.
+  {
+    Res out = push_case(d_fail, ps[1], prompts[1]);
+    EXPECT_GE(out.status, 500) << "push, P killed, policy fail: expected HTTP 5xx, got "
+                               << out.status << " " << out.raw;
+    EXPECT_TRUE(out.ids.empty()) << "policy fail returned tokens " << IdsToString(out.ids);
+    EXPECT_FALSE(out.error.empty()) << "policy fail: no error message: " << out.raw;
+    ExpectIdle(d_fail, true, "push, P killed, fail");
+  }
+  // (3) fail, streamed: an HTTP error or an SSE error event; never a clean 200 stream.
+  {
+    Req r = prompts[2];
+    r.stream = true;
+    Res out = push_case(d_fail, ps[2], r);
+    EXPECT_TRUE(out.status >= 500 || !out.error.empty())
+        << "push streamed, P killed, policy fail: got status " << out.status
+        << " without an error, tokens " << IdsToString(out.ids);
+    EXPECT_TRUE(out.ids.empty()) << "policy fail streamed tokens " << IdsToString(out.ids);
+    ExpectIdle(d_fail, true, "push streamed, P killed, fail");
+  }
+  // (4) pull, recompute: P answers (blocks leased), dies, then D's leg arrives. A first pull
+  // request warms up the handshake so that D holds P's metadata when P dies.
+  {
+    Proc* p = ps[3];
+    for (int k : {3, 2}) {  // warm-up with prompts[3] (checked), then the faulty one
+      const std::string tid = NewTransferId();
+      Res pres = PostRaw(p->host, p->port, PLegBody(prompts[k], "pull", tid));
+      ASSERT_EQ(pres.status, 200) << "pull P leg: " << pres.raw;
+      json pj = json::parse(pres.raw);
+      ASSERT_TRUE(pj.contains("kv_transfer_params")) << pres.raw;
+      if (k == 2) kill_p(p);
+      json extra = {{"kv_transfer_params", pj["kv_transfer_params"]}, {"pull_profile", "fast"}};
+      const auto t0 = Clock::now();
+      Res out = Send(d_rec->host, d_rec->port, prompts[k], {}, &extra, 60.0);
+      const std::string who = k == 3 ? "pull warm-up" : "pull, P killed after answering, "
+                                                        "policy recompute";
+      std::printf("%s: %.2f s\n", who.c_str(), SecondsSince(t0));
+      if (k == 3) {
+        EXPECT_EQ(out.status, 200) << who << ": " << out.raw;
+      } else if (out.status != 200) {
+        // P is already known dead when D's leg arrives (not in flight): a clear 5xx is fine.
+        EXPECT_GE(out.status, 500) << who << ": " << out.raw;
+        EXPECT_FALSE(out.error.empty()) << who << ": no message: " << out.raw;
+        std::printf("%s: HTTP %d: %s\n", who.c_str(), out.status, out.error.c_str());
+        continue;
+      }
+      EXPECT_EQ(out.ids, ref[static_cast<size_t>(k)].ids)
+          << who << ": tokens differ from colocated\n  colocated: "
+          << IdsToString(ref[static_cast<size_t>(k)].ids) << "\n  got: " << IdsToString(out.ids);
+    }
+    ExpectIdle(d_rec, true, "pull, P killed, recompute");
+  }
+  EXPECT_GE(Metric(d_rec->host, d_rec->port, kRecomputes), 1)
+      << "D (recompute) counted no " << kRecomputes;
+  EXPECT_TRUE(apps::WaitHealthy(d_rec->host, d_rec->port, d_rec->child, 2000).ok());
+  EXPECT_TRUE(apps::WaitHealthy(d_fail->host, d_fail->port, d_fail->child, 2000).ok());
+}
+
+/// Malformed kv_transfer_params get a 4xx/502 with a message, quickly, and leave nothing behind.
+TEST_F(PdE2E, FaultMalformedTransferParams) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  const std::string h = "127.0.0.1";
+  const std::string cfg = KvCfg("ucx:tcp");
+  const int pp = Port(), pd = Port(), pc = Port();
+  Proc* colo = Spawn("colocated", ServeArgs(model, "both", h, pc, ""), h, pc);
+  Proc* p = Spawn("prefill", ServeArgs(model, "prefill", h, pp, cfg), h, pp);
+  Proc* d = Spawn("decode", ServeArgs(model, "decode", h, pd, cfg), h, pd);
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+  const Req r = MakePrompts(512, 91, 0, 1, 0, 0, 8)[0];
+  const int nothing = Port();  // nobody listens there
+
+  struct Case {
+    std::string name;
+    Proc* target;
+    json kv;
+    std::vector<int> statuses;
+  };
+  json pull_ok;  // a real pull answer, then broken copies of it
+  {
+    Res pres = PostRaw(p->host, p->port, PLegBody(r, "pull", NewTransferId()));
+    ASSERT_EQ(pres.status, 200) << pres.raw;
+    pull_ok = json::parse(pres.raw)["kv_transfer_params"];
+  }
+  json bad_hash = pull_ok;
+  bad_hash["prompt_hash"] = "0123456789abcdef";
+  json bad_blocks = pull_ok;
+  bad_blocks["remote_block_ids"] = {999999};
+  json bad_count = pull_ok;
+  bad_count["num_prompt_tokens"] = 3;
+  const std::vector<Case> cases = {
+      {"D push, transfer_id not 32 hex", d,
+       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", "xyz"},
+        {"remote_host", h}, {"remote_port", p->port}}, {400}},
+      {"D push, remote_port with nothing listening", d,
+       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()},
+        {"remote_host", h}, {"remote_port", nothing}}, {400, 502, 503}},
+      {"D push, remote_port out of range", d,
+       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()},
+        {"remote_host", h}, {"remote_port", 70000}}, {400, 502}},
+      {"D pull, wrong prompt_hash", d, bad_hash, {400}},
+      {"D pull, remote block id out of range", d, bad_blocks, {400}},
+      {"D pull, wrong num_prompt_tokens", d, bad_count, {400}},
+      {"P leg, transfer_id not 32 hex", p,
+       {{"do_remote_decode", true}, {"transfer_mode", "push"}, {"transfer_id", "ABC"}}, {400}},
+      {"D leg sent to P", p, pull_ok, {400, 502}},
+  };
+  for (const Case& c : cases) {
+    json extra = {{"kv_transfer_params", c.kv}};
+    const auto t0 = Clock::now();
+    Res out = Send(c.target->host, c.target->port, r, {}, &extra, 30.0);
+    const double secs = SecondsSince(t0);
+    bool status_ok = false;
+    for (int s : c.statuses) status_ok |= out.status == s;
+    EXPECT_TRUE(status_ok) << c.name << ": got HTTP " << out.status << " " << out.raw;
+    EXPECT_FALSE(out.error.empty()) << c.name << ": no error message: " << out.raw;
+    EXPECT_TRUE(out.ids.empty()) << c.name << ": returned tokens";
+    EXPECT_LT(secs, 15.0) << c.name << ": took " << secs << " s";
+    std::printf("%s -> %d in %.2f s: %s\n", c.name.c_str(), out.status, secs, out.error.c_str());
+  }
+  // The broken pull copies did not consume the lease: the real one still works.
+  {
+    json extra = {{"kv_transfer_params", pull_ok}};
+    Res out = Send(d->host, d->port, r, {}, &extra, 30.0);
+    Res ref = Send(colo->host, colo->port, r);
+    EXPECT_EQ(out.status, 200) << "valid pull after malformed ones: " << out.raw;
+    EXPECT_EQ(out.ids, ref.ids) << "valid pull after malformed ones: tokens differ";
+  }
+  ExpectIdle(p, true, "after malformed params");
+  ExpectIdle(d, true, "after malformed params");
+}
+
+}  // namespace
+}  // namespace kvpush::pd_test

@@ -760,6 +760,10 @@ void PdConnector::Timers() {
     auto peer = agent_->GetPeer(c.peer);
     const bool dead = !peer.ok() || !peer->alive;
     if (dead) {
+      {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.transfers_failed;
+      }
       CompleteConsumer(c,
                        PeerGone("prefill instance '" + c.peer + "' failed: " +
                                 (peer.ok() ? peer->failure.ToString() : peer.status().ToString())),

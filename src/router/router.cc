@@ -1,6 +1,8 @@
 #include "router/router.h"
 
 #include <httplib.h>
+
+#include "common/listen_backlog.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -336,6 +338,8 @@ Status Router::Start() {
     }
     port_ = options_.port;
   }
+  // The library listens with a backlog of 5: too small for bursts of concurrent clients.
+  RaiseListenBacklog(port_, 1024);
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);

@@ -172,6 +172,14 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     prompts.push_back(std::move(ids));
   }
 
+  if (kv.role != KvTransferParams::Role::kNone) {
+    // Role and id first (a D leg sent to a P instance is a 400, not a failed handshake).
+    KvTransferParams role_only = kv;
+    role_only.mode = KvTransferParams::Mode::kPush;
+    if (Status v = conn->ValidateRequest(role_only, prompts[0]); !v.ok()) {
+      return ReplyError(res, ApiError::Invalid(v.message(), "kv_transfer_params"));
+    }
+  }
   if (kv.role == KvTransferParams::Role::kConsumer) {
     // Know P before the engine admits the request (cached after the first request).
     auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -88,7 +89,10 @@ class UcxBackend final : public Backend {
     std::string tls, devices;
     if (options_.preset == "tcp") {
       tls = "tcp";
-      devices = "lo";
+      // Loopback unless the operator chose the devices (UCX_NET_DEVICES, e.g. the veth or NIC
+      // that reaches the peers: P and D on different hosts or network namespaces).
+      const char* env = std::getenv("UCX_NET_DEVICES");
+      devices = env != nullptr && env[0] != '\0' ? "" : "lo";
       peer_errors_ = true;
     } else if (options_.preset == "shm") {
       tls = "posix,sysv,cma";

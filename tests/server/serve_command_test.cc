@@ -88,11 +88,18 @@ struct Child {
     GTEST_SKIP() << kBinary << " not built (ninja kvpush); skipping"; \
   }
 
-TEST(ServeCommandTest, RefusesUnimplementedRolesAndBadConfig) {
+TEST(ServeCommandTest, RefusesBadConfig) {
   REQUIRE_BINARY();
   KVP_REQUIRE_SHARED_MODEL(gguf, "stories260K.gguf");
-  Child prefill({"serve", "--model", gguf, "--role", "prefill", "--port", "0"});
-  EXPECT_EQ(prefill.Wait(30000), 2);
+  Child bad_backend({"serve", "--model", gguf, "--role", "prefill", "--port", "0",
+                     "--kv-transfer-config", R"({"kv_connector_extra_config":{"backend":"nope"}})"});
+  EXPECT_EQ(bad_backend.Wait(30000), 2);
+  Child not_json({"serve", "--model", gguf, "--role", "decode", "--port", "0",
+                  "--kv-transfer-config", "not json"});
+  EXPECT_EQ(not_json.Wait(30000), 2);
+  Child contradiction({"serve", "--model", gguf, "--role", "decode", "--port", "0",
+                       "--kv-transfer-config", R"({"kv_role":"kv_producer"})"});
+  EXPECT_EQ(contradiction.Wait(30000), 2);
   Child bad({"serve", "--model", gguf, "--block-size", "0", "--port", "0"});
   EXPECT_EQ(bad.Wait(30000), 2);
   Child too_long({"serve", "--model", gguf, "--max-model-len", "100000", "--port", "0"});

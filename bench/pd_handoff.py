@@ -10,7 +10,11 @@ falls on all modes alike. The prefix cache is off on every instance (the same pr
 every mode, and each must move its whole KV).
 
 Reports, per prompt length: TTFT and TPOT median and p99 per mode, and the handoff overhead
-H(mode) = TTFT(mode) - TTFT(colocated) (median of the per-prompt differences). Then the decode
+H(mode) = TTFT(mode) - TTFT(colocated) (median of the per-prompt differences). Because the CPU
+prefill itself jitters by a few percent (tens of ms) between runs, it also reports the
+compute-corrected Hc: per request, client TTFT minus the TTFT that the computing engine (P, or the
+colocated instance) recorded for itself (read from its /metrics histogram sum before and after the
+request; requests run one at a time), minus the same for colocated. Then the decode
 TPOT of a long stream on D alone vs while push requests (max_tokens=1: KV arrives, nothing more is
 decoded) keep arriving, and the CPU use of the idle P+D pair. Prints a table and writes JSON.
 
@@ -30,6 +34,7 @@ import threading
 import time
 
 HOST = "127.0.0.1"
+TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
 
 
 def free_port():
@@ -162,7 +167,10 @@ def main():
             print(f"generating the benchmark model at {model} ...", flush=True)
             subprocess.run([kv, "gen-model", "--context", "4096", "--out", model], check=True,
                            stdout=subprocess.DEVNULL)
-        cfg = json.dumps({"kv_connector_extra_config": {"backend": a.backend}})
+        # A 2048-token prefill of the generated model takes ~9 s on this CPU: the decode watchdog
+        # (default 10 s, counted from D's admission) must leave room for it.
+        cfg = json.dumps({"kv_connector_extra_config": {"backend": a.backend, "watchdog_ms": 120000,
+                                                        "lease_ms": 180000}})
         common = ["serve", "--model", model, "--no-enable-prefix-caching", "--log-level", "warn",
                   "--max-model-len", "4096"]
         ports = {}
@@ -211,7 +219,13 @@ def main():
                 ref = None
                 got = {}
                 for name, m in order:
+                    # The instance that computes the prompt: its engine's TTFT (arrival -> first
+                    # token sampled) for this request is the delta of its TTFT histogram sum.
+                    eng = ports["colocated"] if m is None else ports["prefill"]
+                    before = metrics(eng).get(TTFT_SUM, 0.0)
                     r = stream(ports["colocated"] if m is None else ports["router"], body, m)
+                    r["engine_ttft_ms"] = (metrics(eng).get(TTFT_SUM, 0.0) - before) * 1e3
+                    r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
                     got[name] = r
                 for name, _ in modes:
                     per[name].append(got[name])
@@ -220,21 +234,29 @@ def main():
                 print(f"  {length}-token prompt {i + 1}/{count}: " + "  ".join(
                     f"{n.split()[0]} {got[n]['ttft_ms']:.1f}" for n, _ in modes) + " ms TTFT", flush=True)
             p1, d1 = metrics(ports["prefill"]), metrics(ports["decode"])
-            row = {"mismatches": mismatches, "modes": {},
+            recomputes = d1.get("kvpush_kv_load_recomputes_total", 0) - d0.get("kvpush_kv_load_recomputes_total", 0)
+            row = {"mismatches": mismatches, "modes": {}, "d_recomputes": recomputes,
                    "push_tail_ms_mean": mean_delta(p0, p1, "kvpush_kv_transfer_push_tail_seconds_sum",
                                                    "kvpush_kv_transfer_push_tail_seconds_count"),
                    "pull_read_ms_mean": mean_delta(d0, d1, "kvpush_kv_transfer_read_seconds_sum",
                                                    "kvpush_kv_transfer_read_seconds_count")}
             colo_ttft = [r["ttft_ms"] for r in per["colocated"]]
+            colo_over = [r["overhead_ms"] for r in per["colocated"]]
             for name, _ in modes:
                 ttft = [r["ttft_ms"] for r in per[name]]
                 tpot = [r["tpot_ms"] for r in per[name]]
                 h = [t - c for t, c in zip(ttft, colo_ttft)]
+                # Compute-corrected: (client TTFT - the computing engine's own TTFT) minus the same
+                # for colocated, per prompt. Removes the CPU jitter of the prefill itself.
+                hc = [o["overhead_ms"] - c for o, c in zip(per[name], colo_over)]
                 row["modes"][name] = {
                     "ttft_ms_median": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
                     "tpot_ms_median": pct(tpot, 0.5), "tpot_ms_p99": pct(tpot, 0.99),
                     "handoff_ms_median": None if name == "colocated" else pct(h, 0.5),
                     "handoff_ms_p99": None if name == "colocated" else pct(h, 0.99),
+                    "handoff_corrected_ms_median": None if name == "colocated" else pct(hc, 0.5),
+                    "handoff_corrected_ms_p99": None if name == "colocated" else pct(hc, 0.99),
+                    "engine_ttft_ms": [r["engine_ttft_ms"] for r in per[name]],
                     "ttft_ms": ttft,
                 }
             # KV bytes of one layer of this prompt (K and V): what layer-wise push leaves exposed.
@@ -281,21 +303,24 @@ def main():
         print(f"\nP/D handoff benchmark — backend {a.backend}, model {os.path.basename(model)}, "
               f"{a.max_tokens} output tokens, requests one at a time")
         print(f"{'prompt':>7} {'mode':<20} {'TTFT p50':>9} {'TTFT p99':>9} {'TPOT p50':>9} {'TPOT p99':>9} "
-              f"{'H p50':>8} {'H p99':>8}")
+              f"{'H p50':>8} {'H p99':>8} {'Hc p50':>8} {'Hc p99':>8}")
         for length, row in results["lengths"].items():
             for name, _ in modes:
                 s = row["modes"][name]
                 hm = "" if s["handoff_ms_median"] is None else f"{s['handoff_ms_median']:8.2f}"
                 hp = "" if s["handoff_ms_p99"] is None else f"{s['handoff_ms_p99']:8.2f}"
+                cm = "" if s["handoff_corrected_ms_median"] is None else f"{s['handoff_corrected_ms_median']:8.2f}"
+                cp = "" if s["handoff_corrected_ms_p99"] is None else f"{s['handoff_corrected_ms_p99']:8.2f}"
                 print(f"{length:>7} {name:<20} {s['ttft_ms_median']:9.2f} {s['ttft_ms_p99']:9.2f} "
-                      f"{s['tpot_ms_median']:9.3f} {s['tpot_ms_p99']:9.3f} {hm:>8} {hp:>8}")
-            hp = row["modes"]["push"]["handoff_ms_median"]
-            hv = row["modes"]["pull (vLLM default)"]["handoff_ms_median"]
-            print(f"{length:>7} H(push) / H(pull vLLM default) = {hp / hv if hv else float('nan'):.3f}"
-                  f"   token mismatches vs colocated: {row['mismatches']}")
+                      f"{s['tpot_ms_median']:9.3f} {s['tpot_ms_p99']:9.3f} {hm:>8} {hp:>8} {cm:>8} {cp:>8}")
+            hp = row["modes"]["push"]["handoff_corrected_ms_median"]
+            hv = row["modes"]["pull (vLLM default)"]["handoff_corrected_ms_median"]
+            print(f"{length:>7} Hc(push) / Hc(pull vLLM default) = {hp / hv if hv else float('nan'):.3f}"
+                  f"   token mismatches vs colocated: {row['mismatches']}"
+                  f"   failed loads recomputed on D: {row['d_recomputes']:.0f}")
             tail, rd = row["push_tail_ms_mean"], row["pull_read_ms_mean"]
-            print(f"{length:>7} measured inside the instances (means): push tail on P (last layer "
-                  f"computed -> KV_READY posted) {tail if tail is None else round(tail, 3)} ms; "
+            print(f"{length:>7} measured inside the instances (means): push tail on P (prefill "
+                  f"finished -> KV_READY posted) {tail if tail is None else round(tail, 3)} ms; "
                   f"pull READ on D {rd if rd is None else round(rd, 3)} ms")
         t = results["tpot_under_push"]
         print(f"\ndecode TPOT alone {statistics.median(t['alone_ms']):.3f} ms, with pushes arriving "

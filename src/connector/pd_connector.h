@@ -69,8 +69,10 @@ struct ConnectorStats {
   int64_t leases_expired = 0;
   int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
   int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
-  /// Push, P side: from the moment the last layer of a request's prompt was computed to KV_READY
-  /// posted (the exposed part of the handoff on P: last layer's WRITE + sampling overlap).
+  /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
+  /// KV_READY posted: the part of the handoff P adds after its compute (the last layer's WRITE
+  /// not yet complete, plus the connector thread's wake-up). The last layer's WRITE is posted as
+  /// soon as its K/V are stored, before that layer's attention and FFN, so it mostly overlaps.
   int64_t push_tail_ns_sum = 0;
   int64_t push_tail_count = 0;
   /// Pull, D side: from posting the READ to its completion.
@@ -185,7 +187,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
     bool ready_posted = false;
     bool released = false;
     TimePoint lease_deadline = TimePoint::max();
-    int64_t last_layer_ns = 0;  ///< when the last layer of the whole prompt was computed
+    int64_t finished_ns = 0;  ///< when the engine finished the request (first token sampled)
   };
   struct Consumer {
     int64_t seq_id = 0;

@@ -65,9 +65,6 @@ void PdConnector::OnLayer(int32_t layer) {
     Producer& p = it->second;
     if (layer < 0 || layer >= static_cast<int32_t>(p.layer_done.size())) continue;
     p.layer_done[static_cast<size_t>(layer)] = c.end_pos;
-    if (layer + 1 == static_cast<int32_t>(p.layer_done.size()) && c.end_pos >= p.n) {
-      p.last_layer_ns = NowNs();
-    }
     TryPostLayer(p, layer);
   }
 }
@@ -101,7 +98,7 @@ void PdConnector::OnProducerDone(Event& ev) {
   }
   // Every layer of every prompt token is computed now (the request finished after its prefill).
   std::fill(p.layer_done.begin(), p.layer_done.end(), p.n);
-  if (p.last_layer_ns == 0) p.last_layer_ns = NowNs();  // no per-layer events (not layer-wise)
+  p.finished_ns = NowNs();
   p.lease_deadline = SteadyClock::now() + options_.config.lease;
   if (p.mode == Mode::kPush && p.has_target) TryPostAll(p);
   AdvanceProducer(p);
@@ -410,10 +407,8 @@ void PdConnector::AdvanceProducer(Producer& p) {
         spdlog::debug("kv connector: KV_READY of {} posted", p.tid);
         std::lock_guard lock(stats_mu_);
         ++stats_.kv_ready_sent;
-        if (p.last_layer_ns > 0) {
-          stats_.push_tail_ns_sum += NowNs() - p.last_layer_ns;
-          ++stats_.push_tail_count;
-        }
+        stats_.push_tail_ns_sum += NowNs() - p.finished_ns;
+        ++stats_.push_tail_count;
         return;
       }
       (void)agent_->ReleaseTransfer(*t);

@@ -120,6 +120,17 @@ void Engine::Loop() {
       }
     }
     cmds.clear();
+    // A first token delivered with remote KV (push, pull fast) goes out now, not after the
+    // forward pass of the step below (one decode step of latency, the whole of TPOT).
+    core_->PollConnector();
+    if (core_->has_pending_outputs()) {
+      const EngineStats& s = core_->stats();
+      {
+        std::lock_guard<std::mutex> lock(stats_mu_);
+        stats_ = s;
+      }
+      core_->FlushOutputs();
+    }
     last_step_tokens = core_->Step();
     const EngineStats& s = core_->stats();
     num_waiting_.store(s.num_waiting);

@@ -170,9 +170,13 @@ void EngineCore::ReleaseHeldBlocks() {
   }
 }
 
-int32_t EngineCore::Step() {
+void EngineCore::PollConnector() {
   ReleaseHeldBlocks();
   ApplyKvLoads();
+}
+
+int32_t EngineCore::Step() {
+  PollConnector();
   std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   stats_.num_preemptions = scheduler_.num_preemptions();
   if (chunks.empty()) {

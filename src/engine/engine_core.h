@@ -64,6 +64,11 @@ class EngineCore {
   /// requests with FinishReason::kError (the engine keeps running).
   int32_t Step();
 
+  /// Applies the connector's news (held blocks to release, finished KV loads: a loaded request
+  /// may emit its first token here). Step() calls it first; Engine calls it before Step() too so
+  /// that such a token is published before the step's forward pass, not after it.
+  void PollConnector();
+
   /// True while any request is waiting or running (or the connector holds blocks).
   bool HasWork() const;
 
@@ -75,6 +80,7 @@ class EngineCore {
   /// client that has seen a request's final output also sees it counted in /metrics.
   void set_defer_outputs(bool defer) { defer_outputs_ = defer; }
   void FlushOutputs();
+  bool has_pending_outputs() const { return !pending_outputs_.empty(); }
 
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const { return executor_->config(); }

@@ -166,7 +166,7 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
   counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
           c.bad_messages);
   w.Scalar("kvpush_kv_transfer_push_tail_seconds_sum", "counter",
-           "Push (P): last layer computed -> KV_READY posted, summed over requests.",
+           "Push (P): prefill finished (first token sampled) -> KV_READY posted, summed.",
            static_cast<double>(c.push_tail_ns_sum) * 1e-9);
   counter("kvpush_kv_transfer_push_tail_seconds_count", "Push (P): requests in the sum above.",
           c.push_tail_count);

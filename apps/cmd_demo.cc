@@ -301,6 +301,7 @@ int RunDemo(const DemoOptions& opt) {
                   {}};
     std::mutex mu;
     std::vector<std::thread> threads;
+    threads.reserve(prompts.size());
     for (const auto& p : prompts) {
       threads.emplace_back([&, p] {
         auto r = stream(modes[k], p);

@@ -340,7 +340,10 @@ TEST_F(PdE2E, Stories260KUcxTcpRouterBitIdentical) {
 }
 
 TEST_F(PdE2E, Stories260KUcxShmRouterBitIdentical) {
-  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
+  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
+  if (model.empty()) model = GenModel();
+  ASSERT_FALSE(model.empty());
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "stories260K ucx:shm", 512, "ucx:shm", &c));
   uint32_t seed = 200;
@@ -382,7 +385,10 @@ TEST_F(PdE2E, GeneratedModelUcxTcpRouterBitIdentical) {
 // P, D and the router each in their own network namespace, joined by veth pairs on a bridge;
 // the test talks to the router over the bridge. UCX is told the namespace's device.
 TEST_F(PdE2E, NetnsRouterPrefillDecodeUcxTcp) {
-  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
+  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
+  if (model.empty()) model = GenModel();
+  ASSERT_FALSE(model.empty());
   const std::string ipbin = IpBinary();
   if (geteuid() != 0 || ipbin.empty()) {
     GTEST_SKIP() << "needs root and iproute2 (ip) to create network namespaces; skipping";
@@ -457,7 +463,10 @@ json PLegBody(const Req& r, const std::string& mode, const std::string& tid) {
 /// pull: P answered, then died before D's READ). recompute -> colocated tokens; fail -> an error,
 /// never a 200 with tokens.
 TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
-  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
+  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
+  if (model.empty()) model = GenModel();
+  ASSERT_FALSE(model.empty());
   const std::string h = "127.0.0.1";
   const std::string pcfg = KvCfg("ucx:tcp", {{"lease_ms", 5000}});
   const std::string rec = KvCfg("ucx:tcp", {{"watchdog_ms", 1500},
@@ -577,7 +586,10 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
 
 /// Malformed kv_transfer_params get a 4xx/502 with a message, quickly, and leave nothing behind.
 TEST_F(PdE2E, FaultMalformedTransferParams) {
-  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
+  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
+  if (model.empty()) model = GenModel();
+  ASSERT_FALSE(model.empty());
   const std::string h = "127.0.0.1";
   const std::string cfg = KvCfg("ucx:tcp");
   const int pp = Port(), pd = Port(), pc = Port();

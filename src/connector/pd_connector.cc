@@ -17,6 +17,37 @@ namespace kvpush::connector {
 
 using namespace std::chrono_literals;
 
+namespace {
+
+/// One descriptor per (layer, K|V, block) chunk of an arena laid out as `L` in `region`, in arena
+/// order, so that entry index = offset / chunk_bytes (EntryIndex).
+std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region) {
+  std::vector<xfer::Desc> descs;
+  descs.reserve(static_cast<size_t>(L.num_layers) * 2 * static_cast<size_t>(L.num_blocks));
+  for (int32_t layer = 0; layer < L.num_layers; ++layer) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (BlockId b = 0; b < L.num_blocks; ++b) {
+        descs.push_back(xfer::Desc{region, L.offset(layer, kind, b), L.chunk_bytes()});
+      }
+    }
+  }
+  return descs;
+}
+
+/// XXH3 of a sequence's prompt tokens (the protocol's prompt_hash).
+uint64_t PromptHashOf(const Sequence& seq) {
+  return PromptHash(
+      std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens)));
+}
+
+xfer::TransferHandle HandleOf(uint64_t packed) {
+  xfer::TransferHandle h;
+  static_cast<xfer::HandleBits&>(h) = xfer::HandleBits::Unpack(packed);
+  return h;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<PdConnector>> PdConnector::Create(ConnectorOptions options) {
   KVP_RETURN_IF_ERROR(options.layout.Validate());
   if (options.layout.dtype != KvDtype::kF32) {
@@ -69,18 +100,8 @@ Status PdConnector::Init() {
                          agent_->RegisterRegion(owned_arena_, bytes, xfer::MemoryType::kHost));
     arena_ = std::span<std::byte>(static_cast<std::byte*>(owned_arena_), bytes);
   }
-  // One descriptor per (layer, K|V, block) chunk, in arena order: entry index = offset / chunk.
   const KvLayout& L = options_.layout;
-  std::vector<xfer::Desc> descs;
-  descs.reserve(static_cast<size_t>(L.num_layers) * 2 * static_cast<size_t>(L.num_blocks));
-  for (int32_t layer = 0; layer < L.num_layers; ++layer) {
-    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      for (BlockId b = 0; b < L.num_blocks; ++b) {
-        descs.push_back(xfer::Desc{arena_region_, L.offset(layer, kind, b), L.chunk_bytes()});
-      }
-    }
-  }
-  KVP_ASSIGN_OR_RETURN(local_list_, agent_->PrepareLocal(descs));
+  KVP_ASSIGN_OR_RETURN(local_list_, agent_->PrepareLocal(ArenaChunkDescs(L, arena_region_)));
   KVP_ASSIGN_OR_RETURN(agent_metadata_, agent_->ExportMetadata());
   thread_ = std::thread([this] { Loop(); });
   spdlog::info("kv connector: engine_id={} incarnation={:016x} {} layout: {}", agent_->name(),
@@ -138,20 +159,10 @@ Status PdConnector::AdoptPeer(const HandshakeInfo& peer) {
     return Unavailable("loading the agent metadata of '" + peer.engine_id +
                        "': " + loaded.status().ToString());
   }
-  const KvLayout& L = peer.layout;
-  std::vector<xfer::Desc> descs;
-  descs.reserve(static_cast<size_t>(L.num_layers) * 2 * static_cast<size_t>(L.num_blocks));
   xfer::RegionId rid;
   rid.index = peer.kv_region_index;
   rid.generation = peer.kv_region_generation;
-  for (int32_t layer = 0; layer < L.num_layers; ++layer) {
-    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      for (BlockId b = 0; b < L.num_blocks; ++b) {
-        descs.push_back(xfer::Desc{rid, L.offset(layer, kind, b), L.chunk_bytes()});
-      }
-    }
-  }
-  auto list = agent_->PrepareRemote(peer.engine_id, descs);
+  auto list = agent_->PrepareRemote(peer.engine_id, ArenaChunkDescs(peer.layout, rid));
   if (!list.ok()) {
     return Unavailable("preparing the KV region of '" + peer.engine_id +
                        "': " + list.status().ToString());
@@ -311,8 +322,7 @@ KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
     if (full_hit) return {};  // compute the short tail here (OnBlocksAllocated tells P)
     return KvMatch{n - local, true};
   }
-  const PullProfile profile = p.pull_profile < 0 ? options_.config.pull_profile
-                                                 : static_cast<PullProfile>(p.pull_profile);
+  const PullProfile profile = ResolvePullProfile(p);
   const bool take_first = profile == PullProfile::kFast && p.first_token_id >= 0;
   const int32_t external = take_first ? n - local : n - 1 - local;
   if (full_hit || external <= 0) return {};
@@ -329,8 +339,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     ev.seq_id = seq.seq_id;
     ev.params = p;
     ev.num_prompt_tokens = seq.num_prompt_tokens;
-    ev.prompt_hash = PromptHash(std::span<const int32_t>(seq.tokens.data(),
-                                                         static_cast<size_t>(seq.num_prompt_tokens)));
+    ev.prompt_hash = PromptHashOf(seq);
     ev.blocks.assign(blocks.begin(), blocks.end());
     if (p.mode == KvTransferParams::Mode::kPush) push_producers_[seq.seq_id] = seq.num_prompt_tokens;
     Push(std::move(ev));
@@ -349,8 +358,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   }
   ++engine_waiting_;
   consumers_engine_[seq.seq_id] = 1;
-  const PullProfile profile = p.pull_profile < 0 ? options_.config.pull_profile
-                                                 : static_cast<PullProfile>(p.pull_profile);
+  const PullProfile profile = ResolvePullProfile(p);
   if (p.mode == KvTransferParams::Mode::kPull && profile == PullProfile::kVllm) {
     // vLLM's NixlConnector: the READ is prepared and posted from the engine (worker) thread in
     // start_load_kv, right before the next forward pass.
@@ -369,8 +377,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   ev.seq_id = seq.seq_id;
   ev.params = p;
   ev.num_prompt_tokens = seq.num_prompt_tokens;
-  ev.prompt_hash = PromptHash(std::span<const int32_t>(seq.tokens.data(),
-                                                       static_cast<size_t>(seq.num_prompt_tokens)));
+  ev.prompt_hash = PromptHashOf(seq);
   ev.blocks.assign(blocks.begin(), blocks.end());
   ev.local_tokens = local;
   ev.external_tokens = num_external;
@@ -448,8 +455,7 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
       j["remote_port"] = advertise_port_.load();
       j["remote_block_ids"] = std::vector<BlockId>(blocks.begin(), blocks.end());
       j["num_prompt_tokens"] = seq.num_prompt_tokens;
-      j["prompt_hash"] = Hex64(PromptHash(
-          std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens))));
+      j["prompt_hash"] = Hex64(PromptHashOf(seq));
       j["first_token_id"] = seq.last_token.id;
       j["first_token_logprob"] = seq.last_token.logprob;
       j["lease_ms"] = options_.config.lease.count();
@@ -564,10 +570,7 @@ void PdConnector::HandleEvent(Event& ev) {
       OnConsumerStart(ev);
       break;
     case Event::kConsumerNotNeeded: {
-      PdMessage m;
-      m.transfer_id = ev.params.transfer_id;
       const bool pull = ev.params.mode == KvTransferParams::Mode::kPull;
-      m.tag = pull ? MsgTag::kRelease : MsgTag::kNotNeeded;
       std::string peer = ev.params.remote_engine_id;
       if (peer.empty()) {
         std::lock_guard lock(peers_mu_);
@@ -575,7 +578,9 @@ void PdConnector::HandleEvent(Event& ev) {
                                   std::to_string(ev.params.remote_port));
         if (it != endpoints_.end()) peer = it->second;
       }
-      if (!peer.empty()) SendMessage(peer, m);
+      if (!peer.empty()) {
+        SendSignal(peer, pull ? MsgTag::kRelease : MsgTag::kNotNeeded, ev.params.transfer_id);
+      }
       std::lock_guard lock(stats_mu_);
       ++stats_.not_needed;
       break;
@@ -655,11 +660,38 @@ void PdConnector::SendMessage(const std::string& peer, const PdMessage& m) {
   outstanding_[t->packed()] = Outstanding{m.transfer_id, XferKind::kMessage, 0};
 }
 
+void PdConnector::SendSignal(const std::string& peer, MsgTag tag, const std::string& tid) {
+  PdMessage m;
+  m.tag = tag;
+  m.transfer_id = tid;
+  SendMessage(peer, m);
+}
+
+void PdConnector::SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
+                              const std::string& why) {
+  PdMessage m;
+  m.tag = MsgTag::kTransferFailed;
+  m.transfer_id = tid;
+  m.code = static_cast<uint8_t>(code);
+  m.message = why;
+  SendMessage(peer, m);
+}
+
+void PdConnector::CancelOutstanding(const std::string& tid, XferKind kind) {
+  for (const auto& [h, o] : outstanding_) {
+    if (o.tid == tid && o.kind == kind) (void)agent_->Cancel(HandleOf(h));
+  }
+}
+
+PullProfile PdConnector::ResolvePullProfile(const KvTransferParams& p) const {
+  return p.pull_profile < 0 ? options_.config.pull_profile
+                            : static_cast<PullProfile>(p.pull_profile);
+}
+
 void PdConnector::PollTransfers() {
   std::vector<std::pair<Outstanding, xfer::TransferStatus>> done;
   for (auto it = outstanding_.begin(); it != outstanding_.end();) {
-    xfer::TransferHandle h;
-    static_cast<xfer::HandleBits&>(h) = xfer::HandleBits::Unpack(it->first);
+    const xfer::TransferHandle h = HandleOf(it->first);
     auto st = agent_->GetStatus(h);
     if (st.ok() && st->state == xfer::TransferState::kInProgress) {
       ++it;
@@ -724,12 +756,8 @@ void PdConnector::Timers() {
       ++it;
       continue;
     }
-    PdMessage f;
-    f.tag = MsgTag::kTransferFailed;
-    f.transfer_id = it->first;
-    f.code = static_cast<uint8_t>(StatusCode::kDeadlineExceeded);
-    f.message = "the prefill request for this transfer never arrived at P";
-    SendMessage(it->second.peer, f);
+    SendFailure(it->second.peer, it->first, StatusCode::kDeadlineExceeded,
+                "the prefill request for this transfer never arrived at P");
     Tombstone(it->first);
     it = pending_targets_.erase(it);
   }
@@ -778,23 +806,12 @@ void PdConnector::Timers() {
       spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
                    options_.config.watchdog.count());
       if (c.mode == KvTransferParams::Mode::kPush) {
-        PdMessage m;
-        m.tag = MsgTag::kCancel;
-        m.transfer_id = tid;
-        SendMessage(c.peer, m);
-        c.cancelling = true;
-        c.cancel_deadline = now + options_.config.cancel_ack;
+        SendSignal(c.peer, MsgTag::kCancel, tid);
       } else {
-        // Pull: the READ is ours; cancelling it (or its stall deadline) ends it.
-        for (auto& [h, o] : outstanding_) {
-          if (o.tid != tid || o.kind != XferKind::kRead) continue;
-          xfer::TransferHandle th;
-          static_cast<xfer::HandleBits&>(th) = xfer::HandleBits::Unpack(h);
-          (void)agent_->Cancel(th);
-        }
-        c.cancelling = true;
-        c.cancel_deadline = now + options_.config.cancel_ack;
+        CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
       }
+      c.cancelling = true;
+      c.cancel_deadline = now + options_.config.cancel_ack;
       continue;
     }
     if (c.cancelling && now >= c.cancel_deadline) {

@@ -235,6 +235,15 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void Timers();
   /// Sends `m` to `peer` as a standalone notification (tracked until done).
   void SendMessage(const std::string& peer, const PdMessage& m);
+  /// Sends a message that carries only its tag and transfer id (CANCEL, CANCEL_ACK, RELEASE, ...).
+  void SendSignal(const std::string& peer, MsgTag tag, const std::string& tid);
+  /// Sends TRANSFER_FAILED with `code` and `why`.
+  void SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
+                   const std::string& why);
+  /// Cancels every outstanding transfer of kind `kind` that belongs to transfer `tid`.
+  void CancelOutstanding(const std::string& tid, XferKind kind);
+  /// The request's pull profile, or the instance default when it names none.
+  PullProfile ResolvePullProfile(const KvTransferParams& p) const;
   void Tombstone(const std::string& tid);
   bool IsTombstoned(const std::string& tid) const;
   /// Posts `spec`, tracking it as `kind` for transfer `tid`. Returns false on failure.

@@ -124,9 +124,7 @@ void PdConnector::OnConsumerStart(Event& ev) {
   if (ev.params.first_token_id >= 0 && con.local_tokens + con.external_tokens == con.n) {
     con.first_token = TokenOutput{ev.params.first_token_id, ev.params.first_token_logprob, {}};
   }
-  const PullProfile profile = ev.params.pull_profile < 0
-                                  ? options_.config.pull_profile
-                                  : static_cast<PullProfile>(ev.params.pull_profile);
+  const PullProfile profile = ResolvePullProfile(ev.params);
   if (profile == PullProfile::kVllm) return;  // the engine thread posts it (kReadPosted)
   const size_t first = static_cast<size_t>(con.local_tokens / bs);
   const size_t last = static_cast<size_t>((con.local_tokens + con.external_tokens + bs - 1) / bs);
@@ -157,22 +155,14 @@ void PdConnector::OnConsumerAbort(Event& ev) {
   c.cancelling = true;
   c.cancel_deadline = SteadyClock::now() + options_.config.cancel_ack;
   if (c.mode == Mode::kPush) {
-    PdMessage m;
-    m.tag = MsgTag::kCancel;
-    m.transfer_id = c.tid;
-    SendMessage(c.peer, m);
+    SendSignal(c.peer, MsgTag::kCancel, c.tid);
     return;
   }
   if (!c.read_posted) {
     CompleteConsumer(c, Aborted("aborted"), std::nullopt);
     return;
   }
-  for (auto& [h, o] : outstanding_) {
-    if (o.tid != c.tid || o.kind != XferKind::kRead) continue;
-    xfer::TransferHandle th;
-    static_cast<xfer::HandleBits&>(th) = xfer::HandleBits::Unpack(h);
-    (void)agent_->Cancel(th);
-  }
+  CancelOutstanding(c.tid, XferKind::kRead);
 }
 
 void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
@@ -217,10 +207,7 @@ void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::Trans
   auto it = consumers_.find(o.tid);
   if (it == consumers_.end()) return;
   Consumer& c = it->second;
-  PdMessage rel;
-  rel.tag = MsgTag::kRelease;
-  rel.transfer_id = c.tid;
-  SendMessage(c.peer, rel);  // P may free its leased blocks either way
+  SendSignal(c.peer, MsgTag::kRelease, c.tid);  // P may free its leased blocks either way
   if (st.state != xfer::TransferState::kDone) {
     CompleteConsumer(c, Status(st.error.code(), "READ failed: " + st.error.message()),
                      std::nullopt);

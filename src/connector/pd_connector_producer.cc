@@ -124,21 +124,13 @@ void PdConnector::OnProducerMessage(const std::string& peer, PdMessage& m) {
       pending_targets_.erase(m.transfer_id);
       auto it = producers_.find(m.transfer_id);
       if (it == producers_.end()) {
-        PdMessage ack;
-        ack.tag = MsgTag::kCancelAck;
-        ack.transfer_id = m.transfer_id;
-        SendMessage(peer, ack);
+        SendSignal(peer, MsgTag::kCancelAck, m.transfer_id);
         return;
       }
       Producer& p = it->second;
       if (!p.finished && abort_request_) abort_request_(p.seq_id);
       p.cancel_ack_due = p.has_target && p.peer == peer;
-      if (!p.cancel_ack_due) {
-        PdMessage ack;
-        ack.tag = MsgTag::kCancelAck;
-        ack.transfer_id = m.transfer_id;
-        SendMessage(peer, ack);
-      }
+      if (!p.cancel_ack_due) SendSignal(peer, MsgTag::kCancelAck, m.transfer_id);
       DropProducer(p, Cancelled("cancelled by the decode instance"), false);
       return;
     }
@@ -175,19 +167,12 @@ void PdConnector::OnPushTarget(const std::string& peer, PdMessage& m) {
     std::lock_guard lock(stats_mu_);
     ++stats_.push_targets_received;
   }
-  auto reply_failed = [&](const std::string& why) {
-    spdlog::warn("kv connector: refusing push target {} from '{}': {}", m.transfer_id, peer, why);
-    PdMessage f;
-    f.tag = MsgTag::kTransferFailed;
-    f.transfer_id = m.transfer_id;
-    f.code = static_cast<uint8_t>(StatusCode::kFailedPrecondition);
-    f.message = why;
-    SendMessage(peer, f);
-  };
   spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {})", m.transfer_id, peer,
                 m.block_ids.size(), m.first_block);
   if (IsTombstoned(m.transfer_id)) {
-    reply_failed("unknown or expired transfer (its lease ran out or it already ended)");
+    const char* why = "unknown or expired transfer (its lease ran out or it already ended)";
+    spdlog::warn("kv connector: refusing push target {} from '{}': {}", m.transfer_id, peer, why);
+    SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
     return;
   }
   auto it = producers_.find(m.transfer_id);
@@ -203,12 +188,7 @@ void PdConnector::OnPushTarget(const std::string& peer, PdMessage& m) {
 void PdConnector::AttachTarget(Producer& p, const std::string& peer, PdMessage& m) {
   auto fail = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", p.tid, peer, why);
-    PdMessage f;
-    f.tag = MsgTag::kTransferFailed;
-    f.transfer_id = p.tid;
-    f.code = static_cast<uint8_t>(StatusCode::kInvalidArgument);
-    f.message = why;
-    SendMessage(peer, f);
+    SendFailure(peer, p.tid, StatusCode::kInvalidArgument, why);
   };
   if (p.has_target || p.dropped) {
     fail(p.has_target ? "a target for this transfer was already received" : "transfer dropped");
@@ -335,12 +315,7 @@ void PdConnector::DropProducer(Producer& p, Status why, bool tell_peer) {
       Tombstone(p.tid);
     }
     // Cancel WRITEs not yet on the wire; AdvanceProducer waits for the rest to end.
-    for (auto& [h, o] : outstanding_) {
-      if (o.tid != p.tid || o.kind != XferKind::kWrite) continue;
-      xfer::TransferHandle th;
-      static_cast<xfer::HandleBits&>(th) = xfer::HandleBits::Unpack(h);
-      (void)agent_->Cancel(th);
-    }
+    CancelOutstanding(p.tid, XferKind::kWrite);
   }
   AdvanceProducer(p);
 }
@@ -357,19 +332,11 @@ void PdConnector::AdvanceProducer(Producer& p) {
     if (p.outstanding > 0) return;  // wait until no WRITE of ours can land any more
     if (p.fail_due) {
       p.fail_due = false;
-      PdMessage f;
-      f.tag = MsgTag::kTransferFailed;
-      f.transfer_id = p.tid;
-      f.code = static_cast<uint8_t>(p.failure.code());
-      f.message = p.failure.message();
-      SendMessage(p.peer, f);
+      SendFailure(p.peer, p.tid, p.failure.code(), p.failure.message());
     }
     if (p.cancel_ack_due) {
       p.cancel_ack_due = false;
-      PdMessage ack;
-      ack.tag = MsgTag::kCancelAck;
-      ack.transfer_id = p.tid;
-      SendMessage(p.peer, ack);
+      SendSignal(p.peer, MsgTag::kCancelAck, p.tid);
     }
     if (!p.finished) return;  // the engine still owns the blocks; OnProducerDone comes back here
     ReleaseProducer(p);

@@ -123,22 +123,9 @@ void Engine::Loop() {
     // A first token delivered with remote KV (push, pull fast) goes out now, not after the
     // forward pass of the step below (one decode step of latency, the whole of TPOT).
     core_->PollConnector();
-    if (core_->has_pending_outputs()) {
-      const EngineStats& s = core_->stats();
-      {
-        std::lock_guard<std::mutex> lock(stats_mu_);
-        stats_ = s;
-      }
-      core_->FlushOutputs();
-    }
+    if (core_->has_pending_outputs()) PublishAndFlush();
     last_step_tokens = core_->Step();
-    const EngineStats& s = core_->stats();
-    num_waiting_.store(s.num_waiting);
-    {
-      std::lock_guard<std::mutex> lock(stats_mu_);
-      stats_ = s;
-    }
-    core_->FlushOutputs();  // after the snapshot: a finished output implies updated stats
+    PublishAndFlush();
   }
   // Shutdown: answer everything still queued or running.
   std::deque<Command> rest;
@@ -154,11 +141,17 @@ void Engine::Loop() {
     c.channel->Push(std::move(out));
   }
   core_->AbortAll("engine is shutting down");
+  PublishAndFlush();
+}
+
+void Engine::PublishAndFlush() {
+  const EngineStats& s = core_->stats();
+  num_waiting_.store(s.num_waiting);
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
-    stats_ = core_->stats();
+    stats_ = s;
   }
-  core_->FlushOutputs();
+  core_->FlushOutputs();  // after the snapshot: a finished output implies updated stats
 }
 
 }  // namespace kvpush

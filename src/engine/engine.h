@@ -69,6 +69,9 @@ class Engine {
   Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core, const Tokenizer& tokenizer,
          KvConnector* connector);
   void Loop();
+  /// Publishes the engine thread's stats snapshot, then the deferred outputs (so a client that
+  /// saw a request's final output also sees it counted). Engine thread only.
+  void PublishAndFlush();
 
   struct Command {
     bool abort = false;

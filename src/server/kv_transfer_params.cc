@@ -2,20 +2,15 @@
 
 #include <string>
 
+#include "connector/handshake.h"
+#include "connector/messages.h"
+
 namespace kvpush::server {
 namespace {
 
 ApiError Bad(const std::string& field, const std::string& msg) {
   return ApiError::Invalid("kv_transfer_params." + field + " " + msg,
                            "kv_transfer_params." + field);
-}
-
-bool IsHexId(const std::string& s) {
-  if (s.size() != 32) return false;
-  for (char c : s) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
 }
 
 }  // namespace
@@ -69,7 +64,7 @@ std::variant<KvTransferParams, ApiError> ParseKvTransferParams(const nlohmann::j
     if (auto e = str("remote_request_id", rid, 64)) return *e;
     p.transfer_id = rid;
   }
-  if (!IsHexId(p.transfer_id)) return Bad("transfer_id", "must be 32 lowercase hex characters");
+  if (!connector::IsValidTransferId(p.transfer_id)) return Bad("transfer_id", "must be 32 lowercase hex characters");
   if (auto e = str("remote_engine_id", p.remote_engine_id, 255)) return *e;
   if (auto e = str("remote_host", p.remote_host, 255)) return *e;
   int64_t v = 0;
@@ -97,16 +92,9 @@ std::variant<KvTransferParams, ApiError> ParseKvTransferParams(const nlohmann::j
   std::string hash;
   if (auto e = str("prompt_hash", hash, 16)) return *e;
   if (!hash.empty()) {
-    uint64_t v64 = 0;
-    for (char c : hash) {  // 1-16 lowercase or uppercase hex digits, nothing else
-      int d = -1;
-      if (c >= '0' && c <= '9') d = c - '0';
-      if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
-      if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
-      if (d < 0) return Bad("prompt_hash", "must be 1-16 hex digits");
-      v64 = (v64 << 4) | static_cast<uint64_t>(d);
-    }
-    p.prompt_hash = v64;
+    auto parsed = connector::ParseHex64(hash);  // 1-16 hex digits, nothing else
+    if (!parsed.ok()) return Bad("prompt_hash", "must be 1-16 hex digits");
+    p.prompt_hash = *parsed;
   }
   v = -1;
   if (auto e = integer("first_token_id", -1, 0x7fffffff, v)) return *e;

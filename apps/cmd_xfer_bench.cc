@@ -24,6 +24,7 @@ void RegisterXferBenchCommand(CLI::App& app) {
   cmd->add_flag("--same-block", cfg->same_block,
                 "all descriptors of a batch use the same block (ucx_perftest's footprint)");
   cmd->add_option("--json", cfg->json_path, "write results as JSON to this file");
+  cmd->add_flag("!--no-grid", cfg->grid, "skip the READ/WRITE bandwidth grid");
   cmd->add_flag("!--no-latency", cfg->latency, "skip the 8-byte latency measurement");
   cmd->add_flag("!--no-post-cost", cfg->post_cost, "skip the 18,880-descriptor posting cost");
   cmd->callback([cfg] {

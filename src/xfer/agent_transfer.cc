@@ -249,6 +249,18 @@ Status Agent::Post(TransferHandle h) {
     if (watchdog_idle_) watchdog_cv_.notify_one();
   }
   const uint64_t token = req.token;
+  // Caller-thread fast path first (small posts on an idle backend finish here, without waking a
+  // progress thread); otherwise the backend's thread issues it.
+  Status inline_status;
+  const InlinePost taken = backend_->TryPostInline(req, &inline_status);
+  if (taken == InlinePost::kAccepted) return Status::Ok();
+  if (taken == InlinePost::kDone) {
+    std::lock_guard lock(mu_);
+    Transfer* t = transfers_.AtIndex(h.index);
+    if (t != nullptr && Token(h, t->seq) == token && t->state == TransferState::kInProgress)
+      FinishLocked(*t, inline_status);
+    return Status::Ok();  // the transfer's status carries any error, as for a later failure
+  }
   Status s = backend_->Post(std::move(req));
   if (!s.ok()) {
     std::lock_guard lock(mu_);
@@ -276,6 +288,7 @@ Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
     }
     const int64_t spin_end = NowNs() + int64_t{options_.wait_spin_us} * 1000;
     while (finished_.load(std::memory_order_acquire) == seen && NowNs() < spin_end) {
+      backend_->ProgressCaller();  // mu_ is not held: completions may call OnPostDone here
     }
   }
   std::unique_lock lock(mu_);

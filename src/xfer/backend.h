@@ -5,10 +5,11 @@
 // every call. It advertises what it can do in BackendCaps; the Agent decides (addressing,
 // allocation, whether a target progress thread is needed) from those capabilities.
 //
-// Threading contract: every method may be called from any thread, concurrently. Post() and
-// Abort() never call the BackendSink synchronously: errors found while posting are returned;
-// everything later is reported through the sink from the backend's own thread(s). The sink is set
-// once, before the first Post, and must outlive the backend.
+// Threading contract: every method may be called from any thread, concurrently. Post(),
+// TryPostInline() and Abort() never call the BackendSink synchronously: errors found while posting
+// are returned; everything later is reported through the sink from the backend's own thread(s), or
+// from a thread inside ProgressCaller(). The sink is set once, before the first Post, and must
+// outlive the backend.
 #pragma once
 
 #include <atomic>
@@ -108,6 +109,13 @@ struct PostRequest {
   std::shared_ptr<PostControl> control;  ///< never null
 };
 
+/// What TryPostInline did with a post.
+enum class InlinePost : uint8_t {
+  kNotTaken = 0,  ///< nothing happened: the request is untouched, call Post
+  kAccepted = 1,  ///< issued on the caller's thread; as if Post returned OK (OnPostDone follows)
+  kDone = 2,      ///< finished on the caller's thread with the returned status; no OnPostDone
+};
+
 /// Receives asynchronous events from a backend. Called from backend threads; must be thread-safe
 /// and must not call back into the backend's Post/SendMessage synchronously with locks it holds.
 class BackendSink {
@@ -171,6 +179,21 @@ class Backend {
   /// Starts a post. Returns an error (and reports nothing later) if it cannot be started; otherwise
   /// OnPostDone(token, ...) follows exactly once.
   virtual Status Post(PostRequest request) = 0;
+  /// Optional caller-thread fast path: issues the post on the calling thread when that needs no
+  /// waiting (e.g. the backend's worker is free and no earlier work is queued, so per-thread post
+  /// order is kept) and the post is small enough to be worth it. kNotTaken leaves `request`
+  /// untouched; otherwise it is consumed, and for kDone `*status` is the post's final status
+  /// (OK: all data visible at the destination and the notification handed to the network).
+  /// Never calls the sink. The default never takes a post.
+  virtual InlinePost TryPostInline(PostRequest& request, Status* status) {
+    (void)request;
+    (void)status;
+    return InlinePost::kNotTaken;
+  }
+  /// Optional: drives the backend's progress on the calling thread if no other thread is doing so
+  /// right now (never blocks). Completions found are reported through the sink synchronously, so
+  /// the caller must not hold any lock the sink takes. Returns true if anything progressed.
+  virtual bool ProgressCaller() { return false; }
   /// Best effort: stop working on a post whose control was aborted (it still reports OnPostDone).
   virtual void Abort(uint64_t token) = 0;
   /// Issue-path counters; safe to call from any thread.

@@ -82,9 +82,11 @@ struct AgentOptions {
   uint64_t incarnation = 0;
   /// A posted transfer that has not finished after this long ends in kDeadlineExceeded.
   std::chrono::milliseconds stall_timeout{10000};
-  /// Agent::Wait spins this long on a completion counter before blocking on a condition variable,
-  /// microseconds (0 = block at once). Saves a futex wake-up on short transfers.
-  int wait_spin_us = 20;
+  /// Agent::Wait spins this long before blocking on a condition variable, microseconds (0 = block
+  /// at once). While it spins it drives the backend's progress on the caller's thread
+  /// (Backend::ProgressCaller), so a short transfer completes without any thread hand-off; after
+  /// it the backend's own progress thread completes it and the waiter is woken.
+  int wait_spin_us = 100;
   /// Largest notification payload accepted for sending, bytes (receivers refuse larger frames).
   uint32_t max_notification_bytes = 4096;
   /// Optional: called whenever a transfer finishes (any state) or a notification arrives, so an

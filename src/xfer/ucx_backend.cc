@@ -62,7 +62,13 @@ struct UcxPeer : BackendPeer {
   class UcxBackend* owner = nullptr;
 };
 struct UcxRemote : BackendRemoteRegion {
-  ucp_rkey_h rkey = nullptr;  // destroyed on the progress thread in Disconnect
+  ucp_rkey_h rkey = nullptr;  // destroyed under the worker lock in Disconnect
+  // The peer's region mapped into this process (ucp_rkey_ptr: shared-memory transports on memory
+  // UCX allocated). Ops on it are plain loads/stores on the calling thread: no UCP request, no
+  // flush. Null when not mappable. Valid while `rkey` is (both go in Disconnect, under the lock).
+  std::byte* direct = nullptr;
+  uint64_t base = 0;    // remote virtual address that `direct` maps
+  uint64_t length = 0;  // bytes mapped
 };
 
 // One accepted post while its flush / notification is outstanding. Progress thread only.
@@ -72,6 +78,11 @@ struct InFlight {
   bool aborted = false;
   bool reported = false;   // OnPostDone already delivered (shutdown); only free it later
   bool ucx_owned = false;  // a UCX request holds this as user_data: its callback frees it
+  // Issued by TryPostInline: a completion found before it returns is handed back to it (kept in
+  // inline_status) instead of going to the sink. Cleared before the worker lock is released.
+  bool inline_caller = false;
+  bool inline_done = false;
+  Status inline_status;
 };
 
 class UcxBackend final : public Backend {
@@ -94,6 +105,7 @@ class UcxBackend final : public Backend {
       const char* env = std::getenv("UCX_NET_DEVICES");
       devices = env != nullptr && env[0] != '\0' ? "" : "lo";
       peer_errors_ = true;
+      efd_wakes_ = true;
     } else if (options_.preset == "shm") {
       tls = "posix,sysv,cma";
       peer_errors_ = false;
@@ -118,7 +130,9 @@ class UcxBackend final : public Backend {
     if (s != UCS_OK) return FromUcs(s, "ucp_init (TLS=" + tls + ")");
     ucp_worker_params_t wp{};
     wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
-    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    // One worker, used by the progress thread and by callers' fast paths, always under
+    // worker_mu_: serialized access.
+    wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
     s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_create");
     ucp_address_t* addr = nullptr;
@@ -236,15 +250,29 @@ class UcxBackend final : public Backend {
   }
 
   Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer* peer,
-                                                            std::span<const uint8_t> key, uint64_t,
-                                                            uint64_t) override {
+                                                            std::span<const uint8_t> key,
+                                                            uint64_t base,
+                                                            uint64_t length) override {
     if (key.empty()) return InvalidArgument("ucx: empty rkey blob");
     auto r = std::make_shared<UcxRemote>();
     auto* p = static_cast<UcxPeer*>(peer);
     Status st = RunSync([&]() -> Status {
       if (p->closed) return PeerGone("ucx: peer closed");
       ucs_status_t s = ucp_ep_rkey_unpack(p->ep, key.data(), &r->rkey);
-      return s == UCS_OK ? Status::Ok() : InvalidArgument("ucx: ucp_ep_rkey_unpack: " + UcsText(s));
+      if (s != UCS_OK) return InvalidArgument("ucx: ucp_ep_rkey_unpack: " + UcsText(s));
+      // Shared-memory transports can map the peer's region here; then its ops are plain copies.
+      void* mapped = nullptr;
+      if (options_.direct_access && length > 0 && ucp_rkey_ptr(r->rkey, base, &mapped) == UCS_OK &&
+          mapped != nullptr) {
+        void* last = nullptr;  // the whole region must be mapped, not just its first byte
+        if (ucp_rkey_ptr(r->rkey, base + length - 1, &last) == UCS_OK &&
+            static_cast<std::byte*>(last) == static_cast<std::byte*>(mapped) + (length - 1)) {
+          r->direct = static_cast<std::byte*>(mapped);
+          r->base = base;
+          r->length = length;
+        }
+      }
+      return Status::Ok();
     });
     KVP_RETURN_IF_ERROR(st);
     return std::shared_ptr<BackendRemoteRegion>(std::move(r));
@@ -260,6 +288,7 @@ class UcxBackend final : public Backend {
         auto* u = static_cast<UcxRemote*>(r.get());
         if (u->rkey != nullptr) ucp_rkey_destroy(u->rkey);
         u->rkey = nullptr;
+        u->direct = nullptr;
       }
     });
   }
@@ -269,6 +298,46 @@ class UcxBackend final : public Backend {
     auto* f = new InFlight{std::move(request), this, false};
     Enqueue([this, f] { Issue(f); });
     return Status::Ok();
+  }
+  InlinePost TryPostInline(PostRequest& request, Status* status) override {
+    if (request.peer == nullptr) return InlinePost::kNotTaken;
+    if (request.batch && request.batch->total_bytes > options_.inline_max_bytes)
+      return InlinePost::kNotTaken;
+    // Earlier work still queued for the progress thread goes first (per-thread post order).
+    if (pending_.load(std::memory_order_seq_cst) != 0) return InlinePost::kNotTaken;
+    std::unique_lock lock(worker_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || stopping_ || pending_.load(std::memory_order_seq_cst) != 0)
+      return InlinePost::kNotTaken;
+    auto* peer = static_cast<UcxPeer*>(request.peer.get());
+    // Data only, every op on a mapped region: copy it here, nothing to allocate or complete.
+    if (request.notification.empty() && request.batch && !peer->closed && !peer->failed &&
+        !request.control->aborted() && AllDirect(*request.batch)) {
+      auto via_ucp = IssueOps(request, peer);
+      *status = via_ucp.ok() ? Status::Ok() : via_ucp.status();
+      return InlinePost::kDone;
+    }
+    auto* f = new InFlight{std::move(request), this};
+    f->inline_caller = true;
+    Issue(f);
+    if (f->inline_done) {
+      *status = std::move(f->inline_status);
+      if (!f->ucx_owned) delete f;  // a late UCX callback of a shut-down post frees it otherwise
+      return InlinePost::kDone;
+    }
+    f->inline_caller = false;  // from now on its completion goes to the sink
+    lock.unlock();
+    // The progress thread sees this completion through the worker's event fd where that is
+    // reliable (tcp); otherwise it is woken to poll for it.
+    if (!efd_wakes_) Wake();
+    return InlinePost::kAccepted;
+  }
+  bool ProgressCaller() override {
+    std::unique_lock lock(worker_mu_, std::try_to_lock);
+    if (!lock.owns_lock() || stopping_) return false;
+    bool any = false;
+    while (ucp_worker_progress(worker_) != 0) any = true;
+    if (any) last_activity_ns_ = NowNs();
+    return any;
   }
   BackendStats stats() const override {
     return {stat_posts_.load(), stat_ops_.load(), stat_issue_ns_.load(),
@@ -329,6 +398,10 @@ class UcxBackend final : public Backend {
       jobs_.push_back(std::move(job));
       pending_.fetch_add(1, std::memory_order_seq_cst);
     }
+    Wake();
+  }
+
+  void Wake() {
     if (sleeping_.load(std::memory_order_seq_cst)) {
       uint64_t one = 1;
       ssize_t n = write(wake_fd_, &one, sizeof(one));
@@ -352,10 +425,89 @@ class UcxBackend final : public Backend {
     if (!f->aborted) --active_;
     --outstanding_;
     last_activity_ns_ = NowNs();
+    if (f->inline_caller) {  // TryPostInline reports it and frees f
+      f->inline_done = true;
+      f->inline_status = std::move(s);
+      return;
+    }
     sink_->OnPostDone(f->req.token, std::move(s));
     if (!f->ucx_owned) delete f;
   }
 
+  static bool AllDirect(const OpBatch& batch) {
+    for (const XferOp& op : batch.ops)
+      if (static_cast<const UcxRemote*>(op.remote)->direct == nullptr) return false;
+    return true;
+  }
+
+  // Scattered small ops (one KV block per layer) spend most of their time on cache and TLB misses
+  // of both arenas; touching the ops a few places ahead overlaps those misses.
+  static constexpr size_t kPrefetchAhead = 8;
+  static void PrefetchDirect(const XferOp& op, bool write) {
+    const auto* remote = static_cast<const UcxRemote*>(op.remote);
+    if (remote->direct == nullptr || op.remote_addr < remote->base) return;
+    const std::byte* mapped = remote->direct + (op.remote_addr - remote->base);
+    const auto* local = reinterpret_cast<const std::byte*>(op.local_addr);
+    if (write) {
+      __builtin_prefetch(local, 0);
+      __builtin_prefetch(mapped, 1);
+    } else {
+      __builtin_prefetch(mapped, 0);
+      __builtin_prefetch(local, 1);
+    }
+  }
+
+  // Issues every op of `req` (worker lock held). Ops on a mapped region are copied now; the rest
+  // go through ucp_put_nbx / ucp_get_nbx. Returns whether any op went through UCP (a flush must
+  // then follow before the data counts as remotely complete).
+  Result<bool> IssueOps(const PostRequest& req, UcxPeer* peer) {
+    const bool write = req.op == Op::kWrite;
+    bool via_ucp = false;
+    ucp_request_param_t param{};
+    const int64_t t0 = NowNs();
+    const std::vector<XferOp>& ops = req.batch->ops;
+    for (size_t i = 0; i < ops.size(); ++i) {
+      const XferOp& op = ops[i];
+      const auto* remote = static_cast<const UcxRemote*>(op.remote);
+      void* local = reinterpret_cast<void*>(op.local_addr);
+      if (i + kPrefetchAhead < ops.size()) PrefetchDirect(ops[i + kPrefetchAhead], write);
+      if (remote->direct != nullptr) {
+        // The Agent checked the range against the peer's region table; this guards the mapping.
+        if (op.remote_addr < remote->base || op.length > remote->length ||
+            op.remote_addr - remote->base > remote->length - op.length)
+          return OutOfRange("ucx: op outside the mapped peer region");
+        std::byte* mapped = remote->direct + (op.remote_addr - remote->base);
+        if (write) {
+          std::memcpy(mapped, local, op.length);
+        } else {
+          std::memcpy(local, mapped, op.length);
+        }
+        continue;
+      }
+      via_ucp = true;
+      param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
+      param.memh = static_cast<const UcxRegion*>(op.local)->memh;
+      ucs_status_ptr_t p =
+          write ? ucp_put_nbx(peer->ep, local, op.length, op.remote_addr, remote->rkey, &param)
+                : ucp_get_nbx(peer->ep, local, op.length, op.remote_addr, remote->rkey, &param);
+      if (UCS_PTR_IS_ERR(p)) return FromUcs(UCS_PTR_STATUS(p), write ? "put" : "get");
+      if (p != nullptr) ucp_request_free(p);  // completes in the background; flush covers it
+    }
+    // Direct stores become visible to the peer in program order before anything sent after them
+    // (the notification's own stores into the peer's shm FIFO); the fence keeps the compiler and
+    // weakly ordered CPUs to that.
+#if !defined(__SANITIZE_THREAD__)  // GCC's TSan rejects fences; TSan builds run on x86 (TSO)
+    if (!via_ucp) std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+    const int64_t dt = NowNs() - t0;
+    stat_posts_.fetch_add(1, std::memory_order_relaxed);
+    stat_ops_.fetch_add(req.batch->ops.size(), std::memory_order_relaxed);
+    stat_issue_ns_.fetch_add(dt, std::memory_order_relaxed);
+    stat_last_issue_ns_.store(dt, std::memory_order_relaxed);
+    return via_ucp;
+  }
+
+  // Worker lock held.
   void Issue(InFlight* f) {
     ++outstanding_;
     ++active_;
@@ -364,36 +516,20 @@ class UcxBackend final : public Backend {
     if (peer->closed || peer->failed)
       return Complete(f, PeerGone("ucx: peer disconnected or failed"));
     if (f->req.control->aborted()) return Complete(f, Cancelled("ucx: aborted before issue"));
-    ucp_request_param_t param{};
-    const bool write = f->req.op == Op::kWrite;
     if (f->req.batch && !f->req.batch->ops.empty()) {
-      const int64_t t0 = NowNs();
-      for (const XferOp& op : f->req.batch->ops) {
-        param.op_attr_mask = UCP_OP_ATTR_FIELD_MEMH;
-        param.memh = static_cast<const UcxRegion*>(op.local)->memh;
-        ucp_rkey_h rkey = static_cast<const UcxRemote*>(op.remote)->rkey;
-        void* local = reinterpret_cast<void*>(op.local_addr);
-        ucs_status_ptr_t p =
-            write ? ucp_put_nbx(peer->ep, local, op.length, op.remote_addr, rkey, &param)
-                  : ucp_get_nbx(peer->ep, local, op.length, op.remote_addr, rkey, &param);
-        if (UCS_PTR_IS_ERR(p))
-          return Complete(f, FromUcs(UCS_PTR_STATUS(p), write ? "put" : "get"));
-        if (p != nullptr) ucp_request_free(p);  // completes in the background; flush covers it
-      }
-      param = {};
-      param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
-      param.cb.send = &UcxBackend::OnFlushDone;
-      param.user_data = f;
-      ucs_status_ptr_t p = ucp_ep_flush_nbx(peer->ep, &param);
-      const int64_t dt = NowNs() - t0;
-      stat_posts_.fetch_add(1, std::memory_order_relaxed);
-      stat_ops_.fetch_add(f->req.batch->ops.size(), std::memory_order_relaxed);
-      stat_issue_ns_.fetch_add(dt, std::memory_order_relaxed);
-      stat_last_issue_ns_.store(dt, std::memory_order_relaxed);
-      if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "flush"));
-      if (p != nullptr) {
-        f->ucx_owned = true;  // OnFlushDone follows
-        return;
+      auto via_ucp = IssueOps(f->req, peer);
+      if (!via_ucp.ok()) return Complete(f, via_ucp.status());
+      if (*via_ucp) {
+        ucp_request_param_t param{};
+        param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+        param.cb.send = &UcxBackend::OnFlushDone;
+        param.user_data = f;
+        ucs_status_ptr_t p = ucp_ep_flush_nbx(peer->ep, &param);
+        if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "flush"));
+        if (p != nullptr) {
+          f->ucx_owned = true;  // OnFlushDone follows
+          return;
+        }
       }
     }
     AfterData(f);
@@ -486,25 +622,33 @@ class UcxBackend final : public Backend {
   void ProgressLoop() {
     int64_t stop_deadline = 0;
     while (true) {
-      RunJobs();
-      bool progressed = false;
-      while (ucp_worker_progress(worker_) != 0) progressed = true;
-      if (progressed) last_activity_ns_ = NowNs();  // stay hot while traffic flows (target side)
-      ReapClosing();
-      if (stopping_) {
-        if (stop_deadline == 0) {
-          stop_deadline = NowNs() + 2'000'000'000;
-          for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
+      int timeout_ms = -1;  // >= 0: sleep in epoll (armed) for at most this long
+      {
+        std::lock_guard worker_lock(worker_mu_);
+        RunJobs();
+        bool progressed = false;
+        while (ucp_worker_progress(worker_) != 0) progressed = true;
+        if (progressed) last_activity_ns_ = NowNs();  // stay hot while traffic flows (target)
+        ReapClosing();
+        if (stopping_) {
+          if (stop_deadline == 0) {
+            stop_deadline = NowNs() + 2'000'000'000;
+            for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
+          }
+          if ((outstanding_ == 0 && closing_.empty()) || NowNs() > stop_deadline) break;
+          continue;
         }
-        if ((outstanding_ == 0 && closing_.empty()) || NowNs() > stop_deadline) break;
-        continue;
+        if (active_ > 0 || !closing_.empty()) continue;  // busy-poll while work is outstanding
+        if (NowNs() - last_activity_ns_ < options_.linger_us * 1000ll) continue;
+        // Decided under the worker lock: a caller's inline post either ran before (active_ would
+        // be counted above) or runs after and sees sleeping_ (TryPostInline wakes the thread).
+        sleeping_.store(true, std::memory_order_seq_cst);
+        if (pending_.load(std::memory_order_seq_cst) == 0 && ucp_worker_arm(worker_) == UCS_OK)
+          timeout_ms = outstanding_ > 0 ? 10 : idle_timeout_ms_;
       }
-      if (active_ > 0 || !closing_.empty()) continue;  // busy-poll while work is outstanding
-      if (NowNs() - last_activity_ns_ < options_.linger_us * 1000ll) continue;
-      sleeping_.store(true, std::memory_order_seq_cst);
-      if (pending_.load(std::memory_order_seq_cst) == 0 && ucp_worker_arm(worker_) == UCS_OK) {
+      if (timeout_ms >= 0) {
         epoll_event ev[2];
-        int n = epoll_wait(epoll_fd_, ev, 2, outstanding_ > 0 ? 10 : idle_timeout_ms_);
+        int n = epoll_wait(epoll_fd_, ev, 2, timeout_ms);
         for (int i = 0; i < n; ++i) {
           if (ev[i].data.fd == wake_fd_) {
             uint64_t v;
@@ -515,6 +659,7 @@ class UcxBackend final : public Backend {
       }
       sleeping_.store(false, std::memory_order_seq_cst);
     }
+    std::lock_guard worker_lock(worker_mu_);
     // Whatever did not finish by now is failed so that the sink sees every post end.
     std::vector<InFlight*> left;
     for (auto& [t, f] : inflight_) left.push_back(f);
@@ -529,6 +674,7 @@ class UcxBackend final : public Backend {
   UcxOptions options_;
   BackendCaps caps_;
   bool peer_errors_ = true;
+  bool efd_wakes_ = false;      // the worker's event fd reliably reports completions (tcp)
   int idle_timeout_ms_ = 1000;  // longest epoll sleep when idle
   BackendSink* sink_ = nullptr;
   ucp_context_h context_ = nullptr;
@@ -536,6 +682,10 @@ class UcxBackend final : public Backend {
   std::vector<uint8_t> address_;
   int wake_fd_ = -1, epoll_fd_ = -1;
 
+  // Guards the UCP worker and everything marked "worker lock" below: held by the progress thread
+  // while it runs jobs and progresses, and by callers in TryPostInline / ProgressCaller. Lock
+  // order: worker_mu_ before the sink's locks; mu_ (the job queue) is a leaf.
+  std::mutex worker_mu_;
   std::mutex mu_;
   std::deque<std::function<void()>> jobs_;
   std::vector<ucp_mem_h> unmap_at_exit_;
@@ -548,7 +698,7 @@ class UcxBackend final : public Backend {
   std::atomic<bool> sleeping_{false};
   std::thread thread_;
 
-  // Progress thread only.
+  // Worker lock.
   bool stopping_ = false;
   size_t outstanding_ = 0;  // accepted posts not yet completed
   size_t active_ = 0;       // of those, not aborted (busy-poll only for these)

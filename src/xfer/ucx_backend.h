@@ -1,7 +1,11 @@
 // UCX backend (UCP): RMA put/get with rkeys, active messages for notifications, and one progress
-// thread that owns the UCP worker (every UCP call runs on it; other threads hand it work through a
-// queue and an eventfd). The thread sleeps in epoll on the worker's event fd when nothing is
-// outstanding and busy-polls only while posts are in flight.
+// thread. The UCP worker is used under one lock (UCS_THREAD_MODE_SERIALIZED): by the progress
+// thread, which runs queued work and sleeps in epoll on the worker's event fd when nothing is
+// outstanding (busy-polling only while posts are in flight), and by callers' fast paths: a small
+// post is issued on the caller's thread when the worker is free and nothing is queued ahead
+// (TryPostInline), and a waiter progresses the worker itself (ProgressCaller), so a short
+// transfer crosses no thread. On shared memory, a peer region UCX allocated is mapped into this
+// process (ucp_rkey_ptr) and its ops are plain memcpy: no UCP request, no flush.
 //
 // Notification-after-data: the notification AM is sent only from the completion callback of a
 // ucp_ep_flush_nbx issued after the transfer's last put/get; flush completion means the RMA is
@@ -35,6 +39,13 @@ struct UcxOptions {
   /// before sleeping in epoll, microseconds. Keeps a target hot while a stream of emulated RMA
   /// arrives; an idle thread still sleeps.
   int linger_us = 50;
+  /// Posts of at most this many bytes are issued on the caller's thread when the worker is free
+  /// and nothing is queued ahead of them (Backend::TryPostInline); larger ones go to the progress
+  /// thread, so a big copy never runs inside Agent::Post. 0 = always hand off.
+  uint64_t inline_max_bytes = 256 * 1024;
+  /// Map peers' regions with ucp_rkey_ptr where the transport allows it (shm, on memory UCX
+  /// allocated) and move their bytes with plain copies instead of UCP requests.
+  bool direct_access = true;
 };
 
 /// Creates the UCP context, worker and progress thread. Errors: kInvalidArgument (unknown preset),

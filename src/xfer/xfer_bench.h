@@ -33,6 +33,7 @@ struct XferBenchConfig {
   /// Every descriptor of a batch names the same local and remote block (what ucx_perftest's
   /// put_bw does: one cache-resident buffer). Default: distinct blocks at a 2*block stride.
   bool same_block = false;
+  bool grid = true;  ///< the READ/WRITE bandwidth grid
   bool latency = true;
   bool post_cost = true;
   int post_cost_repeats = 5;

@@ -2,6 +2,7 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
@@ -22,6 +23,32 @@ namespace kvpush::xfer {
 namespace {
 
 constexpr unsigned kNotifyAmId = 17;
+
+// LocalAddress() = this header, then the UCP worker address. The pid lets a shared-memory peer
+// (same host and pid namespace, which UCX's posix transport assumes too: /proc/<pid>/fd) watch
+// this process exit through a pidfd.
+constexpr uint32_t kAddressMagic = 0x5855564b;  // "KVUX"
+constexpr uint32_t kAddressVersion = 1;
+// magic u32, version u32, pid u64, process start time u64 (host byte order: same-host use only).
+constexpr size_t kAddressHeader = 24;
+
+// Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), 0 if unknown.
+// With the pid it names one process: a reused pid has another start time.
+uint64_t ProcessStartTime(uint64_t pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (f == nullptr) return 0;
+  char buf[1024];
+  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces and ')'
+  if (p == nullptr) return 0;
+  // Each space after the ')' of field 2 starts the next field; stop at the start of field 22.
+  int field = 2;
+  for (++p; *p != '\0' && field < 22; ++p)
+    if (*p == ' ') ++field;
+  return std::strtoull(p, nullptr, 10);
+}
 
 std::string UcsText(ucs_status_t s) {
   return ucs_status_string(s);
@@ -56,9 +83,12 @@ struct UcxRegion : BackendRegion {
   bool allocated = false;
 };
 struct UcxPeer : BackendPeer {
-  ucp_ep_h ep = nullptr;  // progress thread only
-  bool closed = false;    // progress thread only
-  bool failed = false;    // progress thread only
+  ucp_ep_h ep = nullptr;    // worker lock
+  bool closed = false;      // worker lock
+  bool failed = false;      // worker lock
+  uint64_t pid = 0;         // the peer's process id (from its address)
+  uint64_t start_time = 0;  // and its start time (a reused pid has another)
+  int pidfd = -1;           // shm: readable once the peer process exits; worker lock
   class UcxBackend* owner = nullptr;
 };
 struct UcxRemote : BackendRemoteRegion {
@@ -139,7 +169,15 @@ class UcxBackend final : public Backend {
     size_t addr_len = 0;
     s = ucp_worker_get_address(worker_, &addr, &addr_len);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
-    address_.assign(reinterpret_cast<uint8_t*>(addr), reinterpret_cast<uint8_t*>(addr) + addr_len);
+    address_.resize(kAddressHeader);
+    const uint64_t pid = static_cast<uint64_t>(getpid());
+    const uint64_t start = ProcessStartTime(pid);
+    std::memcpy(address_.data(), &kAddressMagic, 4);
+    std::memcpy(address_.data() + 4, &kAddressVersion, 4);
+    std::memcpy(address_.data() + 8, &pid, 8);
+    std::memcpy(address_.data() + 16, &start, 8);
+    address_.insert(address_.end(), reinterpret_cast<uint8_t*>(addr),
+                    reinterpret_cast<uint8_t*>(addr) + addr_len);
     ucp_worker_release_address(worker_, addr);
     ucp_am_handler_param_t ap{};
     ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
@@ -152,6 +190,7 @@ class UcxBackend final : public Backend {
     int efd = -1;
     s = ucp_worker_get_efd(worker_, &efd);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
+    worker_efd_ = efd;
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
     if (wake_fd_ < 0 || epoll_fd_ < 0) return IoError("ucx: eventfd/epoll_create1 failed");
@@ -186,6 +225,7 @@ class UcxBackend final : public Backend {
       }
       ucp_worker_destroy(worker_);
     }
+    for (auto& [fd, p] : watched_) close(fd);
     for (ucp_mem_h m : unmap_at_exit_) ucp_mem_unmap(context_, m);
     if (context_ != nullptr) ucp_cleanup(context_);
     if (wake_fd_ >= 0) close(wake_fd_);
@@ -226,10 +266,22 @@ class UcxBackend final : public Backend {
   }
 
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
-    if (address.size() < 8) return InvalidArgument("ucx: worker address blob too short");
+    if (address.size() < kAddressHeader + 8) return InvalidArgument("ucx: address blob too short");
+    uint32_t magic = 0, version = 0;
+    uint64_t pid = 0, start = 0;
+    std::memcpy(&magic, address.data(), 4);
+    std::memcpy(&version, address.data() + 4, 4);
+    std::memcpy(&pid, address.data() + 8, 8);
+    std::memcpy(&start, address.data() + 16, 8);
+    if (magic != kAddressMagic || version != kAddressVersion)
+      return InvalidArgument("ucx: not a kvpush UCX address (magic/version " +
+                             std::to_string(magic) + "/" + std::to_string(version) + ")");
+    if (pid == 0 || pid > 0x3fffffff) return InvalidArgument("ucx: address names pid 0 or > 2^30");
     auto peer = std::make_shared<UcxPeer>();
     peer->owner = this;
-    std::vector<uint8_t> addr(address.begin(), address.end());
+    peer->pid = pid;
+    peer->start_time = start;
+    std::vector<uint8_t> addr(address.begin() + kAddressHeader, address.end());
     Status st = RunSync([&]() -> Status {
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
@@ -243,6 +295,7 @@ class UcxBackend final : public Backend {
       ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
       if (s != UCS_OK) return Unavailable("ucx: ucp_ep_create: " + UcsText(s));
       peers_.insert(peer.get());
+      WatchPeerProcess(peer.get());
       return Status::Ok();
     });
     KVP_RETURN_IF_ERROR(st);
@@ -589,6 +642,7 @@ class UcxBackend final : public Backend {
     if (p->closed) return;
     p->closed = true;
     peers_.erase(p);
+    UnwatchPeerProcess(p);
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -608,6 +662,72 @@ class UcxBackend final : public Backend {
     }
   }
 
+  // Without UCX's peer error mode (shm), a peer's exit would only show as a stall. A pidfd of
+  // the peer's process (same host) becomes readable when it exits: the peer is then failed at
+  // once, as the tcp preset's error handler does. Worker lock held.
+  void WatchPeerProcess(UcxPeer* p) {
+    if (peer_errors_ || p->pid == static_cast<uint64_t>(getpid())) return;
+    // glibc 2.36's <sys/pidfd.h> lacks C linkage for C++; call the syscall (Linux >= 5.3).
+    int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(p->pid), 0u));
+    if (fd < 0) return;  // already gone or not visible here: the stall deadline still applies
+    // The pid must name the peer itself (not another pid namespace's process, not a reuse).
+    if (p->start_time == 0 || ProcessStartTime(p->pid) != p->start_time) {
+      close(fd);
+      return;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = fd;
+    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      close(fd);
+      return;
+    }
+    p->pidfd = fd;
+    watched_[fd] = p;
+  }
+  void UnwatchPeerProcess(UcxPeer* p) {
+    if (p->pidfd < 0) return;
+    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p->pidfd, nullptr);
+    watched_.erase(p->pidfd);
+    close(p->pidfd);
+    p->pidfd = -1;
+  }
+  // Handles the events of one epoll_wait (any thread for the fds; peers under the worker lock).
+  void DrainEvents(const epoll_event* ev, int n) {
+    for (int i = 0; i < n; ++i) {
+      const int fd = ev[i].data.fd;
+      if (fd == wake_fd_) {
+        uint64_t v;
+        ssize_t r = read(wake_fd_, &v, sizeof(v));
+        (void)r;
+      } else if (fd != worker_efd_) {
+        exited_fds_.push_back(fd);
+      }
+    }
+  }
+  // Worker lock held: fails the peers whose process exited.
+  void FailExitedPeers() {
+    for (int fd : exited_fds_) {
+      auto it = watched_.find(fd);
+      if (it == watched_.end()) continue;
+      UcxPeer* p = it->second;
+      UnwatchPeerProcess(p);
+      if (p->failed || p->closed) continue;
+      p->failed = true;
+      sink_->OnPeerError(p, PeerGone("ucx: peer process " + std::to_string(p->pid) + " exited"));
+    }
+    exited_fds_.clear();
+  }
+  // Worker lock held: while busy-polling, looks at the pidfds every millisecond.
+  void CheckPeerProcesses() {
+    if (watched_.empty() || NowNs() - last_pid_check_ns_ < 1'000'000) return;
+    last_pid_check_ns_ = NowNs();
+    epoll_event ev[8];
+    int n = epoll_wait(epoll_fd_, ev, 8, 0);
+    DrainEvents(ev, n);
+    FailExitedPeers();
+  }
+
   void RunJobs() {
     std::deque<std::function<void()>> jobs;
     {
@@ -625,6 +745,7 @@ class UcxBackend final : public Backend {
       int timeout_ms = -1;  // >= 0: sleep in epoll (armed) for at most this long
       {
         std::lock_guard worker_lock(worker_mu_);
+        FailExitedPeers();
         RunJobs();
         bool progressed = false;
         while (ucp_worker_progress(worker_) != 0) progressed = true;
@@ -638,7 +759,10 @@ class UcxBackend final : public Backend {
           if ((outstanding_ == 0 && closing_.empty()) || NowNs() > stop_deadline) break;
           continue;
         }
-        if (active_ > 0 || !closing_.empty()) continue;  // busy-poll while work is outstanding
+        if (active_ > 0 || !closing_.empty()) {  // busy-poll while work is outstanding
+          CheckPeerProcesses();
+          continue;
+        }
         if (NowNs() - last_activity_ns_ < options_.linger_us * 1000ll) continue;
         // Decided under the worker lock: a caller's inline post either ran before (active_ would
         // be counted above) or runs after and sees sleeping_ (TryPostInline wakes the thread).
@@ -647,15 +771,10 @@ class UcxBackend final : public Backend {
           timeout_ms = outstanding_ > 0 ? 10 : idle_timeout_ms_;
       }
       if (timeout_ms >= 0) {
-        epoll_event ev[2];
-        int n = epoll_wait(epoll_fd_, ev, 2, timeout_ms);
-        for (int i = 0; i < n; ++i) {
-          if (ev[i].data.fd == wake_fd_) {
-            uint64_t v;
-            ssize_t r = read(wake_fd_, &v, sizeof(v));
-            (void)r;
-          }
-        }
+        epoll_event ev[8];
+        int n = epoll_wait(epoll_fd_, ev, 8, timeout_ms);
+        std::lock_guard worker_lock(worker_mu_);  // exited_fds_ is guarded by it
+        DrainEvents(ev, n);
       }
       sleeping_.store(false, std::memory_order_seq_cst);
     }
@@ -680,7 +799,7 @@ class UcxBackend final : public Backend {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<uint8_t> address_;
-  int wake_fd_ = -1, epoll_fd_ = -1;
+  int wake_fd_ = -1, epoll_fd_ = -1, worker_efd_ = -1;
 
   // Guards the UCP worker and everything marked "worker lock" below: held by the progress thread
   // while it runs jobs and progresses, and by callers in TryPostInline / ProgressCaller. Lock
@@ -705,6 +824,9 @@ class UcxBackend final : public Backend {
   int64_t last_activity_ns_ = 0;
   std::unordered_map<uint64_t, InFlight*> inflight_;
   std::unordered_set<UcxPeer*> peers_;
+  std::unordered_map<int, UcxPeer*> watched_;  // pidfd -> peer (shm)
+  std::vector<int> exited_fds_;                // pidfds that became readable, not yet handled
+  int64_t last_pid_check_ns_ = 0;
   std::vector<void*> closing_;
 };
 

@@ -6,19 +6,23 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
+#include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
 #include <future>
+#include <list>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "common/clock.h"
 #include "xfer/byte_io.h"
@@ -28,6 +32,36 @@ namespace {
 
 constexpr size_t kRecvBuffers = 64;
 constexpr size_t kRecvBytes = 8192;
+
+// Busy-poll this long after the last local activity (a completion, a job) before sleeping.
+constexpr int64_t kLingerNs = 50'000;
+// Progress hold: an initiator whose post is held up by the target (an op got -FI_EAGAIN) asks the
+// target to keep polling for kHoldUs, renewed every kHoldRenewNs while the post is in flight; a
+// target caps what it grants at kMaxHoldUs per message.
+constexpr uint32_t kHoldUs = 2000;
+constexpr int64_t kHoldRenewNs = 500'000;
+constexpr uint32_t kMaxHoldUs = 10'000;
+// Hold frame: u32 magic 'KVPH' | u16 version = 1 | u16 zero | u32 hold duration, microseconds.
+// Distinct from notification frames ('KVPN'); a receiver that does not know it drops it.
+constexpr uint32_t kHoldMagic = 0x4850564b;
+constexpr size_t kHoldFrameBytes = 12;
+
+std::vector<uint8_t> HoldFrame(uint32_t hold_us) {
+  std::vector<uint8_t> out;
+  ByteWriter w(&out);
+  w.U32(kHoldMagic);
+  w.U16(1);
+  w.U16(0);
+  w.U32(hold_us);
+  return out;
+}
+bool IsHoldFrame(std::span<const uint8_t> m, uint32_t* hold_us) {
+  ByteReader r(m);
+  uint32_t magic = 0;
+  uint16_t version = 0, zero = 0;
+  return m.size() == kHoldFrameBytes && r.U32(&magic) && magic == kHoldMagic && r.U16(&version) &&
+         version == 1 && r.U16(&zero) && r.U32(hold_us);
+}
 
 std::string FiText(ssize_t rc) {
   return fi_strerror(static_cast<int>(rc < 0 ? -rc : rc));
@@ -63,29 +97,43 @@ struct FiRegion : BackendRegion {
 };
 struct FiPeer : BackendPeer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  bool failed = false;  // progress thread only
-  bool closed = false;  // progress thread only
+  // Progress thread only.
+  bool failed = false;
+  bool closed = false;
+  uint64_t blocked_round = 0;   // issue round in which an op to this peer got -FI_EAGAIN
+  int64_t hold_sent_ns = 0;     // when the last hold message was handed to the provider
+  bool hold_in_flight = false;  // a hold message to this peer is not yet complete
 };
 struct FiRemote : BackendRemoteRegion {
   uint64_t key = 0;
 };
 
 struct InFlight;
-enum class CtxKind : uint8_t { kData, kNotify, kRecv };
+struct HoldSend;
+enum class CtxKind : uint8_t { kData, kNotify, kRecv, kHold };
 // Completion context; starts with fi_context2 as FI_CONTEXT/FI_CONTEXT2 modes require.
 struct Ctx {
   fi_context2 fi;
   CtxKind kind = CtxKind::kData;
   InFlight* flight = nullptr;
+  HoldSend* hold = nullptr;
   size_t recv_index = 0;
 };
 struct InFlight {
   PostRequest req;
   std::vector<Ctx> ctx;  // one per op (one allocation per post)
   Ctx notify;
-  size_t remaining = 0;
+  size_t next = 0;       // next op to hand to the provider
+  size_t remaining = 0;  // ops not yet completed, issued or not
+  int64_t issue_start_ns = 0;
   Status error;
   bool aborted = false;
+  bool wants_hold = false;  // held up by the target: keep it polling while this post is in flight
+};
+// One hold message in flight; keeps its peer alive until the provider is done with it.
+struct HoldSend {
+  Ctx ctx;
+  std::shared_ptr<BackendPeer> peer;
 };
 
 class LibfabricBackend final : public Backend {
@@ -116,6 +164,9 @@ class LibfabricBackend final : public Backend {
     caps_.key_kind = (mr_mode & FI_MR_PROV_KEY) ? KeyKind::kProviderIssued : KeyKind::kAppChosen;
     caps_.max_message_bytes = kRecvBytes;
     idle_timeout_ms_ = is_shm ? 1 : 1000;
+    tx_limit_ = info_->tx_attr->size > 0 ? info_->tx_attr->size : 1024;
+    hold_enabled_ = caps_.needs_target_progress;
+    hold_frame_ = HoldFrame(kHoldUs);
     if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr)) != 0)
       return FromFi(rc, "fi_fabric");
     if ((rc = fi_domain(fabric_, info_, &domain_, nullptr)) != 0) return FromFi(rc, "fi_domain");
@@ -169,6 +220,7 @@ class LibfabricBackend final : public Backend {
       thread_.join();
     }
     if (ep_) fi_close(&ep_->fid);
+    for (HoldSend* h : holds_) delete h;
     for (fid_mr* mr : close_at_exit_) fi_close(&mr->fid);
     for (void* p : free_at_exit_) std::free(p);
     if (cq_) fi_close(&cq_->fid);
@@ -267,7 +319,8 @@ class LibfabricBackend final : public Backend {
 
   Status Post(PostRequest request) override {
     if (request.peer == nullptr) return InvalidArgument("libfabric: post without peer");
-    auto* f = new InFlight{std::move(request), {}, {}, 0, Status::Ok(), false};
+    auto* f = new InFlight{};
+    f->req = std::move(request);
     Enqueue([this, f] { Issue(f); });
     return Status::Ok();
   }
@@ -319,51 +372,124 @@ class LibfabricBackend final : public Backend {
     delete f;
   }
 
+  // Registers a post; its ops are handed to the provider by IssueSome.
   void Issue(InFlight* f) {
     auto* peer = static_cast<FiPeer*>(f->req.peer.get());
     if (peer->closed || peer->failed)
       return Finish(f, PeerGone("libfabric: peer disconnected or failed"));
     if (f->req.control->aborted()) return Finish(f, Cancelled("libfabric: aborted before issue"));
     inflight_[f->req.token] = f;
-    const auto& ops = f->req.batch ? f->req.batch->ops : std::vector<XferOp>{};
-    if (ops.empty()) return AfterData(f);
-    const int64_t t0 = NowNs();
-    f->ctx.resize(ops.size());
-    f->remaining = ops.size();
-    const bool write = f->req.op == Op::kWrite;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const XferOp& op = ops[i];
-      f->ctx[i].kind = CtxKind::kData;
-      f->ctx[i].flight = f;
-      iovec iov{reinterpret_cast<void*>(op.local_addr), op.length};
-      void* desc = static_cast<const FiRegion*>(op.local)->desc;
-      fi_rma_iov rma{op.remote_addr, op.length, static_cast<const FiRemote*>(op.remote)->key};
-      fi_msg_rma msg{&iov, &desc, 1, peer->addr, &rma, 1, &f->ctx[i], 0};
-      ssize_t rc;
-      while (true) {
-        rc = write ? fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
-                   : fi_readmsg(ep_, &msg, FI_COMPLETION);
-        if (rc != -FI_EAGAIN) break;
-        // A stalled peer can keep the queue full: give up once the agent aborted the post.
-        if (f->req.control->aborted() || shutdown_.load()) {
-          rc = -FI_ECANCELED;
+    const size_t n = f->req.batch ? f->req.batch->ops.size() : 0;
+    if (n == 0) return AfterData(f);
+    f->ctx.resize(n);
+    f->remaining = n;
+    f->issue_start_ns = NowNs();
+    issuing_.push_back(f);
+  }
+
+  // Stops handing out a post's ops (the ops already handed out still complete); the post
+  // finishes with `why` once they have.
+  void StopIssuing(InFlight* f, Status why) {
+    f->remaining -= f->req.batch->ops.size() - f->next;
+    if (f->error.ok()) f->error = std::move(why);
+    if (f->remaining == 0) Finish(f, f->error);
+  }
+
+  // Hands queued ops to the provider, oldest post first, while fewer than tx_limit_ are
+  // outstanding. An op refused with -FI_EAGAIN is retried in a later round (after the CQ was read);
+  // the other posts to that peer wait with it (they keep their order), posts to other peers go on.
+  // Returns whether any op was handed over.
+  bool IssueSome() {
+    bool progressed = false;
+    ++round_;
+    for (auto it = issuing_.begin(); it != issuing_.end();) {
+      InFlight* f = *it;
+      auto* peer = static_cast<FiPeer*>(f->req.peer.get());
+      if (peer->blocked_round == round_) {
+        ++it;
+        continue;
+      }
+      // A stalled peer can keep the queue full: give up once the agent aborted the post.
+      if (f->aborted || f->req.control->aborted() || shutdown_.load()) {
+        it = issuing_.erase(it);
+        StopIssuing(f, Cancelled("libfabric: aborted while issuing"));
+        continue;
+      }
+      if (peer->closed || peer->failed) {
+        it = issuing_.erase(it);
+        StopIssuing(f, PeerGone("libfabric: peer disconnected or failed while issuing"));
+        continue;
+      }
+      const std::vector<XferOp>& ops = f->req.batch->ops;
+      const bool write = f->req.op == Op::kWrite;
+      while (f->next < ops.size() && outstanding_tx_ < tx_limit_) {
+        const XferOp& op = ops[f->next];
+        Ctx& c = f->ctx[f->next];
+        c.kind = CtxKind::kData;
+        c.flight = f;
+        iovec iov{reinterpret_cast<void*>(op.local_addr), op.length};
+        void* desc = static_cast<const FiRegion*>(op.local)->desc;
+        fi_rma_iov rma{op.remote_addr, op.length, static_cast<const FiRemote*>(op.remote)->key};
+        fi_msg_rma msg{&iov, &desc, 1, peer->addr, &rma, 1, &c, 0};
+        const ssize_t rc = write ? fi_writemsg(ep_, &msg, FI_COMPLETION | FI_DELIVERY_COMPLETE)
+                                 : fi_readmsg(ep_, &msg, FI_COMPLETION);
+        if (rc == -FI_EAGAIN) {
+          peer->blocked_round = round_;
+          f->wants_hold = hold_enabled_;
           break;
         }
-        Poll();
+        if (rc != 0) {
+          it = issuing_.erase(it);
+          StopIssuing(f, FromFi(rc, write ? "fi_writemsg" : "fi_readmsg"));
+          f = nullptr;
+          break;
+        }
+        ++f->next;
+        ++outstanding_tx_;
+        progressed = true;
       }
-      if (rc != 0) {
-        // Ops already posted still complete; account for the ones that never will.
-        f->remaining -= ops.size() - i;
-        f->error = FromFi(rc, write ? "fi_writemsg" : "fi_readmsg");
-        if (f->remaining == 0) Finish(f, f->error);
-        return;
+      if (f == nullptr) continue;
+      if (f->next == ops.size()) {
+        const int64_t dt = NowNs() - f->issue_start_ns;
+        stat_posts_.fetch_add(1);
+        stat_ops_.fetch_add(ops.size());
+        stat_issue_ns_.fetch_add(dt);
+        stat_last_issue_ns_.store(dt);
+        it = issuing_.erase(it);
+        continue;
       }
+      if (outstanding_tx_ >= tx_limit_) break;  // nothing else fits until completions arrive
+      ++it;
     }
-    const int64_t dt = NowNs() - t0;
-    stat_posts_.fetch_add(1);
-    stat_ops_.fetch_add(ops.size());
-    stat_issue_ns_.fetch_add(dt);
-    stat_last_issue_ns_.store(dt);
+    return progressed;
+  }
+
+  // Sends a hold message to the peer of every post that is held up by its target, at most one in
+  // flight per peer and one per kHoldRenewNs. Returns whether any was handed over.
+  bool SendHolds() {
+    bool sent = false;
+    const int64_t now = NowNs();
+    for (auto& [token, f] : inflight_) {
+      if (!f->wants_hold || f->aborted) continue;
+      auto* peer = static_cast<FiPeer*>(f->req.peer.get());
+      if (peer->hold_in_flight || peer->closed || peer->failed ||
+          now - peer->hold_sent_ns < kHoldRenewNs)
+        continue;
+      if (spare_hold_ == nullptr) spare_hold_ = std::make_unique<HoldSend>();
+      HoldSend* h = spare_hold_.get();
+      h->ctx.kind = CtxKind::kHold;
+      h->ctx.hold = h;
+      const ssize_t rc =
+          fi_send(ep_, hold_frame_.data(), hold_frame_.size(), nullptr, peer->addr, &h->ctx);
+      if (rc != 0) continue;  // -FI_EAGAIN: next round; anything else shows up on the data ops
+      h->peer = f->req.peer;
+      holds_.insert(spare_hold_.release());
+      peer->hold_in_flight = true;
+      peer->hold_sent_ns = now;
+      ++outstanding_tx_;
+      sent = true;
+    }
+    return sent;
   }
 
   void AfterData(InFlight* f) {
@@ -371,33 +497,57 @@ class LibfabricBackend final : public Backend {
     if (f->req.notification.empty()) return Finish(f, Status::Ok());
     if (!f->req.control->BeginNotify())
       return Finish(f, Cancelled("libfabric: aborted before notify"));
+    f->notify.kind = CtxKind::kNotify;
+    f->notify.flight = f;
+    SendNotification(f);
+  }
+
+  // Hands the notification to the provider, or queues it for a later round on -FI_EAGAIN.
+  void SendNotification(InFlight* f) {
     auto* peer = static_cast<FiPeer*>(f->req.peer.get());
     if (peer->closed || peer->failed)
       return Finish(f, PeerGone("libfabric: peer failed before notify"));
-    f->notify.kind = CtxKind::kNotify;
-    f->notify.flight = f;
-    ssize_t rc;
-    while ((rc = fi_send(ep_, f->req.notification.data(), f->req.notification.size(), nullptr,
-                         peer->addr, &f->notify)) == -FI_EAGAIN) {
-      if (shutdown_.load()) {
-        rc = -FI_ECANCELED;
-        break;
-      }
-      Poll();
-    }
-    if (rc != 0) Finish(f, FromFi(rc, "fi_send"));
+    if (shutdown_.load()) return Finish(f, Cancelled("libfabric: backend shut down"));
+    const ssize_t rc = fi_send(ep_, f->req.notification.data(), f->req.notification.size(), nullptr,
+                               peer->addr, &f->notify);
+    if (rc == -FI_EAGAIN) return notify_queue_.push_back(f);
+    if (rc != 0) return Finish(f, FromFi(rc, "fi_send"));
+    ++outstanding_tx_;
+  }
+  bool RetryNotifications() {
+    if (notify_queue_.empty()) return false;
+    std::deque<InFlight*> queue;
+    queue.swap(notify_queue_);
+    for (InFlight* f : queue) SendNotification(f);
+    return notify_queue_.size() < queue.size();
   }
 
   void OnCompletion(Ctx* c, Status s, size_t len) {
     switch (c->kind) {
       case CtxKind::kRecv:
-        if (s.ok())
-          sink_->OnMessage(std::span(recv_pool_.data() + c->recv_index * kRecvBytes, len));
+        if (s.ok()) {
+          std::span<const uint8_t> m(recv_pool_.data() + c->recv_index * kRecvBytes, len);
+          uint32_t hold_us = 0;
+          if (IsHoldFrame(m, &hold_us))
+            hot_until_ns_ =
+                std::max(hot_until_ns_, NowNs() + int64_t{std::min(hold_us, kMaxHoldUs)} * 1000);
+          else
+            sink_->OnMessage(m);
+        }
         if (!stopping_) (void)PostRecv(c->recv_index);
         return;
+      case CtxKind::kHold: {
+        --outstanding_tx_;
+        static_cast<FiPeer*>(c->hold->peer.get())->hold_in_flight = false;
+        holds_.erase(c->hold);
+        delete c->hold;
+        return;
+      }
       case CtxKind::kNotify:
+        --outstanding_tx_;
         return Finish(c->flight, std::move(s));
       case CtxKind::kData: {
+        --outstanding_tx_;
         InFlight* f = c->flight;
         if (!s.ok() && f->error.ok()) f->error = std::move(s);
         if (--f->remaining == 0) AfterData(f);
@@ -421,7 +571,8 @@ class LibfabricBackend final : public Backend {
       if (fi_cq_readerr(cq_, &err, 0) > 0 && err.op_context != nullptr) {
         auto* c = static_cast<Ctx*>(err.op_context);
         Status s = FromFi(err.err, "completion");
-        if (c->kind != CtxKind::kRecv && s.code() == StatusCode::kPeerGone) {
+        if ((c->kind == CtxKind::kData || c->kind == CtxKind::kNotify) &&
+            s.code() == StatusCode::kPeerGone) {
           auto* peer = static_cast<FiPeer*>(c->flight->req.peer.get());
           if (!peer->failed) {
             peer->failed = true;
@@ -446,14 +597,24 @@ class LibfabricBackend final : public Backend {
     if (!jobs.empty()) last_activity_ns_ = NowNs();
   }
 
+  // Busy-polls while posts are in flight, for kLingerNs after the last activity, and while a peer's
+  // hold lasts; otherwise sleeps on the CQ's wait fd and the wake eventfd (at most
+  // idle_timeout_ms_: with manual progress, incoming RMA needs this side to poll).
   void ProgressLoop() {
     while (!stopping_) {
       RunJobs();
-      while (Poll() > 0) {
-      }
+      bool progressed = SendHolds();
+      progressed |= IssueSome();
+      progressed |= RetryNotifications();
+      while (Poll() > 0) progressed = true;
       size_t active = 0;
       for (auto& [t, f] : inflight_) active += f->aborted ? 0 : 1;
-      if (active > 0 || NowNs() - last_activity_ns_ < 50'000) continue;
+      const int64_t now = NowNs();
+      if (active > 0 || now - last_activity_ns_ < kLingerNs || now < hot_until_ns_) {
+        // Nothing moved: let a peer or application thread sharing this core run first.
+        if (!progressed) sched_yield();
+        continue;
+      }
       sleeping_.store(true, std::memory_order_seq_cst);
       if (pending_.load(std::memory_order_seq_cst) == 0) {
         fid* fids[1] = {&cq_->fid};
@@ -470,6 +631,8 @@ class LibfabricBackend final : public Backend {
       sleeping_.store(false, std::memory_order_seq_cst);
     }
     // Posts still outstanding are reported; their contexts are freed after the endpoint closes.
+    issuing_.clear();
+    notify_queue_.clear();
     std::vector<InFlight*> left;
     for (auto& [t, f] : inflight_) left.push_back(f);
     inflight_.clear();
@@ -490,6 +653,9 @@ class LibfabricBackend final : public Backend {
   fid_ep* ep_ = nullptr;
   int cq_fd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
   int idle_timeout_ms_ = 1000;
+  size_t tx_limit_ = 1024;  // most transmit ops handed to the provider at once (tx_attr->size)
+  bool hold_enabled_ = false;
+  std::vector<uint8_t> hold_frame_;
   std::vector<uint8_t> address_;
   std::vector<uint8_t> recv_pool_;
   std::vector<Ctx> recv_ctx_;
@@ -512,7 +678,14 @@ class LibfabricBackend final : public Backend {
   bool stopping_ = false;
   uint64_t next_key_ = 1;
   int64_t last_activity_ns_ = 0;
+  int64_t hot_until_ns_ = 0;  // a peer's hold: keep polling until then
+  uint64_t round_ = 0;
+  size_t outstanding_tx_ = 0;
   std::unordered_map<uint64_t, InFlight*> inflight_;
+  std::list<InFlight*> issuing_;          // posts with ops not yet handed to the provider, in order
+  std::deque<InFlight*> notify_queue_;    // notifications refused with -FI_EAGAIN
+  std::unordered_set<HoldSend*> holds_;   // hold messages in flight (freed after the endpoint)
+  std::unique_ptr<HoldSend> spare_hold_;  // reused after a refused send
   std::vector<std::unique_ptr<InFlight>> orphans_;
 };
 

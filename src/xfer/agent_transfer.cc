@@ -238,7 +238,13 @@ Status Agent::Post(TransferHandle h) {
     t->state = TransferState::kInProgress;
     t->error = Status::Ok();
     t->deadline = SteadyClock::now() + options_.stall_timeout;
-    t->control = std::make_shared<PostControl>();
+    // Reuse the control block when no earlier post still holds it (saves an allocation on the
+    // small-post path); copies are only made here, under mu_, so a count of 1 cannot grow.
+    if (t->control != nullptr && t->control.use_count() == 1) {
+      t->control->state.store(PostControl::kPending, std::memory_order_relaxed);
+    } else {
+      t->control = std::make_shared<PostControl>();
+    }
     ++in_progress_;
     req.token = Token(h, t->seq);
     req.op = t->op;

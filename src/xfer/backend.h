@@ -136,7 +136,8 @@ struct BackendStats {
   uint64_t posts = 0;         ///< posts issued to the network
   uint64_t ops = 0;           ///< RMA ops issued
   int64_t issue_ns = 0;       ///< total time spent in the per-op issue loops, ns
-  int64_t last_issue_ns = 0;  ///< duration of the last post's issue loop (puts/gets + flush call)
+  int64_t last_issue_ns = 0;  ///< duration of the last timed post's issue loop (a backend may
+                              ///< time only posts of many ops; ucx: >= 64)
 };
 
 /// The backend interface. See the file comment for the threading contract.

@@ -166,6 +166,10 @@ class LibfabricBackend final : public Backend {
     idle_timeout_ms_ = is_shm ? 1 : 1000;
     tx_limit_ = info_->tx_attr->size > 0 ? info_->tx_attr->size : 1024;
     hold_enabled_ = caps_.needs_target_progress;
+    // A shm target polls on a timer (no wait fd) and incoming RMA never wakes it, so every WRITE
+    // asks for a hold from its first round, not only once it is held up: a stream of small
+    // WRITEs then keeps the target polling instead of waiting up to 1 ms each.
+    hold_from_start_ = hold_enabled_ && is_shm;
     hold_frame_ = HoldFrame(kHoldUs);
     if ((rc = fi_fabric(info_->fabric_attr, &fabric_, nullptr)) != 0)
       return FromFi(rc, "fi_fabric");
@@ -384,6 +388,7 @@ class LibfabricBackend final : public Backend {
     f->ctx.resize(n);
     f->remaining = n;
     f->issue_start_ns = NowNs();
+    f->wants_hold = hold_from_start_ && f->req.op == Op::kWrite;
     issuing_.push_back(f);
   }
 
@@ -655,6 +660,7 @@ class LibfabricBackend final : public Backend {
   int idle_timeout_ms_ = 1000;
   size_t tx_limit_ = 1024;  // most transmit ops handed to the provider at once (tx_attr->size)
   bool hold_enabled_ = false;
+  bool hold_from_start_ = false;  // shm: WRITEs ask for a hold before any -FI_EAGAIN
   std::vector<uint8_t> hold_frame_;
   std::vector<uint8_t> address_;
   std::vector<uint8_t> recv_pool_;

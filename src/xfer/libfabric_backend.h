@@ -19,8 +19,9 @@
 // Target progress: with FI_PROGRESS_MANUAL (both providers here) a target's provider moves data
 // only while the target polls, incoming RMA gives the target no completion to notice, and an idle
 // target polls only every 1 ms (shm). So an initiator whose post is held up by its target (an op
-// got -FI_EAGAIN) sends it a 12-byte "hold" message (magic 'KVPH', not a notification frame)
-// every 0.5 ms while that post is in flight; the target busy-polls for 2 ms after each. shm needs
+// got -FI_EAGAIN), and on shm every WRITE post from its first round, sends the target a 12-byte
+// "hold" message (magic 'KVPH', not a notification frame) every 0.5 ms while that post is in
+// flight; the target busy-polls for 2 ms after each. shm needs
 // this: a write of <= 4 KiB with FI_DELIVERY_COMPLETE takes shm's SAR protocol, one in flight per
 // peer, each needing a target poll (18,880 8-byte writes: 22 s without holds, 72 ms with).
 // Thread-safety: as Backend.

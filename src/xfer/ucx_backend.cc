@@ -508,23 +508,6 @@ class UcxBackend final : public Backend {
     return true;
   }
 
-  // Scattered small ops (one KV block per layer) spend most of their time on cache and TLB misses
-  // of both arenas; touching the ops a few places ahead overlaps those misses.
-  static constexpr size_t kPrefetchAhead = 8;
-  static void PrefetchDirect(const XferOp& op, bool write) {
-    const auto* remote = static_cast<const UcxRemote*>(op.remote);
-    if (remote->direct == nullptr || op.remote_addr < remote->base) return;
-    const std::byte* mapped = remote->direct + (op.remote_addr - remote->base);
-    const auto* local = reinterpret_cast<const std::byte*>(op.local_addr);
-    if (write) {
-      __builtin_prefetch(local, 0);
-      __builtin_prefetch(mapped, 1);
-    } else {
-      __builtin_prefetch(mapped, 0);
-      __builtin_prefetch(local, 1);
-    }
-  }
-
   // Issues every op of `req` (worker lock held). Ops on a mapped region are copied now; the rest
   // go through ucp_put_nbx / ucp_get_nbx. Returns whether any op went through UCP (a flush must
   // then follow before the data counts as remotely complete).
@@ -534,11 +517,9 @@ class UcxBackend final : public Backend {
     ucp_request_param_t param{};
     const std::vector<XferOp>& ops = req.batch->ops;
     const int64_t t0 = ops.size() >= kTimedOps ? NowNs() : 0;
-    for (size_t i = 0; i < ops.size(); ++i) {
-      const XferOp& op = ops[i];
+    for (const XferOp& op : ops) {
       const auto* remote = static_cast<const UcxRemote*>(op.remote);
       void* local = reinterpret_cast<void*>(op.local_addr);
-      if (i + kPrefetchAhead < ops.size()) PrefetchDirect(ops[i + kPrefetchAhead], write);
       if (remote->direct != nullptr) {
         // The Agent checked the range against the peer's region table; this guards the mapping.
         if (op.remote_addr < remote->base || op.length > remote->length ||

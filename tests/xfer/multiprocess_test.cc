@@ -70,17 +70,32 @@ class MultiProcessTest : public ::testing::TestWithParam<std::string> {
     return v;
   }
 
-  // One transfer moving `n` chunks of `chunk` bytes between permuted slots of both regions.
+  // Remote slot of local slot i among n in Scattered's permutation.
+  static size_t Permuted(size_t i, size_t n) { return (i * 7919) % n; }
+
+  // One transfer moving `n` slots `chunk` bytes apart between permuted slots of both regions;
+  // each descriptor covers the first `length` bytes of its slot (0: the whole chunk).
   TransferHandle Scattered(Op op, RegionId remote, size_t n, uint64_t chunk,
-                           std::vector<uint8_t> notif = {}) {
+                           std::vector<uint8_t> notif = {}, uint64_t length = 0) {
+    if (length == 0) length = chunk;
     std::vector<Desc> l, r;
     for (size_t i = 0; i < n; ++i) {
-      l.push_back({local_.id, i * chunk, chunk});
-      r.push_back({remote, ((i * 7919) % n) * chunk, chunk});
+      l.push_back({local_.id, i * chunk, length});
+      r.push_back({remote, Permuted(i, n) * chunk, length});
     }
     auto ll = agent_->PrepareLocal(l).value();
     auto rl = agent_->PrepareRemote("decode", r).value();
     return agent_->CreateTransfer({op, ll, {}, rl, {}, std::move(notif)}).value();
+  }
+
+  // The target's first `bytes` after a Scattered WRITE of the local region's current contents
+  // (zeros elsewhere), for a target region that was all zeros before.
+  std::vector<uint8_t> WrittenImage(size_t n, uint64_t chunk, uint64_t length, uint64_t bytes) {
+    std::vector<uint8_t> image(bytes, 0);
+    const auto* local = reinterpret_cast<const uint8_t*>(local_.data);
+    for (size_t i = 0; i < n; ++i)
+      std::memcpy(image.data() + Permuted(i, n) * chunk, local + i * chunk, length);
+    return image;
   }
 
   RegionId RemoteRegion(const std::vector<uint8_t>& blob) {
@@ -104,11 +119,7 @@ TEST_P(MultiProcessTest, WriteDeliversRandomBytesExactly) {
   ASSERT_TRUE(agent_->Post(t).ok());
   auto st = agent_->Wait(t, In(milliseconds(20000))).value();
   ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
-  // Expected target image: zeros except the permuted chunks.
-  std::vector<uint8_t> expect(kRegionBytes, 0);
-  for (size_t i = 0; i < kChunks; ++i)
-    std::memcpy(expect.data() + ((i * 7919) % kChunks) * kChunk,
-                reinterpret_cast<uint8_t*>(local_.data) + i * kChunk, kChunk);
+  auto expect = WrittenImage(kChunks, kChunk, kChunk, kRegionBytes);
   EXPECT_EQ(TargetHash(p, 0, kRegionBytes), XXH64(expect.data(), kRegionBytes, 0));
   SendFrame(p.to, {'Q'});
   EXPECT_EQ(p.Join(5000), 0);
@@ -131,7 +142,7 @@ TEST_P(MultiProcessTest, ReadFetchesRandomBytesExactly) {
   FillPattern(remote.data(), kRegionBytes, 99);
   for (size_t i = 0; i < kChunks; ++i)
     ASSERT_EQ(std::memcmp(reinterpret_cast<uint8_t*>(local_.data) + i * kChunk,
-                          remote.data() + ((i * 7919) % kChunks) * kChunk, kChunk),
+                          remote.data() + Permuted(i, kChunks) * kChunk, kChunk),
               0)
         << "chunk " << i;
   SendFrame(p.to, {'Q'});
@@ -232,9 +243,7 @@ TEST_P(MultiProcessTest, SmallTransfersAreExactOnTheCallersFastPath) {
     if (agent_->GetStatus(w)->state == TransferState::kDone) ++done_inside_post;
     auto st = agent_->Wait(w, In(milliseconds(10000))).value();
     ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
-    std::vector<uint8_t> expect(kBytes);
-    for (size_t i = 0; i < kChunks; ++i)
-      std::memcpy(expect.data() + ((i * 7919) % kChunks) * kChunk, local + i * kChunk, kChunk);
+    auto expect = WrittenImage(kChunks, kChunk, kChunk, kBytes);
     ASSERT_EQ(TargetHash(p, 0, kBytes), XXH64(expect.data(), kBytes, 0)) << "iteration " << it;
   }
   if (GetParam() == "ucx:shm") {
@@ -253,8 +262,7 @@ TEST_P(MultiProcessTest, SmallTransfersAreExactOnTheCallersFastPath) {
     ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
     for (size_t i = 0; i < kChunks; ++i)
       ASSERT_EQ(
-          std::memcmp(local + i * kChunk, remote.data() + ((i * 7919) % kChunks) * kChunk, kChunk),
-          0)
+          std::memcmp(local + i * kChunk, remote.data() + Permuted(i, kChunks) * kChunk, kChunk), 0)
           << "iteration " << it << " chunk " << i;
   }
   SendFrame(p.to, {'Q'});
@@ -271,23 +279,13 @@ TEST_P(MultiProcessTest, ThousandsOfTinyScatteredWritesFinishWithinTheDeadline) 
   ASSERT_TRUE(agent_->LoadRemoteMetadata(md).ok());
   constexpr size_t kDescs = 4000;
   constexpr uint64_t kStride = 4096;  // one 8-byte write per page: nothing coalesces
-  auto* local = reinterpret_cast<uint8_t*>(local_.data);
-  FillPattern(local, kDescs * kStride, 4242);
-  std::vector<Desc> l, r;
-  for (size_t i = 0; i < kDescs; ++i) {
-    l.push_back({local_.id, i * kStride, 8});
-    r.push_back({RemoteRegion(md), ((i * 7919) % kDescs) * kStride, 8});
-  }
-  auto ll = agent_->PrepareLocal(l).value();
-  auto rl = agent_->PrepareRemote("decode", r).value();
-  auto t = agent_->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {}}).value();
+  FillPattern(reinterpret_cast<uint8_t*>(local_.data), kDescs * kStride, 4242);
+  auto t = Scattered(Op::kWrite, RemoteRegion(md), kDescs, kStride, {}, 8);
   ASSERT_EQ(agent_->TransferOpCount(t).value(), kDescs);
   ASSERT_TRUE(agent_->Post(t).ok());
   auto st = agent_->Wait(t, In(milliseconds(10000))).value();
   ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
-  std::vector<uint8_t> expect(kDescs * kStride, 0);
-  for (size_t i = 0; i < kDescs; ++i)
-    std::memcpy(expect.data() + ((i * 7919) % kDescs) * kStride, local + i * kStride, 8);
+  auto expect = WrittenImage(kDescs, kStride, 8, kDescs * kStride);
   EXPECT_EQ(TargetHash(p, 0, expect.size()), XXH64(expect.data(), expect.size(), 0));
   SendFrame(p.to, {'Q'});
   EXPECT_EQ(p.Join(5000), 0);

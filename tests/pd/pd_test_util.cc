@@ -47,12 +47,15 @@ std::string ErrorMessage(const json& j) {
 
 }  // namespace
 
-Res PostRaw(const std::string& host, int port, const json& body, double timeout_s) {
+Res PostRaw(const std::string& host, int port, const json& body, double timeout_s,
+            const Headers& headers) {
   Res out;
   httplib::Client cli(host, port);
   cli.set_connection_timeout(5, 0);
   cli.set_read_timeout(static_cast<time_t>(timeout_s), 0);
-  auto r = cli.Post("/v1/completions", body.dump(), "application/json");
+  httplib::Headers h;
+  for (const auto& [k, v] : headers) h.emplace(k, v);
+  auto r = cli.Post("/v1/completions", h, body.dump(), "application/json");
   if (!r) {
     out.error = "transport: " + httplib::to_string(r.error());
     return out;
@@ -88,27 +91,7 @@ Res Send(const std::string& host, int port, const Req& r, const Headers& headers
     out.raw = s->text;
     return out;
   }
-  if (headers.empty()) return PostRaw(host, port, body, timeout_s);
-  Res out;
-  httplib::Client cli(host, port);
-  cli.set_connection_timeout(5, 0);
-  cli.set_read_timeout(static_cast<time_t>(timeout_s), 0);
-  httplib::Headers h;
-  for (const auto& [k, v] : headers) h.emplace(k, v);
-  auto resp = cli.Post("/v1/completions", h, body.dump(), "application/json");
-  if (!resp) {
-    out.error = "transport: " + httplib::to_string(resp.error());
-    return out;
-  }
-  out.status = resp->status;
-  out.raw = resp->body;
-  json j = json::parse(resp->body, nullptr, false);
-  out.error = ErrorMessage(j);
-  if (resp->status == 200 && j.is_object() && j.contains("choices") && !j["choices"].empty() &&
-      j["choices"][0].contains("token_ids")) {
-    out.ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
-  }
-  return out;
+  return PostRaw(host, port, body, timeout_s, headers);
 }
 
 std::vector<Res> SendAll(const std::string& host, int port, const std::vector<Req>& reqs,
@@ -116,7 +99,8 @@ std::vector<Res> SendAll(const std::string& host, int port, const std::vector<Re
   std::vector<Res> out(reqs.size());
   std::atomic<size_t> next{0};
   auto worker = [&] {
-    for (size_t i = next++; i < reqs.size(); i = next++) out[i] = Send(host, port, reqs[i], headers);
+    for (size_t i = next++; i < reqs.size(); i = next++)
+      out[i] = Send(host, port, reqs[i], headers);
   };
   std::vector<std::thread> threads;
   const int n = std::max(1, std::min<int>(concurrency, static_cast<int>(reqs.size())));
@@ -239,7 +223,9 @@ std::pair<int, std::string> Sh(const std::string& cmd) {
   return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
 }
 
-NetnsTopology::~NetnsTopology() { Destroy(); }
+NetnsTopology::~NetnsTopology() {
+  Destroy();
+}
 
 std::string NetnsTopology::Create(const std::vector<std::string>& names) {
   const int pid = static_cast<int>(getpid());
@@ -251,8 +237,8 @@ std::string NetnsTopology::Create(const std::vector<std::string>& names) {
     return rc == 0 ? std::string() : ("'" + c + "' failed (" + std::to_string(rc) + "): " + out);
   };
   if (auto e = run("ip link add " + bridge_ + " type bridge"); !e.empty()) return e;
-  for (const std::string& c : {"ip addr add " + subnet_ + "1/24 dev " + bridge_,
-                               "ip link set " + bridge_ + " up"}) {
+  for (const std::string& c :
+       {"ip addr add " + subnet_ + "1/24 dev " + bridge_, "ip link set " + bridge_ + " up"}) {
     if (auto e = run(c); !e.empty()) return e;
   }
   for (size_t i = 0; i < names.size(); ++i) {
@@ -266,8 +252,7 @@ std::string NetnsTopology::Create(const std::vector<std::string>& names) {
     devs_.push_back(dev);
     for (const std::string& c :
          {"ip link set " + dev + " netns " + ns, "ip link set " + host + " master " + bridge_,
-          "ip link set " + host + " up",
-          "ip -n " + ns + " addr add " + ip(i) + "/24 dev " + dev,
+          "ip link set " + host + " up", "ip -n " + ns + " addr add " + ip(i) + "/24 dev " + dev,
           "ip -n " + ns + " link set " + dev + " up", "ip -n " + ns + " link set lo up"}) {
       if (auto e = run(c); !e.empty()) return e;
     }

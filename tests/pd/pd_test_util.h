@@ -20,7 +20,9 @@ using nlohmann::json;
 using Headers = std::vector<std::pair<std::string, std::string>>;
 
 /// The kvpush binary built next to the tests.
-inline std::string KvpushBin() { return std::string(KVPUSH_BINARY_DIR) + "/apps/kvpush"; }
+inline std::string KvpushBin() {
+  return std::string(KVPUSH_BINARY_DIR) + "/apps/kvpush";
+}
 
 /// One child process (a kvpush serve or router) with its log file.
 struct Proc {
@@ -55,8 +57,9 @@ struct Res {
 Res Send(const std::string& host, int port, const Req& r, const Headers& headers = {},
          const json* extra_body = nullptr, double timeout_s = 120.0);
 
-/// Posts `body` as is (non-streamed) and returns status and body.
-Res PostRaw(const std::string& host, int port, const json& body, double timeout_s = 60.0);
+/// Posts `body` as is (non-streamed) with `headers` and returns status and body.
+Res PostRaw(const std::string& host, int port, const json& body, double timeout_s = 60.0,
+            const Headers& headers = {});
 
 /// Sends every request with `concurrency` requests in flight at once (threads).
 std::vector<Res> SendAll(const std::string& host, int port, const std::vector<Req>& reqs,

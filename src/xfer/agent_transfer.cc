@@ -263,8 +263,7 @@ Status Agent::Post(TransferHandle h) {
   if (taken == InlinePost::kDone) {
     std::lock_guard lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token && t->state == TransferState::kInProgress)
-      FinishLocked(*t, inline_status);
+    if (t != nullptr && Token(h, t->seq) == token) FinishLocked(*t, inline_status);
     return Status::Ok();  // the transfer's status carries any error, as for a later failure
   }
   Status s = backend_->Post(std::move(req));

@@ -291,6 +291,14 @@ Status PdConnector::ValidateRequest(const KvTransferParams& p,
   return Status::Ok();
 }
 
+void PdConnector::AbortTransfer(const std::string& tid) {
+  if (!IsValidTransferId(tid)) return;
+  Event ev;
+  ev.kind = Event::kAbortTransfer;
+  ev.params.transfer_id = tid;
+  Push(std::move(ev));
+}
+
 ConnectorStats PdConnector::stats() const {
   std::lock_guard lock(stats_mu_);
   return stats_;
@@ -587,6 +595,9 @@ void PdConnector::HandleEvent(Event& ev) {
     }
     case Event::kConsumerAbort:
       OnConsumerAbort(ev);
+      break;
+    case Event::kAbortTransfer:
+      OnAbortTransfer(ev.params.transfer_id);
       break;
   }
 }

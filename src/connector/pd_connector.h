@@ -68,6 +68,7 @@ struct ConnectorStats {
   int64_t watchdog_expired = 0;
   int64_t leases_expired = 0;
   int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
+  int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
   int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
   /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
   /// KV_READY posted: the part of the handoff P adds after its compute (the last layer's WRITE
@@ -114,6 +115,14 @@ class PdConnector final : public KvConnector, private LayerObserver {
   /// Errors: kInvalidArgument with the reason.
   Status ValidateRequest(const KvTransferParams& p, std::span<const int32_t> prompt) const;
 
+  /// POST /kv/abort: transfer `tid` is dead (the router saw the other leg fail, or the client
+  /// left). The id is tombstoned (a later P leg, target or READ of it is refused) and a producer
+  /// of it drops its prefill (if still running), cancels its WRITEs, tells D, and frees its
+  /// blocks as soon as no WRITE can land any more, instead of at lease expiry. A consumer of it
+  /// is left to the engine (the server aborts the request, which cancels the load).
+  /// Thread-safe, non-blocking; an unknown or malformed id is ignored.
+  void AbortTransfer(const std::string& tid);
+
   /// Snapshot of the counters. Thread-safe.
   ConnectorStats stats() const;
 
@@ -146,6 +155,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
       kConsumerNotNeeded,
       kConsumerAbort,
       kReadPosted,
+      kAbortTransfer,
     } kind = kStep;
     int64_t seq_id = 0;
     KvTransferParams params;
@@ -264,6 +274,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void ReleaseProducer(Producer& p);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void OnProducerMessage(const std::string& peer, PdMessage& m);
+  void OnAbortTransfer(const std::string& tid);
 
   // Consumer (D) side: pd_connector_consumer.cc.
   void OnConsumerStart(Event& ev);

@@ -162,6 +162,29 @@ void PdConnector::OnProducerMessage(const std::string& peer, PdMessage& m) {
   }
 }
 
+void PdConnector::OnAbortTransfer(const std::string& tid) {
+  Tombstone(tid);
+  bool found = false;
+  auto pending = pending_targets_.find(tid);
+  if (pending != pending_targets_.end()) {
+    SendFailure(pending->second.peer, tid, StatusCode::kCancelled, "transfer aborted");
+    pending_targets_.erase(pending);
+    found = true;
+  }
+  auto it = producers_.find(tid);
+  if (it != producers_.end()) {
+    Producer& p = it->second;
+    found = true;
+    if (!p.finished && abort_request_) abort_request_(p.seq_id);
+    DropProducer(p, Cancelled("transfer aborted"), true);
+  }
+  if (found) {
+    spdlog::info("kv connector: transfer {} aborted on request; its blocks are freed", tid);
+    std::lock_guard lock(stats_mu_);
+    ++stats_.transfers_aborted;
+  }
+}
+
 void PdConnector::OnPushTarget(const std::string& peer, PdMessage& m) {
   {
     std::lock_guard lock(stats_mu_);

@@ -163,6 +163,9 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
           c.leases_expired);
   counter("kvpush_kv_transfer_not_needed_total", "Full prefix hits on decode (no KV moved).",
           c.not_needed);
+  counter("kvpush_kv_transfer_aborted_total",
+          "Transfers ended early by POST /kv/abort (blocks freed before their lease ran out).",
+          c.transfers_aborted);
   counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
           c.bad_messages);
   w.Scalar("kvpush_kv_transfer_push_tail_seconds_sum", "counter",

@@ -60,6 +60,24 @@ class Reader {
   size_t pos_ = 0;
 };
 
+/// Reads the trailing block-id list of a PUSH_TARGET or PINNED (`n` ids that must fill the rest of
+/// the payload exactly, each a non-negative int32).
+Status ReadBlockIds(Reader& r, uint32_t n, uint32_t min_n, const char* what,
+                    std::vector<int32_t>& out) {
+  if (n < min_n || n > kMaxTargetBlocks || r.left() != static_cast<size_t>(n) * 4) {
+    return InvalidArgument(std::string(what) + ": block count " + std::to_string(n) +
+                           " does not match the payload");
+  }
+  out.resize(n);
+  for (auto& id : out) {
+    uint32_t v = 0;
+    r.U32(v);
+    if (v > 0x7fffffffu) return InvalidArgument(std::string(what) + ": negative block id");
+    id = static_cast<int32_t>(v);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool IsValidTransferId(std::string_view id) {
@@ -97,6 +115,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       break;
     case MsgTag::kKvReady:
       if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
+      PutU64(b, m.kv_digest);
       PutU32(b, static_cast<uint32_t>(m.token_id));
       PutF32(b, m.logprob);
       PutU32(b, static_cast<uint32_t>(m.top_logprobs.size()));
@@ -104,6 +123,24 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
         PutU32(b, static_cast<uint32_t>(id));
         PutF32(b, lp);
       }
+      break;
+    case MsgTag::kPin:
+      PutU32(b, m.first_block);
+      PutU32(b, m.num_blocks);
+      break;
+    case MsgTag::kPinned:
+      if (m.block_ids.size() > kMaxPinnedBlocks) {
+        return InvalidArgument("pinned answer of " + std::to_string(m.block_ids.size()) +
+                               " blocks exceeds the limit of " + std::to_string(kMaxPinnedBlocks));
+      }
+      PutU32(b, m.num_prompt_tokens);
+      PutU64(b, m.prompt_hash);
+      PutU32(b, static_cast<uint32_t>(m.token_id));
+      PutF32(b, m.logprob);
+      PutU64(b, m.kv_digest);
+      PutU32(b, m.first_block);
+      PutU32(b, static_cast<uint32_t>(m.block_ids.size()));
+      for (int32_t id : m.block_ids) PutU32(b, static_cast<uint32_t>(id));
       break;
     case MsgTag::kTransferFailed:
       b.push_back(m.code);
@@ -125,7 +162,7 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
   PdMessage m;
   uint8_t tag = 0;
   if (!r.U8(tag)) return InvalidArgument("message: empty");
-  if (tag < 1 || tag > 7) return InvalidArgument("message: unknown tag " + std::to_string(tag));
+  if (tag < 1 || tag > 9) return InvalidArgument("message: unknown tag " + std::to_string(tag));
   m.tag = static_cast<MsgTag>(tag);
   if (!r.Bytes(32, m.transfer_id)) return InvalidArgument("message: truncated transfer id");
   if (!IsValidTransferId(m.transfer_id)) return InvalidArgument("message: malformed transfer id");
@@ -136,22 +173,12 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
           !r.U32(n)) {
         return InvalidArgument("push target: truncated header");
       }
-      if (n > kMaxTargetBlocks || r.left() != static_cast<size_t>(n) * 4) {
-        return InvalidArgument("push target: block count " + std::to_string(n) +
-                               " does not match the payload");
-      }
-      m.block_ids.resize(n);
-      for (auto& id : m.block_ids) {
-        uint32_t v = 0;
-        r.U32(v);
-        if (v > 0x7fffffffu) return InvalidArgument("push target: negative block id");
-        id = static_cast<int32_t>(v);
-      }
+      KVP_RETURN_IF_ERROR(ReadBlockIds(r, n, 0, "push target", m.block_ids));
       break;
     }
     case MsgTag::kKvReady: {
       uint32_t tok = 0, n = 0;
-      if (!r.U32(tok) || !r.F32(m.logprob) || !r.U32(n)) {
+      if (!r.U64(m.kv_digest) || !r.U32(tok) || !r.F32(m.logprob) || !r.U32(n)) {
         return InvalidArgument("kv ready: truncated");
       }
       if (tok > 0x7fffffffu) return InvalidArgument("kv ready: negative token id");
@@ -167,6 +194,24 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
         if (id > 0x7fffffffu) return InvalidArgument("kv ready: negative top token id");
         m.top_logprobs.emplace_back(static_cast<int32_t>(id), lp);
       }
+      break;
+    }
+    case MsgTag::kPin:
+      if (!r.U32(m.first_block) || !r.U32(m.num_blocks)) return InvalidArgument("pin: truncated");
+      if (m.num_blocks == 0 || m.num_blocks > kMaxPinnedBlocks) {
+        return InvalidArgument("pin: block count " + std::to_string(m.num_blocks) +
+                               " outside [1, " + std::to_string(kMaxPinnedBlocks) + "]");
+      }
+      break;
+    case MsgTag::kPinned: {
+      uint32_t tok = 0, n = 0;
+      if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(tok) ||
+          !r.F32(m.logprob) || !r.U64(m.kv_digest) || !r.U32(m.first_block) || !r.U32(n)) {
+        return InvalidArgument("pinned: truncated header");
+      }
+      if (tok > 0x7fffffffu) return InvalidArgument("pinned: negative token id");
+      m.token_id = static_cast<int32_t>(tok);
+      KVP_RETURN_IF_ERROR(ReadBlockIds(r, n, 1, "pinned", m.block_ids));
       break;
     }
     case MsgTag::kTransferFailed:

@@ -21,11 +21,15 @@ enum class MsgTag : uint8_t {
   kCancel = 5,
   kCancelAck = 6,
   kRelease = 7,
+  kPin = 8,
+  kPinned = 9,
 };
 
 /// Upper bound on block ids in one PUSH_TARGET (the notification frame limit is 4 KiB;
 /// larger targets are refused by the encoder with kInvalidArgument).
 inline constexpr uint32_t kMaxTargetBlocks = 900;
+/// Upper bound on block ids in one PINNED (the same frame limit).
+inline constexpr uint32_t kMaxPinnedBlocks = kMaxTargetBlocks;
 /// Upper bound on top-logprob pairs in a KV_READY.
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 
@@ -37,8 +41,12 @@ struct PdMessage {
   uint32_t num_prompt_tokens = 0;
   uint64_t prompt_hash = 0;
   uint32_t first_block = 0;  ///< index in the request's block table of the first target block
-  std::vector<int32_t> block_ids;
-  // kKvReady
+  std::vector<int32_t> block_ids;  ///< kPushTarget: D's targets; kPinned: P's leased blocks
+  // kPin: blocks [first_block, first_block + num_blocks) of the request's block table
+  uint32_t num_blocks = 0;
+  // kKvReady, kPinned: KvDigest (kv/block_checksum.h) of the blocks the transfer moves
+  uint64_t kv_digest = 0;
+  // kKvReady, kPinned (also num_prompt_tokens, prompt_hash, first_block, block_ids)
   int32_t token_id = -1;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs;

@@ -366,20 +366,6 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   }
   ++engine_waiting_;
   consumers_engine_[seq.seq_id] = 1;
-  const PullProfile profile = ResolvePullProfile(p);
-  if (p.mode == KvTransferParams::Mode::kPull && profile == PullProfile::kVllm) {
-    // vLLM's NixlConnector: the READ is prepared and posted from the engine (worker) thread in
-    // start_load_kv, right before the next forward pass.
-    const int32_t bs = options_.layout.block_size;
-    const size_t first = static_cast<size_t>(local / bs);
-    const size_t last = static_cast<size_t>((local + num_external + bs - 1) / bs);
-    PendingRead r{seq.seq_id, p.transfer_id, p.remote_engine_id,
-                  std::vector<BlockId>(blocks.begin() + static_cast<ptrdiff_t>(first),
-                                       blocks.begin() + static_cast<ptrdiff_t>(last)),
-                  std::vector<int32_t>(p.remote_block_ids.begin() + static_cast<ptrdiff_t>(first),
-                                       p.remote_block_ids.begin() + static_cast<ptrdiff_t>(last))};
-    pending_reads_.push_back(std::move(r));
-  }
   Event ev;
   ev.kind = Event::kConsumerStart;
   ev.seq_id = seq.seq_id;
@@ -389,11 +375,22 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   ev.blocks.assign(blocks.begin(), blocks.end());
   ev.local_tokens = local;
   ev.external_tokens = num_external;
+  ev.arrival_ns = seq.arrival_ns;
   Push(std::move(ev));
 }
 
 LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
-  for (PendingRead& r : pending_reads_) {
+  // vLLM's NixlConnector posts the READ from the engine (worker) thread in start_load_kv, right
+  // before the next forward pass; the vllm profile does the same once P pinned the lease.
+  std::vector<PendingRead> reads;
+  {
+    std::lock_guard lock(out_mu_);
+    reads.swap(reads_to_post_);
+  }
+  for (PendingRead& r : reads) {
+    // Finished (aborted) since the connector handed it over: its blocks are held until the
+    // connector thread sees the abort, which it handles as "never posted".
+    if (consumers_engine_.count(r.seq_id) == 0) continue;
     Event ev;
     ev.kind = Event::kReadPosted;
     ev.seq_id = r.seq_id;
@@ -412,7 +409,6 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
     }
     Push(std::move(ev));
   }
-  pending_reads_.clear();
   if (push_producers_.empty() || !options_.config.layerwise) return nullptr;
   Event ev;
   ev.kind = Event::kStep;
@@ -481,9 +477,6 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
     if (seq.state != SequenceState::kWaitingForRemoteKv) return false;
     // Finished (aborted) while its K/V may still be landing: hold the blocks until the connector
     // thread knows no WRITE can land any more.
-    pending_reads_.erase(std::remove_if(pending_reads_.begin(), pending_reads_.end(),
-                                        [&](const PendingRead& r) { return r.seq_id == seq.seq_id; }),
-                         pending_reads_.end());
     --engine_waiting_;
     ++engine_holds_;
     Event ev;
@@ -519,7 +512,7 @@ std::vector<KvLoadResult> PdConnector::GetFinishedLoading() {
 }
 
 bool PdConnector::HasPendingWork() const {
-  return engine_holds_ > 0 || engine_waiting_ > 0 || !pending_reads_.empty();
+  return engine_holds_ > 0 || engine_waiting_ > 0;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -548,7 +541,7 @@ void PdConnector::Loop() {
     bool news = false;
     {
       std::lock_guard lock(out_mu_);
-      news = !release_ids_.empty() || !loads_done_.empty();
+      news = !release_ids_.empty() || !loads_done_.empty() || !reads_to_post_.empty();
     }
     if (news && wake_engine_) wake_engine_();
     {
@@ -616,10 +609,12 @@ void PdConnector::HandleMessage(const xfer::Notification& n) {
     case MsgTag::kNotNeeded:
     case MsgTag::kCancel:
     case MsgTag::kRelease:
+    case MsgTag::kPin:
       OnProducerMessage(n.peer, *m);
       break;
     case MsgTag::kKvReady:
     case MsgTag::kCancelAck:
+    case MsgTag::kPinned:
       OnConsumerMessage(n.peer, *m);
       break;
     case MsgTag::kTransferFailed:
@@ -818,6 +813,14 @@ void PdConnector::Timers() {
                    options_.config.watchdog.count());
       if (c.mode == KvTransferParams::Mode::kPush) {
         SendSignal(c.peer, MsgTag::kCancel, tid);
+      } else if (!c.read_posted && !c.read_handed) {
+        // Pull, no READ yet (P never answered the PIN): nothing can land.
+        CompleteConsumer(c,
+                         DeadlineExceeded("the prefill instance did not confirm the lease within " +
+                                          std::to_string(options_.config.watchdog.count()) +
+                                          " ms"),
+                         std::nullopt);
+        continue;
       } else {
         CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
       }

@@ -68,6 +68,13 @@ struct ConnectorStats {
   int64_t watchdog_expired = 0;
   int64_t leases_expired = 0;
   int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
+  int64_t pins_sent = 0;        ///< pull (D): PIN requests sent
+  int64_t pins_refused = 0;     ///< pull (P): PIN refused (lease expired, unknown, wrong state)
+  /// D: received blocks whose checksums were verified, and verifications that failed.
+  int64_t blocks_verified = 0;
+  int64_t checksum_mismatches = 0;
+  int64_t verify_ns_sum = 0;    ///< D: time spent verifying (connector thread)
+  int64_t checksum_ns_sum = 0;  ///< P: time spent hashing blocks (connector thread)
   int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
   int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
   /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
@@ -164,6 +171,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
     std::vector<BlockId> blocks;
     int32_t local_tokens = 0;
     int32_t external_tokens = 0;
+    int64_t arrival_ns = 0;  ///< NowNs() when the request reached the engine
     std::vector<StepChunk> chunks;
     int32_t layer = 0;
     bool ok = false;
@@ -186,6 +194,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
     bool finished_ok = false;
     TokenOutput token;
     bool has_target = false;
+    bool pinned = false;  ///< pull: a D pinned the lease (PIN answered); `peer` is that D
     std::string peer;
     uint32_t first_block = 0;
     std::vector<BlockId> dst;
@@ -198,6 +207,11 @@ class PdConnector final : public KvConnector, private LayerObserver {
     bool released = false;
     TimePoint lease_deadline = TimePoint::max();
     int64_t finished_ns = 0;  ///< when the engine finished the request (first token sampled)
+    /// Push: h(layer, kind, block) of each block-table entry, [i * 2L + layer * 2 + kind],
+    /// filled as each layer's WRITE is posted (kv/block_checksum.h).
+    std::vector<uint64_t> chunk_sums;
+    /// Pull: c(block) of each block-table entry, computed when the prefill finished.
+    std::vector<uint64_t> block_sums;
   };
   struct Consumer {
     int64_t seq_id = 0;
@@ -208,7 +222,17 @@ class PdConnector final : public KvConnector, private LayerObserver {
     int32_t local_tokens = 0;
     int32_t external_tokens = 0;
     int32_t n = 0;
+    uint64_t prompt_hash = 0;
+    /// Deadline of the whole load, counted from the request's arrival (queue time included).
     TimePoint deadline{};
+    /// Blocks [first_block, first_block + num_blocks) of the block table receive remote KV.
+    uint32_t first_block = 0;
+    uint32_t num_blocks = 0;
+    PullProfile profile = PullProfile::kVllm;
+    bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
+    bool pin_sent = false;          ///< pull: PIN sent, PINNED or a refusal awaited
+    bool read_handed = false;       ///< pull vllm: READ handed to the engine thread to post
+    uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
     bool cancelling = false;
     TimePoint cancel_deadline{};
     bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
@@ -274,6 +298,10 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void ReleaseProducer(Producer& p);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void OnProducerMessage(const std::string& peer, PdMessage& m);
+  /// Pull: D asks to pin transfer m.transfer_id's lease; answers PINNED or TRANSFER_FAILED.
+  void OnPin(const std::string& peer, const PdMessage& m);
+  /// Push: KvDigest of the producer's target blocks from its chunk hashes.
+  uint64_t PushDigest(const Producer& p) const;
   void OnAbortTransfer(const std::string& tid);
 
   // Consumer (D) side: pd_connector_consumer.cc.
@@ -281,6 +309,11 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void OnConsumerAbort(Event& ev);
   void OnConsumerMessage(const std::string& peer, PdMessage& m);
   void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
+  /// Pull: P pinned the lease; posts (fast) or hands to the engine thread (vllm) the READ.
+  void OnPinned(Consumer& c, PdMessage& m);
+  /// Recomputes the digest of the consumer's received blocks and compares it with the one P
+  /// sent. Counts the check; on a mismatch returns kDataLoss (the blocks must not be used).
+  Status VerifyReceived(const Consumer& c);
   void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);
   /// Builds the READ of a pull consumer (local D blocks <- remote P blocks).
   Result<xfer::TransferSpec> BuildRead(const std::string& peer, std::span<const BlockId> local,
@@ -308,7 +341,6 @@ class PdConnector final : public KvConnector, private LayerObserver {
     std::vector<BlockId> local;
     std::vector<int32_t> remote;
   };
-  std::vector<PendingRead> pending_reads_;  ///< vllm profile: posted at the next BeginStep
   int64_t engine_holds_ = 0;
   int64_t engine_waiting_ = 0;
 
@@ -323,6 +355,9 @@ class PdConnector final : public KvConnector, private LayerObserver {
   std::mutex out_mu_;
   std::vector<int64_t> release_ids_;
   std::vector<KvLoadResult> loads_done_;
+  /// vllm pull profile: READs whose lease P pinned, posted by the engine thread at its next
+  /// BeginStep (skipped there when the request stopped waiting meanwhile).
+  std::vector<PendingRead> reads_to_post_;
 
   // Peers (HTTP threads, connector thread, engine thread).
   mutable std::mutex peers_mu_;

@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include "connector/pd_connector.h"
+#include "kv/block_checksum.h"
 
 namespace kvpush::connector {
 
@@ -58,6 +59,9 @@ void PdConnector::OnConsumerStart(Event& ev) {
     c.read_posted = true;
     c.read_posted_ns = NowNs();
     outstanding_[ev.transfer.packed()] = Outstanding{tid, XferKind::kRead, 0};
+    // The watchdog fired while the READ waited for the engine thread: end it at once (the
+    // consumer completes when it has ended, so nothing lands in reused blocks).
+    if (c.cancelling) (void)agent_->Cancel(ev.transfer);
     PollTransfers();  // it may already be done
     return;
   }
@@ -79,7 +83,17 @@ void PdConnector::OnConsumerStart(Event& ev) {
   c.local_tokens = ev.local_tokens;
   c.external_tokens = ev.external_tokens;
   c.n = ev.num_prompt_tokens;
-  c.deadline = SteadyClock::now() + options_.config.watchdog;
+  c.prompt_hash = ev.prompt_hash;
+  // The watchdog counts from the request's arrival: time spent in this instance's queue is
+  // time P's lease was running too.
+  c.deadline = TimePoint(std::chrono::nanoseconds(ev.arrival_ns)) + options_.config.watchdog;
+  const int32_t bs = options_.layout.block_size;
+  c.first_block = static_cast<uint32_t>(c.local_tokens / bs);
+  c.num_blocks = static_cast<uint32_t>((c.local_tokens + c.external_tokens + bs - 1) / bs) -
+                 c.first_block;
+  c.profile = ResolvePullProfile(ev.params);
+  c.take_first_token = c.mode == Mode::kPull && c.profile == PullProfile::kFast &&
+                       c.local_tokens + c.external_tokens == c.n;
   c.peer = ev.params.remote_engine_id;
   if (c.peer.empty()) {
     std::lock_guard lock(peers_mu_);
@@ -94,17 +108,33 @@ void PdConnector::OnConsumerStart(Event& ev) {
                      std::nullopt);
     return;
   }
-  const int32_t bs = options_.layout.block_size;
+  if (SteadyClock::now() >= con.deadline) {
+    // Waited out the whole watchdog in the queue. Nothing was announced, so nothing can land;
+    // tell P to drop the transfer (push) or free its lease (pull: CompleteConsumer's RELEASE).
+    if (con.mode == Mode::kPush) {
+      SendFailure(con.peer, tid, StatusCode::kDeadlineExceeded, "decode gave up before admission");
+    }
+    {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.watchdog_expired;
+    }
+    CompleteConsumer(con,
+                     DeadlineExceeded("the request waited longer than the KV watchdog (" +
+                                      std::to_string(options_.config.watchdog.count()) +
+                                      " ms) before its KV could be requested"),
+                     std::nullopt);
+    return;
+  }
+  PdMessage m;
+  m.transfer_id = tid;
+  m.first_block = con.first_block;
   if (con.mode == Mode::kPush) {
-    PdMessage m;
     m.tag = MsgTag::kPushTarget;
-    m.transfer_id = tid;
     m.num_prompt_tokens = static_cast<uint32_t>(con.n);
     // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
-    m.prompt_hash = ev.prompt_hash;
-    m.first_block = static_cast<uint32_t>(con.local_tokens / bs);
-    const int32_t nblocks = (con.n + bs - 1) / bs;
-    m.block_ids.assign(con.blocks.begin() + m.first_block, con.blocks.begin() + nblocks);
+    m.prompt_hash = con.prompt_hash;
+    m.block_ids.assign(con.blocks.begin() + con.first_block,
+                       con.blocks.begin() + con.first_block + con.num_blocks);
     if (m.block_ids.size() > kMaxTargetBlocks) {
       CompleteConsumer(con,
                        InvalidArgument("prompt needs " + std::to_string(m.block_ids.size()) +
@@ -120,25 +150,70 @@ void PdConnector::OnConsumerStart(Event& ev) {
     ++stats_.push_targets_sent;
     return;
   }
-  // Pull.
-  if (ev.params.first_token_id >= 0 && con.local_tokens + con.external_tokens == con.n) {
-    con.first_token = TokenOutput{ev.params.first_token_id, ev.params.first_token_logprob, {}};
-  }
-  const PullProfile profile = ResolvePullProfile(ev.params);
-  if (profile == PullProfile::kVllm) return;  // the engine thread posts it (kReadPosted)
-  const size_t first = static_cast<size_t>(con.local_tokens / bs);
-  const size_t last = static_cast<size_t>((con.local_tokens + con.external_tokens + bs - 1) / bs);
-  std::vector<int32_t> remote(ev.params.remote_block_ids.begin() + static_cast<ptrdiff_t>(first),
-                              ev.params.remote_block_ids.begin() + static_cast<ptrdiff_t>(last));
-  auto spec = BuildRead(con.peer,
-                        std::span<const BlockId>(con.blocks.data() + first, last - first), remote);
-  Status err = spec.status();
-  con.read_posted_ns = NowNs();
-  if (spec.ok() && PostTracked(*spec, tid, XferKind::kRead, 0, &err)) {
-    con.read_posted = true;
+  // Pull: read only what P confirms it still holds (DESIGN.md §3 pull step 3).
+  m.tag = MsgTag::kPin;
+  m.num_blocks = con.num_blocks;
+  con.pin_sent = true;
+  SendMessage(con.peer, m);
+  std::lock_guard lock(stats_mu_);
+  ++stats_.pins_sent;
+}
+
+void PdConnector::OnPinned(Consumer& c, PdMessage& m) {
+  if (c.mode != Mode::kPull || !c.pin_sent || c.read_handed || c.read_posted || c.cancelling) {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.bad_messages;
     return;
   }
-  CompleteConsumer(con, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
+  c.pin_sent = false;
+  if (m.first_block != c.first_block || m.block_ids.size() != c.num_blocks ||
+      static_cast<int32_t>(m.num_prompt_tokens) != c.n || m.prompt_hash != c.prompt_hash) {
+    {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.bad_messages;
+    }
+    CompleteConsumer(c, DataLoss("the prefill instance pinned a different prompt or block range"),
+                     std::nullopt);
+    return;
+  }
+  c.expected_digest = m.kv_digest;
+  if (c.take_first_token) c.first_token = TokenOutput{m.token_id, m.logprob, {}};
+  std::vector<BlockId> local(c.blocks.begin() + c.first_block,
+                             c.blocks.begin() + c.first_block + c.num_blocks);
+  if (c.profile == PullProfile::kVllm) {
+    std::lock_guard lock(out_mu_);
+    reads_to_post_.push_back(PendingRead{c.seq_id, c.tid, c.peer, std::move(local),
+                                         std::move(m.block_ids)});
+    c.read_handed = true;
+    return;
+  }
+  auto spec = BuildRead(c.peer, local, m.block_ids);
+  Status err = spec.status();
+  c.read_posted_ns = NowNs();
+  if (spec.ok() && PostTracked(*spec, c.tid, XferKind::kRead, 0, &err)) {
+    c.read_posted = true;
+    return;
+  }
+  CompleteConsumer(c, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
+}
+
+Status PdConnector::VerifyReceived(const Consumer& c) {
+  const int64_t start = NowNs();
+  const uint64_t got = KvBlocksDigest(
+      options_.layout, arena_,
+      std::span<const BlockId>(c.blocks.data() + c.first_block, c.num_blocks));
+  const bool ok = got == c.expected_digest;
+  {
+    std::lock_guard lock(stats_mu_);
+    stats_.blocks_verified += c.num_blocks;
+    stats_.verify_ns_sum += NowNs() - start;
+    if (!ok) ++stats_.checksum_mismatches;
+  }
+  if (ok) return Status::Ok();
+  spdlog::error("kv connector: transfer {}: checksum mismatch over {} received blocks "
+                "(digest {:016x}, prefill sent {:016x}); the KV is discarded",
+                c.tid, c.num_blocks, got, c.expected_digest);
+  return DataLoss("received KV failed its checksum");
 }
 
 void PdConnector::OnConsumerAbort(Event& ev) {
@@ -182,11 +257,21 @@ void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
         std::lock_guard lock(stats_mu_);
         ++stats_.kv_ready_received;
       }
-      // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V.
+      // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,
+      // unless something corrupted them on the way, which the digest tells.
+      c.expected_digest = m.kv_digest;
+      Status verified = VerifyReceived(c);
+      if (!verified.ok()) {
+        CompleteConsumer(c, std::move(verified), std::nullopt);
+        return;
+      }
       TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
       CompleteConsumer(c, Status::Ok(), std::move(t));
       return;
     }
+    case MsgTag::kPinned:
+      OnPinned(c, m);
+      return;
     case MsgTag::kCancelAck:
       CompleteConsumer(c,
                        DeadlineExceeded("KV did not arrive within " +
@@ -207,7 +292,6 @@ void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::Trans
   auto it = consumers_.find(o.tid);
   if (it == consumers_.end()) return;
   Consumer& c = it->second;
-  SendSignal(c.peer, MsgTag::kRelease, c.tid);  // P may free its leased blocks either way
   if (st.state != xfer::TransferState::kDone) {
     CompleteConsumer(c, Status(st.error.code(), "READ failed: " + st.error.message()),
                      std::nullopt);
@@ -219,10 +303,13 @@ void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::Trans
     stats_.read_ns_sum += NowNs() - c.read_posted_ns;
     ++stats_.read_count;
   }
-  CompleteConsumer(c, Status::Ok(), c.first_token);
+  Status verified = VerifyReceived(c);
+  CompleteConsumer(c, verified, verified.ok() ? c.first_token : std::nullopt);
 }
 
 void PdConnector::CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token) {
+  // Pull: P may free its leased blocks whatever happened here (READ done, failed, abandoned).
+  if (c.mode == Mode::kPull && !c.peer.empty()) SendSignal(c.peer, MsgTag::kRelease, c.tid);
   {
     std::lock_guard lock(out_mu_);
     if (c.aborted) {

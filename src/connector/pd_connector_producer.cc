@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "connector/pd_connector.h"
+#include "kv/block_checksum.h"
 
 namespace kvpush::connector {
 
@@ -34,6 +35,12 @@ void PdConnector::OnProducerStart(Event& ev) {
   p.blocks = std::move(ev.blocks);
   p.layer_done.assign(static_cast<size_t>(options_.layout.num_layers), 0);
   p.layer_sent.assign(static_cast<size_t>(options_.layout.num_layers), 0);
+  if (p.mode == Mode::kPush) {
+    const int32_t bs = options_.layout.block_size;
+    p.chunk_sums.assign(static_cast<size_t>((p.n + bs - 1) / bs) * 2 *
+                            static_cast<size_t>(options_.layout.num_layers),
+                        0);
+  }
   // A prefix-cache hit on P: those tokens' K/V are already in the blocks for every layer.
   producer_by_seq_[ev.seq_id] = tid;
   auto [it, inserted] = producers_.emplace(tid, std::move(p));
@@ -100,6 +107,19 @@ void PdConnector::OnProducerDone(Event& ev) {
   std::fill(p.layer_done.begin(), p.layer_done.end(), p.n);
   p.finished_ns = NowNs();
   p.lease_deadline = SteadyClock::now() + options_.config.lease;
+  if (p.mode == Mode::kPull) {
+    // The blocks are final and held: checksum them now, off the PIN round trip.
+    const int32_t bs = options_.layout.block_size;
+    const int32_t nblocks = std::min<int32_t>((p.n + bs - 1) / bs,
+                                              static_cast<int32_t>(p.blocks.size()));
+    p.block_sums.resize(static_cast<size_t>(nblocks));
+    for (int32_t i = 0; i < nblocks; ++i) {
+      p.block_sums[static_cast<size_t>(i)] =
+          KvBlockChecksum(options_.layout, arena_, p.blocks[static_cast<size_t>(i)]);
+    }
+    std::lock_guard lock(stats_mu_);
+    stats_.checksum_ns_sum += NowNs() - p.finished_ns;
+  }
   if (p.mode == Mode::kPush && p.has_target) TryPostAll(p);
   AdvanceProducer(p);
 }
@@ -108,6 +128,9 @@ void PdConnector::OnProducerMessage(const std::string& peer, PdMessage& m) {
   switch (m.tag) {
     case MsgTag::kPushTarget:
       OnPushTarget(peer, m);
+      return;
+    case MsgTag::kPin:
+      OnPin(peer, m);
       return;
     case MsgTag::kNotNeeded: {
       auto it = producers_.find(m.transfer_id);
@@ -296,10 +319,22 @@ void PdConnector::TryPostLayer(Producer& p, int32_t layer) {
   }
   spdlog::debug("kv connector: {} layer {} WRITE of blocks [{}, {}) posted", p.tid, layer, sent,
                 upto);
+  // The chunks are final (this layer's K/V of these tokens are stored): hash them while the
+  // WRITE is on the wire and the engine computes the next layer.
+  const int64_t hash_start = NowNs();
+  const size_t per_block = 2 * static_cast<size_t>(options_.layout.num_layers);
+  for (int32_t i = sent; i < upto; ++i) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      p.chunk_sums[static_cast<size_t>(i) * per_block + static_cast<size_t>(layer) * 2 +
+                   static_cast<size_t>(kind)] =
+          KvChunkHash(options_.layout, arena_, layer, kind, p.blocks[static_cast<size_t>(i)]);
+    }
+  }
   sent = upto;
   ++p.outstanding;
   std::lock_guard lock(stats_mu_);
   ++stats_.writes_posted;
+  stats_.checksum_ns_sum += NowNs() - hash_start;
 }
 
 void PdConnector::OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {
@@ -382,6 +417,7 @@ void PdConnector::AdvanceProducer(Producer& p) {
   r.transfer_id = p.tid;
   r.token_id = p.token.id;
   r.logprob = p.token.logprob;
+  r.kv_digest = PushDigest(p);
   r.top_logprobs = p.token.top_logprobs;
   if (r.top_logprobs.size() > kMaxTopLogprobs) r.top_logprobs.resize(kMaxTopLogprobs);
   auto payload = EncodeMessage(r);
@@ -408,6 +444,68 @@ void PdConnector::AdvanceProducer(Producer& p) {
   Tombstone(p.tid);
   producer_by_seq_.erase(p.seq_id);
   producers_.erase(p.tid);
+}
+
+}  // namespace kvpush::connector
+
+namespace kvpush::connector {
+
+uint64_t PdConnector::PushDigest(const Producer& p) const {
+  const size_t per_block = 2 * static_cast<size_t>(options_.layout.num_layers);
+  const size_t nblocks = p.chunk_sums.size() / per_block;
+  std::vector<uint64_t> sums;
+  sums.reserve(nblocks - p.first_block);
+  for (size_t i = p.first_block; i < nblocks; ++i) {
+    sums.push_back(KvBlockChecksumFromChunks(
+        std::span<const uint64_t>(p.chunk_sums.data() + i * per_block, per_block)));
+  }
+  return KvDigest(sums);
+}
+
+void PdConnector::OnPin(const std::string& peer, const PdMessage& m) {
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("kv connector: refusing to pin transfer {} for '{}': {}", m.transfer_id, peer,
+                 why);
+    {
+      std::lock_guard lock(stats_mu_);
+      ++stats_.pins_refused;
+    }
+    SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
+  };
+  auto it = producers_.find(m.transfer_id);
+  if (it == producers_.end()) {
+    return refuse(IsTombstoned(m.transfer_id)
+                      ? "the transfer's lease expired or it was released"
+                      : "unknown transfer (no prefill request with this id)");
+  }
+  Producer& p = it->second;
+  if (p.mode != Mode::kPull) return refuse("the prefill request is not in pull mode");
+  if (p.dropped) return refuse("the transfer was dropped (lease expired, aborted or failed)");
+  if (!p.finished || !p.finished_ok) return refuse("the prefill has not finished");
+  if (p.pinned && p.peer != peer) return refuse("already pinned by '" + p.peer + "'");
+  if (static_cast<size_t>(m.first_block) + m.num_blocks > p.block_sums.size()) {
+    return refuse("blocks [" + std::to_string(m.first_block) + ", +" +
+                  std::to_string(m.num_blocks) + ") of a " +
+                  std::to_string(p.block_sums.size()) + "-block prompt");
+  }
+  // Pinned: the lease cannot run out under the READ (D's watchdog is shorter than one lease,
+  // which the handshake checks); RELEASE or this deadline frees the blocks.
+  p.pinned = true;
+  p.peer = peer;
+  p.lease_deadline = SteadyClock::now() + options_.config.lease;
+  PdMessage a;
+  a.tag = MsgTag::kPinned;
+  a.transfer_id = p.tid;
+  a.num_prompt_tokens = static_cast<uint32_t>(p.n);
+  a.prompt_hash = p.prompt_hash;
+  a.token_id = p.token.id;
+  a.logprob = p.token.logprob;
+  a.first_block = m.first_block;
+  const auto first = static_cast<ptrdiff_t>(m.first_block);
+  const auto last = first + static_cast<ptrdiff_t>(m.num_blocks);
+  a.block_ids.assign(p.blocks.begin() + first, p.blocks.begin() + last);
+  a.kv_digest = KvDigest(std::span<const uint64_t>(p.block_sums.data() + first, m.num_blocks));
+  SendMessage(peer, a);
 }
 
 }  // namespace kvpush::connector

@@ -33,6 +33,12 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
       return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
     }
   }
+  const int32_t first = request.kv_transfer.first_token_id;
+  if (first < -1 || first >= model.vocab_size) {
+    return InvalidArgument("kv_transfer_params.first_token_id " + std::to_string(first) +
+                           " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
+                           ")");
+  }
   const int64_t total = std::min<int64_t>(n + request.max_tokens, config.max_model_len);
   const int64_t blocks = (total + config.block_size - 1) / config.block_size;
   if (blocks > config.num_kv_blocks) {
@@ -141,6 +147,12 @@ void EngineCore::ApplyKvLoads() {
     Sequence& seq = *it->second;
     if (seq.state != SequenceState::kWaitingForRemoteKv) continue;
     const int32_t local = seq.num_computed;
+    if (r.status.ok() && r.first_token &&
+        (r.first_token->id < 0 || r.first_token->id >= model_config().vocab_size)) {
+      // A peer's token id reaches the executor only if it is a token of this model.
+      r.status = DataLoss("the prefill instance sent first token id " +
+                          std::to_string(r.first_token->id) + ", outside the vocabulary");
+    }
     if (!r.status.ok() && !r.recompute) {
       Finish(seq, FinishReason::kError, r.status, {}, {});
       continue;
@@ -187,6 +199,7 @@ int32_t EngineCore::Step() {
   }
 
   batch_.clear();
+  batch_seqs_.clear();
   size_t num_logits = 0;
   int32_t total = 0;
   for (const ScheduledChunk& c : chunks) {
@@ -203,35 +216,96 @@ int32_t EngineCore::Step() {
     chunk.start_pos = seq.num_computed;
     chunk.block_table = seq.blocks;
     chunk.want_logits = seq.num_computed + c.num_tokens == seq.num_tokens();
+    if (Status v = CheckChunk(chunk); !v.ok()) {
+      // Never let one request's bad input reach the executor with others.
+      spdlog::error("request {}: not executed: {}", seq.request.request_id, v.ToString());
+      Finish(seq, FinishReason::kError, Internal("request failed validation: " + v.message()), {},
+             {});
+      continue;
+    }
     if (chunk.want_logits) ++num_logits;
     total += c.num_tokens;
     batch_.push_back(chunk);
+    batch_seqs_.push_back(&seq);
   }
+  if (batch_.empty()) return 0;
   const auto vocab = static_cast<size_t>(model_config().vocab_size);
   logits_.resize(num_logits * vocab);
   LayerObserver* observer = connector_ != nullptr ? connector_->BeginStep(batch_) : nullptr;
   Status st = executor_->Execute(batch_, *kv_, logits_, observer);
   ++stats_.num_steps;
+  std::vector<Status> results(batch_.size(), st);
   if (!st.ok()) {
-    spdlog::error("engine step failed: {}", st.ToString());
-    for (const ScheduledChunk& c : chunks) {
-      Finish(*c.seq, FinishReason::kError, Internal("model execution failed: " + st.ToString()), {},
-             {});
-    }
-    return total;
+    spdlog::error("engine step of {} sequences failed: {}", batch_.size(), st.ToString());
+    if (batch_.size() > 1) results = ExecuteEach();
   }
-  stats_.computed_tokens += total;
   size_t row = 0;
-  for (size_t i = 0; i < chunks.size(); ++i) {
-    Sequence& seq = *chunks[i].seq;
-    seq.num_computed += chunks[i].num_tokens;
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    Sequence& seq = *batch_seqs_[i];
+    const size_t my_row = row;
+    if (batch_[i].want_logits) ++row;
+    if (!results[i].ok()) {
+      Finish(seq, FinishReason::kError, Internal("model execution failed: " + results[i].ToString()),
+             {}, {});
+      continue;
+    }
+    stats_.computed_tokens += static_cast<int64_t>(batch_[i].tokens.size());
+    seq.num_computed += static_cast<int32_t>(batch_[i].tokens.size());
     scheduler_.CommitFullBlocks(seq);
     if (batch_[i].want_logits) {
-      ProcessLogits(seq, std::span<const float>(logits_.data() + row * vocab, vocab));
-      ++row;
+      ProcessLogits(seq, std::span<const float>(logits_.data() + my_row * vocab, vocab));
     }
   }
   return total;
+}
+
+Status EngineCore::CheckChunk(const SequenceChunk& c) const {
+  const ModelConfig& m = model_config();
+  for (int32_t t : c.tokens) {
+    if (t < 0 || t >= m.vocab_size) {
+      return InvalidArgument("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
+                             std::to_string(m.vocab_size) + ")");
+    }
+  }
+  const int64_t end = static_cast<int64_t>(c.start_pos) + static_cast<int64_t>(c.tokens.size());
+  if (c.start_pos < 0 || c.tokens.empty() || end > config_.max_model_len) {
+    return InvalidArgument("positions [" + std::to_string(c.start_pos) + ", " +
+                           std::to_string(end) + ") outside the context length " +
+                           std::to_string(config_.max_model_len));
+  }
+  const int64_t needed = (end + config_.block_size - 1) / config_.block_size;
+  if (static_cast<int64_t>(c.block_table.size()) < needed) {
+    return InvalidArgument("block table has " + std::to_string(c.block_table.size()) +
+                           " blocks; positions up to " + std::to_string(end) + " need " +
+                           std::to_string(needed));
+  }
+  for (int64_t i = 0; i < needed; ++i) {
+    const BlockId b = c.block_table[static_cast<size_t>(i)];
+    if (b < 0 || b >= config_.num_kv_blocks) {
+      return InvalidArgument("block id " + std::to_string(b) + " outside the KV pool");
+    }
+  }
+  return Status::Ok();
+}
+
+std::vector<Status> EngineCore::ExecuteEach() {
+  // Isolation: the batch failed as a whole; run each sequence alone (no layer observer: a push
+  // producer's WRITEs are posted from OnRequestFinished anyway) so only the culprit fails. The
+  // executor is batch-invariant, so K/V and logits are the same as in the batched run.
+  const auto vocab = static_cast<size_t>(model_config().vocab_size);
+  std::vector<Status> results;
+  results.reserve(batch_.size());
+  size_t row = 0;
+  for (const SequenceChunk& chunk : batch_) {
+    std::span<float> logits;
+    if (chunk.want_logits) logits = std::span<float>(logits_.data() + row++ * vocab, vocab);
+    results.push_back(executor_->Execute(std::span<const SequenceChunk>(&chunk, 1), *kv_, logits,
+                                         nullptr));
+    if (!results.back().ok()) {
+      spdlog::error("sequence {} failed alone: {}", chunk.seq_id, results.back().ToString());
+    }
+  }
+  return results;
 }
 
 void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {

@@ -60,8 +60,9 @@ class EngineCore {
   void AbortAll(const std::string& reason);
 
   /// Runs one step: schedule, execute, sample, emit outputs, finish requests. Returns the number
-  /// of tokens computed (0 when there was nothing to do). An executor error fails the step's
-  /// requests with FinishReason::kError (the engine keeps running).
+  /// of tokens computed (0 when there was nothing to do). A chunk that fails CheckChunk, or whose
+  /// sequence fails when executed alone after a failed batch, finishes its own request with
+  /// FinishReason::kError; the other requests of the step go on.
   int32_t Step();
 
   /// Applies the connector's news (held blocks to release, finished KV loads: a loaded request
@@ -97,8 +98,16 @@ class EngineCore {
   void ProcessLogits(Sequence& seq, std::span<const float> logits);
   /// Appends an already sampled token (from logits or from a connector) and streams it.
   void ProcessSampled(Sequence& seq, TokenOutput token);
-  /// Applies the connector's finished asynchronous KV loads.
+  /// Applies the connector's finished asynchronous KV loads (a first token that is not a token
+  /// of this model fails the load: recompute or fail per the connector's policy).
   void ApplyKvLoads();
+  /// Checks what a chunk hands the executor: token ids in [0, vocab), positions within
+  /// max_model_len, a block table covering them with ids inside the pool. Errors:
+  /// kInvalidArgument naming the field.
+  Status CheckChunk(const SequenceChunk& chunk) const;
+  /// After a failed batched Execute: executes each chunk of batch_ alone (into its own logits
+  /// row) and returns one status per chunk, so one sequence's failure fails only it.
+  std::vector<Status> ExecuteEach();
   /// Sends the final output (`partial` carries this step's token, if any), releases or hands
   /// over the blocks, records latencies and destroys `seq`.
   void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
@@ -117,6 +126,7 @@ class EngineCore {
   std::unordered_map<int64_t, std::vector<BlockId>> held_blocks_;  ///< kept for the connector
   EngineStats stats_;
   std::vector<SequenceChunk> batch_;  ///< reused per step
+  std::vector<Sequence*> batch_seqs_;  ///< the sequence of each batch_ entry
   std::vector<float> logits_;         ///< reused per step
   bool defer_outputs_ = false;
   std::vector<std::pair<std::shared_ptr<OutputChannel>, RequestOutput>> pending_outputs_;

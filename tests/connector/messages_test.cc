@@ -39,6 +39,7 @@ PdMessage KvReady() {
   m.transfer_id = kTid;
   m.token_id = 42;
   m.logprob = -0.125f;
+  m.kv_digest = 0x0123456789abcdefull;
   m.top_logprobs = {{42, -0.125f}, {7, -2.5f}, {0x7fffffff, -30.0f}};
   return m;
 }
@@ -99,7 +100,8 @@ TEST(Messages, PushTargetWithZeroAndMaxBlocksRoundTrips) {
 TEST(Messages, KvReadyRoundTrip) {
   const PdMessage m = KvReady();
   const auto b = Enc(m);
-  ASSERT_EQ(b.size(), 1u + 32 + 4 + 4 + 4 + 3 * 8);
+  // tag + id + digest u64 + token u32 + logprob f32 + count u32 + 3 x (u32, f32)
+  ASSERT_EQ(b.size(), 1u + 32 + 8 + 4 + 4 + 4 + 3 * 8);
   EXPECT_EQ(b[0], 2);
   auto d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -107,6 +109,7 @@ TEST(Messages, KvReadyRoundTrip) {
   EXPECT_EQ(d->transfer_id, kTid);
   EXPECT_EQ(d->token_id, 42);
   EXPECT_EQ(d->logprob, -0.125f);
+  EXPECT_EQ(d->kv_digest, 0x0123456789abcdefull);
   EXPECT_EQ(d->top_logprobs, m.top_logprobs);
 
   PdMessage none = KvReady();
@@ -186,7 +189,7 @@ TEST(Messages, DecodeRefusesEmptyAndUnknownTags) {
   auto d = DecodeMessage({});
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  for (int tag : {0, 8, 9, 127, 255}) {
+  for (int tag : {0, 10, 11, 127, 255}) {
     std::vector<uint8_t> b{static_cast<uint8_t>(tag)};
     b.insert(b.end(), kTid.begin(), kTid.end());
     d = Dec(b);
@@ -288,6 +291,62 @@ TEST(Messages, DecodeRefusesCountAboveLimit) {
   EXPECT_FALSE(Dec(b).ok());
 }
 
+TEST(Messages, PinAndPinnedRoundTrip) {
+  PdMessage pin;
+  pin.tag = MsgTag::kPin;
+  pin.transfer_id = kTid;
+  pin.first_block = 3;
+  pin.num_blocks = 5;
+  auto b = Enc(pin);
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 4);
+  EXPECT_EQ(b[0], 8);
+  auto d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kPin);
+  EXPECT_EQ(d->first_block, 3u);
+  EXPECT_EQ(d->num_blocks, 5u);
+  pin.num_blocks = 0;  // nothing to pin is not a request
+  EXPECT_FALSE(Dec(Enc(pin)).ok());
+  pin.num_blocks = kMaxPinnedBlocks + 1;
+  EXPECT_FALSE(Dec(Enc(pin)).ok());
+
+  PdMessage a;
+  a.tag = MsgTag::kPinned;
+  a.transfer_id = kTid;
+  a.num_prompt_tokens = 37;
+  a.prompt_hash = 0xfeedfacecafebeefull;
+  a.token_id = 99;
+  a.logprob = -1.5f;
+  a.kv_digest = 0x1122334455667788ull;
+  a.first_block = 1;
+  a.block_ids = {9, 4, 7};
+  b = Enc(a);
+  // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + first u32 + n u32
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 4 + 3 * 4);
+  EXPECT_EQ(b[0], 9);
+  d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kPinned);
+  EXPECT_EQ(d->num_prompt_tokens, 37u);
+  EXPECT_EQ(d->prompt_hash, 0xfeedfacecafebeefull);
+  EXPECT_EQ(d->token_id, 99);
+  EXPECT_EQ(d->logprob, -1.5f);
+  EXPECT_EQ(d->kv_digest, 0x1122334455667788ull);
+  EXPECT_EQ(d->first_block, 1u);
+  EXPECT_EQ(d->block_ids, a.block_ids);
+  // Every truncation is refused, and so is a trailing byte.
+  for (size_t len = 1; len < b.size(); ++len) {
+    EXPECT_FALSE(Dec(std::vector<uint8_t>(b.begin(), b.begin() + static_cast<ptrdiff_t>(len))).ok())
+        << len;
+  }
+  b.push_back(0);
+  EXPECT_FALSE(Dec(b).ok());
+  a.block_ids.clear();  // a pinned answer names at least one block
+  EXPECT_FALSE(Dec(Enc(a)).ok());
+  a.block_ids.assign(kMaxPinnedBlocks + 1, 1);
+  EXPECT_FALSE(EncodeMessage(a).ok());
+}
+
 TEST(Messages, DecodeRefusesNegativeIds) {
   auto d = Dec(RawPushTarget(2, {5, 0x80000000u}));
   ASSERT_FALSE(d.ok());
@@ -298,11 +357,13 @@ TEST(Messages, DecodeRefusesNegativeIds) {
   // KV_READY token id and top token id.
   std::vector<uint8_t> b{2};
   b.insert(b.end(), kTid.begin(), kTid.end());
+  PutU32(b, 0);  // digest (u64)
+  PutU32(b, 0);
   PutU32(b, 0x80000000u);
   PutU32(b, 0);
   PutU32(b, 0);
   EXPECT_FALSE(Dec(b).ok());
-  b.resize(33);
+  b.resize(41);
   PutU32(b, 1);
   PutU32(b, 0);
   PutU32(b, 1);
@@ -341,7 +402,8 @@ TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
                           std::string(33, 'a'), std::string("0123456789ABCDEF0123456789abcdef"),
                           std::string("0123456789abcdef0123456789abcdez")}) {
     for (MsgTag tag : {MsgTag::kPushTarget, MsgTag::kKvReady, MsgTag::kTransferFailed,
-                       MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease}) {
+                       MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease,
+                       MsgTag::kPin, MsgTag::kPinned}) {
       PdMessage m;
       m.tag = tag;
       m.transfer_id = bad;
@@ -365,7 +427,7 @@ TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
   u.transfer_id = kTid;
   u.tag = static_cast<MsgTag>(0);
   EXPECT_FALSE(EncodeMessage(u).ok());
-  u.tag = static_cast<MsgTag>(8);
+  u.tag = static_cast<MsgTag>(10);
   EXPECT_FALSE(EncodeMessage(u).ok());
 }
 

@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "connector/pd_connector.h"
+#include "connector/handshake_server.h"
 
 namespace kvpush::connector {
 namespace {
@@ -29,40 +30,6 @@ ConnectorOptions Options(const std::string& role, const std::string& engine_id) 
   o.role_name = role;
   return o;
 }
-
-// Serves POST /kv/handshake for one connector, remembering the last request and answer.
-class HandshakeServer {
- public:
-  explicit HandshakeServer(PdConnector& c) : c_(c) {
-    srv_.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
-      auto body = nlohmann::json::parse(req.body, nullptr, false);
-      auto r = c_.HandleHandshake(body);
-      last_request = body;
-      if (r.ok()) {
-        last_answer = *r;
-        res.set_content(r->dump(), "application/json");
-      } else {
-        res.status = r.status().code() == StatusCode::kFailedPrecondition ? 409 : 400;
-        res.set_content(nlohmann::json{{"error", {{"message", r.status().message()}}}}.dump(),
-                        "application/json");
-      }
-    });
-    port = srv_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { srv_.listen_after_bind(); });
-    while (!srv_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  ~HandshakeServer() {
-    srv_.stop();
-    thread_.join();
-  }
-  int port = 0;
-  nlohmann::json last_request, last_answer;
-
- private:
-  PdConnector& c_;
-  httplib::Server srv_;
-  std::thread thread_;
-};
 
 TEST(PdConnectorHandshake, LoopbackPairHandshakesOverHttp) {
   auto p = PdConnector::Create(Options("prefill", "p-test"));

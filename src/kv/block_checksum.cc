@@ -1,0 +1,39 @@
+#include "kv/block_checksum.h"
+
+#include <xxhash.h>
+
+namespace kvpush {
+
+uint64_t KvChunkHash(const KvLayout& layout, std::span<const std::byte> arena, int32_t layer,
+                     KvKind kind, BlockId block) {
+  return XXH3_64bits(arena.data() + layout.offset(layer, kind, block), layout.chunk_bytes());
+}
+
+uint64_t KvBlockChecksumFromChunks(std::span<const uint64_t> chunk_hashes) {
+  return XXH3_64bits(chunk_hashes.data(), chunk_hashes.size_bytes());
+}
+
+uint64_t KvBlockChecksum(const KvLayout& layout, std::span<const std::byte> arena, BlockId block) {
+  std::vector<uint64_t> h;
+  h.reserve(static_cast<size_t>(layout.num_layers) * 2);
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      h.push_back(KvChunkHash(layout, arena, layer, kind, block));
+    }
+  }
+  return KvBlockChecksumFromChunks(h);
+}
+
+uint64_t KvDigest(std::span<const uint64_t> block_checksums) {
+  return XXH3_64bits(block_checksums.data(), block_checksums.size_bytes());
+}
+
+uint64_t KvBlocksDigest(const KvLayout& layout, std::span<const std::byte> arena,
+                        std::span<const BlockId> blocks) {
+  std::vector<uint64_t> sums;
+  sums.reserve(blocks.size());
+  for (BlockId b : blocks) sums.push_back(KvBlockChecksum(layout, arena, b));
+  return KvDigest(sums);
+}
+
+}  // namespace kvpush

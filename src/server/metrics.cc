@@ -166,6 +166,21 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
   counter("kvpush_kv_transfer_aborted_total",
           "Transfers ended early by POST /kv/abort (blocks freed before their lease ran out).",
           c.transfers_aborted);
+  counter("kvpush_kv_transfer_pins_sent_total",
+          "Pull (D): PIN requests (confirm and pin P's lease before reading).", c.pins_sent);
+  counter("kvpush_kv_transfer_pins_refused_total",
+          "Pull (P): PINs refused (lease expired, unknown or dropped transfer).", c.pins_refused);
+  counter("kvpush_kv_transfer_blocks_verified_total",
+          "Decode: received KV blocks whose XXH3 checksum was verified.", c.blocks_verified);
+  counter("kvpush_kv_transfer_checksum_mismatches_total",
+          "Decode: transfers whose received KV failed its checksum (discarded, never cached).",
+          c.checksum_mismatches);
+  w.Scalar("kvpush_kv_transfer_verify_seconds_sum", "counter",
+           "Decode: time spent verifying received KV checksums.",
+           static_cast<double>(c.verify_ns_sum) * 1e-9);
+  w.Scalar("kvpush_kv_transfer_checksum_seconds_sum", "counter",
+           "Prefill: time spent checksumming KV blocks it sends.",
+           static_cast<double>(c.checksum_ns_sum) * 1e-9);
   counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
           c.bad_messages);
   w.Scalar("kvpush_kv_transfer_push_tail_seconds_sum", "counter",

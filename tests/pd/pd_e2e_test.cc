@@ -21,36 +21,11 @@
 #include <thread>
 #include <vector>
 
-#include "pd_test_util.h"
-#include "test_util.h"
+#include "pd_fixture.h"
 
 namespace kvpush::pd_test {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double SecondsSince(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
-
-/// Polls `pred` every 50 ms until it holds or `timeout_ms` passed.
-bool WaitFor(const std::function<bool()>& pred, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!pred()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
-}
-
-std::string IdsToString(const std::vector<int32_t>& v) {
-  std::string s = "[";
-  for (size_t i = 0; i < v.size(); ++i) s += (i ? "," : "") + std::to_string(v[i]);
-  return s + "]";
-}
-
-/// TcpExtListenOverflows of this network namespace (/proc/net/netstat); -1 if unreadable. A
-/// rise means a server's accept queue overflowed (connections dropped or reset).
 long ListenOverflows() {
   auto [rc, out] = Sh("awk '/^TcpExt:/{if(!h){for(i=1;i<=NF;i++)n[i]=$i;h=1}else{for(i=1;i<=NF;i++)"
                       "if(n[i]==\"ListenOverflows\")print $i}}' /proc/net/netstat");
@@ -63,16 +38,6 @@ std::string IpBinary() {
   }
   return "";
 }
-
-constexpr const char* kReady = "kvpush_kv_transfer_kv_ready_received_total";
-constexpr const char* kReadySent = "kvpush_kv_transfer_kv_ready_sent_total";
-constexpr const char* kReads = "kvpush_kv_transfer_reads_total";
-constexpr const char* kNotNeeded = "kvpush_kv_transfer_not_needed_total";
-constexpr const char* kFailed = "kvpush_kv_transfer_failed_total";
-constexpr const char* kWatchdog = "kvpush_kv_transfer_watchdog_expired_total";
-constexpr const char* kRecomputes = "kvpush_kv_load_recomputes_total";
-constexpr const char* kBlocksUsed = "kvpush_kv_blocks_used";
-constexpr const char* kWaitingForKv = "kvpush_num_requests_waiting_for_kv";
 
 struct Cluster {
   Proc* colo = nullptr;
@@ -92,86 +57,8 @@ struct Phase {
   int max_tokens = 16;
 };
 
-class PdE2E : public ::testing::Test {
+class PdE2E : public PdFixture {
  protected:
-  void SetUp() override {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "kvpush-pd-XXXXXX").string();
-    ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
-    dir_ = tmpl;
-  }
-
-  void TearDown() override {
-    // Stop in reverse start order (router before instances), then remove namespaces.
-    for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->child.Stop(3000);
-    netns_.Destroy();
-    if (HasFailure()) {
-      for (const auto& p : procs_) {
-        std::printf("---- %s (%s) log tail: %s\n%s", p->name.c_str(), p->url().c_str(),
-                    p->log.c_str(), Tail(p->log, 40).c_str());
-      }
-      std::printf("logs kept in %s\n", dir_.c_str());
-    } else {
-      std::error_code ec;
-      std::filesystem::remove_all(dir_, ec);
-    }
-    procs_.clear();
-  }
-
-  /// Spawns `exe prefix... args...` with its log in the temp dir (does not wait).
-  Proc* Spawn(const std::string& name, const std::vector<std::string>& args,
-              const std::string& host, int port, const std::vector<std::string>& prefix = {},
-              const std::string& exe = KvpushBin()) {
-    auto p = std::make_unique<Proc>();
-    p->name = name;
-    p->host = host;
-    p->port = port;
-    p->log = dir_ + "/" + name + ".log";
-    std::vector<std::string> full = prefix;
-    full.insert(full.end(), args.begin(), args.end());
-    Status s = p->child.Start(full, p->log, exe);
-    EXPECT_TRUE(s.ok()) << name << ": " << s.ToString();
-    procs_.push_back(std::move(p));
-    return procs_.back().get();
-  }
-
-  /// Waits until every process answers /health (60 s each, they start in parallel).
-  void WaitHealthyAll(const std::vector<Proc*>& ps) {
-    for (Proc* p : ps) {
-      Status s = apps::WaitHealthy(p->host, p->port, p->child, 60000);
-      ASSERT_TRUE(s.ok()) << p->name << " did not become healthy: " << s.ToString() << "\n"
-                          << Tail(p->log, 30);
-    }
-  }
-
-  static int Port() {
-    auto p = apps::PickFreePort();
-    EXPECT_TRUE(p.ok());
-    return p.ok() ? *p : 0;
-  }
-
-  static std::vector<std::string> ServeArgs(const std::string& model, const std::string& role,
-                                            const std::string& host, int port,
-                                            const std::string& kv_cfg,
-                                            const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {"serve",  "--model", model, "--role", role, "--host", host,
-                                  "--port", std::to_string(port), "--num-kv-blocks", "1024",
-                                  "--log-level", "info"};
-    if (!kv_cfg.empty()) {
-      a.push_back("--kv-transfer-config");
-      a.push_back(kv_cfg);
-    }
-    a.insert(a.end(), extra.begin(), extra.end());
-    return a;
-  }
-
-  static std::string KvCfg(const std::string& backend, json extra = json::object()) {
-    json x = extra;
-    x["backend"] = backend;
-    return json{{"kv_connector_extra_config", x}}.dump();
-  }
-
-  /// Colocated + P + D (+ router) on loopback. P and the colocated instance prefill in chunks of
-  /// 32 tokens; D keeps the default budget.
   void StartLoopback(const std::string& model, const std::string& label, int vocab,
                      const std::string& backend, Cluster* c) {
     const std::string h = "127.0.0.1";
@@ -194,21 +81,7 @@ class PdE2E : public ::testing::Test {
   }
 
   /// Polls /metrics until no block is used and no request waits for KV (5 s).
-  void ExpectIdle(Proc* p, bool pd, const std::string& what) {
-    double used = 0, waiting = 0;
-    const bool ok = WaitFor(
-        [&] {
-          used = Metric(p->host, p->port, kBlocksUsed);
-          waiting = pd ? Metric(p->host, p->port, kWaitingForKv) : 0;
-          return used == 0 && waiting == 0;
-        },
-        5000);
-    EXPECT_TRUE(ok) << what << ": " << p->name << " still has " << kBlocksUsed << "=" << used
-                    << " " << kWaitingForKv << "=" << waiting << " 5 s after the phase";
-  }
 
-  /// Runs one phase: the prompt set on the colocated instance, then through the router with the
-  /// phase's mode header; compares every request's token ids and checks blocks and counters.
   void RunPhase(const Cluster& c, const Phase& ph) {
     std::vector<Req> reqs = MakePrompts(c.vocab, ph.prompt_seed, ph.n_short, ph.n_long,
                                         ph.n_prefix, ph.n_repeat, ph.max_tokens);
@@ -299,18 +172,6 @@ class PdE2E : public ::testing::Test {
   }
 
   /// Generates a small Llama-shaped GGUF in the temp dir.
-  std::string GenModel() {
-    const std::string out = dir_ + "/gen-model.gguf";
-    auto [rc, text] = Sh(KvpushBin() +
-                         " gen-model --dim 128 --layers 4 --heads 4 --kv-heads 2 --hidden-dim 256"
-                         " --vocab 512 --context 512 --seed 7 --out " + out);
-    EXPECT_EQ(rc, 0) << text;
-    return rc == 0 ? out : "";
-  }
-
-  std::string dir_;
-  std::vector<std::unique_ptr<Proc>> procs_;
-  NetnsTopology netns_;
 };
 
 std::vector<Phase> FullMatrix() {
@@ -340,9 +201,7 @@ TEST_F(PdE2E, Stories260KUcxTcpRouterBitIdentical) {
 }
 
 TEST_F(PdE2E, Stories260KUcxShmRouterBitIdentical) {
-  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
-  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
-  if (model.empty()) model = GenModel();
+  const std::string model = ModelOrGenerated();
   ASSERT_FALSE(model.empty());
   Cluster c;
   ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "stories260K ucx:shm", 512, "ucx:shm", &c));
@@ -385,9 +244,7 @@ TEST_F(PdE2E, GeneratedModelUcxTcpRouterBitIdentical) {
 // P, D and the router each in their own network namespace, joined by veth pairs on a bridge;
 // the test talks to the router over the bridge. UCX is told the namespace's device.
 TEST_F(PdE2E, NetnsRouterPrefillDecodeUcxTcp) {
-  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
-  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
-  if (model.empty()) model = GenModel();
+  const std::string model = ModelOrGenerated();
   ASSERT_FALSE(model.empty());
   const std::string ipbin = IpBinary();
   if (geteuid() != 0 || ipbin.empty()) {
@@ -449,23 +306,12 @@ json PushDParams(const std::string& tid, const Proc& p) {
           {"transfer_id", tid},        {"remote_host", p.host},     {"remote_port", p.port}};
 }
 
-/// The P leg of a request (max_tokens 1, not streamed).
-json PLegBody(const Req& r, const std::string& mode, const std::string& tid) {
-  json b = r.Body();
-  b["max_tokens"] = 1;
-  b["stream"] = false;
-  b["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
-                             {"transfer_mode", mode}, {"transfer_id", tid}};
-  return b;
-}
 
 /// P is SIGKILLed while D waits for its KV (push: D's PUSH_TARGET is held by P, no P leg sent;
 /// pull: P answered, then died before D's READ). recompute -> colocated tokens; fail -> an error,
 /// never a 200 with tokens.
 TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
-  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
-  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
-  if (model.empty()) model = GenModel();
+  const std::string model = ModelOrGenerated();
   ASSERT_FALSE(model.empty());
   const std::string h = "127.0.0.1";
   const std::string pcfg = KvCfg("ucx:tcp", {{"lease_ms", 5000}});
@@ -586,9 +432,7 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
 
 /// Malformed kv_transfer_params get a 4xx/502 with a message, quickly, and leave nothing behind.
 TEST_F(PdE2E, FaultMalformedTransferParams) {
-  // stories260K when present, else a generated Llama-shaped model (same vocabulary size).
-  std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
-  if (model.empty()) model = GenModel();
+  const std::string model = ModelOrGenerated();
   ASSERT_FALSE(model.empty());
   const std::string h = "127.0.0.1";
   const std::string cfg = KvCfg("ucx:tcp");

@@ -489,6 +489,15 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
   return false;
 }
 
+void PdConnector::OnRequestRejected(const GenerationRequest& request) {
+  const KvTransferParams& p = request.kv_transfer;
+  if (p.role != KvTransferParams::Role::kConsumer || !IsValidTransferId(p.transfer_id)) return;
+  Event ev;
+  ev.kind = Event::kConsumerRejected;
+  ev.params = p;
+  Push(std::move(ev));
+}
+
 std::vector<int64_t> PdConnector::GetFinished() {
   std::vector<int64_t> out;
   {
@@ -570,8 +579,11 @@ void PdConnector::HandleEvent(Event& ev) {
     case Event::kReadPosted:
       OnConsumerStart(ev);
       break;
-    case Event::kConsumerNotNeeded: {
+    case Event::kConsumerNotNeeded:
+    case Event::kConsumerRejected: {
+      // Nothing will be read or targeted: P may drop the prefill (push) or free the lease (pull).
       const bool pull = ev.params.mode == KvTransferParams::Mode::kPull;
+      const bool rejected = ev.kind == Event::kConsumerRejected;
       std::string peer = ev.params.remote_engine_id;
       if (peer.empty()) {
         std::lock_guard lock(peers_mu_);
@@ -579,11 +591,20 @@ void PdConnector::HandleEvent(Event& ev) {
                                   std::to_string(ev.params.remote_port));
         if (it != endpoints_.end()) peer = it->second;
       }
-      if (!peer.empty()) {
-        SendSignal(peer, pull ? MsgTag::kRelease : MsgTag::kNotNeeded, ev.params.transfer_id);
+      if (!peer.empty() && FindPeer(peer)) {
+        if (pull) {
+          SendSignal(peer, MsgTag::kRelease, ev.params.transfer_id);
+        } else if (rejected) {
+          SendFailure(peer, ev.params.transfer_id, StatusCode::kFailedPrecondition,
+                      "the decode instance refused the request");
+        } else {
+          SendSignal(peer, MsgTag::kNotNeeded, ev.params.transfer_id);
+        }
       }
-      std::lock_guard lock(stats_mu_);
-      ++stats_.not_needed;
+      if (!rejected) {
+        std::lock_guard lock(stats_mu_);
+        ++stats_.not_needed;
+      }
       break;
     }
     case Event::kConsumerAbort:

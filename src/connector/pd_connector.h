@@ -141,6 +141,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
   LayerObserver* BeginStep(std::span<const SequenceChunk> batch) override;
   bool OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
                          RequestOutput& out) override;
+  void OnRequestRejected(const GenerationRequest& request) override;
   std::vector<int64_t> GetFinished() override;
   std::vector<KvLoadResult> GetFinishedLoading() override;
   bool HasPendingWork() const override;
@@ -163,6 +164,7 @@ class PdConnector final : public KvConnector, private LayerObserver {
       kConsumerAbort,
       kReadPosted,
       kAbortTransfer,
+      kConsumerRejected,
     } kind = kStep;
     int64_t seq_id = 0;
     KvTransferParams params;

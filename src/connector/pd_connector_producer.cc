@@ -162,7 +162,7 @@ void PdConnector::OnProducerMessage(const std::string& peer, PdMessage& m) {
       Tombstone(m.transfer_id);
       if (it == producers_.end()) return;
       Producer& p = it->second;
-      if (p.mode != Mode::kPull) {
+      if (p.mode != Mode::kPull || (p.pinned && p.peer != peer)) {
         std::lock_guard lock(stats_mu_);
         ++stats_.bad_messages;
         return;
@@ -176,6 +176,11 @@ void PdConnector::OnProducerMessage(const std::string& peer, PdMessage& m) {
       Tombstone(m.transfer_id);
       if (it == producers_.end()) return;
       Producer& p = it->second;
+      if ((p.has_target || p.pinned) && p.peer != peer) {  // not the D of this transfer
+        std::lock_guard lock(stats_mu_);
+        ++stats_.bad_messages;
+        return;
+      }
       if (!p.finished && abort_request_) abort_request_(p.seq_id);
       DropProducer(p, Cancelled("decode instance gave up: " + m.message), false);
       return;

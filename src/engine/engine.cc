@@ -22,7 +22,11 @@ Result<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
 
 Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
                const Tokenizer& tokenizer, KvConnector* connector)
-    : config_(config), model_(core->model_config()), tokenizer_(tokenizer), core_(std::move(core)) {
+    : config_(config),
+      model_(core->model_config()),
+      tokenizer_(tokenizer),
+      connector_(connector),
+      core_(std::move(core)) {
   stats_ = core_->stats();
   if (connector != nullptr) {
     connector->BindEngine([this] { Wake(); }, [this](int64_t id) { Abort(id); });
@@ -54,7 +58,10 @@ void Engine::Stop() {
 }
 
 Result<Engine::Handle> Engine::Submit(GenerationRequest request) {
-  KVP_RETURN_IF_ERROR(ValidateRequest(config_, model_, request));
+  if (Status st = ValidateRequest(config_, model_, request); !st.ok()) {
+    if (connector_ != nullptr) connector_->OnRequestRejected(request);
+    return st;
+  }
   Handle h;
   h.id = next_id_.fetch_add(1);
   h.channel = std::make_shared<OutputChannel>();

@@ -41,7 +41,8 @@ class Engine {
     std::shared_ptr<OutputChannel> channel;
   };
 
-  /// Validates `request` (ValidateRequest) and queues it for the engine thread.
+  /// Validates `request` (ValidateRequest) and queues it for the engine thread. A refused P/D
+  /// request is reported to the connector (KvConnector::OnRequestRejected) before returning.
   /// Errors: kInvalidArgument / kResourceExhausted (never fits) from validation;
   /// kUnavailable when max_pending_requests are already waiting (overload) or the engine stopped.
   /// Thread-safe.
@@ -84,6 +85,7 @@ class Engine {
   const EngineConfig config_;
   const ModelConfig model_;
   const Tokenizer& tokenizer_;
+  KvConnector* const connector_;  ///< null in colocated mode; Submit tells it of refusals
   std::unique_ptr<EngineCore> core_;  ///< touched only by the engine thread after Create
 
   std::mutex mu_;  ///< guards queue_, stopping_

@@ -97,6 +97,7 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
     st = AlreadyExists("engine request id " + std::to_string(seq_id) + " is in use");
   }
   if (!st.ok()) {
+    if (connector_ != nullptr) connector_->OnRequestRejected(request);
     RequestOutput out;
     out.finish_reason = FinishReason::kError;
     out.error = st;

@@ -72,6 +72,13 @@ class KvConnector {
   virtual bool OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
                                  RequestOutput& out) = 0;
 
+  /// A request carrying kv_transfer_params was refused at admission (invalid, never fits): it
+  /// never reaches the other hooks. A decode-side connector tells its prefill peer at once, so P
+  /// frees what it holds for the transfer instead of waiting out the lease. Default: nothing.
+  /// Exception to the class contract: also called from Engine::Submit's caller (an HTTP thread),
+  /// so an override must be thread-safe.
+  virtual void OnRequestRejected(const GenerationRequest& request) { (void)request; }
+
   /// get-finished: ids of requests whose held blocks may now be released. Polled every step.
   virtual std::vector<int64_t> GetFinished() = 0;
 

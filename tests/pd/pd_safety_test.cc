@@ -1,0 +1,324 @@
+// P/D safety (issue "no HTTP 200 with wrong tokens, no request failing another"), with real
+// processes: every input that once returned 200 with wrong tokens or failed a neighbour, and a
+// randomized run over leases, decode queue delays and prefill block reuse. Each 200 must carry
+// exactly the colocated tokens; anything else must be an explicit error.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "pd_fixture.h"
+
+namespace kvpush::pd_test {
+namespace {
+
+constexpr const char* kVerified = "kvpush_kv_transfer_blocks_verified_total";
+constexpr const char* kMismatches = "kvpush_kv_transfer_checksum_mismatches_total";
+constexpr const char* kPins = "kvpush_kv_transfer_pins_sent_total";
+constexpr const char* kLeasesExpired = "kvpush_kv_transfer_leases_expired_total";
+
+class PdSafety : public PdFixture {
+ protected:
+  /// ServeArgs with --num-kv-blocks `blocks` (ServeArgs fixes 1024) and `extra` appended.
+  static std::vector<std::string> Args(const std::string& model, const std::string& role, int port,
+                                       const std::string& cfg, int blocks,
+                                       const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> a = ServeArgs(model, role, "127.0.0.1", port, cfg, extra);
+    for (size_t i = 0; i + 1 < a.size(); ++i) {
+      if (a[i] == "--num-kv-blocks") a[i + 1] = std::to_string(blocks);
+    }
+    return a;
+  }
+
+  Proc* Serve(const std::string& name, const std::vector<std::string>& args) {
+    const int port = std::stoi(args[std::find(args.begin(), args.end(), "--port") - args.begin() + 1]);
+    return Spawn(name, args, "127.0.0.1", port);
+  }
+
+  Proc* Router(Proc* p, Proc* d, const std::string& mode) {
+    const int port = Port();
+    return Spawn("router",
+                 {"router", "--prefill", p->url(), "--decode", d->url(), "--mode", mode,
+                  "--host", "127.0.0.1", "--port", std::to_string(port), "--health-interval-ms",
+                  "500"},
+                 "127.0.0.1", port);
+  }
+
+  /// A pull answer of P for `r` (the kv_transfer_params object D would get).
+  static json PullParams(Proc* p, const Req& r) {
+    Res pres = PostRaw(p->host, p->port, PLegBody(r, "pull", NewTransferId()));
+    EXPECT_EQ(pres.status, 200) << pres.raw;
+    if (pres.status != 200) return json::object();
+    return json::parse(pres.raw)["kv_transfer_params"];
+  }
+};
+
+Req Prompt(uint32_t seed, int len, int max_tokens) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(3, 511);
+  Req r;
+  r.prompt = {1};
+  for (int i = 1; i < len; ++i) r.prompt.push_back(tok(rng));
+  r.max_tokens = max_tokens;
+  r.label = std::to_string(len) + "-token prompt (seed " + std::to_string(seed) + ")";
+  return r;
+}
+
+// Failing input 1: the pull request waits in D's queue (D runs one sequence at a time and is
+// busy) past P's lease, and P reuses the blocks meanwhile. Before: 200 with wrong tokens, and the
+// wrong KV went into D's prefix cache. Now: D's watchdog (counted from arrival) or P's refusal
+// to pin an expired lease makes D recompute: the colocated tokens, and a clean prefix cache.
+TEST_F(PdSafety, LeaseExpiresWhileTheRequestWaitsInDecodesQueue) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  const std::string pcfg = KvCfg("ucx:tcp", {{"lease_ms", 2500}});
+  const std::string dcfg = KvCfg("ucx:tcp", {{"watchdog_ms", 1000}});
+  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
+  Proc* p = Serve("prefill", Args(model, "prefill", Port(), pcfg, 64, {"--no-enable-prefix-caching"}));
+  Proc* d = Serve("decode", Args(model, "decode", Port(), dcfg, 1024, {"--max-num-seqs", "1"}));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+  Proc* router = Router(p, d, "pull");
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
+
+  uint32_t seed = 500;
+  for (const char* mode : {"pull-vllm", "pull-fast"}) {
+    SCOPED_TRACE(mode);
+    const Req req = Prompt(seed++, 100, 24);
+    const Res ref = Send(colo->host, colo->port, req);
+    ASSERT_EQ(ref.status, 200) << ref.raw;
+    const double recomputes0 = Metric(d->host, d->port, "kvpush_kv_load_recomputes_total");
+
+    std::vector<std::thread> busy;  // three long requests keep D's only slot busy for ~3 s
+    for (int i = 0; i < 3; ++i) {
+      busy.emplace_back([&, i] { (void)Send(d->host, d->port, Prompt(900 + i, 8, 2000)); });
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    Res got;
+    std::thread pd([&] { got = Send(router->host, router->port, req, {{"x-kvpush-mode", mode}}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(2800));  // P's lease (2.5 s) is gone
+    for (int i = 0; i < 3; ++i) {  // P reuses every block (64 blocks, prompts of 1000 tokens)
+      Res r = Send(p->host, p->port, Prompt(700 + i, 1000, 2));
+      EXPECT_EQ(r.status, 200) << r.raw;
+    }
+    pd.join();
+    for (auto& t : busy) t.join();
+
+    ASSERT_EQ(got.status, 200) << got.raw << got.error;
+    EXPECT_EQ(got.ids, ref.ids) << "P/D tokens differ from colocated\n  colocated: "
+                                << IdsToString(ref.ids) << "\n  P/D:       " << IdsToString(got.ids);
+    EXPECT_GE(Metric(d->host, d->port, "kvpush_kv_load_recomputes_total") - recomputes0, 1)
+        << "D did not recompute the prompt whose lease ran out";
+    // D's prefix cache holds only what D computed: the prompt alone and the prompt extended.
+    Res again = Send(d->host, d->port, req);
+    EXPECT_EQ(again.ids, ref.ids) << "D's prefix cache serves wrong KV for the prompt";
+    Req longer = req;
+    longer.prompt.insert(longer.prompt.end(), {5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17});
+    const Res ref_longer = Send(colo->host, colo->port, longer);
+    EXPECT_EQ(Send(d->host, d->port, longer).ids, ref_longer.ids)
+        << "D's prefix cache serves wrong KV for the prompt's extension";
+  }
+  EXPECT_EQ(Metric(d->host, d->port, kMismatches), 0);
+  ExpectIdle(p, true, "after the expired leases");
+  ExpectIdle(d, true, "after the expired leases");
+}
+
+// Failing inputs 2 and 3: forged kv_transfer_params sent straight to D. An out-of-vocabulary
+// first token is a 400 for that request alone (it used to fail the whole engine step); wrong but
+// in-range block ids and a wrong first token are ignored: D reads the blocks P pins for the
+// transfer id and takes P's own first token.
+TEST_F(PdSafety, ForgedTransferParamsFailAloneOrAreIgnored) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  const std::string cfg = KvCfg("ucx:tcp");
+  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
+  Proc* p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* d = Serve("decode", Args(model, "decode", Port(), cfg, 1024));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+
+  const Req neighbour = Prompt(41, 30, 600);
+  const Res neighbour_ref = Send(colo->host, colo->port, neighbour);
+  const Req req = Prompt(42, 70, 16);
+  const Res ref = Send(colo->host, colo->port, req);
+  ASSERT_EQ(ref.status, 200);
+
+  Res neighbour_got;
+  std::thread t([&] { neighbour_got = Send(d->host, d->port, neighbour); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // it is decoding now
+  {
+    json kv = PullParams(p, req);
+    kv["first_token_id"] = 512;  // vocab is 512
+    kv["pull_profile"] = "fast";
+    json extra = {{"kv_transfer_params", kv}};
+    Res out = Send(d->host, d->port, req, {}, &extra);
+    EXPECT_EQ(out.status, 400) << out.raw;
+    EXPECT_NE(out.error.find("first_token_id"), std::string::npos) << out.error;
+  }
+  t.join();
+  EXPECT_EQ(neighbour_got.status, 200) << neighbour_got.raw << neighbour_got.error;
+  EXPECT_EQ(neighbour_got.ids, neighbour_ref.ids) << "the neighbour of a bad request was hurt";
+
+  struct Forgery {
+    std::string name;
+    std::function<void(json&)> apply;
+  };
+  const std::vector<Forgery> forgeries = {
+      {"block ids duplicated",
+       [](json& kv) {
+         for (auto& b : kv["remote_block_ids"]) b = kv["remote_block_ids"][0];
+       }},
+      {"block ids reversed",
+       [](json& kv) {
+         auto v = kv["remote_block_ids"].get<std::vector<int>>();
+         std::reverse(v.begin(), v.end());
+         kv["remote_block_ids"] = v;
+       }},
+      {"block ids shifted by 100",
+       [](json& kv) {
+         for (auto& b : kv["remote_block_ids"]) b = b.get<int>() + 100;
+       }},
+      {"first token EOS", [](json& kv) { kv["first_token_id"] = 2; }},
+  };
+  uint32_t seed = 60;
+  for (const char* profile : {"fast", "vllm"}) {
+    for (const Forgery& f : forgeries) {
+      SCOPED_TRACE(f.name + std::string(", profile ") + profile);
+      // A fresh prompt each time, so D has nothing of it cached and must read every block.
+      const Req fresh = Prompt(seed++, 70, 16);
+      const Res fresh_ref = Send(colo->host, colo->port, fresh);
+      json kv = PullParams(p, fresh);
+      f.apply(kv);
+      kv["pull_profile"] = profile;
+      json extra = {{"kv_transfer_params", kv}};
+      Res out = Send(d->host, d->port, fresh, {}, &extra);
+      EXPECT_EQ(out.status, 200) << out.raw << out.error;
+      EXPECT_EQ(out.ids, fresh_ref.ids) << "tokens differ from colocated\n  colocated: "
+                                        << IdsToString(fresh_ref.ids) << "\n  P/D:       "
+                                        << IdsToString(out.ids);
+    }
+  }
+  EXPECT_EQ(Send(d->host, d->port, req).ids, ref.ids) << "D's prefix cache was poisoned";
+  EXPECT_GE(Metric(d->host, d->port, kVerified), 8 * 5) << "D did not verify every block read";
+  EXPECT_EQ(Metric(d->host, d->port, kMismatches), 0);
+  ExpectIdle(p, true, "after forged params");
+  ExpectIdle(d, true, "after forged params");
+}
+
+/// One randomized round: its instance settings and requests.
+struct Round {
+  int lease_ms = 0, watchdog_ms = 0, d_max_seqs = 1, p_blocks = 64;
+  bool fail_policy = false;
+};
+
+// >= 500 requests over 4 rounds, each with its own lease and watchdog, D slots and P pool size
+// (so P reuses blocks): push and both pull profiles, streamed and not, greedy and seeded, short
+// and long outputs at concurrency 12. Zero 200s with tokens other than colocated; every other
+// answer an explicit error; both pools back to idle; integrity checks counted.
+TEST_F(PdSafety, RandomizedLeasesQueuesAndReuseNeverReturnWrongTokens) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 4096));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo}));
+  std::mt19937 rng(20261130);
+  int total = 0, ok = 0, errors = 0, wrong = 0;
+  double verified = 0, pins = 0, expired = 0, watchdog = 0, recomputes = 0;
+  for (int round = 0; round < 4; ++round) {
+    Round rd;
+    rd.watchdog_ms = std::uniform_int_distribution<int>(300, 1500)(rng);
+    rd.lease_ms = rd.watchdog_ms + 1100 + std::uniform_int_distribution<int>(0, 1500)(rng);
+    rd.d_max_seqs = std::array<int, 3>{1, 2, 4}[static_cast<size_t>(round % 3)];
+    rd.p_blocks = std::uniform_int_distribution<int>(48, 96)(rng);
+    rd.fail_policy = round == 3;
+    const std::string tag = "round " + std::to_string(round) + " (lease " +
+                            std::to_string(rd.lease_ms) + " ms, watchdog " +
+                            std::to_string(rd.watchdog_ms) + " ms, D slots " +
+                            std::to_string(rd.d_max_seqs) + ", P blocks " +
+                            std::to_string(rd.p_blocks) +
+                            (rd.fail_policy ? ", policy fail)" : ", policy recompute)");
+    SCOPED_TRACE(tag);
+    Proc* p = Serve("prefill-" + std::to_string(round),
+                    Args(model, "prefill", Port(), KvCfg("ucx:tcp", {{"lease_ms", rd.lease_ms}}),
+                         rd.p_blocks, {"--no-enable-prefix-caching"}));
+    Proc* d = Serve("decode-" + std::to_string(round),
+                    Args(model, "decode", Port(),
+                         KvCfg("ucx:tcp", {{"watchdog_ms", rd.watchdog_ms},
+                                           {"failure_policy", rd.fail_policy ? "fail" : "recompute"}}),
+                         1024, {"--max-num-seqs", std::to_string(rd.d_max_seqs)}));
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({p, d}));
+    Proc* router = Router(p, d, "push");
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
+
+    std::vector<Req> reqs;
+    std::vector<Headers> modes;
+    for (int i = 0; i < 130; ++i) {
+      const int len = std::uniform_int_distribution<int>(20, 400)(rng);
+      // Every sixth request decodes 400-1500 tokens: D's few slots stay busy, so others wait
+      // in its queue past the watchdog (and P's lease would run out behind them).
+      const int out = i % 6 == 0 ? std::uniform_int_distribution<int>(400, 1500)(rng)
+                                 : std::uniform_int_distribution<int>(1, 40)(rng);
+      Req r = Prompt(static_cast<uint32_t>(round * 1000 + i), len, out);
+      r.seeded = i % 2 == 1;
+      r.seed = 77 + i;
+      r.stream = i % 4 == 2;
+      reqs.push_back(r);
+      modes.push_back({{"x-kvpush-mode", std::array<const char*, 3>{"push", "pull-vllm",
+                                                                    "pull-fast"}[i % 3]}});
+    }
+    std::vector<Res> ref(reqs.size()), got(reqs.size());
+    std::atomic<size_t> next{0};
+    auto worker = [&](bool colocated) {
+      for (size_t i; (i = next.fetch_add(1)) < reqs.size();) {
+        if (colocated) {
+          ref[i] = Send(colo->host, colo->port, reqs[i]);
+        } else {
+          got[i] = Send(router->host, router->port, reqs[i], modes[i], nullptr, 60.0);
+        }
+      }
+    };
+    for (bool colocated : {true, false}) {
+      next = 0;
+      std::vector<std::thread> ts;
+      for (int k = 0; k < 12; ++k) ts.emplace_back(worker, colocated);
+      for (auto& t : ts) t.join();
+    }
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ++total;
+      ASSERT_EQ(ref[i].status, 200) << ref[i].raw;
+      if (got[i].status == 200 && got[i].error.empty()) {
+        ++ok;
+        if (got[i].ids != ref[i].ids) {
+          ++wrong;
+          ADD_FAILURE() << "request " << i << " " << reqs[i].label << " " << modes[i][0].second
+                        << ": 200 with tokens other than colocated\n  colocated: "
+                        << IdsToString(ref[i].ids) << "\n  P/D:       " << IdsToString(got[i].ids);
+        }
+      } else {
+        ++errors;
+        EXPECT_FALSE(got[i].error.empty()) << "request " << i << ": HTTP " << got[i].status
+                                           << " without an error message: " << got[i].raw;
+        EXPECT_TRUE(rd.fail_policy || got[i].status != 200)
+            << "request " << i << " failed under the recompute policy: " << got[i].error;
+      }
+    }
+    ExpectIdle(p, true, tag);
+    ExpectIdle(d, true, tag);
+    verified += Metric(d->host, d->port, kVerified);
+    pins += Metric(d->host, d->port, kPins);
+    expired += Metric(p->host, p->port, kLeasesExpired);
+    watchdog += Metric(d->host, d->port, "kvpush_kv_transfer_watchdog_expired_total");
+    recomputes += Metric(d->host, d->port, "kvpush_kv_load_recomputes_total");
+    EXPECT_EQ(Metric(d->host, d->port, kMismatches), 0) << "a checksum failed without a fault";
+    for (Proc* x : {router, d, p}) x->child.Stop(3000);
+  }
+  std::printf("randomized: %d requests, %d 200 (all compared), %d explicit errors, %d wrong; "
+              "blocks verified %.0f, PINs %.0f, P leases expired %.0f, D watchdog expiries %.0f, "
+              "D recomputes %.0f\n",
+              total, ok, errors, wrong, verified, pins, expired, watchdog, recomputes);
+  EXPECT_GE(total, 500);
+  EXPECT_EQ(wrong, 0);
+  EXPECT_GT(verified, 0) << "no integrity check ran";
+  EXPECT_GT(pins, 0);
+  EXPECT_GT(watchdog, 0) << "no request outwaited the watchdog: the run did not test queueing";
+}
+
+}  // namespace
+}  // namespace kvpush::pd_test

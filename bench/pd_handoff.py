@@ -155,6 +155,8 @@ def main():
     ap.add_argument("--tpot-tokens", type=int, default=200, help="length of the TPOT probe stream")
     ap.add_argument("--out", default="pd_handoff.json")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs, model)")
+    ap.add_argument("--no-verify", action="store_true",
+                    help="D skips the KV checksum check (verify_checksums false), for an A/B of its cost")
     a = ap.parse_args()
 
     tmp = tempfile.mkdtemp(prefix="kvpush-pd-bench-")
@@ -170,7 +172,8 @@ def main():
         # A 2048-token prefill of the generated model takes ~9 s on this CPU: the decode watchdog
         # (default 10 s, counted from D's admission) must leave room for it.
         cfg = json.dumps({"kv_connector_extra_config": {"backend": a.backend, "watchdog_ms": 120000,
-                                                        "lease_ms": 180000}})
+                                                        "lease_ms": 180000,
+                                                        "verify_checksums": not a.no_verify}})
         common = ["serve", "--model", model, "--no-enable-prefix-caching", "--log-level", "warn",
                   "--max-model-len", "4096"]
         ports = {}
@@ -235,7 +238,19 @@ def main():
                     f"{n.split()[0]} {got[n]['ttft_ms']:.1f}" for n, _ in modes) + " ms TTFT", flush=True)
             p1, d1 = metrics(ports["prefill"]), metrics(ports["decode"])
             recomputes = d1.get("kvpush_kv_load_recomputes_total", 0) - d0.get("kvpush_kv_load_recomputes_total", 0)
+            transfers = 3 * count  # push, pull (vLLM default), pull (fast) per prompt
+
+            def per_transfer_ms(before, after, name):
+                return (after.get(name, 0) - before.get(name, 0)) * 1e3 / transfers
+
             row = {"mismatches": mismatches, "modes": {}, "d_recomputes": recomputes,
+                   # End-to-end KV checksums: D's verification and P's hashing, per transfer.
+                   "d_verify_ms_per_transfer": per_transfer_ms(d0, d1, "kvpush_kv_transfer_verify_seconds_sum"),
+                   "p_checksum_ms_per_transfer": per_transfer_ms(p0, p1, "kvpush_kv_transfer_checksum_seconds_sum"),
+                   "blocks_verified": d1.get("kvpush_kv_transfer_blocks_verified_total", 0)
+                   - d0.get("kvpush_kv_transfer_blocks_verified_total", 0),
+                   "checksum_mismatches": d1.get("kvpush_kv_transfer_checksum_mismatches_total", 0)
+                   - d0.get("kvpush_kv_transfer_checksum_mismatches_total", 0),
                    "push_tail_ms_mean": mean_delta(p0, p1, "kvpush_kv_transfer_push_tail_seconds_sum",
                                                    "kvpush_kv_transfer_push_tail_seconds_count"),
                    "pull_read_ms_mean": mean_delta(d0, d1, "kvpush_kv_transfer_read_seconds_sum",
@@ -322,6 +337,9 @@ def main():
             print(f"{length:>7} measured inside the instances (means): push tail on P (prefill "
                   f"finished -> KV_READY posted) {tail if tail is None else round(tail, 3)} ms; "
                   f"pull READ on D {rd if rd is None else round(rd, 3)} ms")
+            print(f"{length:>7} KV checksums per transfer: D verifies in {row['d_verify_ms_per_transfer']:.3f} ms "
+                  f"({row['blocks_verified']:.0f} blocks verified, {row['checksum_mismatches']:.0f} mismatches), "
+                  f"P hashes in {row['p_checksum_ms_per_transfer']:.3f} ms")
         t = results["tpot_under_push"]
         print(f"\ndecode TPOT alone {statistics.median(t['alone_ms']):.3f} ms, with pushes arriving "
               f"{statistics.median(t['with_pushes_ms']):.3f} ms (ratio {t['ratio_median']:.3f}, "

@@ -108,7 +108,8 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     for (const auto& [k, v] : x.items()) {
       static const char* kKnown[] = {"backend",      "lease_ms",       "watchdog_ms",
                                      "cancel_ack_ms", "stall_ms",      "failure_policy",
-                                     "pull_profile", "layerwise",      "engine_id"};
+                                     "pull_profile", "layerwise",      "engine_id",
+                                     "verify_checksums"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
       if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
@@ -149,6 +150,12 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
       c.layerwise = x["layerwise"].get<bool>();
     }
+    if (x.contains("verify_checksums")) {
+      if (!x["verify_checksums"].is_boolean()) {
+        return InvalidArgument("verify_checksums must be a boolean");
+      }
+      c.verify_checksums = x["verify_checksums"].get<bool>();
+    }
   }
   bool backend_known = c.backend == "loopback";  // in-process (tests)
   for (const auto& b : xfer::MultiProcessBackendSpecs()) backend_known |= b == c.backend;
@@ -170,7 +177,8 @@ std::string KvTransferConfig::ToString() const {
          " stall_ms=" + std::to_string(stall.count()) + " failure_policy=" +
          (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
          " pull_profile=" + std::string(PullProfileName(pull_profile)) +
-         " layerwise=" + (layerwise ? "true" : "false");
+         " layerwise=" + (layerwise ? "true" : "false") +
+         " verify_checksums=" + (verify_checksums ? "true" : "false");
 }
 
 }  // namespace kvpush::connector

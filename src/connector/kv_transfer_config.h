@@ -40,6 +40,9 @@ struct KvTransferConfig {
   /// Push: post each layer's WRITE as soon as that layer is computed (true) or everything after
   /// the prefill (false; for measurements).
   bool layerwise = true;
+  /// Decode: verify every received block against the XXH3 digest P sends (kv/block_checksum.h)
+  /// before using it. P always computes the digest; `false` only skips D's check (measurements).
+  bool verify_checksums = true;
 
   /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
   /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON

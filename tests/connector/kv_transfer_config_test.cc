@@ -39,6 +39,7 @@ TEST(KvTransferConfig, Defaults) {
     EXPECT_EQ(c.failure_policy, FailurePolicy::kRecompute);
     EXPECT_EQ(c.pull_profile, PullProfile::kFast);
     EXPECT_TRUE(c.layerwise);
+    EXPECT_TRUE(c.verify_checksums);
   }
   // Default lease outlasts the default watchdog + 1 s (the handshake rule).
   const KvTransferConfig d;
@@ -63,7 +64,8 @@ TEST(KvTransferConfig, EveryFieldParsed) {
       "kv_buffer_device": "cpu",
       "kv_connector_extra_config": {"backend": "libfabric:shm", "lease_ms": 45000,
         "watchdog_ms": 1234, "cancel_ack_ms": 777, "stall_ms": 999, "failure_policy": "fail",
-        "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a"}})",
+        "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a",
+        "verify_checksums": false}})",
                     "decode");
   EXPECT_EQ(c.kv_connector, "PullConnector");
   EXPECT_EQ(c.role, KvRole::kConsumer);
@@ -75,6 +77,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
   EXPECT_EQ(c.failure_policy, FailurePolicy::kFail);
   EXPECT_EQ(c.pull_profile, PullProfile::kVllm);
   EXPECT_FALSE(c.layerwise);
+  EXPECT_FALSE(c.verify_checksums);
   EXPECT_EQ(c.engine_id, "decode-a");
 
   // The other value of each enum-like field, and a top-level engine_id.
@@ -139,6 +142,7 @@ TEST(KvTransferConfig, RefusesWrongTypes) {
   Err(R"({"kv_connector_extra_config": {"pull_profile": true}})", {"pull_profile"});
   Err(R"({"kv_connector_extra_config": {"layerwise": "true"}})", {"layerwise", "boolean"});
   Err(R"({"kv_connector_extra_config": {"layerwise": 1}})", {"layerwise"});
+  Err(R"({"kv_connector_extra_config": {"verify_checksums": "yes"}})", {"verify_checksums"});
 }
 
 TEST(KvTransferConfig, MillisecondRanges) {
@@ -201,7 +205,8 @@ TEST(KvTransferConfig, ToStringMentionsEveryField) {
   auto c = Ok(R"({"kv_connector": "NixlConnector",
       "kv_connector_extra_config": {"backend": "ucx:shm", "lease_ms": 45000,
         "watchdog_ms": 1234, "cancel_ack_ms": 777, "stall_ms": 999, "failure_policy": "fail",
-        "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a"}})",
+        "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a",
+        "verify_checksums": false}})",
               "decode");
   const std::string s = c.ToString();
   for (const char* want :

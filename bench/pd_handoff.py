@@ -35,6 +35,8 @@ import time
 
 HOST = "127.0.0.1"
 TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
+VERIFY_SUM = "kvpush_kv_transfer_verify_seconds_sum"
+VERIFY_EARLY_SUM = "kvpush_kv_transfer_verify_early_seconds_sum"
 
 
 def free_port():
@@ -226,8 +228,13 @@ def main():
                     # token sampled) for this request is the delta of its TTFT histogram sum.
                     eng = ports["colocated"] if m is None else ports["prefill"]
                     before = metrics(eng).get(TTFT_SUM, 0.0)
+                    d_before = metrics(ports["decode"]) if m else {}
                     r = stream(ports["colocated"] if m is None else ports["router"], body, m)
                     r["engine_ttft_ms"] = (metrics(eng).get(TTFT_SUM, 0.0) - before) * 1e3
+                    if m:  # D's checksum work for this request: on the TTFT path / overlapped
+                        d_after = metrics(ports["decode"])
+                        for key, name in (("d_verify_ms", VERIFY_SUM), ("d_verify_early_ms", VERIFY_EARLY_SUM)):
+                            r[key] = (d_after.get(name, 0.0) - d_before.get(name, 0.0)) * 1e3
                     r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
                     got[name] = r
                 for name, _ in modes:
@@ -244,8 +251,7 @@ def main():
                 return (after.get(name, 0) - before.get(name, 0)) * 1e3 / transfers
 
             row = {"mismatches": mismatches, "modes": {}, "d_recomputes": recomputes,
-                   # End-to-end KV checksums: D's verification and P's hashing, per transfer.
-                   "d_verify_ms_per_transfer": per_transfer_ms(d0, d1, "kvpush_kv_transfer_verify_seconds_sum"),
+                   # End-to-end KV checksums: P's hashing per transfer (all P/D modes).
                    "p_checksum_ms_per_transfer": per_transfer_ms(p0, p1, "kvpush_kv_transfer_checksum_seconds_sum"),
                    "blocks_verified": d1.get("kvpush_kv_transfer_blocks_verified_total", 0)
                    - d0.get("kvpush_kv_transfer_blocks_verified_total", 0),
@@ -272,6 +278,10 @@ def main():
                     "handoff_corrected_ms_median": None if name == "colocated" else pct(hc, 0.5),
                     "handoff_corrected_ms_p99": None if name == "colocated" else pct(hc, 0.99),
                     "engine_ttft_ms": [r["engine_ttft_ms"] for r in per[name]],
+                    "d_verify_ms_mean": None if name == "colocated" else statistics.mean(
+                        r["d_verify_ms"] for r in per[name]),
+                    "d_verify_early_ms_mean": None if name == "colocated" else statistics.mean(
+                        r["d_verify_early_ms"] for r in per[name]),
                     "ttft_ms": ttft,
                 }
             # KV bytes of one layer of this prompt (K and V): what layer-wise push leaves exposed.
@@ -337,9 +347,12 @@ def main():
             print(f"{length:>7} measured inside the instances (means): push tail on P (prefill "
                   f"finished -> KV_READY posted) {tail if tail is None else round(tail, 3)} ms; "
                   f"pull READ on D {rd if rd is None else round(rd, 3)} ms")
-            print(f"{length:>7} KV checksums per transfer: D verifies in {row['d_verify_ms_per_transfer']:.3f} ms "
-                  f"({row['blocks_verified']:.0f} blocks verified, {row['checksum_mismatches']:.0f} mismatches), "
-                  f"P hashes in {row['p_checksum_ms_per_transfer']:.3f} ms")
+            print(f"{length:>7} KV checksums ({row['blocks_verified']:.0f} blocks verified, "
+                  f"{row['checksum_mismatches']:.0f} mismatches; P hashes {row['p_checksum_ms_per_transfer']:.3f} ms "
+                  f"per transfer). D, mean per request, on the TTFT path / overlapped with P's compute: " +
+                  ", ".join(f"{n} {row['modes'][n]['d_verify_ms_mean']:.3f} / "
+                            f"{row['modes'][n]['d_verify_early_ms_mean']:.3f} ms"
+                            for n, m in modes if m))
         t = results["tpot_under_push"]
         print(f"\ndecode TPOT alone {statistics.median(t['alone_ms']):.3f} ms, with pushes arriving "
               f"{statistics.median(t['with_pushes_ms']):.3f} ms (ratio {t['ratio_median']:.3f}, "

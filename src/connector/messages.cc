@@ -128,6 +128,11 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU32(b, m.first_block);
       PutU32(b, m.num_blocks);
       break;
+    case MsgTag::kLayerReady:
+      PutU32(b, m.layer);
+      PutU32(b, m.first_block);
+      PutU32(b, m.num_blocks);
+      break;
     case MsgTag::kPinned:
       if (m.block_ids.size() > kMaxPinnedBlocks) {
         return InvalidArgument("pinned answer of " + std::to_string(m.block_ids.size()) +
@@ -162,7 +167,7 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
   PdMessage m;
   uint8_t tag = 0;
   if (!r.U8(tag)) return InvalidArgument("message: empty");
-  if (tag < 1 || tag > 9) return InvalidArgument("message: unknown tag " + std::to_string(tag));
+  if (tag < 1 || tag > 10) return InvalidArgument("message: unknown tag " + std::to_string(tag));
   m.tag = static_cast<MsgTag>(tag);
   if (!r.Bytes(32, m.transfer_id)) return InvalidArgument("message: truncated transfer id");
   if (!IsValidTransferId(m.transfer_id)) return InvalidArgument("message: malformed transfer id");
@@ -201,6 +206,15 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
       if (m.num_blocks == 0 || m.num_blocks > kMaxPinnedBlocks) {
         return InvalidArgument("pin: block count " + std::to_string(m.num_blocks) +
                                " outside [1, " + std::to_string(kMaxPinnedBlocks) + "]");
+      }
+      break;
+    case MsgTag::kLayerReady:
+      if (!r.U32(m.layer) || !r.U32(m.first_block) || !r.U32(m.num_blocks)) {
+        return InvalidArgument("layer ready: truncated");
+      }
+      if (m.num_blocks == 0 || m.num_blocks > kMaxTargetBlocks) {
+        return InvalidArgument("layer ready: block count " + std::to_string(m.num_blocks) +
+                               " outside [1, " + std::to_string(kMaxTargetBlocks) + "]");
       }
       break;
     case MsgTag::kPinned: {

@@ -23,6 +23,7 @@ enum class MsgTag : uint8_t {
   kRelease = 7,
   kPin = 8,
   kPinned = 9,
+  kLayerReady = 10,
 };
 
 /// Upper bound on block ids in one PUSH_TARGET (the notification frame limit is 4 KiB;
@@ -42,8 +43,10 @@ struct PdMessage {
   uint64_t prompt_hash = 0;
   uint32_t first_block = 0;  ///< index in the request's block table of the first target block
   std::vector<int32_t> block_ids;  ///< kPushTarget: D's targets; kPinned: P's leased blocks
-  // kPin: blocks [first_block, first_block + num_blocks) of the request's block table
+  // kPin, kLayerReady: blocks [first_block, first_block + num_blocks) of the request's block table
   uint32_t num_blocks = 0;
+  // kLayerReady: the layer whose K/V of those blocks landed
+  uint32_t layer = 0;
   // kKvReady, kPinned: KvDigest (kv/block_checksum.h) of the blocks the transfer moves
   uint64_t kv_digest = 0;
   // kKvReady, kPinned (also num_prompt_tokens, prompt_hash, first_block, block_ids)

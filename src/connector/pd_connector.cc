@@ -491,7 +491,14 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
 
 void PdConnector::OnRequestRejected(const GenerationRequest& request) {
   const KvTransferParams& p = request.kv_transfer;
-  if (p.role != KvTransferParams::Role::kConsumer || !IsValidTransferId(p.transfer_id)) return;
+  if (!IsValidTransferId(p.transfer_id)) return;
+  if (p.role == KvTransferParams::Role::kProducer) {
+    // P refused its leg: a PUSH_TARGET that came (or comes) for it is refused at once, so D
+    // does not wait out its watchdog.
+    AbortTransfer(p.transfer_id);
+    return;
+  }
+  if (p.role != KvTransferParams::Role::kConsumer) return;
   Event ev;
   ev.kind = Event::kConsumerRejected;
   ev.params = p;
@@ -636,6 +643,7 @@ void PdConnector::HandleMessage(const xfer::Notification& n) {
     case MsgTag::kKvReady:
     case MsgTag::kCancelAck:
     case MsgTag::kPinned:
+    case MsgTag::kLayerReady:
       OnConsumerMessage(n.peer, *m);
       break;
     case MsgTag::kTransferFailed:

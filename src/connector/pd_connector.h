@@ -73,7 +73,10 @@ struct ConnectorStats {
   /// D: received blocks whose checksums were verified, and verifications that failed.
   int64_t blocks_verified = 0;
   int64_t checksum_mismatches = 0;
-  int64_t verify_ns_sum = 0;    ///< D: time spent verifying (connector thread)
+  /// D: time spent verifying once the KV is complete (on the TTFT path; connector thread).
+  int64_t verify_ns_sum = 0;
+  /// D, push: time spent hashing chunks as LAYER_READY said they landed (off the TTFT path).
+  int64_t verify_early_ns_sum = 0;
   int64_t checksum_ns_sum = 0;  ///< P: time spent hashing blocks (connector thread)
   int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
   int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
@@ -235,6 +238,10 @@ class PdConnector final : public KvConnector, private LayerObserver {
     bool pin_sent = false;          ///< pull: PIN sent, PINNED or a refusal awaited
     bool read_handed = false;       ///< pull vllm: READ handed to the engine thread to post
     uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
+    /// h(layer, kind, block) of the received blocks, [(i - first_block) * 2L + layer * 2 + kind],
+    /// filled as LAYER_READY notifications say chunks landed (push), the rest at verification.
+    std::vector<uint64_t> chunk_sums;
+    std::vector<uint8_t> chunk_hashed;
     bool cancelling = false;
     TimePoint cancel_deadline{};
     bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
@@ -313,9 +320,15 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   /// Pull: P pinned the lease; posts (fast) or hands to the engine thread (vllm) the READ.
   void OnPinned(Consumer& c, PdMessage& m);
-  /// Recomputes the digest of the consumer's received blocks and compares it with the one P
-  /// sent. Counts the check; on a mismatch returns kDataLoss (the blocks must not be used).
-  Status VerifyReceived(const Consumer& c);
+  /// Push: LAYER_READY says layer m.layer of blocks [m.first_block, +m.num_blocks) landed:
+  /// checksums those chunks now, while P computes the next layers.
+  void OnLayerReady(Consumer& c, const PdMessage& m);
+  /// Hashes chunk (layer, kind) of the consumer's i-th received block into c.chunk_sums.
+  void HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind);
+  /// Recomputes the digest of the consumer's received blocks (hashing the chunks no LAYER_READY
+  /// covered) and compares it with the one P sent. Counts the check; on a mismatch returns
+  /// kDataLoss (the blocks must not be used).
+  Status VerifyReceived(Consumer& c);
   void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);
   /// Builds the READ of a pull consumer (local D blocks <- remote P blocks).
   Result<xfer::TransferSpec> BuildRead(const std::string& peer, std::span<const BlockId> local,

@@ -197,12 +197,56 @@ void PdConnector::OnPinned(Consumer& c, PdMessage& m) {
   CompleteConsumer(c, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
 }
 
-Status PdConnector::VerifyReceived(const Consumer& c) {
+void PdConnector::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
+  const size_t per_block = 2 * static_cast<size_t>(options_.layout.num_layers);
+  if (c.chunk_sums.empty()) {
+    c.chunk_sums.assign(c.num_blocks * per_block, 0);
+    c.chunk_hashed.assign(c.num_blocks * per_block, 0);
+  }
+  const size_t k = i * per_block + static_cast<size_t>(layer) * 2 + static_cast<size_t>(kind);
+  if (c.chunk_hashed[k] != 0) return;
+  c.chunk_sums[k] =
+      KvChunkHash(options_.layout, arena_, layer, kind, c.blocks[c.first_block + i]);
+  c.chunk_hashed[k] = 1;
+}
+
+void PdConnector::OnLayerReady(Consumer& c, const PdMessage& m) {
+  const bool in_range = c.mode == Mode::kPush &&
+                        m.layer < static_cast<uint32_t>(options_.layout.num_layers) &&
+                        m.first_block >= c.first_block &&
+                        static_cast<uint64_t>(m.first_block) + m.num_blocks <=
+                            static_cast<uint64_t>(c.first_block) + c.num_blocks;
+  if (!in_range) {
+    std::lock_guard lock(stats_mu_);
+    ++stats_.bad_messages;
+    return;
+  }
+  if (!options_.config.verify_checksums || c.cancelling) return;
+  const int64_t start = NowNs();
+  for (uint32_t b = m.first_block; b < m.first_block + m.num_blocks; ++b) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      HashReceivedChunk(c, b - c.first_block, static_cast<int32_t>(m.layer), kind);
+    }
+  }
+  std::lock_guard lock(stats_mu_);
+  stats_.verify_early_ns_sum += NowNs() - start;
+}
+
+Status PdConnector::VerifyReceived(Consumer& c) {
   if (!options_.config.verify_checksums) return Status::Ok();
   const int64_t start = NowNs();
-  const uint64_t got = KvBlocksDigest(
-      options_.layout, arena_,
-      std::span<const BlockId>(c.blocks.data() + c.first_block, c.num_blocks));
+  const auto L = options_.layout.num_layers;
+  const size_t per_block = 2 * static_cast<size_t>(L);
+  std::vector<uint64_t> sums(c.num_blocks);
+  for (size_t i = 0; i < c.num_blocks; ++i) {
+    for (int32_t layer = 0; layer < L; ++layer) {
+      HashReceivedChunk(c, i, layer, KvKind::kKey);
+      HashReceivedChunk(c, i, layer, KvKind::kValue);
+    }
+    sums[i] = KvBlockChecksumFromChunks(
+        std::span<const uint64_t>(c.chunk_sums.data() + i * per_block, per_block));
+  }
+  const uint64_t got = KvDigest(sums);
   const bool ok = got == c.expected_digest;
   {
     std::lock_guard lock(stats_mu_);
@@ -272,6 +316,9 @@ void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
     }
     case MsgTag::kPinned:
       OnPinned(c, m);
+      return;
+    case MsgTag::kLayerReady:
+      OnLayerReady(c, m);
       return;
     case MsgTag::kCancelAck:
       CompleteConsumer(c,

@@ -314,6 +314,14 @@ void PdConnector::TryPostLayer(Producer& p, int32_t layer) {
           p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
     }
   }
+  // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
+  PdMessage landed;
+  landed.tag = MsgTag::kLayerReady;
+  landed.transfer_id = p.tid;
+  landed.layer = static_cast<uint32_t>(layer);
+  landed.first_block = static_cast<uint32_t>(sent);
+  landed.num_blocks = static_cast<uint32_t>(count);
+  if (auto payload = EncodeMessage(landed); payload.ok()) spec.notification = std::move(*payload);
   const uint64_t bytes = static_cast<uint64_t>(count) * 2 * options_.layout.chunk_bytes();
   Status err;
   if (!PostTracked(spec, p.tid, XferKind::kWrite, bytes, &err)) {

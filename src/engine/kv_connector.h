@@ -74,7 +74,9 @@ class KvConnector {
 
   /// A request carrying kv_transfer_params was refused at admission (invalid, never fits): it
   /// never reaches the other hooks. A decode-side connector tells its prefill peer at once, so P
-  /// frees what it holds for the transfer instead of waiting out the lease. Default: nothing.
+  /// frees what it holds for the transfer instead of waiting out the lease; a prefill-side one
+  /// refuses the transfer's push target at once, so D does not wait out its watchdog.
+  /// Default: nothing.
   /// Exception to the class contract: also called from Engine::Submit's caller (an HTTP thread),
   /// so an override must be thread-safe.
   virtual void OnRequestRejected(const GenerationRequest& request) { (void)request; }

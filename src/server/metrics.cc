@@ -176,8 +176,12 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
           "Decode: transfers whose received KV failed its checksum (discarded, never cached).",
           c.checksum_mismatches);
   w.Scalar("kvpush_kv_transfer_verify_seconds_sum", "counter",
-           "Decode: time spent verifying received KV checksums.",
+           "Decode: time spent verifying received KV once complete (on the TTFT path).",
            static_cast<double>(c.verify_ns_sum) * 1e-9);
+  w.Scalar("kvpush_kv_transfer_verify_early_seconds_sum", "counter",
+           "Decode, push: time spent hashing KV chunks as each layer landed (overlapping P's "
+           "compute).",
+           static_cast<double>(c.verify_early_ns_sum) * 1e-9);
   w.Scalar("kvpush_kv_transfer_checksum_seconds_sum", "counter",
            "Prefill: time spent checksumming KV blocks it sends.",
            static_cast<double>(c.checksum_ns_sum) * 1e-9);

@@ -189,7 +189,7 @@ TEST(Messages, DecodeRefusesEmptyAndUnknownTags) {
   auto d = DecodeMessage({});
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  for (int tag : {0, 10, 11, 127, 255}) {
+  for (int tag : {0, 11, 12, 127, 255}) {
     std::vector<uint8_t> b{static_cast<uint8_t>(tag)};
     b.insert(b.end(), kTid.begin(), kTid.end());
     d = Dec(b);
@@ -347,6 +347,31 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   EXPECT_FALSE(EncodeMessage(a).ok());
 }
 
+TEST(Messages, LayerReadyRoundTrip) {
+  PdMessage m;
+  m.tag = MsgTag::kLayerReady;
+  m.transfer_id = kTid;
+  m.layer = 63;
+  m.first_block = 2;
+  m.num_blocks = 7;
+  auto b = Enc(m);
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 4 + 4);
+  EXPECT_EQ(b[0], 10);
+  auto d = Dec(b);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  EXPECT_EQ(d->tag, MsgTag::kLayerReady);
+  EXPECT_EQ(d->layer, 63u);
+  EXPECT_EQ(d->first_block, 2u);
+  EXPECT_EQ(d->num_blocks, 7u);
+  for (size_t len = 1; len < b.size(); ++len) {
+    EXPECT_FALSE(Dec(std::vector<uint8_t>(b.begin(), b.begin() + static_cast<ptrdiff_t>(len))).ok());
+  }
+  m.num_blocks = 0;
+  EXPECT_FALSE(Dec(Enc(m)).ok());
+  m.num_blocks = kMaxTargetBlocks + 1;
+  EXPECT_FALSE(Dec(Enc(m)).ok());
+}
+
 TEST(Messages, DecodeRefusesNegativeIds) {
   auto d = Dec(RawPushTarget(2, {5, 0x80000000u}));
   ASSERT_FALSE(d.ok());
@@ -403,7 +428,7 @@ TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
                           std::string("0123456789abcdef0123456789abcdez")}) {
     for (MsgTag tag : {MsgTag::kPushTarget, MsgTag::kKvReady, MsgTag::kTransferFailed,
                        MsgTag::kNotNeeded, MsgTag::kCancel, MsgTag::kCancelAck, MsgTag::kRelease,
-                       MsgTag::kPin, MsgTag::kPinned}) {
+                       MsgTag::kPin, MsgTag::kPinned, MsgTag::kLayerReady}) {
       PdMessage m;
       m.tag = tag;
       m.transfer_id = bad;
@@ -427,7 +452,7 @@ TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
   u.transfer_id = kTid;
   u.tag = static_cast<MsgTag>(0);
   EXPECT_FALSE(EncodeMessage(u).ok());
-  u.tag = static_cast<MsgTag>(10);
+  u.tag = static_cast<MsgTag>(11);
   EXPECT_FALSE(EncodeMessage(u).ok());
 }
 

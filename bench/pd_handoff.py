@@ -233,8 +233,8 @@ def main():
                     r["engine_ttft_ms"] = (metrics(eng).get(TTFT_SUM, 0.0) - before) * 1e3
                     if m:  # D's checksum work for this request: on the TTFT path / overlapped
                         d_after = metrics(ports["decode"])
-                        for key, name in (("d_verify_ms", VERIFY_SUM), ("d_verify_early_ms", VERIFY_EARLY_SUM)):
-                            r[key] = (d_after.get(name, 0.0) - d_before.get(name, 0.0)) * 1e3
+                        for key, metric in (("d_verify_ms", VERIFY_SUM), ("d_verify_early_ms", VERIFY_EARLY_SUM)):
+                            r[key] = (d_after.get(metric, 0.0) - d_before.get(metric, 0.0)) * 1e3
                     r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
                     got[name] = r
                 for name, _ in modes:

@@ -125,10 +125,16 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       }
       break;
     case MsgTag::kPin:
-      PutU32(b, m.first_block);
-      PutU32(b, m.num_blocks);
-      break;
     case MsgTag::kLayerReady:
+      if (m.num_blocks == 0 || m.num_blocks > kMaxPinnedBlocks) {
+        return InvalidArgument("block count " + std::to_string(m.num_blocks) + " outside [1, " +
+                               std::to_string(kMaxPinnedBlocks) + "]");
+      }
+      if (m.tag == MsgTag::kPin) {
+        PutU32(b, m.first_block);
+        PutU32(b, m.num_blocks);
+        break;
+      }
       PutU32(b, m.layer);
       PutU32(b, m.first_block);
       PutU32(b, m.num_blocks);

@@ -151,6 +151,14 @@ void PdConnector::OnConsumerStart(Event& ev) {
     return;
   }
   // Pull: read only what P confirms it still holds (DESIGN.md §3 pull step 3).
+  if (con.num_blocks > kMaxPinnedBlocks) {
+    CompleteConsumer(con,
+                     InvalidArgument("prompt needs " + std::to_string(con.num_blocks) +
+                                     " blocks read; one pinned lease covers at most " +
+                                     std::to_string(kMaxPinnedBlocks)),
+                     std::nullopt);
+    return;
+  }
   m.tag = MsgTag::kPin;
   m.num_blocks = con.num_blocks;
   con.pin_sent = true;

@@ -305,10 +305,17 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   EXPECT_EQ(d->tag, MsgTag::kPin);
   EXPECT_EQ(d->first_block, 3u);
   EXPECT_EQ(d->num_blocks, 5u);
-  pin.num_blocks = 0;  // nothing to pin is not a request
-  EXPECT_FALSE(Dec(Enc(pin)).ok());
-  pin.num_blocks = kMaxPinnedBlocks + 1;
-  EXPECT_FALSE(Dec(Enc(pin)).ok());
+  // Nothing to pin, or more than a PINNED answer can carry: refused both ways.
+  for (uint32_t bad : {0u, kMaxPinnedBlocks + 1}) {
+    pin.num_blocks = bad;
+    EXPECT_FALSE(EncodeMessage(pin).ok()) << bad;
+  }
+  std::vector<uint8_t> raw(b.begin(), b.begin() + 37);  // tag, id, first_block
+  for (uint32_t bad : {0u, kMaxPinnedBlocks + 1}) {
+    std::vector<uint8_t> x = raw;
+    for (int i = 0; i < 4; ++i) x.push_back(static_cast<uint8_t>(bad >> (8 * i)));
+    EXPECT_FALSE(Dec(x).ok()) << bad;
+  }
 
   PdMessage a;
   a.tag = MsgTag::kPinned;
@@ -366,10 +373,14 @@ TEST(Messages, LayerReadyRoundTrip) {
   for (size_t len = 1; len < b.size(); ++len) {
     EXPECT_FALSE(Dec(std::vector<uint8_t>(b.begin(), b.begin() + static_cast<ptrdiff_t>(len))).ok());
   }
-  m.num_blocks = 0;
-  EXPECT_FALSE(Dec(Enc(m)).ok());
-  m.num_blocks = kMaxTargetBlocks + 1;
-  EXPECT_FALSE(Dec(Enc(m)).ok());
+  std::vector<uint8_t> raw(b.begin(), b.begin() + 41);
+  for (uint32_t bad : {0u, kMaxTargetBlocks + 1}) {
+    m.num_blocks = bad;
+    EXPECT_FALSE(EncodeMessage(m).ok()) << bad;
+    std::vector<uint8_t> x = raw;
+    for (int i = 0; i < 4; ++i) x.push_back(static_cast<uint8_t>(bad >> (8 * i)));
+    EXPECT_FALSE(Dec(x).ok()) << bad;
+  }
 }
 
 TEST(Messages, DecodeRefusesNegativeIds) {

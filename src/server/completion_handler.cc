@@ -42,7 +42,18 @@ ApiError FromStatus(const Status& st, const std::string& param) {
 
 /// All per-request state, shared by the handler and the SSE content provider.
 struct RequestState {
+  RequestState() = default;
+  RequestState(const RequestState&) = delete;
+  RequestState& operator=(const RequestState&) = delete;
+  /// The HTTP request ended: its engine requests leave the transfer registry.
+  ~RequestState() {
+    if (transfers == nullptr) return;
+    for (const auto& h : handles) transfers->Remove(transfer_id, h.id);
+  }
+
   ResponseMeta meta;
+  TransferRequests* transfers = nullptr;  ///< set for P/D requests (POST /kv/abort finds them)
+  std::string transfer_id;
   bool include_usage = false;
   std::vector<Engine::Handle> handles;
   std::vector<ChoiceResult> choices;
@@ -74,6 +85,12 @@ struct RequestState {
   }
   bool all_finished() const { return num_finished == handles.size(); }
 };
+
+/// A P/D leg whose transfer POST /kv/abort already ended.
+ApiError TransferAborted(const KvTransferParams& kv) {
+  return ApiError{409, "transfer " + kv.transfer_id + " was aborted (POST /kv/abort)",
+                  "invalid_request_error", "kv_transfer_params.transfer_id", "transfer_aborted"};
+}
 
 void AbortUnfinished(Engine& engine, const RequestState& st) {
   for (size_t i = 0; i < st.handles.size(); ++i) {
@@ -205,6 +222,11 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
   }
 
+  if (kv.role != KvTransferParams::Role::kNone) {
+    if (srv.transfers_.IsAborted(kv.transfer_id)) return ReplyError(res, TransferAborted(kv));
+    st->transfers = &srv.transfers_;
+    st->transfer_id = kv.transfer_id;
+  }
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : srv.RandomSeed();
   for (size_t i = 0; i < prompts.size(); ++i) {
     GenerationRequest g;
@@ -228,6 +250,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
       return ReplyError(res, FromStatus(h.status(), "prompt"));
     }
     st->handles.push_back(*h);
+    if (st->transfers != nullptr && !st->transfers->Add(st->transfer_id, h->id)) {
+      // POST /kv/abort for this transfer came in while it was being submitted.
+      st->handles.pop_back();
+      engine.Abort(h->id);
+      for (const auto& done : st->handles) engine.Abort(done.id);
+      return ReplyError(res, TransferAborted(kv));
+    }
   }
   st->choices.resize(st->handles.size());
   st->role_sent.assign(st->handles.size(), false);

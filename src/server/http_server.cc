@@ -2,16 +2,22 @@
 
 #include <httplib.h>
 
+#include "common/clock.h"
 #include "common/listen_backlog.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <csignal>
 #include <ctime>
+#include <deque>
+#include <functional>
+#include <list>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "connector/messages.h"
 #include "connector/pd_connector.h"
 #include "server/completion_handler.h"
 
@@ -33,9 +39,150 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/v1/models", "GET"},
                                  {"/health", "GET"},
                                  {"/metrics", "GET"},
-                                 {"/kv/handshake", "POST"}};
+                                 {"/kv/handshake", "POST"},
+                                 {"/kv/abort", "POST"}};
+
+/// httplib's task queue (one task = one connection): `core` worker threads, plus a short-lived
+/// thread for each connection that arrives while no worker is idle, at most `max_extra` at once
+/// (beyond that, connections wait for a worker as in httplib's ThreadPool). Thread-safe.
+class ElasticTaskQueue final : public httplib::TaskQueue {
+ public:
+  ElasticTaskQueue(size_t core, size_t max_extra) : max_extra_(max_extra) {
+    for (size_t i = 0; i < core; ++i) core_.emplace_back([this] { Work(); });
+  }
+  ~ElasticTaskQueue() override { ElasticTaskQueue::shutdown(); }
+  ElasticTaskQueue(const ElasticTaskQueue&) = delete;
+  ElasticTaskQueue& operator=(const ElasticTaskQueue&) = delete;
+
+  void enqueue(std::function<void()> fn) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ReapLocked();
+    if (idle_ > jobs_.size() || running_extra_ >= max_extra_ || shutdown_) {
+      jobs_.push_back(std::move(fn));
+      lock.unlock();
+      cv_.notify_one();
+      return;
+    }
+    ++running_extra_;
+    Extra& e = extras_.emplace_back();
+    e.thread = std::thread([this, &e, fn = std::move(fn)] {
+      fn();
+      std::lock_guard<std::mutex> done(mu_);
+      e.done = true;
+      --running_extra_;
+      cv_.notify_all();
+    });
+  }
+
+  /// Lets the workers finish the queued connections, waits for the extra threads, joins all.
+  void shutdown() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (shut_) return;
+      shut_ = shutdown_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : core_) t.join();
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [this] { return running_extra_ == 0; });
+    ReapLocked();
+  }
+
+ private:
+  struct Extra {
+    std::thread thread;
+    bool done = false;
+  };
+
+  void Work() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      ++idle_;
+      cv_.wait(lock, [this] { return !jobs_.empty() || shutdown_; });
+      --idle_;
+      if (jobs_.empty()) return;  // shutting down, nothing left
+      std::function<void()> fn = std::move(jobs_.front());
+      jobs_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  /// Joins the extra threads that ended (they are past their last use of mu_).
+  void ReapLocked() {
+    for (auto it = extras_.begin(); it != extras_.end();) {
+      if (!it->done) {
+        ++it;
+        continue;
+      }
+      it->thread.join();
+      it = extras_.erase(it);
+    }
+  }
+
+  const size_t max_extra_;
+  std::mutex mu_;  ///< guards everything below
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> jobs_;
+  std::vector<std::thread> core_;
+  std::list<Extra> extras_;
+  size_t idle_ = 0;
+  size_t running_extra_ = 0;
+  bool shutdown_ = false;
+  bool shut_ = false;
+};
+
+/// 404 for the P/D endpoints of an instance without a connector.
+ApiError NotPdInstance() {
+  return ApiError{404, "this instance has no KV connector (--role both)", "invalid_request_error",
+                  "", "not_pd_instance"};
+}
 
 }  // namespace
+
+bool TransferRequests::Add(const std::string& tid, int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ExpireLocked(NowNs());
+  if (aborted_.count(tid) != 0) return false;
+  inflight_[tid].push_back(id);
+  return true;
+}
+
+void TransferRequests::Remove(const std::string& tid, int64_t id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = inflight_.find(tid);
+  if (it == inflight_.end()) return;
+  std::erase(it->second, id);
+  if (it->second.empty()) inflight_.erase(it);
+}
+
+bool TransferRequests::IsAborted(const std::string& tid) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return aborted_.count(tid) != 0;
+}
+
+std::vector<int64_t> TransferRequests::Abort(const std::string& tid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = NowNs();
+  ExpireLocked(now);
+  if (aborted_.insert(tid).second) aborted_order_.emplace_back(now, tid);
+  std::vector<int64_t> ids;
+  auto it = inflight_.find(tid);
+  if (it != inflight_.end()) {
+    ids = std::move(it->second);
+    inflight_.erase(it);
+  }
+  return ids;
+}
+
+void TransferRequests::ExpireLocked(int64_t now_ns) {
+  while (!aborted_order_.empty() && (aborted_order_.size() > kMaxAborted ||
+                                     now_ns - aborted_order_.front().first > kAbortedTtlNs)) {
+    aborted_.erase(aborted_order_.front().second);
+    aborted_order_.pop_front();
+  }
+}
 
 HttpServer::HttpServer(Engine& engine, ServerOptions options)
     : engine_(engine),
@@ -110,29 +257,7 @@ void HttpServer::Route() {
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
-  s.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
-    if (options_.connector == nullptr) {
-      ReplyError(res, ApiError{404, "this instance has no KV connector (--role both)",
-                               "invalid_request_error", "", "not_pd_instance"});
-      return;
-    }
-    auto body = nlohmann::json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) {
-      ReplyError(res, ApiError::Invalid("handshake body is not JSON"));
-      return;
-    }
-    auto r = options_.connector->HandleHandshake(body);
-    if (!r.ok()) {
-      const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
-                       : r.status().code() == StatusCode::kInvalidArgument  ? 400
-                                                                            : 503;
-      ReplyError(res, ApiError{code, r.status().message(),
-                               code == 503 ? "server_error" : "invalid_request_error", "",
-                               code == 409 ? "incompatible_peer" : ""});
-      return;
-    }
-    res.set_content(r->dump(), "application/json");
-  });
+  RouteKv();
   // Wrong method on a known path: 405 with an Allow header.
   for (const RouteSpec& r : kRoutes) {
     const std::string allow = r.method;
@@ -198,6 +323,51 @@ void HttpServer::Route() {
   });
 }
 
+void HttpServer::RouteKv() {
+  httplib::Server& s = *server_;
+  s.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
+    auto body = nlohmann::json::parse(req.body, nullptr, false);
+    if (body.is_discarded()) {
+      ReplyError(res, ApiError::Invalid("handshake body is not JSON"));
+      return;
+    }
+    auto r = options_.connector->HandleHandshake(body);
+    if (!r.ok()) {
+      const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
+                       : r.status().code() == StatusCode::kInvalidArgument  ? 400
+                                                                            : 503;
+      ReplyError(res, ApiError{code, r.status().message(),
+                               code == 503 ? "server_error" : "invalid_request_error", "",
+                               code == 409 ? "incompatible_peer" : ""});
+      return;
+    }
+    res.set_content(r->dump(), "application/json");
+  });
+  // The router saw the other leg of a transfer fail: end this instance's part of it now.
+  s.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
+    auto body = nlohmann::json::parse(req.body, nullptr, false);
+    if (!body.is_object()) {
+      return ReplyError(res, ApiError::Invalid("abort body must be a JSON object "
+                                               "{\"transfer_id\": \"<32 lowercase hex>\"}"));
+    }
+    const auto it = body.find("transfer_id");
+    if (it == body.end() || !it->is_string() ||
+        !connector::IsValidTransferId(it->get<std::string>())) {
+      return ReplyError(res, ApiError::Invalid("transfer_id must be 32 lowercase hex characters",
+                                               "transfer_id", "invalid_transfer_id"));
+    }
+    const std::string tid = it->get<std::string>();
+    const std::vector<int64_t> ids = transfers_.Abort(tid);
+    for (int64_t id : ids) engine_.Abort(id);
+    options_.connector->AbortTransfer(tid);
+    spdlog::info("POST /kv/abort: transfer {} aborted ({} request(s) in flight)", tid, ids.size());
+    nlohmann::json out = {{"transfer_id", tid}, {"aborted_requests", ids.size()}};
+    res.set_content(out.dump(), "application/json");
+  });
+}
+
 Status HttpServer::Start() {
   if (thread_.joinable()) return FailedPrecondition("HttpServer already started");
   if (options_.served_model_name.empty()) return InvalidArgument("served model name is empty");
@@ -207,7 +377,10 @@ Status HttpServer::Start() {
   spdlog::default_logger_raw();
   int threads = options_.num_threads > 0 ? options_.num_threads
                                          : std::max(16, engine_.config().max_num_seqs + 8);
-  server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  const auto extra = static_cast<size_t>(std::max(0, options_.max_extra_threads));
+  server_->new_task_queue = [threads, extra] {
+    return new ElasticTaskQueue(static_cast<size_t>(threads), extra);
+  };
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay on the token path)
   server_->set_keep_alive_max_count(1000);

@@ -4,11 +4,16 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "engine/engine.h"
@@ -31,6 +36,11 @@ struct ServerOptions {
   int port = 8000;                   ///< 0 = pick a free port (see HttpServer::port())
   std::string served_model_name;     ///< the `model` name clients use; required
   int num_threads = 0;               ///< HTTP worker threads; 0 = max(16, max_num_seqs + 8)
+  /// Connections that arrive while every worker is busy (each completion holds its worker until
+  /// it ends, waiting in the engine too) run on a short-lived thread of their own, at most this
+  /// many at once; beyond that they wait for a worker. So GET /health answers at once however
+  /// many requests wait, and a router does not take a busy instance for a dead one.
+  int max_extra_threads = 1024;
   size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
   /// P/D instances (--role prefill|decode): serves POST /kv/handshake and requests with
   /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive
@@ -38,7 +48,37 @@ struct ServerOptions {
   connector::PdConnector* connector = nullptr;
 };
 
-/// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+/// The engine requests in flight per P/D transfer id (registered at Submit, removed when the
+/// HTTP request ends), and the transfer ids POST /kv/abort ended, so that a leg arriving after
+/// its abort is refused instead of run. Aborted ids are remembered for `kAbortedTtlNs` (at most
+/// `kMaxAborted` of them, oldest forgotten first). Thread-safe (one mutex).
+class TransferRequests {
+ public:
+  static constexpr int64_t kAbortedTtlNs = int64_t{600} * 1000000000;
+  static constexpr size_t kMaxAborted = 16384;
+
+  /// Records engine request `id` as serving transfer `tid`. Returns false (and records nothing)
+  /// when `tid` was aborted: the caller must abort `id` itself.
+  bool Add(const std::string& tid, int64_t id);
+  /// Forgets request `id` of `tid` (it ended). Unknown pairs are ignored.
+  void Remove(const std::string& tid, int64_t id);
+  /// True when `tid` was aborted (within the last kAbortedTtlNs).
+  bool IsAborted(const std::string& tid) const;
+  /// Marks `tid` aborted and returns the engine ids in flight for it, forgetting them (a second
+  /// call returns none).
+  std::vector<int64_t> Abort(const std::string& tid);
+
+ private:
+  void ExpireLocked(int64_t now_ns);
+
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::vector<int64_t>> inflight_;
+  std::unordered_set<std::string> aborted_;
+  std::deque<std::pair<int64_t, std::string>> aborted_order_;  ///< (when, tid), oldest first
+};
+
+/// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and on a P/D
+/// instance POST /kv/handshake and POST /kv/abort.
 /// HTTP handler threads tokenize, submit to the Engine, and read the per-request OutputChannel;
 /// they never touch engine state. The engine must outlive the server.
 /// Thread-safety: Start/Stop from one controlling thread.
@@ -66,6 +106,7 @@ class HttpServer {
  private:
   friend class CompletionHandler;
   void Route();
+  void RouteKv();
   void CountResponse(const std::string& path, int status);
   std::string NewRequestId(const char* prefix);
   uint64_t RandomSeed();
@@ -80,6 +121,8 @@ class HttpServer {
   mutable std::mutex mu_;  ///< guards counters_ and rng_
   HttpCounters counters_;
   std::mt19937_64 rng_;
+
+  TransferRequests transfers_;  ///< P/D requests in flight, for POST /kv/abort
 };
 
 }  // namespace kvpush::server

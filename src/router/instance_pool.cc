@@ -131,18 +131,32 @@ void InstancePool::CheckAllOnce() {
 }
 
 void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  Instance& inst = instances_[index];
-  if (inst.checked && inst.healthy == healthy) return;
-  inst.checked = true;
-  inst.healthy = healthy;
-  if (healthy) {
-    spdlog::info("router: {} instance {} is healthy ({})", RoleName(inst.role), inst.address.url,
-                 reason);
-  } else {
-    spdlog::warn("router: {} instance {} is unhealthy ({}); excluded until /health passes",
-                 RoleName(inst.role), inst.address.url, reason);
+  Role role = Role::kPrefill;
+  std::string url;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Instance& inst = instances_[index];
+    if (inst.checked && inst.healthy == healthy) return;
+    inst.checked = true;
+    inst.healthy = healthy;
+    role = inst.role;
+    url = inst.address.url;
   }
+  if (healthy) {
+    spdlog::info("router: {} instance {} is healthy ({})", RoleName(role), url, reason);
+    return;
+  }
+  spdlog::warn("router: {} instance {} is unhealthy ({}); excluded until /health passes",
+               RoleName(role), url, reason);
+  if (on_unhealthy_) on_unhealthy_(role, url, reason);
+}
+
+bool InstancePool::IsHealthy(const std::string& url) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Instance& inst : instances_) {
+    if (inst.address.url == url) return inst.healthy;
+  }
+  return false;
 }
 
 std::optional<InstanceLease> InstancePool::Acquire(Role role) {

@@ -5,6 +5,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -77,10 +78,16 @@ struct HealthOptions {
   int timeout_ms = 1000;   ///< connect + read timeout of one check
 };
 
+/// Called when an instance turns unhealthy: its role, URL and the reason (e.g. "GET /health:
+/// Read"). Runs on the thread that saw it (the health thread, or a leg's thread through
+/// InstanceLease::MarkUnhealthy), with no pool lock held; it must not block for long.
+using UnhealthyCallback =
+    std::function<void(Role role, const std::string& url, const std::string& reason)>;
+
 /// Fixed set of instances (given at construction). Every instance is polled with GET /health by
 /// one background thread; a non-200 answer or a connection failure excludes it from selection
 /// until a later check passes. Thread-safety: every method may be called from any thread, except
-/// Start/Stop (one controlling thread). Leases must not outlive the pool.
+/// Start/Stop/SetUnhealthyCallback (one controlling thread). Leases must not outlive the pool.
 class InstancePool {
  public:
   InstancePool(std::vector<InstanceAddress> prefill, std::vector<InstanceAddress> decode,
@@ -88,6 +95,10 @@ class InstancePool {
   ~InstancePool();
   InstancePool(const InstancePool&) = delete;
   InstancePool& operator=(const InstancePool&) = delete;
+
+  /// Sets the callback run on every healthy -> unhealthy transition (and on a first check that
+  /// fails). Call before Start().
+  void SetUnhealthyCallback(UnhealthyCallback cb) { on_unhealthy_ = std::move(cb); }
 
   /// Runs one health round synchronously (so the first requests see real health), then starts
   /// the background health thread. Idempotent.
@@ -101,6 +112,9 @@ class InstancePool {
 
   /// Checks every instance once (blocking, sequential) and updates health.
   void CheckAllOnce();
+
+  /// Whether the instance with this (normalized) URL is currently healthy; false if unknown.
+  bool IsHealthy(const std::string& url) const;
 
   /// Current state of every instance, prefill first, in the order given.
   std::vector<InstanceSnapshot> Snapshot() const;
@@ -119,6 +133,7 @@ class InstancePool {
   void HealthLoop();
 
   HealthOptions health_;
+  UnhealthyCallback on_unhealthy_;
   mutable std::mutex mu_;  ///< guards instances_' health/outstanding, rr_, stop_
   std::condition_variable cv_;
   std::vector<Instance> instances_;

@@ -10,13 +10,27 @@ void SplitSeconds(double s, time_t* sec, time_t* usec) {
   *usec = static_cast<time_t>((s - static_cast<double>(*sec)) * 1e6);
 }
 
-LegResult FromTransportError(httplib::Error err, bool stopped) {
+/// A failed call's result: `stopped` (and `cut_reason`) from the leg's state.
+LegResult FromTransportError(httplib::Error err, const Leg& leg) {
   LegResult r;
-  r.stopped = stopped || err == httplib::Error::Canceled;
+  r.stopped = leg.stopped() || err == httplib::Error::Canceled;
+  if (r.stopped) r.cut_reason = leg.cut_reason();
   r.connect_failed = err == httplib::Error::Connection || err == httplib::Error::ConnectionTimeout;
   r.error = httplib::to_string(err);
   return r;
 }
+
+/// Sets a leg's `finished` flag when a call returns, whichever way.
+class FinishOnReturn {
+ public:
+  explicit FinishOnReturn(std::atomic<bool>& flag) : flag_(flag) {}
+  ~FinishOnReturn() { flag_.store(true); }
+  FinishOnReturn(const FinishOnReturn&) = delete;
+  FinishOnReturn& operator=(const FinishOnReturn&) = delete;
+
+ private:
+  std::atomic<bool>& flag_;
+};
 
 }  // namespace
 
@@ -40,12 +54,26 @@ void Leg::Stop() {
   cli_->stop();
 }
 
+void Leg::Cut(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cut_reason_.empty()) cut_reason_ = reason.empty() ? "instance unhealthy" : reason;
+  }
+  Stop();
+}
+
+std::string Leg::cut_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cut_reason_;
+}
+
 LegResult Leg::Post(const std::string& path, const std::string& request_id,
                     const std::string& body) {
-  if (stopped()) return FromTransportError(httplib::Error::Canceled, true);
+  const FinishOnReturn mark(finished_);
+  if (stopped()) return FromTransportError(httplib::Error::Canceled, *this);
   httplib::Headers headers = {{"x-request-id", request_id}};
   auto res = cli_->Post(path, headers, body, "application/json");
-  if (!res) return FromTransportError(res.error(), stopped());
+  if (!res) return FromTransportError(res.error(), *this);
   LegResult r;
   r.answered = true;
   r.status = res->status;
@@ -55,10 +83,11 @@ LegResult Leg::Post(const std::string& path, const std::string& request_id,
 }
 
 LegResult Leg::Get(const std::string& path, const std::string& request_id) {
-  if (stopped()) return FromTransportError(httplib::Error::Canceled, true);
+  const FinishOnReturn mark(finished_);
+  if (stopped()) return FromTransportError(httplib::Error::Canceled, *this);
   httplib::Headers headers = {{"x-request-id", request_id}};
   auto res = cli_->Get(path, headers);
-  if (!res) return FromTransportError(res.error(), stopped());
+  if (!res) return FromTransportError(res.error(), *this);
   LegResult r;
   r.answered = true;
   r.status = res->status;
@@ -71,7 +100,8 @@ LegResult Leg::PostStreaming(const std::string& path, const std::string& request
                              const std::string& body,
                              const std::function<bool(int, const std::string&)>& on_headers,
                              const std::function<bool(const char*, size_t)>& on_data) {
-  if (stopped()) return FromTransportError(httplib::Error::Canceled, true);
+  const FinishOnReturn mark(finished_);
+  if (stopped()) return FromTransportError(httplib::Error::Canceled, *this);
   int status = 0;
   std::string other_body;
   httplib::Request req;
@@ -98,7 +128,7 @@ LegResult Leg::PostStreaming(const std::string& path, const std::string& request
   httplib::Error err = httplib::Error::Success;
   const bool ok = cli_->send(req, res, err);
   if (!ok) {
-    LegResult r = FromTransportError(err, stopped());
+    LegResult r = FromTransportError(err, *this);
     r.status = status;
     return r;
   }

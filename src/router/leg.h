@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "router/instance_pool.h"
@@ -19,7 +20,8 @@ namespace kvpush::router {
 struct LegResult {
   bool answered = false;
   bool connect_failed = false;  ///< the instance could not be reached (refused, timed out)
-  bool stopped = false;         ///< Stop() ended it
+  bool stopped = false;         ///< Stop() or Cut() ended it
+  std::string cut_reason;       ///< set when Cut() ended it: why the instance is unhealthy
   std::string error;            ///< transport error text when !answered
   int status = 0;               ///< HTTP status; also set when the stream broke after headers
   std::string content_type;
@@ -55,13 +57,23 @@ class Leg {
   /// Closes the connection (if any) and makes every later call fail at once. Thread-safe,
   /// idempotent.
   void Stop();
+  /// Stop() because the instance was marked unhealthy; the call's result carries `reason` in
+  /// `cut_reason` (the first reason given wins). Thread-safe, idempotent.
+  void Cut(const std::string& reason);
   bool stopped() const { return stopped_.load(); }
+  /// True once a call on this leg returned (a leg makes one call).
+  bool finished() const { return finished_.load(); }
+  /// The reason given to Cut(), or "" when it was not cut. Thread-safe.
+  std::string cut_reason() const;
   const InstanceAddress& address() const { return address_; }
 
  private:
   InstanceAddress address_;
   std::unique_ptr<httplib::Client> cli_;
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> finished_{false};
+  mutable std::mutex mu_;  ///< guards cut_reason_
+  std::string cut_reason_;
 };
 
 }  // namespace kvpush::router

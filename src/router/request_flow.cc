@@ -4,7 +4,9 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -18,190 +20,364 @@ namespace {
 
 using nlohmann::json;
 
-void ReplyError(httplib::Response& res, int status, const std::string& message,
-                const std::string& type, const std::string& code = {}) {
-  res.status = status;
-  res.set_content(ErrorJson(message, type, code), "application/json");
-}
-
-/// Forwards an instance's non-streamed answer (status, body, content type) as-is.
-void ReplyForward(httplib::Response& res, const LegResult& r) {
-  res.status = r.status;
-  res.set_content(r.body, r.content_type.empty() ? "application/json" : r.content_type);
-}
-
 std::string Head(const std::string& s, size_t n = 300) {
   return s.size() <= n ? s : s.substr(0, n) + "...";
 }
 
-/// State of a streamed answer, shared by the content provider and the releaser.
-struct StreamState {
+/// A ready answer for the client: an instance's own answer forwarded as-is, or the router's.
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type = "application/json";
+
+  void WriteTo(httplib::Response& res) const {
+    res.status = status;
+    res.set_content(body, content_type);
+  }
+  /// The same failure as one SSE event, for a stream whose 200 was already sent: the body when it
+  /// is an OpenAI error object, else an error quoting the status.
+  std::string AsSseEvent() const {
+    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("error")) {
+      return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
+    }
+    return "data: " +
+           ErrorJson("HTTP " + std::to_string(status) + ": " + Head(body), "server_error") + "\n\n";
+  }
+};
+
+/// An instance's answer, forwarded as-is.
+Reply Forwarded(const LegResult& r) {
+  return Reply{r.status, r.body, r.content_type.empty() ? "application/json" : r.content_type};
+}
+
+Reply ErrorReply(int status, const std::string& message, const std::string& type,
+                 const std::string& code) {
+  return Reply{status, ErrorJson(message, type, code), "application/json"};
+}
+
+/// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
+/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; 503 `shutting_down` when
+/// the router stopped it; 502 `<role>_unreachable` otherwise.
+Reply LegFailureReply(Role role, const InstanceAddress& addr, const LegResult& r) {
+  const std::string role_name = RoleName(role);
+  if (r.answered) return Forwarded(r);
+  if (!r.cut_reason.empty()) {
+    return ErrorReply(503,
+                      role_name + " instance " + addr.url +
+                          " was marked unhealthy while the request was in flight (" +
+                          r.cut_reason + ")",
+                      "server_error", role_name + "_unhealthy");
+  }
+  if (r.stopped) return ErrorReply(503, "router is shutting down", "server_error", "shutting_down");
+  return ErrorReply(502, role_name + " instance " + addr.url + " unreachable: " + r.error,
+                    "server_error", role_name + "_unreachable");
+}
+
+/// What a failed leg's log line says about it.
+std::string Describe(const LegResult& r) {
+  if (r.answered) return "answered HTTP " + std::to_string(r.status) + ": " + Head(r.body);
+  if (!r.cut_reason.empty()) return "cut (" + r.cut_reason + ")";
+  return "failed: " + r.error;
+}
+
+/// True for P's answer when its prefill was dropped on request: 503 `aborted` (D said the
+/// prefill was not needed, or cancelled it) or 409 `transfer_aborted` (the router aborted the
+/// transfer). D's answer decides the request then.
+bool IsDroppedPrefillAnswer(const LegResult& r) {
+  if (!r.answered || (r.status != 503 && r.status != 409)) return false;
+  const json j = json::parse(r.body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return false;
+  const json& code = j["error"]["code"];
+  if (!code.is_string()) return false;
+  return r.status == 503 ? code == "aborted" : code == "transfer_aborted";
+}
+
+}  // namespace
+
+/// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
+/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled` and `prefill_failure`:
+/// whichever comes first of "P's leg failed" and "the handler decided the client's answer" wins.
+struct RequestFlow::Transfer {
+  enum class Stage { kOpen, kStreaming, kDone };
+
   std::string request_id;
+  std::string transfer_id;
+  std::string path;
   TransferMode mode = TransferMode::kPush;
-  std::string decode_url;
+  bool stream = false;
+  InstanceAddress p_addr, d_addr;
+  std::shared_ptr<Leg> p_leg, d_leg;
+
+  std::mutex mu;
+  Stage stage = Stage::kOpen;
+  bool prefill_settled = false;          ///< push: P's leg ended without failing the request
+  std::optional<Reply> prefill_failure;  ///< push: P's leg failed while D's answer was open
+
+  /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
+  /// P's leg failed first, returns P's failure instead, which the client gets.
+  std::optional<Reply> Decide(bool streaming) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (prefill_failure) {
+      stage = Stage::kDone;
+      return prefill_failure;
+    }
+    stage = streaming ? Stage::kStreaming : Stage::kDone;
+    return std::nullopt;
+  }
+  void Finish() {
+    std::lock_guard<std::mutex> lock(mu);
+    stage = Stage::kDone;
+  }
+  /// Push: P's leg failed. Records `reply` unless D's answer is decided and complete; returns
+  /// whether it was recorded (the D leg must then be closed and D must abort).
+  bool RecordPrefillFailure(Reply reply) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stage == Stage::kDone) return false;
+    prefill_failure = std::move(reply);
+    return true;
+  }
+  void SettlePrefill() {
+    std::lock_guard<std::mutex> lock(mu);
+    prefill_settled = true;
+  }
+  bool PrefillEnded() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prefill_settled || prefill_failure.has_value();
+  }
+  std::optional<Reply> PrefillFailure() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prefill_failure;
+  }
+};
+
+/// A streamed answer being relayed: owned by the content provider and the releaser.
+struct RequestFlow::StreamState {
+  std::shared_ptr<Transfer> t;
   std::shared_ptr<DecodeStream> stream;
-  std::shared_ptr<Leg> prefill_leg;  ///< push: stopped if the client goes away
   InstanceLease decode_lease;
-  bool terminal_sent = false;  ///< [DONE] or an error event was relayed
+  std::vector<std::string> held;  ///< events taken before the client's stream started
+  bool terminal_sent = false;     ///< [DONE] or an error event was relayed
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
 };
+
+namespace {
+
+/// Push, streamed: keeps the client's 200 back until D's stream carries output, P's leg ended
+/// (well or not) or D's leg ended, so that an early failure of P reaches the client as a plain
+/// HTTP error, as colocated serving gives it. Returns the events taken meanwhile, in order.
+std::vector<std::string> HoldUntilOutput(const std::function<bool()>& prefill_ended,
+                                         DecodeStream& ds) {
+  std::vector<std::string> held;
+  for (;;) {
+    if (prefill_ended()) return held;
+    const size_t before = held.size();
+    if (ds.TakeEvents(std::chrono::milliseconds(10), &held)) return held;
+    for (size_t i = before; i < held.size(); ++i) {
+      if (!IsPreambleEvent(held[i])) return held;
+    }
+  }
+}
 
 }  // namespace
 
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   Router& r = router_;
-  const RouterOptions& o = r.options_;
-  const std::string path = req.path;
-  const bool chat = path == "/v1/chat/completions";
+  auto t = std::make_shared<Transfer>();
+  json body;
+  std::string pull_profile;
+  if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
+  const TransferMode tm = t->mode;
+  auto fail = [&](int status, const std::string& message, const std::string& code) {
+    r.CountRequest(tm, false);
+    ErrorReply(status, message, "server_error", code).WriteTo(res);
+  };
+  std::optional<InstanceLease> p_lease = r.pool_->Acquire(Role::kPrefill);
+  if (!p_lease) return fail(503, "no healthy prefill instance", "no_healthy_instance");
+  std::optional<InstanceLease> d_lease = r.pool_->Acquire(Role::kDecode);
+  if (!d_lease) return fail(503, "no healthy decode instance", "no_healthy_instance");
+  t->p_addr = p_lease->address();
+  t->d_addr = d_lease->address();
+  spdlog::debug("request {}: mode={}{} transfer_id={} P={} D={} stream={}", t->request_id,
+                TransferModeName(tm), pull_profile.empty() ? "" : "/" + pull_profile,
+                t->transfer_id, t->p_addr.url, t->d_addr.url, t->stream);
+  t->p_leg = r.NewLeg(t->p_addr, Role::kPrefill);
+  json d_body;
+  if (tm == TransferMode::kPush) {
+    t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
+    if (!StartPushPrefill(t, std::move(*p_lease),
+                          MakePrefillBody(body, tm, t->transfer_id).dump())) {
+      return fail(503, "router is shutting down", "shutting_down");
+    }
+    d_body = MakeDecodePushBody(body, t->transfer_id, t->p_addr);
+  } else {
+    std::optional<json> d = RunPullPrefill(*t, *p_lease, body, pull_profile, res);
+    if (!d) return;
+    d_body = std::move(*d);
+    t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);
+  }
+  if (!t->stream) return AnswerJson(t, d_body, std::move(*d_lease), res);
+  AnswerStream(t, d_body, std::move(*d_lease), res);
+}
 
-  std::string request_id = req.get_header_value("x-request-id");
-  if (!IsValidRequestId(request_id)) request_id = r.ids_.RequestId(chat ? "chatcmpl-" : "cmpl-");
-  res.set_header("x-request-id", request_id);
+bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
+                              json* body, std::string* pull_profile) {
+  Router& r = router_;
+  const RouterOptions& o = r.options_;
+  t->path = req.path;
+  const bool chat = t->path == "/v1/chat/completions";
+  t->request_id = req.get_header_value("x-request-id");
+  if (!IsValidRequestId(t->request_id)) {
+    t->request_id = r.ids_.RequestId(chat ? "chatcmpl-" : "cmpl-");
+  }
+  res.set_header("x-request-id", t->request_id);
 
   ModeChoice mode{o.mode, o.mode == TransferMode::kPull ? o.pull_profile : ""};
+  auto reject = [&](const std::string& message, const std::string& code) {
+    r.CountRequest(mode.mode, false);
+    ErrorReply(400, message, "invalid_request_error", code).WriteTo(res);
+    return false;
+  };
   if (req.has_header("x-kvpush-mode")) {
     auto m = ParseModeHeader(req.get_header_value("x-kvpush-mode"), o.pull_profile);
-    if (!m.ok()) {
-      r.CountRequest(mode.mode, false);
-      return ReplyError(res, 400, m.status().message(), "invalid_request_error",
-                        "invalid_kvpush_mode");
-    }
+    if (!m.ok()) return reject(m.status().message(), "invalid_kvpush_mode");
     mode = *m;
   }
-  const TransferMode tm = mode.mode;
-  auto fail = [&](int status, const std::string& message, const std::string& type,
-                  const std::string& code) {
-    r.CountRequest(tm, false);
-    ReplyError(res, status, message, type, code);
-  };
+  t->mode = mode.mode;
+  *pull_profile = mode.pull_profile;
+  *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body->is_discarded()) return reject("request body is not valid JSON", "invalid_json");
+  if (!body->is_object()) return reject("request body must be a JSON object", "invalid_json");
+  if (!body->contains("seed") || (*body)["seed"].is_null()) (*body)["seed"] = r.ids_.Seed();
+  t->transfer_id = r.ids_.TransferId();
+  const auto s = body->find("stream");
+  t->stream = s != body->end() && s->is_boolean() && s->get<bool>();
+  return true;
+}
 
-  json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    return fail(400, "request body is not valid JSON", "invalid_request_error", "invalid_json");
-  }
-  if (!body.is_object()) {
-    return fail(400, "request body must be a JSON object", "invalid_request_error", "invalid_json");
-  }
-  if (!body.contains("seed") || body["seed"].is_null()) body["seed"] = r.ids_.Seed();
-  const std::string transfer_id = r.ids_.TransferId();
-  const bool stream =
-      body.contains("stream") && body["stream"].is_boolean() && body["stream"].get<bool>();
+bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease,
+                                   std::string body) {
+  Router& r = router_;
+  if (!r.BeginBackground()) return false;
+  std::thread([&r, t = std::move(t), lease = std::move(lease), body = std::move(body)]() mutable {
+    RunPushPrefill(r, *t, lease, body);
+    // Legs and leases point into the router: let go of them before Stop() may return.
+    t.reset();
+    lease.Release();
+    r.EndBackground();
+  }).detach();
+  return true;
+}
 
-  std::optional<InstanceLease> p_lease = r.pool_->Acquire(Role::kPrefill);
-  if (!p_lease) {
-    return fail(503, "no healthy prefill instance", "server_error", "no_healthy_instance");
+void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
+                                 const std::string& body) {
+  const LegResult pr = t.p_leg->Post(t.path, t.request_id, body);
+  if (pr.answered && (pr.status == 200 || IsDroppedPrefillAnswer(pr))) {
+    spdlog::debug("request {}: prefill leg answered HTTP {}: {}", t.request_id, pr.status,
+                  Head(pr.body));
+    t.SettlePrefill();
+    return;
   }
-  std::optional<InstanceLease> d_lease = r.pool_->Acquire(Role::kDecode);
-  if (!d_lease) {
-    return fail(503, "no healthy decode instance", "server_error", "no_healthy_instance");
+  if (!pr.answered && pr.stopped && pr.cut_reason.empty()) {
+    // The router closed it: D's leg failed, the client left, or the router is stopping.
+    spdlog::debug("request {}: prefill leg to {} stopped", t.request_id, t.p_addr.url);
+    return;
   }
-  const InstanceAddress p_addr = p_lease->address();
-  const InstanceAddress d_addr = d_lease->address();
-  spdlog::debug("request {}: mode={}{} transfer_id={} P={} D={} stream={}", request_id,
-                TransferModeName(tm), mode.pull_profile.empty() ? "" : "/" + mode.pull_profile,
-                transfer_id, p_addr.url, d_addr.url, stream);
-
-  json d_body;
-  std::shared_ptr<Leg> p_leg = r.NewLeg(p_addr);
-  if (tm == TransferMode::kPush) {
-    // P leg on a thread of its own; its answer is only logged and counted.
-    if (!r.BeginBackground()) {
-      return fail(503, "router is shutting down", "server_error", "shutting_down");
-    }
-    std::string p_body = MakePrefillBody(body, tm, transfer_id).dump();
-    std::thread([&r, leg = p_leg, lease = std::move(*p_lease), p_body = std::move(p_body), path,
-                 request_id]() mutable {
-      {
-        std::shared_ptr<Leg> l = std::move(leg);
-        InstanceLease held = std::move(lease);
-        LegResult pr = l->Post(path, request_id, p_body);
-        if (!pr.answered) {
-          if (pr.stopped) {
-            spdlog::debug("request {}: prefill leg to {} stopped", request_id, held.address().url);
-          } else {
-            spdlog::warn("request {}: prefill leg to {} failed: {}", request_id, held.address().url,
-                         pr.error);
-            if (pr.connect_failed) held.MarkUnhealthy("prefill leg: " + pr.error);
-            r.CountLegFailure(Role::kPrefill);
-          }
-        } else if (pr.status != 200) {
-          spdlog::warn("request {}: prefill leg to {} answered HTTP {}: {}", request_id,
-                       held.address().url, pr.status, Head(pr.body));
-          r.CountLegFailure(Role::kPrefill);
-        } else {
-          spdlog::debug("request {}: prefill leg answered: {}", request_id, Head(pr.body));
-        }
-      }
-      r.EndBackground();
-    }).detach();
-    p_lease.reset();
-    d_body = MakeDecodePushBody(body, transfer_id, p_addr);
-  } else {
-    // Pull: P first, on this thread; D gets P's kv_transfer_params.
-    LegResult pr = p_leg->Post(path, request_id, MakePrefillBody(body, tm, transfer_id).dump());
-    if (pr.connect_failed) p_lease->MarkUnhealthy("prefill leg: " + pr.error);
-    p_lease->Release();
-    if (!pr.answered) {
-      if (pr.stopped) return fail(503, "router is shutting down", "server_error", "shutting_down");
-      r.CountLegFailure(Role::kPrefill);
-      spdlog::warn("request {}: prefill leg to {} failed: {}", request_id, p_addr.url, pr.error);
-      return fail(502, "prefill instance " + p_addr.url + " unreachable: " + pr.error,
-                  "server_error", "prefill_unreachable");
-    }
-    if (pr.status != 200) {
-      r.CountLegFailure(Role::kPrefill);
-      r.CountRequest(tm, false);
-      spdlog::warn("request {}: prefill leg to {} answered HTTP {}: {}", request_id, p_addr.url,
-                   pr.status, Head(pr.body));
-      return ReplyForward(res, pr);
-    }
-    auto d = MakeDecodePullBody(body, json::parse(pr.body, nullptr, false), mode.pull_profile);
-    if (!d.ok()) {
-      r.CountLegFailure(Role::kPrefill);
-      return fail(502, d.status().message() + " (" + p_addr.url + ")", "server_error",
-                  "bad_prefill_answer");
-    }
-    d_body = std::move(d).value();
-    p_leg.reset();
+  if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
+  r.CountLegFailure(Role::kPrefill);
+  if (!t.RecordPrefillFailure(LegFailureReply(Role::kPrefill, t.p_addr, pr))) {
+    spdlog::warn("request {}: prefill leg to {} {} (after D's answer was complete)",
+                 t.request_id, t.p_addr.url, Describe(pr));
+    return;
   }
+  // The client gets P's failure (or, mid-stream, an error event): D's work is moot.
+  spdlog::warn("request {}: prefill leg to {} {}; closing the decode leg and aborting transfer {} "
+               "on {}",
+               t.request_id, t.p_addr.url, Describe(pr), t.transfer_id, t.d_addr.url);
+  t.d_leg->Stop();
+  r.AbortTransfer(t.d_addr, Role::kDecode, t.transfer_id, t.request_id);
+}
 
-  // D leg.
-  std::shared_ptr<Leg> d_leg = r.NewLeg(d_addr);
-  auto decode_failed = [&](const LegResult& dr) {
-    r.CountLegFailure(Role::kDecode);
-    if (p_leg) p_leg->Stop();  // push: P's work is moot without D
-    if (dr.answered) {
-      spdlog::warn("request {}: decode leg to {} answered HTTP {}: {}", request_id, d_addr.url,
-                   dr.status, Head(dr.body));
-      r.CountRequest(tm, false);
-      return ReplyForward(res, dr);
-    }
-    if (dr.stopped) return fail(503, "router is shutting down", "server_error", "shutting_down");
-    if (dr.connect_failed) d_lease->MarkUnhealthy("decode leg: " + dr.error);
-    spdlog::warn("request {}: decode leg to {} failed: {}", request_id, d_addr.url, dr.error);
-    return fail(502, "decode instance " + d_addr.url + " unreachable: " + dr.error, "server_error",
-                "decode_unreachable");
-  };
-
-  if (!stream) {
-    LegResult dr = d_leg->Post(path, request_id, d_body.dump());
-    if (!dr.answered || dr.status != 200) return decode_failed(dr);
-    r.CountRequest(tm, true);
-    return ReplyForward(res, dr);
+std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& lease,
+                                                const json& body,
+                                                const std::string& pull_profile,
+                                                httplib::Response& res) {
+  Router& r = router_;
+  const LegResult pr = t.p_leg->Post(t.path, t.request_id,
+                                     MakePrefillBody(body, t.mode, t.transfer_id).dump());
+  t.p_leg.reset();
+  if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
+  lease.Release();
+  if (!pr.answered || pr.status != 200) {
+    if (pr.answered || !pr.stopped || !pr.cut_reason.empty()) r.CountLegFailure(Role::kPrefill);
+    spdlog::warn("request {}: prefill leg to {} {}", t.request_id, t.p_addr.url, Describe(pr));
+    r.CountRequest(t.mode, false);
+    LegFailureReply(Role::kPrefill, t.p_addr, pr).WriteTo(res);
+    return std::nullopt;
   }
+  auto d = MakeDecodePullBody(body, json::parse(pr.body, nullptr, false), pull_profile);
+  if (!d.ok()) {
+    r.CountLegFailure(Role::kPrefill);
+    r.CountRequest(t.mode, false);
+    ErrorReply(502, d.status().message() + " (" + t.p_addr.url + ")", "server_error",
+               "bad_prefill_answer")
+        .WriteTo(res);
+    return std::nullopt;
+  }
+  return std::move(d).value();
+}
 
-  auto ds = std::make_shared<DecodeStream>(d_leg, path, request_id, d_body.dump());
+void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
+  if (t.p_leg) t.p_leg->Stop();  // push: P's leg may still run
+  r.AbortTransfer(t.p_addr, Role::kPrefill, t.transfer_id, t.request_id);
+}
+
+void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
+                               httplib::Response& res) {
+  Router& r = router_;
+  if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(Role::kDecode);
+  if (dr.connect_failed) d_lease.MarkUnhealthy("decode leg: " + dr.error);
+  spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
+               t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
+  AbortPrefill(r, t);
+  r.CountRequest(t.mode, false);
+  LegFailureReply(Role::kDecode, t.d_addr, dr).WriteTo(res);
+}
+
+void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const json& d_body,
+                             InstanceLease d_lease, httplib::Response& res) {
+  Router& r = router_;
+  const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body.dump());
+  if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
+    r.CountRequest(t->mode, false);
+    return p_failed->WriteTo(res);
+  }
+  if (!dr.answered || dr.status != 200) return DecodeFailed(*t, d_lease, dr, res);
+  r.CountRequest(t->mode, true);
+  Forwarded(dr).WriteTo(res);
+}
+
+void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const json& d_body,
+                               InstanceLease d_lease, httplib::Response& res) {
+  Router& r = router_;
+  auto ds = std::make_shared<DecodeStream>(t->d_leg, t->path, t->request_id, d_body.dump());
   const int status = ds->WaitHeaders();
-  if (status != 200) return decode_failed(ds->WaitFinished());
+  std::vector<std::string> held;
+  if (status == 200 && t->mode == TransferMode::kPush) {
+    held = HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
+  }
+  if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
+    r.CountRequest(t->mode, false);
+    return p_failed->WriteTo(res);  // ds's destructor closes D's leg
+  }
+  if (status != 200) return DecodeFailed(*t, d_lease, ds->WaitFinished(), res);
 
   auto st = std::make_shared<StreamState>();
-  st->request_id = request_id;
-  st->mode = tm;
-  st->decode_url = d_addr.url;
+  st->t = t;
   st->stream = ds;
-  st->prefill_leg = p_leg;
-  st->decode_lease = std::move(*d_lease);
+  st->decode_lease = std::move(d_lease);
+  st->held = std::move(held);
   Router* rp = &r;
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
@@ -209,53 +385,67 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   if (content_type.empty()) content_type = "text/event-stream";
   res.set_chunked_content_provider(
       content_type,
-      [st, rp](size_t, httplib::DataSink& sink) -> bool {
-        if (rp->stopping_.load()) return false;
-        std::vector<std::string> events;
-        const bool finished = st->stream->TakeEvents(std::chrono::milliseconds(100), &events);
-        for (const std::string& e : events) {
-          if (st->terminal_sent) break;  // nothing may follow [DONE] or an error event
-          const SseEventKind kind = ClassifySseEvent(e);
-          if (!sink.write(e.data(), e.size())) return false;
-          if (kind == SseEventKind::kDone) st->terminal_sent = true;
-          if (kind == SseEventKind::kError) {
-            st->terminal_sent = true;
-            st->failed = true;
-            rp->CountLegFailure(Role::kDecode);
-          }
-        }
-        if (!finished) return true;
-        if (!st->terminal_sent) {
-          const LegResult lr = st->stream->result();
-          const std::string msg =
-              lr.answered ? "decode instance " + st->decode_url + " ended the stream without [DONE]"
-                          : "decode instance " + st->decode_url + " stream broke: " + lr.error;
-          spdlog::warn("request {}: {}", st->request_id, msg);
-          const std::string ev =
-              "data: " + ErrorJson(msg, "server_error", "decode_stream_broken") + "\n\n";
-          st->failed = true;
-          st->terminal_sent = true;
-          rp->CountLegFailure(Role::kDecode);
-          if (!sink.write(ev.data(), ev.size())) return false;
-        }
-        st->completed = true;
-        sink.done();
-        return true;
-      },
-      [st, rp](bool) {
-        if (!st->completed) {
-          // The client went away (or the router is stopping): close D's connection so D aborts
-          // the request, and stop the P leg if it still runs.
-          spdlog::info("request {}: client disconnected mid-stream; closing the decode leg",
-                       st->request_id);
-          st->stream->Stop();
-          if (st->prefill_leg) st->prefill_leg->Stop();
-        }
-        rp->CountRequest(st->mode, st->completed && !st->failed);
-        st->stream.reset();  // joins the pump thread
-        st->prefill_leg.reset();
-        st->decode_lease.Release();
-      });
+      [st, rp](size_t, httplib::DataSink& sink) -> bool { return Pump(*rp, *st, sink); },
+      [st, rp](bool) { EndStream(*rp, *st); });
+}
+
+bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink) {
+  if (r.stopping_.load()) return false;
+  std::vector<std::string> events;
+  events.swap(st.held);
+  const bool finished = st.stream->TakeEvents(
+      events.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(0), &events);
+  for (const std::string& e : events) {
+    if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
+    const SseEventKind kind = ClassifySseEvent(e);
+    if (!sink.write(e.data(), e.size())) return false;
+    if (kind == SseEventKind::kDone) st.terminal_sent = true;
+    if (kind == SseEventKind::kError) {
+      st.terminal_sent = true;
+      st.failed = true;
+      r.CountLegFailure(Role::kDecode);
+    }
+  }
+  if (!finished) return true;
+  if (!st.terminal_sent) {
+    std::string ev;
+    if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
+      ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
+    } else {
+      const LegResult lr = st.stream->result();
+      const std::string d = "decode instance " + st.t->d_addr.url;
+      const std::string msg =
+          lr.answered               ? d + " ended the stream without [DONE]"
+          : !lr.cut_reason.empty() ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
+                                    : d + " stream broke: " + lr.error;
+      spdlog::warn("request {}: {}", st.t->request_id, msg);
+      const char* code = lr.cut_reason.empty() ? "decode_stream_broken" : "decode_unhealthy";
+      ev = "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
+      r.CountLegFailure(Role::kDecode);
+    }
+    st.failed = true;
+    st.terminal_sent = true;
+    if (!sink.write(ev.data(), ev.size())) return false;
+  }
+  st.completed = true;
+  sink.done();
+  return true;
+}
+
+void RequestFlow::EndStream(Router& r, StreamState& st) {
+  Transfer& t = *st.t;
+  if (!st.completed) {
+    // The client went away (or the router is stopping): close D's connection so D aborts.
+    spdlog::info("request {}: client disconnected mid-stream; closing the decode leg",
+                 t.request_id);
+    st.stream->Stop();
+  }
+  t.Finish();
+  // D failed or the client left (not P: P's failure already aborted D): P's part is moot.
+  if ((!st.completed || st.failed) && !t.PrefillFailure()) AbortPrefill(r, t);
+  r.CountRequest(t.mode, st.completed && !st.failed);
+  st.stream.reset();  // joins the pump thread
+  st.decode_lease.Release();
 }
 
 }  // namespace kvpush::router

@@ -88,7 +88,9 @@ std::string RouterOptions::ToString() const {
 }
 
 Router::Router(RouterOptions options)
-    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+    : options_(std::move(options)),
+      server_(std::make_unique<httplib::Server>()),
+      aborter_(std::make_unique<TransferAborter>(options_.abort)) {}
 
 Router::~Router() {
   Stop();
@@ -113,7 +115,7 @@ void Router::CountLegFailure(Role role) {
   ++counters_.leg_failures[role == Role::kPrefill ? 0 : 1];
 }
 
-std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address) {
+std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
   const double read_s = options_.request_timeout_s;
   std::shared_ptr<Leg> leg(new Leg(address, options_.connect_timeout_s, read_s), [this](Leg* l) {
     ForgetLeg(l);
@@ -121,8 +123,34 @@ std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address) {
   });
   std::lock_guard<std::mutex> lock(legs_mu_);
   if (stopping_.load()) leg->Stop();
-  legs_.insert(leg.get());
+  legs_.emplace(leg.get(), role);
+  // Marked unhealthy between selection and now: CutLegsTo ran before this leg was registered.
+  if (pool_ && !pool_->IsHealthy(address.url)) {
+    leg->Cut(std::string(RoleName(role)) + " instance " + address.url + " is unhealthy");
+  }
   return leg;
+}
+
+void Router::CutLegsTo(Role role, const std::string& url, const std::string& reason) {
+  int cut = 0;
+  {
+    std::lock_guard<std::mutex> lock(legs_mu_);
+    for (const auto& [leg, r] : legs_) {
+      if (leg->address().url != url || leg->stopped() || leg->finished()) continue;
+      leg->Cut(reason);
+      ++cut;
+    }
+  }
+  if (cut == 0) return;
+  spdlog::warn("router: closed {} leg(s) in flight to {} instance {} ({})", cut, RoleName(role),
+               url, reason);
+  std::lock_guard<std::mutex> lock(mu_);
+  counters_.legs_cut[role == Role::kPrefill ? 0 : 1] += cut;
+}
+
+void Router::AbortTransfer(const InstanceAddress& instance, Role role,
+                           const std::string& transfer_id, const std::string& request_id) {
+  aborter_->Abort(instance, role, transfer_id, request_id);
 }
 
 void Router::ForgetLeg(Leg* leg) {
@@ -159,6 +187,22 @@ std::string Router::RenderMetrics() const {
     << "# TYPE kvpush_router_leg_failures_total counter\n"
     << "kvpush_router_leg_failures_total{leg=\"prefill\"} " << c.leg_failures[0] << "\n"
     << "kvpush_router_leg_failures_total{leg=\"decode\"} " << c.leg_failures[1] << "\n";
+  s << "# HELP kvpush_router_legs_cut_total Legs closed because their instance was marked "
+       "unhealthy while they were in flight.\n"
+    << "# TYPE kvpush_router_legs_cut_total counter\n"
+    << "kvpush_router_legs_cut_total{leg=\"prefill\"} " << c.legs_cut[0] << "\n"
+    << "kvpush_router_legs_cut_total{leg=\"decode\"} " << c.legs_cut[1] << "\n";
+  const AbortCounts a = aborter_->counts();
+  s << "# HELP kvpush_router_transfer_aborts_total POST /kv/abort calls to the instance of the "
+       "other leg after a leg failed.\n"
+    << "# TYPE kvpush_router_transfer_aborts_total counter\n";
+  for (int k = 0; k < 2; ++k) {
+    const char* role = k == 0 ? "prefill" : "decode";
+    s << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"ok\"} " << a.ok[k]
+      << "\n"
+      << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"error\"} "
+      << a.failed[k] << "\n";
+  }
   const std::vector<InstanceSnapshot> snap = Snapshot();
   s << "# HELP kvpush_router_instance_healthy 1 when the instance passes its health check.\n"
     << "# TYPE kvpush_router_instance_healthy gauge\n";
@@ -191,7 +235,7 @@ void Router::Route() {
       return ReplyError(res, 503, "no healthy decode instance", "server_error",
                         "no_healthy_instance");
     }
-    LegResult r = NewLeg(d->address())->Get("/v1/models", id);
+    LegResult r = NewLeg(d->address(), Role::kDecode)->Get("/v1/models", id);
     if (!r.answered) {
       if (r.connect_failed) d->MarkUnhealthy("GET /v1/models: " + r.error);
       return ReplyError(res, 502,
@@ -310,6 +354,9 @@ Status Router::Start() {
   pool_ = std::make_unique<InstancePool>(
       std::move(prefill), std::move(decode),
       HealthOptions{options_.health_interval_ms, options_.health_timeout_ms});
+  pool_->SetUnhealthyCallback([this](Role role, const std::string& url, const std::string& why) {
+    CutLegsTo(role, url, why);
+  });
   pool_->Start();
 
   const int threads = options_.max_concurrent_streams + 16;
@@ -340,6 +387,7 @@ Status Router::Start() {
   }
   // The library listens with a backlog of 5: too small for bursts of concurrent clients.
   RaiseListenBacklog(port_, 1024);
+  aborter_->Start();
   thread_ = std::thread([this] { server_->listen_after_bind(); });
   // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
@@ -354,16 +402,17 @@ void Router::Stop() {
   {
     std::lock_guard<std::mutex> lock(legs_mu_);
     stopping_.store(true);
-    for (Leg* l : legs_) l->Stop();
+    for (const auto& [l, role] : legs_) l->Stop();
   }
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
   {
     // Legs created while the server drained were stopped at creation; close any still open.
     std::unique_lock<std::mutex> lock(legs_mu_);
-    for (Leg* l : legs_) l->Stop();
+    for (const auto& [l, role] : legs_) l->Stop();
     legs_cv_.wait(lock, [this] { return background_ == 0; });
   }
+  aborter_->Stop();
   if (pool_) pool_->Stop();
 }
 

@@ -11,12 +11,13 @@
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_set>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "router/instance_pool.h"
 #include "router/pd_legs.h"
+#include "router/transfer_aborter.h"
 
 namespace httplib {
 class Server;
@@ -42,6 +43,7 @@ struct RouterOptions {
   double connect_timeout_s = 5.0;    ///< connect timeout of each leg
   int max_concurrent_streams = 256;  ///< HTTP worker threads = this + 16
   size_t max_body_bytes = 8u << 20;  ///< larger client bodies get 413
+  AbortOptions abort;                ///< POST /kv/abort calls to the other leg's instance
 
   /// Errors: kInvalidArgument naming the first bad field (URLs, mode, profile, ranges).
   Status Validate() const;
@@ -53,12 +55,15 @@ struct RouterOptions {
 struct RouterCounters {
   int64_t requests[2][2] = {{0, 0}, {0, 0}};  ///< [mode push=0/pull=1][outcome ok=0/error=1]
   int64_t leg_failures[2] = {0, 0};           ///< [prefill=0/decode=1]
+  int64_t legs_cut[2] = {0, 0};  ///< [prefill=0/decode=1] legs closed: instance marked unhealthy
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
 /// Each request is handled on an HTTP worker thread; a push request's P leg runs on a thread of
-/// its own and a streamed D leg on a pump thread (DecodeStream). The router keeps no state across
-/// requests except instance health and outstanding counts.
+/// its own and a streamed D leg on a pump thread (DecodeStream). When one leg of a request fails
+/// the other is closed and its instance gets POST /kv/abort (TransferAborter, a fixed pool of
+/// threads); a leg in flight to an instance the health checker marks unhealthy is cut at once.
+/// The router keeps no state across requests except instance health and outstanding counts.
 /// Thread-safety: Start/Stop from one controlling thread; counters()/Snapshot() from any.
 class Router {
  public:
@@ -89,9 +94,16 @@ class Router {
   void CountRequest(TransferMode mode, bool ok);
   void CountLegFailure(Role role);
 
-  /// Registers a leg so Stop() can close it; a leg created after Stop() began is stopped at once.
-  std::shared_ptr<Leg> NewLeg(const InstanceAddress& address);
+  /// Registers a leg so Stop() can close it and so it is cut (Leg::Cut) when its instance is
+  /// marked unhealthy; a leg created after Stop() began is stopped at once, one to an instance
+  /// that is unhealthy by then is cut at once.
+  std::shared_ptr<Leg> NewLeg(const InstanceAddress& address, Role role);
   void ForgetLeg(Leg* leg);
+  /// The pool's unhealthy callback: cuts every leg in flight to `url`.
+  void CutLegsTo(Role role, const std::string& url, const std::string& reason);
+  /// Queues POST /kv/abort of `transfer_id` on `instance` (TransferAborter).
+  void AbortTransfer(const InstanceAddress& instance, Role role, const std::string& transfer_id,
+                     const std::string& request_id);
   /// Background (push P leg) threads: Stop() waits until none is left.
   bool BeginBackground();
   void EndBackground();
@@ -103,13 +115,14 @@ class Router {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   IdMinter ids_;
+  std::unique_ptr<TransferAborter> aborter_;
 
   mutable std::mutex mu_;  ///< guards counters_
   RouterCounters counters_;
 
   std::mutex legs_mu_;  ///< guards legs_, background_
   std::condition_variable legs_cv_;
-  std::unordered_set<Leg*> legs_;
+  std::unordered_map<Leg*, Role> legs_;  ///< every leg in flight, with its instance's role
   int background_ = 0;
 };
 

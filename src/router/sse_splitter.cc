@@ -31,7 +31,11 @@ std::string SseSplitter::TakeRest() {
   return rest;
 }
 
-SseEventKind ClassifySseEvent(const std::string& event) {
+namespace {
+
+/// The payloads of an event's `data:` lines, in order.
+std::vector<std::string> DataPayloads(const std::string& event) {
+  std::vector<std::string> out;
   size_t pos = 0;
   while (pos < event.size()) {
     size_t eol = event.find('\n', pos);
@@ -42,6 +46,46 @@ SseEventKind ClassifySseEvent(const std::string& event) {
     if (line.rfind("data:", 0) != 0) continue;
     std::string payload = line.substr(5);
     if (!payload.empty() && payload.front() == ' ') payload.erase(0, 1);
+    out.push_back(std::move(payload));
+  }
+  return out;
+}
+
+/// A choice of a stream chunk without output: no text, token ids or finish reason, and a delta
+/// holding nothing but `role` and an empty `content`.
+bool IsEmptyChoice(const nlohmann::json& c) {
+  if (!c.is_object() || c.contains("text")) return false;
+  if (c.contains("finish_reason") && !c["finish_reason"].is_null()) return false;
+  if (c.contains("token_ids") && !(c["token_ids"].is_array() && c["token_ids"].empty())) {
+    return false;
+  }
+  const auto delta = c.find("delta");
+  if (delta == c.end() || !delta->is_object()) return false;
+  for (const auto& [key, value] : delta->items()) {
+    if (key == "role") continue;
+    if (key == "content" && value.is_string() && value.get<std::string>().empty()) continue;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool IsPreambleEvent(const std::string& event) {
+  for (const std::string& payload : DataPayloads(event)) {
+    auto j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || j.contains("error")) return false;
+    const auto choices = j.find("choices");
+    if (choices == j.end() || !choices->is_array() || choices->empty()) return false;
+    for (const auto& c : *choices) {
+      if (!IsEmptyChoice(c)) return false;
+    }
+  }
+  return true;
+}
+
+SseEventKind ClassifySseEvent(const std::string& event) {
+  for (const std::string& payload : DataPayloads(event)) {
     if (payload == "[DONE]") return SseEventKind::kDone;
     if (payload.find("\"error\"") != std::string::npos) {
       auto j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);

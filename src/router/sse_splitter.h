@@ -31,4 +31,10 @@ class SseSplitter {
 /// Classifies one event (as returned by SseSplitter::Feed).
 SseEventKind ClassifySseEvent(const std::string& event);
 
+/// True for an event that carries no generated output yet: a comment (no `data:` line) or a
+/// chunk whose every choice has an empty delta apart from `role` (the chat stream's opening
+/// `{"delta":{"role":"assistant","content":""}}`), no text, no token ids and no finish reason.
+/// Parses the event's JSON: meant for the first events of a stream only.
+bool IsPreambleEvent(const std::string& event);
+
 }  // namespace kvpush::router

@@ -5,275 +5,15 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
-#include <atomic>
-#include <chrono>
-#include <condition_variable>
-#include <functional>
-#include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "common/clock.h"
+#include "router_test_util.h"
 
-namespace kvpush::router {
+namespace kvpush::router::test {
 namespace {
-
-using nlohmann::json;
-using std::chrono::milliseconds;
-
-/// Polls `pred` every 2 ms until it holds or `timeout_ms` passed.
-bool WaitFor(const std::function<bool()>& pred, int timeout_ms = 3000) {
-  const int64_t deadline = NowNs() + int64_t{timeout_ms} * 1000000;
-  while (!pred()) {
-    if (NowNs() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
-}
-
-struct Received {
-  std::string path;
-  json body;
-  std::string request_id;
-  int64_t arrived_ns = 0;
-};
-
-/// A fake P or D instance. Behaviour knobs are atomics so tests can flip them while it runs.
-class FakeInstance {
- public:
-  explicit FakeInstance(bool prefill) : prefill_(prefill) {
-    svr_.new_task_queue = [] { return new httplib::ThreadPool(32); };
-    svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-      res.status = health_status.load();
-      res.set_content("", "text/plain");
-    });
-    svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
-      res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
-                      "application/json");
-    });
-    auto completions = [this](const httplib::Request& req, httplib::Response& res) {
-      Received r{req.path, json::parse(req.body, nullptr, false),
-                 req.get_header_value("x-request-id"), NowNs()};
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        received_.push_back(r);
-      }
-      if (prefill_) {
-        AnswerPrefill(r, res);
-      } else {
-        AnswerDecode(r, res);
-      }
-    };
-    svr_.Post("/v1/completions", completions);
-    svr_.Post("/v1/chat/completions", completions);
-    port_ = svr_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    WaitFor([this] { return svr_.is_running(); });
-  }
-  ~FakeInstance() {
-    Release();
-    Stop();
-  }
-
-  void Stop() {
-    svr_.stop();
-    if (thread_.joinable()) thread_.join();
-  }
-  int port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  std::vector<Received> received() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return received_;
-  }
-  size_t count() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return received_.size();
-  }
-  /// Lets every "hold" stream finish.
-  void Release() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      released_ = true;
-    }
-    cv_.notify_all();
-  }
-
-  // Knobs.
-  std::atomic<int> health_status{200};
-  std::atomic<int> delay_ms{0};           ///< P: sleep before answering
-  std::atomic<int> status{200};           ///< answer with this status (non-200: an error body)
-  std::atomic<bool> no_kv_params{false};  ///< P (pull): omit kv_transfer_params
-  std::atomic<int> chunks{3};             ///< D stream: text chunks before [DONE]
-  std::atomic<int> chunk_delay_ms{0};     ///< D stream: pause before each chunk
-  std::atomic<int> drop_after{-1};        ///< D stream: break the connection after N chunks
-  // Observations.
-  std::atomic<int64_t> answered_ns{0};    ///< P: when it answered
-  std::atomic<int64_t> last_chunk_ns{0};  ///< D: when it wrote its last text chunk
-  std::atomic<bool> write_failed{false};  ///< D: a stream write failed (client went away)
-
-  static json KvParams(const std::string& transfer_id) {
-    return {{"do_remote_prefill", true}, {"do_remote_decode", false},
-            {"transfer_mode", "pull"},   {"transfer_id", transfer_id},
-            {"remote_engine_id", "p0"},  {"remote_host", "127.0.0.1"},
-            {"remote_port", 1234},       {"remote_block_ids", {3, 4, 5}},
-            {"first_token_id", 42},      {"lease_ms", 30000}};
-  }
-
- private:
-  void AnswerPrefill(const Received& r, httplib::Response& res) {
-    if (delay_ms.load() > 0) std::this_thread::sleep_for(milliseconds(delay_ms.load()));
-    answered_ns.store(NowNs());
-    if (status.load() != 200) {
-      res.status = status.load();
-      res.set_content(
-          R"({"error":{"message":"prefill says no","type":"x","param":null,"code":null}})",
-          "application/json");
-      return;
-    }
-    json out = {{"id", "p"}, {"choices", {{{"text", "A"}, {"index", 0}}}}};
-    const json& kvp = r.body["kv_transfer_params"];
-    if (kvp.is_object() && kvp.value("transfer_mode", "") == "pull" && !no_kv_params.load()) {
-      out["kv_transfer_params"] = KvParams(kvp.value("transfer_id", ""));
-    }
-    res.set_content(out.dump(), "application/json");
-  }
-
-  void AnswerDecode(const Received& r, httplib::Response& res) {
-    if (status.load() != 200) {
-      res.status = status.load();
-      res.set_content(
-          R"({"error":{"message":"bad prompt","type":"invalid_request_error","param":"prompt","code":null}})",
-          "application/json");
-      return;
-    }
-    if (!r.body.value("stream", false)) {
-      res.set_content(json{{"id", "d"}, {"choices", {{{"text", "ABC"}, {"index", 0}}}}}.dump(),
-                      "application/json");
-      return;
-    }
-    const bool hold = r.body.value("prompt", "") == "hold";
-    auto sent = std::make_shared<int>(0);
-    res.set_chunked_content_provider(
-        "text/event-stream", [this, hold, sent](size_t, httplib::DataSink& sink) {
-          if (hold) {
-            std::unique_lock<std::mutex> lock(mu_);
-            cv_.wait(lock, [this] { return released_; });
-          }
-          if (*sent == drop_after.load()) return false;  // connection closes mid-stream
-          if (*sent == chunks.load()) {
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
-          }
-          if (chunk_delay_ms.load() > 0) {
-            std::this_thread::sleep_for(milliseconds(chunk_delay_ms.load()));
-          }
-          const std::string ev =
-              "data: {\"choices\":[{\"text\":\"t" + std::to_string(*sent) + "\",\"index\":0}]}\n\n";
-          ++*sent;
-          if (!sink.write(ev.data(), ev.size())) {
-            write_failed.store(true);
-            return false;
-          }
-          last_chunk_ns.store(NowNs());
-          return true;
-        });
-  }
-
-  bool prefill_;
-  httplib::Server svr_;
-  std::thread thread_;
-  int port_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool released_ = false;
-  std::vector<Received> received_;
-};
-
-/// What a streamed request through the router saw.
-struct StreamSeen {
-  int status = 0;
-  std::string body;
-  int64_t first_chunk_ns = 0;
-  bool ok = false;
-};
-
-class RouterTest : public ::testing::Test {
- protected:
-  void StartRouter(int num_prefill = 1, int num_decode = 1, TransferMode mode = TransferMode::kPush,
-                   std::string pull_profile = "", int health_interval_ms = 50) {
-    for (int i = 0; i < num_prefill; ++i) p_.push_back(std::make_unique<FakeInstance>(true));
-    for (int i = 0; i < num_decode; ++i) d_.push_back(std::make_unique<FakeInstance>(false));
-    RouterOptions o;
-    for (auto& p : p_) o.prefill_urls.push_back(p->url());
-    for (auto& d : d_) o.decode_urls.push_back(d->url());
-    o.mode = mode;
-    o.pull_profile = std::move(pull_profile);
-    o.port = 0;
-    o.health_interval_ms = health_interval_ms;
-    o.health_timeout_ms = 500;
-    o.request_timeout_s = 10;
-    o.max_concurrent_streams = 16;
-    router_ = std::make_unique<Router>(o);
-    Status st = router_->Start();
-    ASSERT_TRUE(st.ok()) << st.ToString();
-  }
-
-  void TearDown() override {
-    for (auto& d : d_) d->Release();
-    if (router_) router_->Stop();
-  }
-
-  httplib::Result Post(const json& body, const httplib::Headers& headers = {},
-                       const std::string& path = "/v1/completions") {
-    httplib::Client cli("127.0.0.1", router_->port());
-    cli.set_read_timeout(10, 0);
-    return cli.Post(path, headers, body.dump(), "application/json");
-  }
-
-  httplib::Result Get(const std::string& path) {
-    httplib::Client cli("127.0.0.1", router_->port());
-    return cli.Get(path);
-  }
-
-  /// POSTs a streamed request; `cancel_after_first` makes the client go away after one chunk.
-  StreamSeen PostStream(json body, bool cancel_after_first = false) {
-    body["stream"] = true;
-    httplib::Client cli("127.0.0.1", router_->port());
-    cli.set_read_timeout(10, 0);
-    StreamSeen seen;
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/completions";
-    req.body = body.dump();
-    req.set_header("Content-Type", "application/json");
-    req.response_handler = [&](const httplib::Response& r) {
-      seen.status = r.status;
-      return true;
-    };
-    req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-      if (seen.first_chunk_ns == 0) seen.first_chunk_ns = NowNs();
-      seen.body.append(data, len);
-      return !cancel_after_first;
-    };
-    httplib::Response res;
-    httplib::Error err = httplib::Error::Success;
-    seen.ok = cli.send(req, res, err);
-    return seen;
-  }
-
-  std::string Metrics() {
-    auto r = Get("/metrics");
-    return r ? r->body : std::string();
-  }
-
-  std::vector<std::unique_ptr<FakeInstance>> p_, d_;
-  std::unique_ptr<Router> router_;
-};
 
 bool IsHex32(const json& v) {
   if (!v.is_string()) return false;
@@ -558,16 +298,16 @@ TEST_F(RouterTest, ClientDisconnectClosesTheDecodeLeg) {
   }));
 }
 
-TEST_F(RouterTest, PrefillFailureInPushIsCountedButDecodeStillAnswers) {
+TEST_F(RouterTest, PrefillFailureInPushIsCountedAndAnsweredToTheClient) {
   StartRouter();
   p_[0]->status = 500;
+  d_[0]->delay_ms = 2000;  // D would answer 200 much later
   auto res = Post({{"prompt", "x"}});
   ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 200);
-  ASSERT_TRUE(WaitFor([&] {
-    return Metrics().find("kvpush_router_leg_failures_total{leg=\"prefill\"} 1") !=
-           std::string::npos;
-  }));
+  EXPECT_EQ(res->status, 500);
+  EXPECT_EQ(json::parse(res->body)["error"]["message"], "prefill says no");
+  EXPECT_TRUE(HasMetric("kvpush_router_leg_failures_total{leg=\"prefill\"} 1"));
+  EXPECT_TRUE(HasMetric("kvpush_router_requests_total{mode=\"push\",outcome=\"error\"} 1"));
 }
 
 TEST_F(RouterTest, HealthMetricsAndModels) {
@@ -645,4 +385,4 @@ TEST(RouterOptionsTest, ValidateNamesTheBadField) {
 }
 
 }  // namespace
-}  // namespace kvpush::router
+}  // namespace kvpush::router::test

@@ -1,0 +1,100 @@
+#include "router/transfer_aborter.h"
+
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "router/leg.h"
+
+namespace kvpush::router {
+
+TransferAborter::TransferAborter(AbortOptions options) : options_(options) {}
+
+TransferAborter::~TransferAborter() {
+  Stop();
+}
+
+void TransferAborter::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_ || stopping_) return;
+  running_ = true;
+  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Work(); });
+}
+
+void TransferAborter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    counts_.dropped += static_cast<int64_t>(queue_.size());
+    queue_.clear();
+    for (Leg* l : in_flight_) l->Stop();
+  }
+  cv_.notify_all();
+  for (auto& t : threads_) {
+    if (t.joinable()) t.join();
+  }
+  threads_.clear();
+}
+
+void TransferAborter::Abort(const InstanceAddress& instance, Role role,
+                            const std::string& transfer_id, const std::string& request_id) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!running_ || stopping_ || queue_.size() >= options_.max_queued) {
+      ++counts_.dropped;
+      if (!stopping_) {
+        spdlog::warn("request {}: abort of transfer {} on {} dropped ({} aborts queued)",
+                     request_id, transfer_id, instance.url, queue_.size());
+      }
+      return;
+    }
+    queue_.push_back(Job{instance, role, transfer_id, request_id});
+  }
+  cv_.notify_one();
+}
+
+AbortCounts TransferAborter::counts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counts_;
+}
+
+void TransferAborter::Work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    if (stopping_) return;
+    Job job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
+    Send(job);
+    lock.lock();
+  }
+}
+
+void TransferAborter::Send(const Job& job) {
+  Leg leg(job.instance, options_.connect_timeout_s, options_.read_timeout_s);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    in_flight_.insert(&leg);
+  }
+  const std::string body = nlohmann::json{{"transfer_id", job.transfer_id}}.dump();
+  const LegResult r = leg.Post("/kv/abort", job.request_id, body);
+  const bool ok = r.answered && r.status == 200;
+  const size_t k = job.role == Role::kPrefill ? 0 : 1;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(&leg);
+    ++(ok ? counts_.ok : counts_.failed)[k];
+  }
+  if (ok) {
+    spdlog::debug("request {}: {} instance {} aborted transfer {}: {}", job.request_id,
+                  RoleName(job.role), job.instance.url, job.transfer_id, r.body);
+  } else if (!r.stopped) {
+    spdlog::warn("request {}: POST /kv/abort of transfer {} to {} instance {} failed: {}",
+                 job.request_id, job.transfer_id, RoleName(job.role), job.instance.url,
+                 r.answered ? "HTTP " + std::to_string(r.status) + " " + r.body : r.error);
+  }
+}
+
+}  // namespace kvpush::router

@@ -389,10 +389,9 @@ TEST(EngineCoreTest, AsyncKvLoadResumesWithTheConnectorsFirstToken) {
       }
     }
   }
-  KvLoadResult r;
-  r.seq_id = 7;
-  r.first_token = TokenOutput{expected[0], 0.0f, {}};
-  conn.loads.push_back(r);
+  // Built in place: GCC 12's -Wmaybe-uninitialized (under -fsanitize=address) misreads a copy of
+  // a KvLoadResult whose optional was assigned after construction.
+  conn.loads.push_back(KvLoadResult{7, Status::Ok(), false, TokenOutput{expected[0], 0.0f, {}}});
   std::vector<int32_t> got;
   for (int i = 0; i < 10 && core->HasWork(); ++i) {
     core->Step();

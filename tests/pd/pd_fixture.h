@@ -137,7 +137,7 @@ class PdFixture : public ::testing::Test {
     return a;
   }
 
-  static std::string KvCfg(const std::string& backend, json extra = json::object()) {
+  static std::string KvCfg(const std::string& backend, const json& extra = json::object()) {
     json x = extra;
     x["backend"] = backend;
     return json{{"kv_connector_extra_config", x}}.dump();

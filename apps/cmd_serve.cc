@@ -15,6 +15,7 @@
 #include "connector/pd_connector.h"
 #include "engine/engine.h"
 #include "model/model.h"
+#include "model/sim_executor.h"
 #include "server/http_server.h"
 
 namespace kvpush::apps {
@@ -38,7 +39,27 @@ struct ServeOptions {
   int blas_threads = 1;
   EngineConfig engine;
   bool no_prefix_caching = false;
+  std::string executor = "llama";
+  std::string sim_model = "qwen3-32b";
+  std::string sim_hw = "h200";
+  SimOptions sim;
 };
+
+/// The llama executor from --model, or the sim executor from the --sim-* flags.
+Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
+  if (o.executor == "sim") {
+    SimOptions so = o.sim;
+    KVP_ASSIGN_OR_RETURN(so.model, FindSimModel(o.sim_model));
+    KVP_ASSIGN_OR_RETURN(so.hardware, FindSimHardware(o.sim_hw));
+    return MakeSimModel(so);
+  }
+  if (o.model.empty()) return InvalidArgument("--model is required with --executor llama");
+  ModelLoadOptions mo;
+  mo.path = o.model;
+  mo.tokenizer_path = o.tokenizer;
+  mo.blas_threads = o.blas_threads;
+  return LoadModel(mo);
+}
 
 int RunServe(const ServeOptions& o) {
   if (Status s = InitLogging(o.log_level); !s.ok()) {
@@ -65,15 +86,15 @@ int RunServe(const ServeOptions& o) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
   }
-  ModelLoadOptions mo;
-  mo.path = o.model;
-  mo.tokenizer_path = o.tokenizer;
-  mo.blas_threads = o.blas_threads;
-  auto loaded = LoadModel(mo);
+  auto loaded = LoadServeModel(o);
   if (!loaded.ok()) {
-    std::fprintf(stderr, "kvpush serve: loading %s: %s\n", o.model.c_str(),
+    std::fprintf(stderr, "kvpush serve: loading %s: %s\n",
+                 o.executor == "sim" ? o.sim_model.c_str() : o.model.c_str(),
                  loaded.status().ToString().c_str());
-    return 1;
+    return loaded.status().code() == StatusCode::kInvalidArgument ||
+                   loaded.status().code() == StatusCode::kNotFound
+               ? 2
+               : 1;
   }
   LoadedModel model = std::move(loaded).value();
   auto resolved = ec.Resolve(model.config);
@@ -109,9 +130,9 @@ int RunServe(const ServeOptions& o) {
   so.host = o.host;
   so.port = o.port;
   so.connector = conn.get();
-  so.served_model_name = o.served_model_name.empty()
-                             ? std::filesystem::path(o.model).filename().string()
-                             : o.served_model_name;
+  so.served_model_name = !o.served_model_name.empty() ? o.served_model_name
+                          : o.executor == "sim"         ? o.sim_model
+                                                        : std::filesystem::path(o.model).filename().string();
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
       "role={} served_model_name={} host={} port={} {}",
@@ -140,7 +161,27 @@ int RunServe(const ServeOptions& o) {
 void RegisterServeCommand(CLI::App& app) {
   auto opts = std::make_shared<ServeOptions>();
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
-  cmd->add_option("--model", opts->model, "Model file (.gguf or llama2.c .bin)")->required();
+  cmd->add_option("--model", opts->model,
+                  "Model file (.gguf or llama2.c .bin); required with --executor llama");
+  cmd->add_option("--executor", opts->executor,
+                  "llama (real model from --model) | sim (latency model of --sim-model on "
+                  "--sim-hw, docs/sim.md)")
+      ->check(CLI::IsMember({"llama", "sim"}))
+      ->capture_default_str();
+  cmd->add_option("--sim-model", opts->sim_model, "sim: model preset (qwen3-32b, llama-3.1-8b, "
+                  "llama-3.1-70b)")
+      ->capture_default_str();
+  cmd->add_option("--sim-hw", opts->sim_hw, "sim: accelerator preset (h100-sxm, h200)")
+      ->capture_default_str();
+  cmd->add_option("--sim-kv-scale", opts->sim.kv_scale,
+                  "sim: KV bytes per token as a fraction of the real model's (bf16)")
+      ->capture_default_str();
+  cmd->add_option("--sim-compute-eff", opts->sim.efficiency.compute,
+                  "sim: achieved fraction of peak FLOP/s")
+      ->capture_default_str();
+  cmd->add_option("--sim-mem-eff", opts->sim.efficiency.memory,
+                  "sim: achieved fraction of peak HBM bandwidth")
+      ->capture_default_str();
   cmd->add_option("--tokenizer", opts->tokenizer,
                   "llama2.c tokenizer (default: tok<vocab>.bin beside a .bin model)");
   cmd->add_option("--role", opts->role,

@@ -34,7 +34,7 @@ Result<EngineConfig> EngineConfig::Resolve(const ModelConfig& model) const {
   if (c.max_model_len < 2) return InvalidArgument("--max-model-len must be >= 2");
   if (c.num_kv_blocks == 0) {
     KvLayout one{model.num_layers, model.num_kv_heads, model.head_dim, c.block_size, 1,
-                 KvDtype::kF32};
+                 model.kv_dtype};
     const int64_t per_block = static_cast<int64_t>(one.total_bytes());
     if (per_block <= 0) return InvalidArgument("model has an empty KV layout");
     const int64_t n = c.kv_cache_memory_bytes / per_block;

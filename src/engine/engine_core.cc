@@ -72,7 +72,7 @@ Result<std::unique_ptr<EngineCore>> EngineCore::Create(const EngineConfig& confi
 
 KvLayout EngineCore::LayoutFor(const EngineConfig& config, const ModelConfig& m) {
   return KvLayout{m.num_layers,      m.num_kv_heads,       m.head_dim,
-                  config.block_size, config.num_kv_blocks, KvDtype::kF32};
+                  config.block_size, config.num_kv_blocks, m.kv_dtype};
 }
 
 EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> executor,

@@ -37,6 +37,7 @@ struct ModelConfig {
   int32_t bos_id = 1;
   int32_t eos_id = 2;
   uint64_t fingerprint = 0;  ///< hash of the weights' identity (used as prefix-cache salt)
+  KvDtype kv_dtype = KvDtype::kF32;  ///< element type of the KV cache this executor writes
 };
 
 /// One sequence's work in a step: compute `tokens` at positions [start_pos, start_pos + n).

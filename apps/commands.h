@@ -12,5 +12,6 @@ void RegisterGenModelCommand(CLI::App& app);   // kvpush gen-model (apps/cmd_gen
 void RegisterXferBenchCommand(CLI::App& app);  // kvpush xfer-bench (apps/cmd_xfer_bench.cc)
 void RegisterDemoCommand(CLI::App& app);       // kvpush demo      (apps/cmd_demo.cc)
 void RegisterRouterCommand(CLI::App& app);     // kvpush router    (apps/cmd_router.cc)
+void RegisterBenchCommand(CLI::App& app);      // kvpush bench     (apps/cmd_bench.cc)
 
 }  // namespace kvpush::apps

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   kvpush::apps::RegisterXferBenchCommand(app);
   kvpush::apps::RegisterDemoCommand(app);
   kvpush::apps::RegisterRouterCommand(app);
+  kvpush::apps::RegisterBenchCommand(app);
   CLI11_PARSE(app, argc, argv);
   return 0;
 }

@@ -78,6 +78,34 @@ Status ReadBlockIds(Reader& r, uint32_t n, uint32_t min_n, const char* what,
   return Status::Ok();
 }
 
+void PutTopLogprobs(std::vector<uint8_t>& b, const std::vector<std::pair<int32_t, float>>& top) {
+  PutU32(b, static_cast<uint32_t>(top.size()));
+  for (const auto& [id, lp] : top) {
+    PutU32(b, static_cast<uint32_t>(id));
+    PutF32(b, lp);
+  }
+}
+
+/// Reads `ntop u32, (id i32, logprob f32) x ntop`; with `exact`, they must end the payload.
+Status ReadTopLogprobs(Reader& r, const char* what, bool exact,
+                      std::vector<std::pair<int32_t, float>>& out) {
+  uint32_t n = 0;
+  if (!r.U32(n)) return InvalidArgument(std::string(what) + ": truncated");
+  if (n > kMaxTopLogprobs || (exact ? r.left() != static_cast<size_t>(n) * 8
+                                    : r.left() < static_cast<size_t>(n) * 8)) {
+    return InvalidArgument(std::string(what) + ": top logprob count does not match the payload");
+  }
+  for (uint32_t i = 0; i < n; ++i) {
+    uint32_t id = 0;
+    float lp = 0;
+    r.U32(id);
+    r.F32(lp);
+    if (id > 0x7fffffffu) return InvalidArgument(std::string(what) + ": negative top token id");
+    out.emplace_back(static_cast<int32_t>(id), lp);
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 bool IsValidTransferId(std::string_view id) {
@@ -118,11 +146,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU64(b, m.kv_digest);
       PutU32(b, static_cast<uint32_t>(m.token_id));
       PutF32(b, m.logprob);
-      PutU32(b, static_cast<uint32_t>(m.top_logprobs.size()));
-      for (const auto& [id, lp] : m.top_logprobs) {
-        PutU32(b, static_cast<uint32_t>(id));
-        PutF32(b, lp);
-      }
+      PutTopLogprobs(b, m.top_logprobs);
       break;
     case MsgTag::kPin:
     case MsgTag::kLayerReady:
@@ -140,6 +164,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU32(b, m.num_blocks);
       break;
     case MsgTag::kPinned:
+      if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
       if (m.block_ids.size() > kMaxPinnedBlocks) {
         return InvalidArgument("pinned answer of " + std::to_string(m.block_ids.size()) +
                                " blocks exceeds the limit of " + std::to_string(kMaxPinnedBlocks));
@@ -149,6 +174,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU32(b, static_cast<uint32_t>(m.token_id));
       PutF32(b, m.logprob);
       PutU64(b, m.kv_digest);
+      PutTopLogprobs(b, m.top_logprobs);
       PutU32(b, m.first_block);
       PutU32(b, static_cast<uint32_t>(m.block_ids.size()));
       for (int32_t id : m.block_ids) PutU32(b, static_cast<uint32_t>(id));
@@ -188,23 +214,13 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
       break;
     }
     case MsgTag::kKvReady: {
-      uint32_t tok = 0, n = 0;
-      if (!r.U64(m.kv_digest) || !r.U32(tok) || !r.F32(m.logprob) || !r.U32(n)) {
+      uint32_t tok = 0;
+      if (!r.U64(m.kv_digest) || !r.U32(tok) || !r.F32(m.logprob)) {
         return InvalidArgument("kv ready: truncated");
       }
       if (tok > 0x7fffffffu) return InvalidArgument("kv ready: negative token id");
       m.token_id = static_cast<int32_t>(tok);
-      if (n > kMaxTopLogprobs || r.left() != static_cast<size_t>(n) * 8) {
-        return InvalidArgument("kv ready: top logprob count does not match the payload");
-      }
-      for (uint32_t i = 0; i < n; ++i) {
-        uint32_t id = 0;
-        float lp = 0;
-        r.U32(id);
-        r.F32(lp);
-        if (id > 0x7fffffffu) return InvalidArgument("kv ready: negative top token id");
-        m.top_logprobs.emplace_back(static_cast<int32_t>(id), lp);
-      }
+      KVP_RETURN_IF_ERROR(ReadTopLogprobs(r, "kv ready", true, m.top_logprobs));
       break;
     }
     case MsgTag::kPin:
@@ -226,11 +242,13 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
     case MsgTag::kPinned: {
       uint32_t tok = 0, n = 0;
       if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(tok) ||
-          !r.F32(m.logprob) || !r.U64(m.kv_digest) || !r.U32(m.first_block) || !r.U32(n)) {
+          !r.F32(m.logprob) || !r.U64(m.kv_digest)) {
         return InvalidArgument("pinned: truncated header");
       }
       if (tok > 0x7fffffffu) return InvalidArgument("pinned: negative token id");
       m.token_id = static_cast<int32_t>(tok);
+      KVP_RETURN_IF_ERROR(ReadTopLogprobs(r, "pinned", false, m.top_logprobs));
+      if (!r.U32(m.first_block) || !r.U32(n)) return InvalidArgument("pinned: truncated header");
       KVP_RETURN_IF_ERROR(ReadBlockIds(r, n, 1, "pinned", m.block_ids));
       break;
     }

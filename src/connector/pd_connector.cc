@@ -204,7 +204,14 @@ Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
       if (p.ok() && p->alive) return it->second;
     }
   }
-  std::lock_guard hs(handshake_mu_);
+  std::shared_ptr<std::mutex> endpoint_lock;
+  {
+    std::lock_guard lock(peers_mu_);
+    auto& l = handshake_locks_[key];
+    if (!l) l = std::make_shared<std::mutex>();
+    endpoint_lock = l;
+  }
+  std::lock_guard hs(*endpoint_lock);
   {
     std::lock_guard lock(peers_mu_);  // another thread may have finished it meanwhile
     auto it = endpoints_.find(key);
@@ -216,7 +223,9 @@ Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
   httplib::Client cli(host, port);
   cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(2, 0);
-  cli.set_read_timeout(10, 0);
+  // A request whose handshake outlasts the watchdog would give up on its KV anyway.
+  const auto read_ms = std::clamp<int64_t>(options_.config.watchdog.count(), 1000, 10000);
+  cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
   const std::string body = SelfInfo().ToJson().dump();
   auto res = cli.Post("/kv/handshake", body, "application/json");
   if (!res) {

@@ -116,7 +116,9 @@ class PdConnector final : public KvConnector, private LayerObserver {
   Result<nlohmann::json> HandleHandshake(const nlohmann::json& body);
 
   /// Makes sure the instance at host:port is handshaken (cached per peer; a peer that failed
-  /// or restarted is handshaken again). Returns its engine id. Thread-safe; blocks on HTTP.
+  /// or restarted is handshaken again). Returns its engine id. Thread-safe; blocks on HTTP (at
+  /// most 2 s to connect + clamp(watchdog_ms, 1 s, 10 s) to answer), and only callers naming the
+  /// same host:port wait for each other.
   /// Errors: kUnavailable (unreachable, HTTP error), kFailedPrecondition (incompatible).
   Result<std::string> EnsurePeer(const std::string& host, int port);
 
@@ -217,6 +219,9 @@ class PdConnector final : public KvConnector, private LayerObserver {
     std::vector<uint64_t> chunk_sums;
     /// Pull: c(block) of each block-table entry, computed when the prefill finished.
     std::vector<uint64_t> block_sums;
+    /// Pull: a PIN that arrived before the connector thread saw the prefill finish (P's HTTP
+    /// answer can overtake the engine's event); answered when it does.
+    std::optional<std::pair<std::string, PdMessage>> early_pin;
   };
   struct Consumer {
     int64_t seq_id = 0;
@@ -298,6 +303,8 @@ class PdConnector final : public KvConnector, private LayerObserver {
   void OnStep(Event& ev);
   void OnLayer(int32_t layer);
   void OnProducerDone(Event& ev);
+  /// OnProducerDone's body: records the prefill's outcome, checksums (pull) or posts (push).
+  void FinishProducer(Producer& p, Event& ev);
   void OnPushTarget(const std::string& peer, PdMessage& m);
   void AttachTarget(Producer& p, const std::string& peer, PdMessage& m);
   void TryPostLayer(Producer& p, int32_t layer);
@@ -378,7 +385,9 @@ class PdConnector final : public KvConnector, private LayerObserver {
   mutable std::mutex peers_mu_;
   std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
   std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
-  std::mutex handshake_mu_;  ///< serializes outgoing handshakes
+  /// One lock per "host:port": outgoing handshakes to one endpoint are serialized, and a peer
+  /// that hangs holds up only the requests that name it. Guarded by peers_mu_.
+  std::map<std::string, std::shared_ptr<std::mutex>, std::less<>> handshake_locks_;
 
   // Connector-thread-only state.
   std::unordered_map<std::string, Producer> producers_;  ///< by transfer id

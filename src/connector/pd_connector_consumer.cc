@@ -185,7 +185,9 @@ void PdConnector::OnPinned(Consumer& c, PdMessage& m) {
     return;
   }
   c.expected_digest = m.kv_digest;
-  if (c.take_first_token) c.first_token = TokenOutput{m.token_id, m.logprob, {}};
+  if (c.take_first_token) {
+    c.first_token = TokenOutput{m.token_id, m.logprob, std::move(m.top_logprobs)};
+  }
   std::vector<BlockId> local(c.blocks.begin() + c.first_block,
                              c.blocks.begin() + c.first_block + c.num_blocks);
   if (c.profile == PullProfile::kVllm) {

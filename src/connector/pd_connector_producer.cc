@@ -85,7 +85,14 @@ void PdConnector::OnProducerDone(Event& ev) {
     release_ids_.push_back(ev.seq_id);
     return;
   }
-  Producer& p = producers_.at(s->second);
+  const std::string tid = s->second;
+  auto early_pin = std::exchange(producers_.at(tid).early_pin, std::nullopt);
+  FinishProducer(producers_.at(tid), ev);
+  // Answered (or refused) now that the prefill's outcome is known; p may be gone.
+  if (early_pin) OnPin(early_pin->first, early_pin->second);
+}
+
+void PdConnector::FinishProducer(Producer& p, Event& ev) {
   spdlog::debug("kv connector: producer {} finished (ok={}, target={}, dropped={})", p.tid, ev.ok,
                 p.has_target, p.dropped);
   p.finished = true;
@@ -494,7 +501,11 @@ void PdConnector::OnPin(const std::string& peer, const PdMessage& m) {
   Producer& p = it->second;
   if (p.mode != Mode::kPull) return refuse("the prefill request is not in pull mode");
   if (p.dropped) return refuse("the transfer was dropped (lease expired, aborted or failed)");
-  if (!p.finished || !p.finished_ok) return refuse("the prefill has not finished");
+  if (!p.finished && !p.early_pin) {
+    p.early_pin.emplace(peer, m);  // the engine's "finished" event is still on its way
+    return;
+  }
+  if (!p.finished || !p.finished_ok) return refuse("the prefill did not finish");
   if (p.pinned && p.peer != peer) return refuse("already pinned by '" + p.peer + "'");
   if (static_cast<size_t>(m.first_block) + m.num_blocks > p.block_sums.size()) {
     return refuse("blocks [" + std::to_string(m.first_block) + ", +" +
@@ -513,6 +524,8 @@ void PdConnector::OnPin(const std::string& peer, const PdMessage& m) {
   a.prompt_hash = p.prompt_hash;
   a.token_id = p.token.id;
   a.logprob = p.token.logprob;
+  a.top_logprobs = p.token.top_logprobs;
+  if (a.top_logprobs.size() > kMaxTopLogprobs) a.top_logprobs.resize(kMaxTopLogprobs);
   a.first_block = m.first_block;
   const auto first = static_cast<ptrdiff_t>(m.first_block);
   const auto last = first + static_cast<ptrdiff_t>(m.num_blocks);

@@ -325,11 +325,13 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   a.token_id = 99;
   a.logprob = -1.5f;
   a.kv_digest = 0x1122334455667788ull;
+  a.top_logprobs = {{99, -1.5f}, {5, -2.25f}};
   a.first_block = 1;
   a.block_ids = {9, 4, 7};
   b = Enc(a);
-  // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + first u32 + n u32
-  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 4 + 3 * 4);
+  // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + ntop u32 +
+  // 2 x (u32, f32) + first u32 + n u32 + 3 x u32
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 2 * 8 + 4 + 4 + 3 * 4);
   EXPECT_EQ(b[0], 9);
   d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -339,6 +341,7 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   EXPECT_EQ(d->token_id, 99);
   EXPECT_EQ(d->logprob, -1.5f);
   EXPECT_EQ(d->kv_digest, 0x1122334455667788ull);
+  EXPECT_EQ(d->top_logprobs, a.top_logprobs);
   EXPECT_EQ(d->first_block, 1u);
   EXPECT_EQ(d->block_ids, a.block_ids);
   // Every truncation is refused, and so is a trailing byte.

@@ -90,6 +90,11 @@ class PullIntegrity : public ::testing::Test {
   /// P computes a 10-token prompt into blocks {5, 6, 7} and finishes it with first token 7;
   /// returns once P's connector holds the lease (its checksums computed).
   void RunProducer() {
+    StartProducer();
+    FinishProducer();
+  }
+
+  void StartProducer() {
     ps_.seq_id = 1;
     ps_.request.kv_transfer.role = Role::kProducer;
     ps_.request.kv_transfer.mode = Mode::kPull;
@@ -97,11 +102,14 @@ class PullIntegrity : public ::testing::Test {
     ps_.tokens = prompt_;
     ps_.num_prompt_tokens = static_cast<int32_t>(prompt_.size());
     ps_.admitted_once = true;
-    ps_.last_token = TokenOutput{7, -0.5f, {}};
+    ps_.last_token = TokenOutput{7, -0.5f, {{7, -0.5f}, {12, -1.25f}}};
     for (size_t i = 0; i < p_blocks_.size(); ++i) {
       Fill(*p_, layout_, p_blocks_[i], static_cast<uint8_t>(i + 1));
     }
     p_->OnBlocksAllocated(ps_, p_blocks_, 0);
+  }
+
+  void FinishProducer() {
     RequestOutput out;
     out.finish_reason = FinishReason::kLength;
     ASSERT_TRUE(p_->OnRequestFinished(ps_, p_blocks_, out));
@@ -110,7 +118,7 @@ class PullIntegrity : public ::testing::Test {
   }
 
   /// D admits the request with `params` (pull) into blocks {20, 21, 22} and waits for the load.
-  KvLoadResult RunConsumer(KvTransferParams params) {
+  KvLoadResult RunConsumer(KvTransferParams params, const std::function<void()>& meanwhile = {}) {
     ds_.seq_id = 11;
     params.role = Role::kConsumer;
     params.mode = Mode::kPull;
@@ -123,6 +131,7 @@ class PullIntegrity : public ::testing::Test {
     KvMatch m = d_->GetNumMatchedTokens(ds_, 0);
     EXPECT_TRUE(m.load_async);
     d_->OnBlocksAllocated(ds_, d_blocks_, m.num_external_tokens);
+    if (meanwhile) meanwhile();
     std::vector<KvLoadResult> got;
     EXPECT_TRUE(WaitFor([&] {
       (void)d_->BeginStep({});  // the vllm profile posts its READ from here
@@ -168,6 +177,7 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
     if (fast) {
       EXPECT_EQ(r.first_token->id, 7);  // P's token, from PINNED
       EXPECT_EQ(r.first_token->logprob, -0.5f);
+      EXPECT_EQ(r.first_token->top_logprobs, ps_.last_token.top_logprobs);
     }
     // vllm: the last prompt token is recomputed, so its block is read only up to token 9 (the
     // 10-token prompt's blocks 0..2 all hold earlier tokens: all three are read).
@@ -182,6 +192,29 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
     server_.reset();
     d_.reset();
     p_.reset();
+  }
+}
+
+// D's PIN can overtake the engine's "prefill finished" event on P (P's HTTP answer leaves first):
+// P holds the PIN and answers it once the prefill's outcome is known.
+TEST_F(PullIntegrity, APinThatOvertakesThePrefillsEndIsAnsweredWhenItEnds) {
+  Start("", R"(, "pull_profile": "fast")");
+  StartProducer();
+  KvTransferParams params;
+  params.remote_block_ids = p_blocks_;
+  params.num_prompt_tokens = 10;
+  params.prompt_hash = PromptHash(prompt_);
+  params.first_token_id = 7;
+  KvLoadResult r = RunConsumer(params, [&] {
+    ASSERT_TRUE(WaitFor([&] { return d_->stats().pins_sent == 1; }));
+    std::this_thread::sleep_for(50ms);  // let the PIN reach P before the prefill ends
+    FinishProducer();
+  });
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  EXPECT_EQ(r.first_token->id, 7);
+  EXPECT_EQ(p_->stats().pins_refused, 0);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(SameBlock(*p_, p_blocks_[i], *d_, d_blocks_[i], layout_)) << "block " << i;
   }
 }
 

@@ -203,6 +203,37 @@ TEST_F(PdSafety, ForgedTransferParamsFailAloneOrAreIgnored) {
   ExpectIdle(d, true, "after forged params");
 }
 
+// A 200 must carry the colocated body, logprobs included: pull-fast appends P's first token
+// (PINNED carries its top logprobs), push takes it from KV_READY, pull-vllm recomputes it.
+TEST_F(PdSafety, FirstTokenLogprobsMatchColocatedInEveryMode) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  const std::string cfg = KvCfg("ucx:tcp");
+  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
+  Proc* p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* d = Serve("decode", Args(model, "decode", Port(), cfg, 1024));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+  Proc* router = Router(p, d, "push");
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
+  uint32_t seed = 80;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    SCOPED_TRACE(mode);
+    const Req r = Prompt(seed++, 40, 3);  // > one block: the KV really moves
+    json body = r.Body();
+    body["logprobs"] = 3;
+    const Res ref = PostRaw(colo->host, colo->port, body);
+    const Res got = PostRaw(router->host, router->port, body, 60.0, {{"x-kvpush-mode", mode}});
+    ASSERT_EQ(ref.status, 200) << ref.raw;
+    ASSERT_EQ(got.status, 200) << got.raw;
+    const json a = json::parse(ref.raw)["choices"][0]["logprobs"];
+    const json b = json::parse(got.raw)["choices"][0]["logprobs"];
+    EXPECT_EQ(b["top_logprobs"], a["top_logprobs"]);
+    EXPECT_EQ(b["token_logprobs"], a["token_logprobs"]);
+    EXPECT_EQ(b["tokens"], a["tokens"]);
+    EXPECT_EQ(a["top_logprobs"][0].size(), 3u);
+  }
+}
+
 /// One randomized round: its instance settings and requests.
 struct Round {
   int lease_ms = 0, watchdog_ms = 0, d_max_seqs = 1, p_blocks = 64;

@@ -4,6 +4,8 @@
 // exactly the colocated tokens; anything else must be an explicit error.
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <random>
 #include <thread>
 
@@ -232,6 +234,52 @@ TEST_F(PdSafety, FirstTokenLogprobsMatchColocatedInEveryMode) {
     EXPECT_EQ(b["tokens"], a["tokens"]);
     EXPECT_EQ(a["top_logprobs"][0].size(), 3u);
   }
+}
+
+// A prefill instance that hangs during D's first handshake with it holds up only the requests
+// that name it: a request for another, healthy P is not queued behind that handshake.
+TEST_F(PdSafety, AHungHandshakeHoldsUpOnlyItsOwnPeer) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  const std::string cfg = KvCfg("ucx:tcp");
+  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
+  Proc* hung = Serve("prefill-hung", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* d = Serve("decode", Args(model, "decode", Port(), KvCfg("ucx:tcp", {{"watchdog_ms", 3000}}),
+                              1024));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, hung, p, d}));
+  ASSERT_EQ(::kill(hung->child.pid(), SIGSTOP), 0);
+  struct Resume {
+    pid_t pid;
+    ~Resume() { ::kill(pid, SIGCONT); }
+  } resume{hung->child.pid()};
+  const Req req = Prompt(90, 40, 4);
+  const Res ref = Send(colo->host, colo->port, req);
+  auto push_leg = [&](Proc* prefill, const std::string& tid) {
+    return json{{"kv_transfer_params",
+                 {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", tid},
+                  {"remote_host", prefill->host}, {"remote_port", prefill->port}}}};
+  };
+  Res stuck;
+  std::thread t([&] {
+    json extra = push_leg(hung, NewTransferId());
+    stuck = Send(d->host, d->port, req, {}, &extra, 30.0);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its handshake is under way
+  const std::string tid = NewTransferId();
+  json p_body = PLegBody(req, "push", tid);
+  std::thread p_leg([&] { (void)PostRaw(p->host, p->port, p_body); });
+  json extra = push_leg(p, tid);
+  const auto t0 = Clock::now();
+  Res ok = Send(d->host, d->port, req, {}, &extra, 30.0);
+  const double secs = SecondsSince(t0);
+  p_leg.join();
+  t.join();
+  EXPECT_EQ(ok.status, 200) << ok.raw << ok.error;
+  EXPECT_EQ(ok.ids, ref.ids);
+  EXPECT_LT(secs, 2.0) << "the healthy P's request waited behind the hung handshake";
+  EXPECT_NE(stuck.status, 200) << "a request naming a hung P cannot have its KV";
+  EXPECT_FALSE(stuck.error.empty());
 }
 
 /// One randomized round: its instance settings and requests.

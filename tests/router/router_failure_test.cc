@@ -113,8 +113,8 @@ TEST_F(RouterTest, PushDecodeErrorAbortsPrefill) {
   EXPECT_LT(SecondsSince(t0), 1.0);
   EXPECT_EQ(res->status, 400);
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "bad prompt");
-  ASSERT_TRUE(WaitFor([&] { return p_[0]->count() == 1; }));
-  EXPECT_TRUE(AbortArrives(*p_[0], TransferIdOf(*p_[0]), 1000));
+  // P's leg may be stopped before it reached P (D failed at once); the abort reaches P either way.
+  EXPECT_TRUE(AbortArrives(*p_[0], TransferIdOf(*d_[0]), 3000));
   EXPECT_TRUE(d_[0]->aborts().empty());
 }
 
@@ -138,10 +138,16 @@ TEST_F(RouterTest, PullDecodeFailuresAbortPrefill) {
   d_[0]->Stop();  // D unreachable
   res = Post({{"prompt", "x"}});
   ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 502);
+  if (res->status == 503) {
+    // The health checker saw D go first: no leg was sent, so there is nothing to abort.
+    EXPECT_EQ(p_[0]->count(), 2u) << res->body;
+    return;
+  }
+  EXPECT_EQ(res->status, 502) << res->body;
+  ASSERT_EQ(p_[0]->count(), 3u);
   const std::string tid3 =
       p_[0]->received().at(2).body["kv_transfer_params"]["transfer_id"].get<std::string>();
-  EXPECT_TRUE(AbortArrives(*p_[0], tid3, 1000));
+  EXPECT_TRUE(AbortArrives(*p_[0], tid3, 3000));
 }
 
 TEST_F(RouterTest, PullLegToAnInstanceMarkedUnhealthyIsCut) {

@@ -141,6 +141,16 @@ class PullIntegrity : public ::testing::Test {
     return got.empty() ? KvLoadResult{} : got.front();
   }
 
+  /// The pull params P's answer carries for the 10-token prompt (what an honest router relays).
+  KvTransferParams HonestParams() const {
+    KvTransferParams params;
+    params.remote_block_ids = p_blocks_;
+    params.num_prompt_tokens = 10;
+    params.prompt_hash = PromptHash(prompt_);
+    params.first_token_id = 7;
+    return params;
+  }
+
   /// True once P reported seq 1's blocks free (RELEASE, expiry or refusal).
   bool ProducerReleased() {
     return WaitFor([&] {
@@ -200,11 +210,7 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
 TEST_F(PullIntegrity, APinThatOvertakesThePrefillsEndIsAnsweredWhenItEnds) {
   Start("", R"(, "pull_profile": "fast")");
   StartProducer();
-  KvTransferParams params;
-  params.remote_block_ids = p_blocks_;
-  params.num_prompt_tokens = 10;
-  params.prompt_hash = PromptHash(prompt_);
-  params.first_token_id = 7;
+  const KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params, [&] {
     ASSERT_TRUE(WaitFor([&] { return d_->stats().pins_sent == 1; }));
     std::this_thread::sleep_for(50ms);  // let the PIN reach P before the prefill ends
@@ -223,11 +229,7 @@ TEST_F(PullIntegrity, CorruptedBlocksAreRefusedAndNeverUsed) {
   RunProducer();
   // Flip one byte of P's middle block after P checksummed it (a bit flip, a stray write).
   p_->kv_memory()[layout_.offset(1, KvKind::kValue, p_blocks_[1]) + 5] ^= std::byte{0x40};
-  KvTransferParams params;
-  params.remote_block_ids = p_blocks_;
-  params.num_prompt_tokens = 10;
-  params.prompt_hash = PromptHash(prompt_);
-  params.first_token_id = 7;
+  const KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params);
   EXPECT_EQ(r.status.code(), StatusCode::kDataLoss) << r.status.ToString();
   EXPECT_TRUE(r.recompute);
@@ -245,11 +247,7 @@ TEST_F(PullIntegrity, AnExpiredLeaseIsRefusedNotRead) {
   EXPECT_TRUE(ProducerReleased());  // the lease ran out: P freed (and may reuse) the blocks
   EXPECT_EQ(p_->stats().leases_expired, 1);
   for (BlockId b : p_blocks_) Fill(*p_, layout_, b, 0x77);  // another request's KV
-  KvTransferParams params;
-  params.remote_block_ids = p_blocks_;
-  params.num_prompt_tokens = 10;
-  params.prompt_hash = PromptHash(prompt_);
-  params.first_token_id = 7;
+  const KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params);
   EXPECT_FALSE(r.status.ok());
   EXPECT_NE(r.status.message().find("lease expired"), std::string::npos) << r.status.ToString();

@@ -46,6 +46,17 @@ class PdSafety : public PdFixture {
                  "127.0.0.1", port);
   }
 
+  /// A colocated instance, P and D (ucx:tcp, default settings, 1024 blocks each), healthy.
+  void StartTrio(Proc** colo, Proc** p, Proc** d) {
+    const std::string model = ModelOrGenerated();
+    ASSERT_FALSE(model.empty());
+    const std::string cfg = KvCfg("ucx:tcp");
+    *colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
+    *p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
+    *d = Serve("decode", Args(model, "decode", Port(), cfg, 1024));
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({*colo, *p, *d}));
+  }
+
   /// A pull answer of P for `r` (the kv_transfer_params object D would get).
   static json PullParams(Proc* p, const Req& r) {
     Res pres = PostRaw(p->host, p->port, PLegBody(r, "pull", NewTransferId()));
@@ -129,13 +140,8 @@ TEST_F(PdSafety, LeaseExpiresWhileTheRequestWaitsInDecodesQueue) {
 // in-range block ids and a wrong first token are ignored: D reads the blocks P pins for the
 // transfer id and takes P's own first token.
 TEST_F(PdSafety, ForgedTransferParamsFailAloneOrAreIgnored) {
-  const std::string model = ModelOrGenerated();
-  ASSERT_FALSE(model.empty());
-  const std::string cfg = KvCfg("ucx:tcp");
-  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
-  Proc* p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
-  Proc* d = Serve("decode", Args(model, "decode", Port(), cfg, 1024));
-  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+  Proc *colo = nullptr, *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartTrio(&colo, &p, &d));
 
   const Req neighbour = Prompt(41, 30, 600);
   const Res neighbour_ref = Send(colo->host, colo->port, neighbour);
@@ -208,13 +214,8 @@ TEST_F(PdSafety, ForgedTransferParamsFailAloneOrAreIgnored) {
 // A 200 must carry the colocated body, logprobs included: pull-fast appends P's first token
 // (PINNED carries its top logprobs), push takes it from KV_READY, pull-vllm recomputes it.
 TEST_F(PdSafety, FirstTokenLogprobsMatchColocatedInEveryMode) {
-  const std::string model = ModelOrGenerated();
-  ASSERT_FALSE(model.empty());
-  const std::string cfg = KvCfg("ucx:tcp");
-  Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 1024));
-  Proc* p = Serve("prefill", Args(model, "prefill", Port(), cfg, 1024));
-  Proc* d = Serve("decode", Args(model, "decode", Port(), cfg, 1024));
-  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
+  Proc *colo = nullptr, *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartTrio(&colo, &p, &d));
   Proc* router = Router(p, d, "push");
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
   uint32_t seed = 80;

@@ -249,6 +249,11 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body->is_discarded()) return reject("request body is not valid JSON", "invalid_json");
   if (!body->is_object()) return reject("request body must be a JSON object", "invalid_json");
+  if (body->contains("kv_transfer_params")) {
+    // The router writes both legs' kv_transfer_params; a client's would be silently replaced.
+    return reject("kv_transfer_params is set by the router; a client request may not carry it",
+                  "");
+  }
   if (!body->contains("seed") || (*body)["seed"].is_null()) (*body)["seed"] = r.ids_.Seed();
   t->transfer_id = r.ids_.TransferId();
   const auto s = body->find("stream");

@@ -127,6 +127,22 @@ TEST_F(RouterTest, PullForwardsPrefillErrorsAndRejectsAnswersWithoutParams) {
   EXPECT_EQ(d_[0]->count(), 0u);
 }
 
+// A parameter is honoured or refused, never silently replaced: kv_transfer_params belongs to the
+// router (colocated instances refuse it with 400 too).
+TEST_F(RouterTest, ClientKvTransferParamsAreRefused) {
+  StartRouter(1, 1, TransferMode::kPush);
+  for (const json& kv : {json(5), json::object(), json{{"do_remote_decode", true}}}) {
+    auto res = Post({{"prompt", "x"}, {"kv_transfer_params", kv}});
+    ASSERT_TRUE(res);
+    EXPECT_EQ(res->status, 400) << kv.dump();
+    const json e = json::parse(res->body)["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_NE(e["message"].get<std::string>().find("kv_transfer_params"), std::string::npos);
+  }
+  EXPECT_EQ(p_[0]->count(), 0u);
+  EXPECT_EQ(d_[0]->count(), 0u);
+}
+
 TEST_F(RouterTest, ModeHeaderOverridesTheRouterMode) {
   StartRouter(1, 1, TransferMode::kPush);
   auto res = Post({{"prompt", "x"}}, {{"x-kvpush-mode", "pull-vllm"}});

@@ -246,17 +246,13 @@ Status PdConnector::VerifyReceived(Consumer& c) {
   if (!options_.config.verify_checksums) return Status::Ok();
   const int64_t start = NowNs();
   const auto L = options_.layout.num_layers;
-  const size_t per_block = 2 * static_cast<size_t>(L);
-  std::vector<uint64_t> sums(c.num_blocks);
   for (size_t i = 0; i < c.num_blocks; ++i) {
     for (int32_t layer = 0; layer < L; ++layer) {
       HashReceivedChunk(c, i, layer, KvKind::kKey);
       HashReceivedChunk(c, i, layer, KvKind::kValue);
     }
-    sums[i] = KvBlockChecksumFromChunks(
-        std::span<const uint64_t>(c.chunk_sums.data() + i * per_block, per_block));
   }
-  const uint64_t got = KvDigest(sums);
+  const uint64_t got = KvDigestFromChunks(c.chunk_sums, L);
   const bool ok = got == c.expected_digest;
   {
     std::lock_guard lock(stats_mu_);

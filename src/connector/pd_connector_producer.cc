@@ -472,14 +472,8 @@ namespace kvpush::connector {
 
 uint64_t PdConnector::PushDigest(const Producer& p) const {
   const size_t per_block = 2 * static_cast<size_t>(options_.layout.num_layers);
-  const size_t nblocks = p.chunk_sums.size() / per_block;
-  std::vector<uint64_t> sums;
-  sums.reserve(nblocks - p.first_block);
-  for (size_t i = p.first_block; i < nblocks; ++i) {
-    sums.push_back(KvBlockChecksumFromChunks(
-        std::span<const uint64_t>(p.chunk_sums.data() + i * per_block, per_block)));
-  }
-  return KvDigest(sums);
+  const std::span<const uint64_t> sent(p.chunk_sums);
+  return KvDigestFromChunks(sent.subspan(p.first_block * per_block), options_.layout.num_layers);
 }
 
 void PdConnector::OnPin(const std::string& peer, const PdMessage& m) {

@@ -28,6 +28,16 @@ uint64_t KvDigest(std::span<const uint64_t> block_checksums) {
   return XXH3_64bits(block_checksums.data(), block_checksums.size_bytes());
 }
 
+uint64_t KvDigestFromChunks(std::span<const uint64_t> chunk_hashes, int32_t num_layers) {
+  const size_t per_block = 2 * static_cast<size_t>(num_layers);
+  std::vector<uint64_t> sums;
+  sums.reserve(chunk_hashes.size() / per_block);
+  for (size_t i = 0; i + per_block <= chunk_hashes.size(); i += per_block) {
+    sums.push_back(KvBlockChecksumFromChunks(chunk_hashes.subspan(i, per_block)));
+  }
+  return KvDigest(sums);
+}
+
 uint64_t KvBlocksDigest(const KvLayout& layout, std::span<const std::byte> arena,
                         std::span<const BlockId> blocks) {
   std::vector<uint64_t> sums;

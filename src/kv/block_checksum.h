@@ -36,6 +36,10 @@ uint64_t KvBlockChecksum(const KvLayout& layout, std::span<const std::byte> aren
 /// D over block checksums, in order.
 uint64_t KvDigest(std::span<const uint64_t> block_checksums);
 
+/// D of consecutive blocks from their chunk hashes, laid out block after block, each block's
+/// 2 * num_layers hashes in (layer, K|V) order (the size must be a multiple of that).
+uint64_t KvDigestFromChunks(std::span<const uint64_t> chunk_hashes, int32_t num_layers);
+
 /// D(blocks) computed from the arena: KvDigest of KvBlockChecksum of each block, in order.
 uint64_t KvBlocksDigest(const KvLayout& layout, std::span<const std::byte> arena,
                         std::span<const BlockId> blocks);

@@ -277,6 +277,15 @@ TEST(KvBlockChecksum, DefinitionsAgree) {
   const std::vector<BlockId> blocks{3, 1};
   const std::vector<uint64_t> sums{KvBlockChecksum(L, arena, 3), KvBlockChecksum(L, arena, 1)};
   EXPECT_EQ(KvBlocksDigest(L, arena, blocks), KvDigest(sums));
+  std::vector<uint64_t> chunks;  // block 3's chunk hashes, then block 1's
+  for (BlockId blk : blocks) {
+    for (int32_t layer = 0; layer < L.num_layers; ++layer) {
+      for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+        chunks.push_back(KvChunkHash(L, arena, layer, kind, blk));
+      }
+    }
+  }
+  EXPECT_EQ(KvDigestFromChunks(chunks, L.num_layers), KvDigest(sums));
   // Order matters, and so does every byte of every chunk of every block.
   EXPECT_NE(KvBlocksDigest(L, arena, std::vector<BlockId>{1, 3}), KvDigest(sums));
   const uint64_t before = KvBlocksDigest(L, arena, blocks);

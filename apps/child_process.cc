@@ -12,6 +12,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <mutex>
+#include <random>
 #include <thread>
 
 #include "client/openai_client.h"
@@ -80,21 +82,44 @@ int ChildProcess::Stop(int grace_ms) {
   return st;
 }
 
-Result<int> PickFreePort() {
+namespace {
+
+/// Binds a TCP socket to 127.0.0.1:`port` (0: the kernel picks), closes it and returns the port,
+/// or -1 when it is taken. Errors: kIoError (no socket, or port 0 refused).
+Result<int> TryBind(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return IoError(std::string("socket: ") + std::strerror(errno));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
   if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    const int err = errno;
     close(fd);
-    return IoError(std::string("bind: ") + std::strerror(errno));
+    if (port != 0) return -1;
+    return IoError(std::string("bind: ") + std::strerror(err));
   }
   socklen_t len = sizeof(addr);
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return static_cast<int>(ntohs(addr.sin_port));
+}
+
+}  // namespace
+
+Result<int> PickFreePort() {
+  static std::mutex mu;
+  static std::mt19937 rng(std::random_device{}() ^ static_cast<uint32_t>(getpid()));
+  for (int attempt = 0; attempt < 64; ++attempt) {
+    int port = 0;
+    {
+      std::lock_guard lock(mu);
+      port = std::uniform_int_distribution<int>(20000, 32767)(rng);
+    }
+    KVP_ASSIGN_OR_RETURN(int got, TryBind(port));
+    if (got > 0) return got;
+  }
+  return TryBind(0);
 }
 
 Status WaitHealthy(const std::string& host, int port, ChildProcess& child, int timeout_ms) {

@@ -41,7 +41,11 @@ class ChildProcess {
   int exit_status_ = -1;
 };
 
-/// Asks the kernel for a free TCP port on 127.0.0.1 (bind to port 0, read it back, close).
+/// A TCP port on 127.0.0.1 that is free now, for a child to bind a moment later. It is drawn at
+/// random from [20000, 32768), below Linux's ephemeral range (32768-60999 by default): a port the
+/// kernel hands out for an outgoing connection or a listener on port 0 (a UCX tcp listener,
+/// another test's server) can then never take it between the pick and the child's bind. Falls
+/// back to the kernel's choice (bind to port 0) after 64 occupied draws. Thread-safe.
 /// Errors: kIoError.
 Result<int> PickFreePort();
 

@@ -215,6 +215,12 @@ void RegisterServeCommand(CLI::App& app) {
   cmd->add_option("--max-model-len", opts->engine.max_model_len,
                   "Max prompt + output tokens (default: the model's context length)");
   cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix_caching, "Disable the prefix cache");
+  cmd->add_option_function<std::string>(
+         "--kv-block-allocation",
+         [opts](const std::string& v) { opts->engine.scatter_kv_blocks = v == "scattered"; },
+         "contiguous (default: runs of adjacent blocks, descriptors coalesce) | scattered "
+         "(fragmented KV memory: blocks drawn pseudo-randomly, nothing coalesces; benchmarks)")
+      ->check(CLI::IsMember({"contiguous", "scattered"}));
   cmd->add_option("--max-pending-requests", opts->engine.max_pending_requests,
                   "Waiting requests beyond which new ones get HTTP 503")
       ->capture_default_str();

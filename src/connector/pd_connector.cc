@@ -411,7 +411,13 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
         ev.error = t.status();
       } else {
         ev.transfer = *t;
+        const auto ops = agent_->TransferOpCount(*t);
         ev.error = agent_->Post(*t);
+        if (ev.error.ok()) {
+          std::lock_guard lock(stats_mu_);
+          stats_.descriptors_posted += static_cast<int64_t>(spec->local_indices.size());
+          stats_.transfer_ops_posted += ops.ok() ? static_cast<int64_t>(*ops) : 0;
+        }
       }
     }
     Push(std::move(ev));
@@ -671,6 +677,7 @@ bool PdConnector::PostTracked(const xfer::TransferSpec& spec, const std::string&
     *error = t.status();
     return false;
   }
+  const auto ops = agent_->TransferOpCount(*t);
   Status st = agent_->Post(*t);
   if (!st.ok()) {
     (void)agent_->ReleaseTransfer(*t);
@@ -678,6 +685,11 @@ bool PdConnector::PostTracked(const xfer::TransferSpec& spec, const std::string&
     return false;
   }
   outstanding_[t->packed()] = Outstanding{tid, kind, bytes};
+  if (kind == XferKind::kWrite || kind == XferKind::kRead) {
+    std::lock_guard lock(stats_mu_);
+    stats_.descriptors_posted += static_cast<int64_t>(spec.local_indices.size());
+    stats_.transfer_ops_posted += ops.ok() ? static_cast<int64_t>(*ops) : 0;
+  }
   return true;
 }
 

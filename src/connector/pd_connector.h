@@ -89,6 +89,11 @@ struct ConnectorStats {
   /// Pull, D side: from posting the READ to its completion.
   int64_t read_ns_sum = 0;
   int64_t read_count = 0;
+  /// KV WRITEs (P, push) and READs (D, pull) posted: descriptors selected (one per (layer, K|V,
+  /// block) chunk) and backend ops after coalescing adjacent chunks (equal when nothing coalesces,
+  /// e.g. `--kv-block-allocation scattered`).
+  int64_t descriptors_posted = 0;
+  int64_t transfer_ops_posted = 0;
   int64_t producers_active = 0;  ///< gauge
   int64_t consumers_waiting = 0;  ///< gauge
 };

@@ -19,6 +19,9 @@ struct EngineConfig {
   int32_t max_num_batched_tokens = 512;  ///< --max-num-batched-tokens: token budget per step
   int32_t max_model_len = 0;             ///< --max-model-len: prompt + output tokens; 0 = model's
   bool enable_prefix_caching = true;     ///< --no-enable-prefix-caching turns it off
+  /// --kv-block-allocation scattered: draw KV blocks pseudo-randomly so that no descriptors
+  /// coalesce (a benchmark of fragmented KV memory; BlockPool::Options::scatter).
+  bool scatter_kv_blocks = false;
   int32_t max_pending_requests = 4096;   ///< waiting + queued requests before Submit refuses
 
   /// Checks the model-independent fields. Errors: kInvalidArgument naming the flag.

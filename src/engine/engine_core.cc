@@ -84,7 +84,8 @@ EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> exe
       tokenizer_(tokenizer),
       connector_(connector),
       pool_(BlockPool::Options{config.num_kv_blocks, config.block_size,
-                               config.enable_prefix_caching, executor_->config().fingerprint}),
+                               config.enable_prefix_caching, executor_->config().fingerprint,
+                               config.scatter_kv_blocks}),
       scheduler_(config_, pool_, connector) {
   stats_.num_kv_blocks_total = config.num_kv_blocks;
 }

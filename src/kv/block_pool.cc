@@ -36,6 +36,25 @@ BlockId BlockPool::TakeFree(BlockId preferred) {
   return b;
 }
 
+BlockId BlockPool::TakeScattered(BlockId previous) {
+  if (free_.empty()) return TakeFree(-1);  // eviction order is the LRU's, as without scatter
+  // splitmix64 (Steele, Lea, Flood 2014): a fixed-seed, well-mixed draw of the start point.
+  uint64_t z = (scatter_state_ += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  auto it = free_.lower_bound(static_cast<BlockId>(z % static_cast<uint64_t>(options_.num_blocks)));
+  if (it == free_.end()) it = free_.begin();
+  // Skip the neighbours of the previous block (at most two steps) unless nothing else is free.
+  for (int step = 0; step < 2 && previous >= 0 && free_.size() > 2; ++step) {
+    if (*it != previous + 1 && *it != previous - 1) break;
+    if (++it == free_.end()) it = free_.begin();
+  }
+  const BlockId b = *it;
+  free_.erase(it);
+  return b;
+}
+
 void BlockPool::Evict(BlockId block) {
   Meta& m = meta_[static_cast<size_t>(block)];
   if (m.in_lru) {
@@ -61,7 +80,7 @@ Status BlockPool::AllocateAppend(int32_t n, std::vector<BlockId>& table) {
   }
   // Preferred start: right after the table's last block; otherwise the first free run of n.
   BlockId next = table.empty() ? -1 : table.back() + 1;
-  if (next < 0 || free_.count(next) == 0) {
+  if (!options_.scatter && (next < 0 || free_.count(next) == 0)) {
     next = -1;
     BlockId run_start = -1;
     int32_t run_len = 0;
@@ -82,7 +101,8 @@ Status BlockPool::AllocateAppend(int32_t n, std::vector<BlockId>& table) {
   }
   table.reserve(table.size() + static_cast<size_t>(n));
   for (int32_t i = 0; i < n; ++i) {
-    BlockId b = TakeFree(next);
+    const BlockId b =
+        options_.scatter ? TakeScattered(table.empty() ? -1 : table.back()) : TakeFree(next);
     Meta& m = meta_[static_cast<size_t>(b)];
     m.ref = 1;
     m.hashed = false;

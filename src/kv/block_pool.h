@@ -11,6 +11,10 @@
 // Allocation prefers contiguous runs of block ids (fewer transfer descriptors): AllocateAppend
 // first tries the block right after the table's last block, fresh allocations take the first free
 // run that fits; free (never cached) blocks are used before cached blocks are evicted (LRU order).
+// With Options::scatter (a benchmark of fragmented KV memory, `--kv-block-allocation scattered`)
+// every free block is drawn pseudo-randomly instead (splitmix64, fixed seed), never adjacent to the
+// table's previous block when another free block exists, so a request's descriptors cannot
+// coalesce: one transfer op per (layer, K|V, block).
 //
 // Thread-safety: not thread-safe. Owned by the engine thread (DESIGN.md: one owner per state).
 #pragma once
@@ -36,6 +40,7 @@ class BlockPool {
     int32_t block_size = 16;  ///< tokens per block
     bool enable_prefix_cache = true;
     uint64_t hash_salt = 0;  ///< root of the hash chain (e.g. a model fingerprint)
+    bool scatter = false;    ///< draw free blocks pseudo-randomly (fragmented memory; see above)
   };
 
   /// Counters for /metrics. Monotonic except the gauges (free/cached/used).
@@ -103,6 +108,7 @@ class BlockPool {
   };
 
   BlockId TakeFree(BlockId preferred);
+  BlockId TakeScattered(BlockId previous);
   void Evict(BlockId block);
   bool TokensEqual(BlockId block, std::span<const int32_t> tokens) const;
 
@@ -116,6 +122,7 @@ class BlockPool {
   int64_t prefix_query_blocks_ = 0;
   int64_t prefix_hit_blocks_ = 0;
   int64_t evictions_ = 0;
+  uint64_t scatter_state_ = 0x9E3779B97F4A7C15ull;  // splitmix64 state (Options::scatter)
 };
 
 }  // namespace kvpush

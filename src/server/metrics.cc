@@ -197,6 +197,12 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
            static_cast<double>(c.read_ns_sum) * 1e-9);
   counter("kvpush_kv_transfer_read_seconds_count", "Pull (D): READs in the sum above.",
           c.read_count);
+  counter("kvpush_kv_transfer_descriptors_total",
+          "KV descriptors (layer, K|V, block chunks) in the WRITEs/READs this instance posted.",
+          c.descriptors_posted);
+  counter("kvpush_kv_transfer_ops_total",
+          "Backend ops of those WRITEs/READs after coalescing adjacent descriptors.",
+          c.transfer_ops_posted);
   w.Scalar("kvpush_kv_transfer_producers_active", "gauge", "Prefill-side transfers in flight.",
            static_cast<double>(c.producers_active));
   w.Scalar("kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight.",

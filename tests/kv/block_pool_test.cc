@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <set>
 #include <vector>
 
 namespace kvpush {
@@ -56,6 +57,30 @@ TEST(BlockPoolTest, AllocatesContiguousRunsAndExtendsInPlace) {
   std::vector<BlockId> d;
   ASSERT_TRUE(pool.AllocateAppend(3, d).ok());
   EXPECT_EQ(d, (std::vector<BlockId>{0, 1, 2}));
+}
+
+TEST(BlockPoolTest, ScatteredAllocationNeverPlacesNeighboursAdjacent) {
+  BlockPool::Options o = Opts(1024);
+  o.scatter = true;
+  BlockPool pool(o);
+  std::vector<BlockId> a;
+  ASSERT_TRUE(pool.AllocateAppend(100, a).ok());
+  ASSERT_TRUE(pool.AllocateAppend(28, a).ok());  // extending does not continue a run either
+  std::set<BlockId> distinct(a.begin(), a.end());
+  EXPECT_EQ(distinct.size(), a.size());
+  for (size_t i = 1; i < a.size(); ++i) {
+    EXPECT_NE(a[i], a[i - 1] + 1) << "block " << i;
+    EXPECT_NE(a[i], a[i - 1] - 1) << "block " << i;
+  }
+  // The whole pool can still be allocated (the last draws take whatever is left), all distinct.
+  std::vector<BlockId> rest;
+  ASSERT_TRUE(pool.AllocateAppend(1024 - 128, rest).ok());
+  distinct.insert(rest.begin(), rest.end());
+  EXPECT_EQ(distinct.size(), 1024u);
+  EXPECT_FALSE(pool.AllocateAppend(1, rest).ok());
+  pool.Release(a);
+  pool.Release(rest);
+  EXPECT_EQ(pool.stats().num_free, 1024);
 }
 
 TEST(BlockPoolTest, ExhaustionIsAllOrNothing) {

@@ -1,5 +1,6 @@
 // kvpush router: the P/D front door (docs/router.md). Picks a prefill and a decode instance per
-// request and runs the push or pull flow of docs/pd_protocol.md §1. Runs until SIGINT/SIGTERM.
+// request and runs the push or pull flow of docs/pd_protocol.md §1; with --colocated, forwards
+// each request to the next healthy colocated instance (round robin). Runs until SIGINT/SIGTERM.
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -59,13 +60,19 @@ int RunRouter(RouterCliOptions o) {
 void RegisterRouterCommand(CLI::App& app) {
   auto opts = std::make_shared<RouterCliOptions>();
   auto* cmd = app.add_subcommand(
-      "router", "P/D router: OpenAI-compatible front door over prefill and decode instances");
-  cmd->add_option("--prefill", opts->router.prefill_urls,
-                  "Prefill instance URLs (http://HOST:PORT), one or more")
-      ->required();
-  cmd->add_option("--decode", opts->router.decode_urls,
-                  "Decode instance URLs (http://HOST:PORT), one or more")
-      ->required();
+      "router",
+      "P/D router: OpenAI-compatible front door over prefill and decode instances (or, with "
+      "--colocated, round robin over colocated instances)");
+  auto* prefill = cmd->add_option("--prefill", opts->router.prefill_urls,
+                                  "Prefill instance URLs (http://HOST:PORT), one or more");
+  auto* decode = cmd->add_option("--decode", opts->router.decode_urls,
+                                 "Decode instance URLs (http://HOST:PORT), one or more");
+  cmd->add_option("--colocated", opts->router.colocated_urls,
+                  "Colocated (--role both) instance URLs (http://HOST:PORT), one or more: each "
+                  "request goes whole to the next healthy one (round robin); excludes "
+                  "--prefill/--decode")
+      ->excludes(prefill)
+      ->excludes(decode);
   cmd->add_option("--mode", opts->mode, "KV transfer mode: push | pull")
       ->check(CLI::IsMember({"push", "pull"}))
       ->capture_default_str();

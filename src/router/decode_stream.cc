@@ -4,11 +4,12 @@
 
 namespace kvpush::router {
 
-DecodeStream::DecodeStream(std::shared_ptr<Leg> leg, std::string path, std::string request_id,
-                           std::string body)
+DecodeStream::DecodeStream(WorkerPool& workers, std::shared_ptr<Leg> leg, std::string path,
+                           std::string request_id, std::string body)
     : leg_(std::move(leg)), shared_(std::make_shared<Shared>()) {
-  pump_ = std::thread([leg = leg_, s = shared_, path = std::move(path),
-                       request_id = std::move(request_id), body = std::move(body)] {
+  const bool queued = workers.Submit([leg = leg_, s = shared_, path = std::move(path),
+                                      request_id = std::move(request_id),
+                                      body = std::move(body)] {
     SseSplitter splitter;
     auto on_headers = [&](int status, const std::string& content_type) {
       {
@@ -41,6 +42,12 @@ DecodeStream::DecodeStream(std::shared_ptr<Leg> leg, std::string path, std::stri
     }
     s->cv.notify_all();
   });
+  if (!queued) {
+    std::lock_guard<std::mutex> lock(shared_->mu);
+    shared_->finished = true;
+    shared_->result.stopped = true;
+    shared_->result.error = "router is stopping";
+  }
 }
 
 DecodeStream::~DecodeStream() {
@@ -50,7 +57,8 @@ DecodeStream::~DecodeStream() {
     finished = shared_->finished;
   }
   if (!finished) leg_->Stop();
-  if (pump_.joinable()) pump_.join();
+  std::unique_lock<std::mutex> lock(shared_->mu);
+  shared_->cv.wait(lock, [this] { return shared_->finished; });
 }
 
 int DecodeStream::WaitHeaders() {

@@ -1,6 +1,7 @@
-// DecodeStream: a streamed D leg relayed event by event. The leg runs on its own pump thread
-// (httplib's server can only write a streamed answer after the handler returned, and the handler
-// must know D's status first); the HTTP handler thread waits for D's headers, then drains events.
+// DecodeStream: a streamed D leg (or colocated leg) relayed event by event. The leg is read on a
+// thread of the router's WorkerPool (httplib's server can only write a streamed answer after the
+// handler returned, and the handler must know D's status first); the HTTP handler thread waits
+// for D's headers, then drains events.
 #pragma once
 
 #include <chrono>
@@ -9,20 +10,22 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "router/leg.h"
+#include "router/worker_pool.h"
 
 namespace kvpush::router {
 
-/// Thread-safety: all methods may be called from any thread; the pump thread only fills the
-/// shared state. The destructor stops the leg if it is still running and joins the pump thread.
+/// Thread-safety: all methods may be called from any thread; the pool task only fills the
+/// shared state. The destructor stops the leg if it is still running and waits until the task
+/// is done with the leg.
 class DecodeStream {
  public:
-  /// Starts POSTing `body` to `path` on `leg` from a new thread.
-  DecodeStream(std::shared_ptr<Leg> leg, std::string path, std::string request_id,
-               std::string body);
+  /// Starts POSTing `body` to `path` on `leg` as a task of `workers`. When the pool refuses it
+  /// (stopping), the stream ends at once as a stopped leg.
+  DecodeStream(WorkerPool& workers, std::shared_ptr<Leg> leg, std::string path,
+               std::string request_id, std::string body);
   ~DecodeStream();
   DecodeStream(const DecodeStream&) = delete;
   DecodeStream& operator=(const DecodeStream&) = delete;
@@ -60,7 +63,6 @@ class DecodeStream {
   };
   std::shared_ptr<Leg> leg_;
   std::shared_ptr<Shared> shared_;
-  std::thread pump_;
 };
 
 }  // namespace kvpush::router

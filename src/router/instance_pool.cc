@@ -9,7 +9,15 @@
 namespace kvpush::router {
 
 const char* RoleName(Role role) {
-  return role == Role::kPrefill ? "prefill" : "decode";
+  switch (role) {
+    case Role::kPrefill:
+      return "prefill";
+    case Role::kDecode:
+      return "decode";
+    case Role::kColocated:
+      return "colocated";
+  }
+  return "unknown";
 }
 
 Result<InstanceAddress> ParseInstanceUrl(const std::string& url) {
@@ -69,10 +77,12 @@ void InstanceLease::MarkUnhealthy(const std::string& reason) const {
 }
 
 InstancePool::InstancePool(std::vector<InstanceAddress> prefill,
-                           std::vector<InstanceAddress> decode, HealthOptions health)
+                           std::vector<InstanceAddress> decode, HealthOptions health,
+                           std::vector<InstanceAddress> colocated)
     : health_(health) {
   for (auto& a : prefill) instances_.push_back(Instance{Role::kPrefill, std::move(a)});
   for (auto& a : decode) instances_.push_back(Instance{Role::kDecode, std::move(a)});
+  for (auto& a : colocated) instances_.push_back(Instance{Role::kColocated, std::move(a)});
 }
 
 InstancePool::~InstancePool() {
@@ -105,6 +115,7 @@ void InstancePool::HealthLoop() {
     if (stop_) break;
     lock.unlock();
     CheckAllOnce();
+    if (on_round_) on_round_();
     lock.lock();
   }
 }
@@ -168,7 +179,9 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
     if (instances_[i].role == role) of_role.push_back(i);
   }
   if (of_role.empty()) return std::nullopt;
-  size_t& cursor = rr_[role == Role::kPrefill ? 0 : 1];
+  size_t& cursor = rr_[RoleIndex(role)];
+  // Colocated: plain round robin (the first healthy one from the cursor); P/D: least outstanding.
+  const bool round_robin = role == Role::kColocated;
   std::optional<size_t> best;
   int64_t best_outstanding = std::numeric_limits<int64_t>::max();
   size_t best_k = 0;
@@ -180,6 +193,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
       best_outstanding = inst.outstanding;
       best = of_role[pos];
       best_k = pos;
+      if (round_robin) break;
     }
   }
   if (!best) return std::nullopt;

@@ -1,6 +1,7 @@
-// InstancePool: the prefill (P) and decode (D) instances a router sends legs to, their health
-// and their outstanding-leg counts; picks an instance per leg by least outstanding requests
-// (ties: round robin). See docs/router.md.
+// InstancePool: the prefill (P), decode (D) or colocated (role both) instances a router sends
+// legs to, their health and their outstanding-leg counts; picks a P or D instance per leg by
+// least outstanding requests (ties: round robin) and a colocated one by plain round robin. See
+// docs/router.md.
 #pragma once
 
 #include <condition_variable>
@@ -16,10 +17,17 @@
 
 namespace kvpush::router {
 
-enum class Role { kPrefill, kDecode };
+/// An instance's role as the router uses it: P, D, or a colocated instance (`--role both`) that
+/// serves whole requests (the router's `--colocated` mode).
+enum class Role { kPrefill, kDecode, kColocated };
 
-/// "prefill" / "decode".
+/// "prefill" / "decode" / "colocated".
 const char* RoleName(Role role);
+
+/// 0 / 1 / 2 for kPrefill / kDecode / kColocated (index of per-role arrays).
+inline int RoleIndex(Role role) {
+  return static_cast<int>(role);
+}
 
 /// An instance's address, parsed from a URL like "http://127.0.0.1:8100". Value type.
 struct InstanceAddress {
@@ -90,8 +98,10 @@ using UnhealthyCallback =
 /// Start/Stop/SetUnhealthyCallback (one controlling thread). Leases must not outlive the pool.
 class InstancePool {
  public:
+  /// `colocated`: role-both instances (the router's `--colocated` mode; then `prefill` and
+  /// `decode` are empty).
   InstancePool(std::vector<InstanceAddress> prefill, std::vector<InstanceAddress> decode,
-               HealthOptions health);
+               HealthOptions health, std::vector<InstanceAddress> colocated = {});
   ~InstancePool();
   InstancePool(const InstancePool&) = delete;
   InstancePool& operator=(const InstancePool&) = delete;
@@ -99,6 +109,9 @@ class InstancePool {
   /// Sets the callback run on every healthy -> unhealthy transition (and on a first check that
   /// fails). Call before Start().
   void SetUnhealthyCallback(UnhealthyCallback cb) { on_unhealthy_ = std::move(cb); }
+  /// Sets a callback run on the health thread after each background round (housekeeping that
+  /// should run about once per `interval_ms`). Call before Start().
+  void SetRoundCallback(std::function<void()> cb) { on_round_ = std::move(cb); }
 
   /// Runs one health round synchronously (so the first requests see real health), then starts
   /// the background health thread. Idempotent.
@@ -106,8 +119,9 @@ class InstancePool {
   /// Wakes and joins the health thread. Idempotent.
   void Stop();
 
-  /// Picks the healthy instance of `role` with the fewest outstanding legs (ties: round robin)
-  /// and counts one more leg on it. nullopt when no instance of `role` is healthy.
+  /// Picks the healthy instance of `role` with the fewest outstanding legs (ties: round robin;
+  /// kColocated: plain round robin over the healthy ones, skipping unhealthy ones) and counts
+  /// one more leg on it. nullopt when no instance of `role` is healthy.
   std::optional<InstanceLease> Acquire(Role role);
 
   /// Checks every instance once (blocking, sequential) and updates health.
@@ -134,10 +148,11 @@ class InstancePool {
 
   HealthOptions health_;
   UnhealthyCallback on_unhealthy_;
+  std::function<void()> on_round_;
   mutable std::mutex mu_;  ///< guards instances_' health/outstanding, rr_, stop_
   std::condition_variable cv_;
   std::vector<Instance> instances_;
-  size_t rr_[2] = {0, 0};  ///< round-robin cursor per role
+  size_t rr_[3] = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
   bool stop_ = false;
   std::thread thread_;
 };

@@ -1,5 +1,6 @@
 // Leg: one HTTP call from the router to an instance (a P leg, a D leg, a /v1/models proxy) that
-// another thread can stop at any time by closing its connection.
+// another thread can stop at any time by closing its connection. Legs of the router borrow a
+// keep-alive connection from a ConnectionPool.
 #pragma once
 
 #include <atomic>
@@ -8,10 +9,12 @@
 #include <mutex>
 #include <string>
 
+#include "router/connection_pool.h"
 #include "router/instance_pool.h"
 
 namespace httplib {
 class Client;
+struct Request;
 }  // namespace httplib
 
 namespace kvpush::router {
@@ -28,12 +31,23 @@ struct LegResult {
   std::string body;  ///< the body (PostStreaming: only when status != 200)
 };
 
-/// One connection to one instance (no keep-alive). Calls run on the caller's thread and block;
-/// Stop() may be called from any thread, before or during a call, and makes the call return
-/// promptly with `stopped` set (the instance sees its connection close and aborts the request).
-/// Timeouts: connect `connect_timeout_s`, each read/write `read_timeout_s`.
+/// One HTTP call to one instance. Calls run on the caller's thread and block; Stop() may be
+/// called from any thread, before or during a call, and makes the call return promptly with
+/// `stopped` set: a call in flight has its connection shut down (the instance sees it close and
+/// aborts the request), and that connection is never reused. A Stop() that races with the start
+/// of a call (after its check, before its request is written) is caught when the answer's
+/// headers arrive: the call then ends `stopped` and closes its connection.
+///
+/// With a ConnectionPool, a call borrows a keep-alive connection (ConnectionPool::Take) and gives
+/// it back only after a complete answer that nothing stopped; a call is never retried or resent
+/// (see ConnectionPool for stale connections). Without one, a fresh connection is opened and
+/// closed (no keep-alive).
 class Leg {
  public:
+  /// Uses `pool` (not owned; must outlive the leg) for its connection.
+  Leg(InstanceAddress address, ConnectionPool* pool);
+  /// A fresh connection without keep-alive; timeouts: connect `connect_timeout_s`, each
+  /// read/write `read_timeout_s`.
   Leg(InstanceAddress address, double connect_timeout_s, double read_timeout_s);
   ~Leg();
   Leg(const Leg&) = delete;
@@ -68,12 +82,19 @@ class Leg {
   const InstanceAddress& address() const { return address_; }
 
  private:
+  /// Runs `req` on a borrowed (or fresh) connection and collects the answer.
+  LegResult Send(httplib::Request& req);
+  std::unique_ptr<httplib::Client> Borrow();
+  void GiveBack(std::unique_ptr<httplib::Client> cli, bool clean);
+
   InstanceAddress address_;
-  std::unique_ptr<httplib::Client> cli_;
+  ConnectionPool* pool_ = nullptr;  ///< null: one fresh connection per call
+  double connect_timeout_s_ = 5.0, read_timeout_s_ = 600.0;
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
-  mutable std::mutex mu_;  ///< guards cut_reason_
+  mutable std::mutex mu_;              ///< guards cut_reason_, active_
   std::string cut_reason_;
+  httplib::Client* active_ = nullptr;  ///< the connection of the call in flight
 };
 
 }  // namespace kvpush::router

@@ -5,7 +5,15 @@ namespace kvpush::router {
 using nlohmann::json;
 
 const char* TransferModeName(TransferMode mode) {
-  return mode == TransferMode::kPush ? "push" : "pull";
+  switch (mode) {
+    case TransferMode::kPush:
+      return "push";
+    case TransferMode::kPull:
+      return "pull";
+    case TransferMode::kColocated:
+      return "colocated";
+  }
+  return "unknown";
 }
 
 Result<ModeChoice> ParseModeHeader(const std::string& value,

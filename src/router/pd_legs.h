@@ -13,9 +13,11 @@
 
 namespace kvpush::router {
 
-enum class TransferMode { kPush, kPull };
+/// A request's flow: a P/D request in push or pull mode, or (the router's `--colocated` mode) a
+/// whole request forwarded to one colocated instance, with no KV transfer.
+enum class TransferMode { kPush, kPull, kColocated };
 
-/// "push" / "pull".
+/// "push" / "pull" / "colocated".
 const char* TransferModeName(TransferMode mode);
 
 /// A request's flow: transfer mode, and for pull the `pull_profile` to send D ("" = none: D's

@@ -8,7 +8,6 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <thread>
 
 #include "router/decode_stream.h"
 #include "router/leg.h"
@@ -106,6 +105,7 @@ struct RequestFlow::Transfer {
   std::string path;
   TransferMode mode = TransferMode::kPush;
   bool stream = false;
+  Role d_role = Role::kDecode;  ///< the answering instance: D, or colocated (no P, no transfer)
   InstanceAddress p_addr, d_addr;
   std::shared_ptr<Leg> p_leg, d_leg;
 
@@ -185,6 +185,7 @@ std::vector<std::string> HoldUntilOutput(const std::function<bool()>& prefill_en
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   Router& r = router_;
   auto t = std::make_shared<Transfer>();
+  if (r.options_.colocated()) return HandleColocated(t, req, res);
   json body;
   std::string pull_profile;
   if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
@@ -217,8 +218,45 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
     d_body = std::move(*d);
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);
   }
-  if (!t->stream) return AnswerJson(t, d_body, std::move(*d_lease), res);
-  AnswerStream(t, d_body, std::move(*d_lease), res);
+  if (!t->stream) return AnswerJson(t, d_body.dump(), std::move(*d_lease), res);
+  AnswerStream(t, d_body.dump(), std::move(*d_lease), res);
+}
+
+void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
+                                  httplib::Response& res) {
+  Router& r = router_;
+  t->mode = TransferMode::kColocated;
+  t->d_role = Role::kColocated;
+  t->path = req.path;
+  t->request_id = req.get_header_value("x-request-id");
+  if (!IsValidRequestId(t->request_id)) {
+    t->request_id = r.ids_.RequestId(t->path == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-");
+  }
+  res.set_header("x-request-id", t->request_id);
+  // Parsed only to learn whether the answer streams; the client's bytes are forwarded as-is.
+  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    r.CountRequest(t->mode, false);
+    return ErrorReply(400,
+                      body.is_discarded() ? "request body is not valid JSON"
+                                          : "request body must be a JSON object",
+                      "invalid_request_error", "invalid_json")
+        .WriteTo(res);
+  }
+  const auto s = body.find("stream");
+  t->stream = s != body.end() && s->is_boolean() && s->get<bool>();
+  std::optional<InstanceLease> lease = r.pool_->Acquire(Role::kColocated);
+  if (!lease) {
+    r.CountRequest(t->mode, false);
+    return ErrorReply(503, "no healthy colocated instance", "server_error", "no_healthy_instance")
+        .WriteTo(res);
+  }
+  t->d_addr = lease->address();
+  t->d_leg = r.NewLeg(t->d_addr, Role::kColocated);
+  spdlog::debug("request {}: colocated instance {} stream={}", t->request_id, t->d_addr.url,
+                t->stream);
+  if (!t->stream) return AnswerJson(t, req.body, std::move(*lease), res);
+  AnswerStream(t, req.body, std::move(*lease), res);
 }
 
 bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
@@ -265,14 +303,17 @@ bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease le
                                    std::string body) {
   Router& r = router_;
   if (!r.BeginBackground()) return false;
-  std::thread([&r, t = std::move(t), lease = std::move(lease), body = std::move(body)]() mutable {
-    RunPushPrefill(r, *t, lease, body);
+  // std::function needs a copyable callable: the move-only lease travels in a shared_ptr.
+  auto held = std::make_shared<InstanceLease>(std::move(lease));
+  const bool queued = r.workers_->Submit([&r, t = std::move(t), held, body = std::move(body)]() mutable {
+    RunPushPrefill(r, *t, *held, body);
     // Legs and leases point into the router: let go of them before Stop() may return.
     t.reset();
-    lease.Release();
+    held->Release();
     r.EndBackground();
-  }).detach();
-  return true;
+  });
+  if (!queued) r.EndBackground();
+  return queued;
 }
 
 void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
@@ -334,6 +375,7 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
 }
 
 void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
+  if (t.mode == TransferMode::kColocated) return;  // no other leg, no transfer
   if (t.p_leg) t.p_leg->Stop();  // push: P's leg may still run
   r.AbortTransfer(t.p_addr, Role::kPrefill, t.transfer_id, t.request_id);
 }
@@ -341,19 +383,24 @@ void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
 void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
                                httplib::Response& res) {
   Router& r = router_;
-  if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(Role::kDecode);
-  if (dr.connect_failed) d_lease.MarkUnhealthy("decode leg: " + dr.error);
-  spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
-               t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
+  const std::string role = RoleName(t.d_role);
+  if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
+  if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
+  if (t.mode == TransferMode::kColocated) {
+    spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, t.d_addr.url, Describe(dr));
+  } else {
+    spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
+                 t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
+  }
   AbortPrefill(r, t);
   r.CountRequest(t.mode, false);
-  LegFailureReply(Role::kDecode, t.d_addr, dr).WriteTo(res);
+  LegFailureReply(t.d_role, t.d_addr, dr).WriteTo(res);
 }
 
-void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const json& d_body,
+void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                              InstanceLease d_lease, httplib::Response& res) {
   Router& r = router_;
-  const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body.dump());
+  const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);
@@ -363,10 +410,10 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const json& d_b
   Forwarded(dr).WriteTo(res);
 }
 
-void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const json& d_body,
+void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                                InstanceLease d_lease, httplib::Response& res) {
   Router& r = router_;
-  auto ds = std::make_shared<DecodeStream>(t->d_leg, t->path, t->request_id, d_body.dump());
+  auto ds = std::make_shared<DecodeStream>(*r.workers_, t->d_leg, t->path, t->request_id, d_body);
   const int status = ds->WaitHeaders();
   std::vector<std::string> held;
   if (status == 200 && t->mode == TransferMode::kPush) {
@@ -408,7 +455,7 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink) {
     if (kind == SseEventKind::kError) {
       st.terminal_sent = true;
       st.failed = true;
-      r.CountLegFailure(Role::kDecode);
+      r.CountLegFailure(st.t->d_role);
     }
   }
   if (!finished) return true;
@@ -418,15 +465,16 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink) {
       ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
     } else {
       const LegResult lr = st.stream->result();
-      const std::string d = "decode instance " + st.t->d_addr.url;
+      const std::string role = RoleName(st.t->d_role);
+      const std::string d = role + " instance " + st.t->d_addr.url;
       const std::string msg =
           lr.answered               ? d + " ended the stream without [DONE]"
           : !lr.cut_reason.empty() ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
                                     : d + " stream broke: " + lr.error;
       spdlog::warn("request {}: {}", st.t->request_id, msg);
-      const char* code = lr.cut_reason.empty() ? "decode_stream_broken" : "decode_unhealthy";
+      const std::string code = role + (lr.cut_reason.empty() ? "_stream_broken" : "_unhealthy");
       ev = "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
-      r.CountLegFailure(Role::kDecode);
+      r.CountLegFailure(st.t->d_role);
     }
     st.failed = true;
     st.terminal_sent = true;
@@ -441,15 +489,15 @@ void RequestFlow::EndStream(Router& r, StreamState& st) {
   Transfer& t = *st.t;
   if (!st.completed) {
     // The client went away (or the router is stopping): close D's connection so D aborts.
-    spdlog::info("request {}: client disconnected mid-stream; closing the decode leg",
-                 t.request_id);
+    spdlog::info("request {}: client disconnected mid-stream; closing the {} leg", t.request_id,
+                 RoleName(t.d_role));
     st.stream->Stop();
   }
   t.Finish();
   // D failed or the client left (not P: P's failure already aborted D): P's part is moot.
   if ((!st.completed || st.failed) && !t.PrefillFailure()) AbortPrefill(r, t);
   r.CountRequest(t.mode, st.completed && !st.failed);
-  st.stream.reset();  // joins the pump thread
+  st.stream.reset();  // waits until the reader task let go of the leg
   st.decode_lease.Release();
 }
 

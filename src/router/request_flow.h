@@ -23,8 +23,9 @@ namespace kvpush::router {
 class Router;
 
 /// Handles POST /v1/completions and /v1/chat/completions on an HTTP worker thread. Short-lived:
-/// one per request; what outlives Handle() (a push request's P-leg thread, a streamed answer) shares
-/// the request's state through a shared pointer.
+/// one per request; what outlives Handle() (a push request's P-leg task, a streamed answer) shares
+/// the request's state through a shared pointer. In the router's colocated mode the request goes
+/// whole to one colocated instance (HandleColocated), relayed the same way as D's answer.
 class RequestFlow {
  public:
   explicit RequestFlow(Router& router) : router_(router) {}
@@ -34,10 +35,13 @@ class RequestFlow {
   struct Transfer;     // one request's legs and who failed first (request_flow.cc)
   struct StreamState;  // a streamed answer being relayed (request_flow.cc)
 
+  /// Colocated mode: forwards the client's body as-is to the next healthy colocated instance.
+  void HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
+                       httplib::Response& res);
   /// Request id, mode, body, seed, transfer id. Replies (and returns false) on a bad request.
   bool ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
                    nlohmann::json* body, std::string* pull_profile);
-  /// Push: runs P's leg on a thread of its own. False when the router is stopping.
+  /// Push: runs P's leg as a task of the router's WorkerPool. False when the router is stopping.
   bool StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease, std::string body);
   static void RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
                              const std::string& body);
@@ -46,9 +50,11 @@ class RequestFlow {
                                                const nlohmann::json& body,
                                                const std::string& pull_profile,
                                                httplib::Response& res);
-  void AnswerJson(const std::shared_ptr<Transfer>& t, const nlohmann::json& d_body,
+  /// D's (or the colocated instance's) leg with `d_body` (serialized JSON), answered whole.
+  void AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                   InstanceLease d_lease, httplib::Response& res);
-  void AnswerStream(const std::shared_ptr<Transfer>& t, const nlohmann::json& d_body,
+  /// The same leg, streamed: relayed event by event (push: the 200 is held back, docs/router.md).
+  void AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                     InstanceLease d_lease, httplib::Response& res);
   /// D's leg failed before its answer was committed: the client gets D's error, P aborts.
   void DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,

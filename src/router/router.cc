@@ -19,6 +19,9 @@ namespace {
 
 using nlohmann::json;
 
+/// Leg worker threads started with the router (more are added on demand, up to the maximum).
+constexpr size_t kInitialWorkers = 8;
+
 void ReplyError(httplib::Response& res, int status, const std::string& message,
                 const std::string& type, const std::string& code = {}) {
   res.status = status;
@@ -53,9 +56,19 @@ std::string LabelValue(const std::string& v) {
 }  // namespace
 
 Status RouterOptions::Validate() const {
-  if (prefill_urls.empty()) return InvalidArgument("at least one --prefill URL is required");
-  if (decode_urls.empty()) return InvalidArgument("at least one --decode URL is required");
-  for (const auto* urls : {&prefill_urls, &decode_urls}) {
+  if (colocated()) {
+    if (!prefill_urls.empty() || !decode_urls.empty()) {
+      return InvalidArgument("--colocated cannot be combined with --prefill/--decode");
+    }
+  } else {
+    if (prefill_urls.empty()) {
+      return InvalidArgument("at least one --prefill URL is required (or use --colocated)");
+    }
+    if (decode_urls.empty()) {
+      return InvalidArgument("at least one --decode URL is required (or use --colocated)");
+    }
+  }
+  for (const auto* urls : {&prefill_urls, &decode_urls, &colocated_urls}) {
     for (const std::string& u : *urls) {
       if (auto a = ParseInstanceUrl(u); !a.ok()) return a.status();
     }
@@ -69,28 +82,42 @@ Status RouterOptions::Validate() const {
   if (!(request_timeout_s > 0)) return InvalidArgument("--request-timeout-s must be > 0");
   if (!(connect_timeout_s > 0)) return InvalidArgument("connect timeout must be > 0");
   if (max_concurrent_streams < 1) return InvalidArgument("max concurrent streams must be >= 1");
+  if (!(max_idle_connection_s >= 0)) return InvalidArgument("max idle connection age must be >= 0");
   return Status::Ok();
 }
 
 std::string RouterOptions::ToString() const {
   std::ostringstream s;
-  s << "prefill=[";
-  for (size_t i = 0; i < prefill_urls.size(); ++i) s << (i ? "," : "") << prefill_urls[i];
-  s << "] decode=[";
-  for (size_t i = 0; i < decode_urls.size(); ++i) s << (i ? "," : "") << decode_urls[i];
-  s << "] mode=" << TransferModeName(mode)
-    << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile)
-    << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
+  auto list = [&s](const char* name, const std::vector<std::string>& urls) {
+    s << name << "=[";
+    for (size_t i = 0; i < urls.size(); ++i) s << (i ? "," : "") << urls[i];
+    s << "] ";
+  };
+  if (colocated()) {
+    list("colocated", colocated_urls);
+    s << "selection=round_robin";
+  } else {
+    list("prefill", prefill_urls);
+    list("decode", decode_urls);
+    s << "mode=" << TransferModeName(mode)
+      << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile);
+  }
+  s << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
     << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
     << " connect_timeout_s=" << connect_timeout_s
-    << " max_concurrent_streams=" << max_concurrent_streams;
+    << " max_concurrent_streams=" << max_concurrent_streams
+    << " max_idle_connections=" << max_idle_connections
+    << " max_idle_connection_s=" << max_idle_connection_s;
   return s.str();
 }
 
 Router::Router(RouterOptions options)
     : options_(std::move(options)),
       server_(std::make_unique<httplib::Server>()),
-      aborter_(std::make_unique<TransferAborter>(options_.abort)) {}
+      aborter_(std::make_unique<TransferAborter>(options_.abort)),
+      connections_(std::make_unique<ConnectionPool>(
+          ConnectionPoolOptions{options_.connect_timeout_s, options_.request_timeout_s,
+                                options_.max_idle_connections, options_.max_idle_connection_s})) {}
 
 Router::~Router() {
   Stop();
@@ -107,17 +134,16 @@ std::vector<InstanceSnapshot> Router::Snapshot() const {
 
 void Router::CountRequest(TransferMode mode, bool ok) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++counters_.requests[mode == TransferMode::kPush ? 0 : 1][ok ? 0 : 1];
+  ++counters_.requests[static_cast<int>(mode)][ok ? 0 : 1];
 }
 
 void Router::CountLegFailure(Role role) {
   std::lock_guard<std::mutex> lock(mu_);
-  ++counters_.leg_failures[role == Role::kPrefill ? 0 : 1];
+  ++counters_.leg_failures[RoleIndex(role)];
 }
 
 std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
-  const double read_s = options_.request_timeout_s;
-  std::shared_ptr<Leg> leg(new Leg(address, options_.connect_timeout_s, read_s), [this](Leg* l) {
+  std::shared_ptr<Leg> leg(new Leg(address, connections_.get()), [this](Leg* l) {
     ForgetLeg(l);
     delete l;
   });
@@ -132,6 +158,7 @@ std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
 }
 
 void Router::CutLegsTo(Role role, const std::string& url, const std::string& reason) {
+  connections_->Clear(url);  // its idle connections may be dead too
   int cut = 0;
   {
     std::lock_guard<std::mutex> lock(legs_mu_);
@@ -145,7 +172,7 @@ void Router::CutLegsTo(Role role, const std::string& url, const std::string& rea
   spdlog::warn("router: closed {} leg(s) in flight to {} instance {} ({})", cut, RoleName(role),
                url, reason);
   std::lock_guard<std::mutex> lock(mu_);
-  counters_.legs_cut[role == Role::kPrefill ? 0 : 1] += cut;
+  counters_.legs_cut[RoleIndex(role)] += cut;
 }
 
 void Router::AbortTransfer(const InstanceAddress& instance, Role role,
@@ -173,36 +200,59 @@ void Router::EndBackground() {
 
 std::string Router::RenderMetrics() const {
   const RouterCounters c = counters();
+  const bool colo = options_.colocated();
+  // Only the rows of this router's mode: push/pull and prefill/decode, or colocated.
+  const std::vector<TransferMode> modes =
+      colo ? std::vector<TransferMode>{TransferMode::kColocated}
+           : std::vector<TransferMode>{TransferMode::kPush, TransferMode::kPull};
+  const std::vector<Role> roles = colo ? std::vector<Role>{Role::kColocated}
+                                       : std::vector<Role>{Role::kPrefill, Role::kDecode};
   std::ostringstream s;
   s << "# HELP kvpush_router_requests_total Completion requests by transfer mode and outcome.\n"
     << "# TYPE kvpush_router_requests_total counter\n";
-  for (int m = 0; m < 2; ++m) {
+  for (TransferMode m : modes) {
     for (int o = 0; o < 2; ++o) {
-      s << "kvpush_router_requests_total{mode=\"" << (m == 0 ? "push" : "pull") << "\",outcome=\""
-        << (o == 0 ? "ok" : "error") << "\"} " << c.requests[m][o] << "\n";
+      s << "kvpush_router_requests_total{mode=\"" << TransferModeName(m) << "\",outcome=\""
+        << (o == 0 ? "ok" : "error") << "\"} " << c.requests[static_cast<int>(m)][o] << "\n";
     }
   }
   s << "# HELP kvpush_router_leg_failures_total Legs that failed (unreachable, non-200, broken "
        "stream).\n"
-    << "# TYPE kvpush_router_leg_failures_total counter\n"
-    << "kvpush_router_leg_failures_total{leg=\"prefill\"} " << c.leg_failures[0] << "\n"
-    << "kvpush_router_leg_failures_total{leg=\"decode\"} " << c.leg_failures[1] << "\n";
+    << "# TYPE kvpush_router_leg_failures_total counter\n";
+  for (Role r : roles) {
+    s << "kvpush_router_leg_failures_total{leg=\"" << RoleName(r) << "\"} "
+      << c.leg_failures[RoleIndex(r)] << "\n";
+  }
   s << "# HELP kvpush_router_legs_cut_total Legs closed because their instance was marked "
        "unhealthy while they were in flight.\n"
-    << "# TYPE kvpush_router_legs_cut_total counter\n"
-    << "kvpush_router_legs_cut_total{leg=\"prefill\"} " << c.legs_cut[0] << "\n"
-    << "kvpush_router_legs_cut_total{leg=\"decode\"} " << c.legs_cut[1] << "\n";
-  const AbortCounts a = aborter_->counts();
-  s << "# HELP kvpush_router_transfer_aborts_total POST /kv/abort calls to the instance of the "
-       "other leg after a leg failed.\n"
-    << "# TYPE kvpush_router_transfer_aborts_total counter\n";
-  for (int k = 0; k < 2; ++k) {
-    const char* role = k == 0 ? "prefill" : "decode";
-    s << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"ok\"} " << a.ok[k]
-      << "\n"
-      << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"error\"} "
-      << a.failed[k] << "\n";
+    << "# TYPE kvpush_router_legs_cut_total counter\n";
+  for (Role r : roles) {
+    s << "kvpush_router_legs_cut_total{leg=\"" << RoleName(r) << "\"} "
+      << c.legs_cut[RoleIndex(r)] << "\n";
   }
+  if (!colo) {
+    const AbortCounts a = aborter_->counts();
+    s << "# HELP kvpush_router_transfer_aborts_total POST /kv/abort calls to the instance of the "
+         "other leg after a leg failed.\n"
+      << "# TYPE kvpush_router_transfer_aborts_total counter\n";
+    for (int k = 0; k < 2; ++k) {
+      const char* role = k == 0 ? "prefill" : "decode";
+      s << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"ok\"} "
+        << a.ok[k] << "\n"
+        << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"error\"} "
+        << a.failed[k] << "\n";
+    }
+  }
+  const ConnectionPoolCounts cc = connections_->counts();
+  s << "# HELP kvpush_router_connections_total Connections to instances handed to legs: opened "
+       "(new), reused (idle keep-alive), discarded (idle ones closed: stale or too old).\n"
+    << "# TYPE kvpush_router_connections_total counter\n"
+    << "kvpush_router_connections_total{event=\"opened\"} " << cc.opened << "\n"
+    << "kvpush_router_connections_total{event=\"reused\"} " << cc.reused << "\n"
+    << "kvpush_router_connections_total{event=\"discarded\"} " << cc.discarded << "\n";
+  s << "# HELP kvpush_router_worker_threads Leg worker threads (created on demand, kept).\n"
+    << "# TYPE kvpush_router_worker_threads gauge\n"
+    << "kvpush_router_worker_threads " << worker_threads() << "\n";
   const std::vector<InstanceSnapshot> snap = Snapshot();
   s << "# HELP kvpush_router_instance_healthy 1 when the instance passes its health check.\n"
     << "# TYPE kvpush_router_instance_healthy gauge\n";
@@ -219,39 +269,37 @@ std::string Router::RenderMetrics() const {
   return s.str();
 }
 
-void Router::Route() {
-  httplib::Server& s = *server_;
-  auto completions = [this](const httplib::Request& req, httplib::Response& res) {
-    RequestFlow(*this).Handle(req, res);
-  };
-  s.Post("/v1/completions", completions);
-  s.Post("/v1/chat/completions", completions);
-  s.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+void Router::RouteModels() {
+  server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
     std::string id = req.get_header_value("x-request-id");
     if (!IsValidRequestId(id)) id = ids_.RequestId("models-");
     res.set_header("x-request-id", id);
-    std::optional<InstanceLease> d = pool_->Acquire(Role::kDecode);
+    const Role role = options_.colocated() ? Role::kColocated : Role::kDecode;
+    const std::string name = RoleName(role);
+    std::optional<InstanceLease> d = pool_->Acquire(role);
     if (!d) {
-      return ReplyError(res, 503, "no healthy decode instance", "server_error",
+      return ReplyError(res, 503, "no healthy " + name + " instance", "server_error",
                         "no_healthy_instance");
     }
-    LegResult r = NewLeg(d->address(), Role::kDecode)->Get("/v1/models", id);
+    LegResult r = NewLeg(d->address(), role)->Get("/v1/models", id);
     if (!r.answered) {
       if (r.connect_failed) d->MarkUnhealthy("GET /v1/models: " + r.error);
-      return ReplyError(res, 502,
-                        "decode instance " + d->address().url + " unreachable: " + r.error,
-                        "server_error", "decode_unreachable");
+      return ReplyError(res, 502, name + " instance " + d->address().url + " unreachable: " + r.error,
+                        "server_error", name + "_unreachable");
     }
     res.status = r.status;
     res.set_content(r.body, r.content_type.empty() ? "application/json" : r.content_type);
   });
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+}
+
+void Router::RouteHealth() {
+  server_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
     const std::vector<InstanceSnapshot> snap = Snapshot();
-    int healthy[2] = {0, 0}, total[2] = {0, 0};
+    int healthy[3] = {0, 0, 0}, total[3] = {0, 0, 0};
     std::string down;
     json instances = json::array();
     for (const auto& i : snap) {
-      const int k = i.role == Role::kPrefill ? 0 : 1;
+      const int k = RoleIndex(i.role);
       ++total[k];
       healthy[k] += i.healthy ? 1 : 0;
       if (!i.healthy)
@@ -261,29 +309,47 @@ void Router::Route() {
                            {"healthy", i.healthy},
                            {"outstanding", i.outstanding}});
     }
-    json body = {{"prefill", {{"healthy", healthy[0]}, {"total", total[0]}}},
-                 {"decode", {{"healthy", healthy[1]}, {"total", total[1]}}},
-                 {"instances", instances}};
+    // P/D: at least one P and one D healthy; colocated: at least one instance healthy.
+    const std::vector<Role> roles = options_.colocated()
+                                        ? std::vector<Role>{Role::kColocated}
+                                        : std::vector<Role>{Role::kPrefill, Role::kDecode};
+    json body = json::object();
+    std::string msg;
+    for (Role r : roles) {
+      const int k = RoleIndex(r);
+      body[RoleName(r)] = {{"healthy", healthy[k]}, {"total", total[k]}};
+      if (healthy[k] == 0) {
+        msg += (msg.empty() ? "" : "; ") + std::string("no healthy ") + RoleName(r) + " instance";
+      }
+    }
+    body["instances"] = instances;
     if (stopping_.load()) {
       res.status = 503;
       body["status"] = "unavailable";
       body["error"] = json::parse(
           ErrorJson("router is shutting down", "server_error", "shutting_down"))["error"];
-    } else if (healthy[0] > 0 && healthy[1] > 0) {
+    } else if (msg.empty()) {
       res.status = 200;
       body["status"] = "ok";
     } else {
-      std::string msg;
-      if (healthy[0] == 0) msg = "no healthy prefill instance";
-      if (healthy[1] == 0)
-        msg += std::string(msg.empty() ? "" : "; ") + "no healthy decode instance";
-      msg += " (down: " + down + ")";
       res.status = 503;
       body["status"] = "unavailable";
-      body["error"] = json::parse(ErrorJson(msg, "server_error", "no_healthy_instance"))["error"];
+      body["error"] = json::parse(
+          ErrorJson(msg + " (down: " + down + ")", "server_error", "no_healthy_instance"))["error"];
     }
     res.set_content(body.dump(), "application/json");
   });
+}
+
+void Router::Route() {
+  httplib::Server& s = *server_;
+  auto completions = [this](const httplib::Request& req, httplib::Response& res) {
+    RequestFlow(*this).Handle(req, res);
+  };
+  s.Post("/v1/completions", completions);
+  s.Post("/v1/chat/completions", completions);
+  RouteModels();
+  RouteHealth();
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -346,20 +412,26 @@ void Router::Route() {
 Status Router::Start() {
   if (thread_.joinable()) return FailedPrecondition("Router already started");
   if (Status st = options_.Validate(); !st.ok()) return st;
-  std::vector<InstanceAddress> prefill, decode;
+  std::vector<InstanceAddress> prefill, decode, colocated;
   for (const auto& u : options_.prefill_urls) prefill.push_back(*ParseInstanceUrl(u));
   for (const auto& u : options_.decode_urls) decode.push_back(*ParseInstanceUrl(u));
+  for (const auto& u : options_.colocated_urls) colocated.push_back(*ParseInstanceUrl(u));
   std::signal(SIGPIPE, SIG_IGN);
   spdlog::default_logger_raw();  // create the registry before worker threads log (TSan)
   pool_ = std::make_unique<InstancePool>(
       std::move(prefill), std::move(decode),
-      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms});
+      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms},
+      std::move(colocated));
   pool_->SetUnhealthyCallback([this](Role role, const std::string& url, const std::string& why) {
     CutLegsTo(role, url, why);
   });
+  pool_->SetRoundCallback([this] { connections_->CloseExpired(); });
   pool_->Start();
 
   const int threads = options_.max_concurrent_streams + 16;
+  // Each request in flight needs at most two leg tasks (push: P's leg and D's stream reader), and
+  // at most `threads` requests are in flight: the pool never makes a task wait for a thread.
+  workers_ = std::make_unique<WorkerPool>(kInitialWorkers, 2 * static_cast<size_t>(threads));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay)
@@ -412,7 +484,9 @@ void Router::Stop() {
     for (const auto& [l, role] : legs_) l->Stop();
     legs_cv_.wait(lock, [this] { return background_ == 0; });
   }
+  if (workers_) workers_->Stop();  // the streamed legs' readers end once their legs are closed
   aborter_->Stop();
+  connections_->Close();
   if (pool_) pool_->Stop();
 }
 

@@ -15,9 +15,11 @@
 #include <vector>
 
 #include "common/status.h"
+#include "router/connection_pool.h"
 #include "router/instance_pool.h"
 #include "router/pd_legs.h"
 #include "router/transfer_aborter.h"
+#include "router/worker_pool.h"
 
 namespace httplib {
 class Server;
@@ -31,8 +33,11 @@ class Leg;
 
 /// Router configuration; validated by Router::Start (and Validate()).
 struct RouterOptions {
-  std::vector<std::string> prefill_urls;  ///< "http://HOST:PORT", at least one
-  std::vector<std::string> decode_urls;   ///< "http://HOST:PORT", at least one
+  std::vector<std::string> prefill_urls;  ///< "http://HOST:PORT", at least one (P/D mode)
+  std::vector<std::string> decode_urls;   ///< "http://HOST:PORT", at least one (P/D mode)
+  /// Role-both instances, "http://HOST:PORT": when set, the router is a round-robin front door
+  /// over them (no P/D; prefill_urls and decode_urls must be empty).
+  std::vector<std::string> colocated_urls;
   TransferMode mode = TransferMode::kPush;
   std::string pull_profile;  ///< "vllm" | "fast" | "" (D's default) for pull requests
   std::string host = "127.0.0.1";
@@ -43,7 +48,11 @@ struct RouterOptions {
   double connect_timeout_s = 5.0;    ///< connect timeout of each leg
   int max_concurrent_streams = 256;  ///< HTTP worker threads = this + 16
   size_t max_body_bytes = 8u << 20;  ///< larger client bodies get 413
+  size_t max_idle_connections = 64;  ///< idle keep-alive connections kept per instance
+  double max_idle_connection_s = 2.0;  ///< idle connections older than this are not reused
   AbortOptions abort;                ///< POST /kv/abort calls to the other leg's instance
+
+  bool colocated() const { return !colocated_urls.empty(); }
 
   /// Errors: kInvalidArgument naming the first bad field (URLs, mode, profile, ranges).
   Status Validate() const;
@@ -53,17 +62,21 @@ struct RouterOptions {
 
 /// Counters /metrics reports. Value type.
 struct RouterCounters {
-  int64_t requests[2][2] = {{0, 0}, {0, 0}};  ///< [mode push=0/pull=1][outcome ok=0/error=1]
-  int64_t leg_failures[2] = {0, 0};           ///< [prefill=0/decode=1]
-  int64_t legs_cut[2] = {0, 0};  ///< [prefill=0/decode=1] legs closed: instance marked unhealthy
+  /// [mode push=0/pull=1/colocated=2][outcome ok=0/error=1]
+  int64_t requests[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+  int64_t leg_failures[3] = {0, 0, 0};  ///< [RoleIndex]
+  int64_t legs_cut[3] = {0, 0, 0};      ///< [RoleIndex] legs closed: instance marked unhealthy
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
-/// Each request is handled on an HTTP worker thread; a push request's P leg runs on a thread of
-/// its own and a streamed D leg on a pump thread (DecodeStream). When one leg of a request fails
-/// the other is closed and its instance gets POST /kv/abort (TransferAborter, a fixed pool of
-/// threads); a leg in flight to an instance the health checker marks unhealthy is cut at once.
-/// The router keeps no state across requests except instance health and outstanding counts.
+/// Each request is handled on an HTTP worker thread; a push request's P leg and a streamed leg's
+/// reader (DecodeStream) run on the router's WorkerPool, whose threads live as long as the
+/// router (none is created per request). Legs borrow keep-alive connections from a
+/// ConnectionPool. When one leg of a request fails the other is closed and its instance gets
+/// POST /kv/abort (TransferAborter, a fixed pool of threads); a leg in flight to an instance the
+/// health checker marks unhealthy is cut at once. With `colocated_urls`, each request goes whole
+/// to the next healthy colocated instance (round robin) instead. The router keeps no state
+/// across requests except instance health, outstanding counts and idle connections.
 /// Thread-safety: Start/Stop from one controlling thread; counters()/Snapshot() from any.
 class Router {
  public:
@@ -86,10 +99,16 @@ class Router {
 
   RouterCounters counters() const;
   std::vector<InstanceSnapshot> Snapshot() const;
+  /// What the connection pool did so far.
+  ConnectionPoolCounts connection_counts() const { return connections_->counts(); }
+  /// Leg worker threads created so far (they live until Stop()).
+  size_t worker_threads() const { return workers_ ? workers_->threads() : 0; }
 
  private:
   friend class RequestFlow;
   void Route();
+  void RouteHealth();
+  void RouteModels();
   std::string RenderMetrics() const;
   void CountRequest(TransferMode mode, bool ok);
   void CountLegFailure(Role role);
@@ -104,7 +123,7 @@ class Router {
   /// Queues POST /kv/abort of `transfer_id` on `instance` (TransferAborter).
   void AbortTransfer(const InstanceAddress& instance, Role role, const std::string& transfer_id,
                      const std::string& request_id);
-  /// Background (push P leg) threads: Stop() waits until none is left.
+  /// Background (push P leg) tasks: Stop() waits until none is left.
   bool BeginBackground();
   void EndBackground();
 
@@ -116,6 +135,8 @@ class Router {
   std::atomic<bool> stopping_{false};
   IdMinter ids_;
   std::unique_ptr<TransferAborter> aborter_;
+  std::unique_ptr<ConnectionPool> connections_;
+  std::unique_ptr<WorkerPool> workers_;  ///< created by Start()
 
   mutable std::mutex mu_;  ///< guards counters_
   RouterCounters counters_;

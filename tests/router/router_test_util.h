@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,13 +42,19 @@ struct Received {
   json body;
   std::string request_id;
   int64_t arrived_ns = 0;
+  int remote_port = 0;  ///< the router's end of the connection it came on
 };
 
-/// A fake P or D instance. Behaviour knobs are atomics so tests can flip them while it runs.
+/// A fake P or D instance (a D one also serves as a colocated instance). Behaviour knobs are
+/// atomics so tests can flip them while it runs. `port` 0: any free port.
 class FakeInstance {
  public:
-  explicit FakeInstance(bool prefill) : prefill_(prefill) {
+  explicit FakeInstance(bool prefill, int port = 0) : prefill_(prefill) {
     svr_.new_task_queue = [] { return new httplib::ThreadPool(32); };
+    svr_.set_keep_alive_max_count(1000);  // as kvpush's own server (src/server/http_server.cc)
+    // Idle keep-alive connections hold a worker until this timeout, and Stop() waits for them:
+    // 1 s (httplib's default is 5 s). The router's idle limit (max_idle_s_) stays below it.
+    svr_.set_keep_alive_timeout(1);
     svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (health_delay_ms.load() > 0) Hold(health_delay_ms.load());
       res.status = health_status.load();
@@ -69,7 +76,7 @@ class FakeInstance {
     });
     auto completions = [this](const httplib::Request& req, httplib::Response& res) {
       Received r{req.path, json::parse(req.body, nullptr, false),
-                 req.get_header_value("x-request-id"), NowNs()};
+                 req.get_header_value("x-request-id"), NowNs(), req.remote_port};
       {
         std::lock_guard<std::mutex> lock(mu_);
         received_.push_back(r);
@@ -82,7 +89,11 @@ class FakeInstance {
     };
     svr_.Post("/v1/completions", completions);
     svr_.Post("/v1/chat/completions", completions);
-    port_ = svr_.bind_to_any_port("127.0.0.1");
+    if (port == 0) {
+      port_ = svr_.bind_to_any_port("127.0.0.1");
+    } else {
+      port_ = svr_.bind_to_port("127.0.0.1", port) ? port : -1;
+    }
     thread_ = std::thread([this] { svr_.listen_after_bind(); });
     WaitFor([this] { return svr_.is_running(); });
   }
@@ -99,6 +110,14 @@ class FakeInstance {
   }
   int port() const { return port_; }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  /// The distinct router-side ports the completions came on (one per connection).
+  size_t connections() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<int> ports;
+    for (const Received& r : received_) ports.push_back(r.remote_port);
+    std::sort(ports.begin(), ports.end());
+    return static_cast<size_t>(std::unique(ports.begin(), ports.end()) - ports.begin());
+  }
   std::vector<Received> received() {
     std::lock_guard<std::mutex> lock(mu_);
     return received_;
@@ -262,6 +281,23 @@ class RouterTest : public ::testing::Test {
     o.health_timeout_ms = 500;
     o.request_timeout_s = 10;
     o.max_concurrent_streams = 16;
+    o.max_idle_connection_s = max_idle_s_;
+    router_ = std::make_unique<Router>(o);
+    Status st = router_->Start();
+    ASSERT_TRUE(st.ok()) << st.ToString();
+  }
+
+  /// A router in colocated mode over `n` fake instances (in d_; they answer as D does).
+  void StartColocatedRouter(int n, int health_interval_ms = 50) {
+    for (int i = 0; i < n; ++i) d_.push_back(std::make_unique<FakeInstance>(false));
+    RouterOptions o;
+    for (auto& d : d_) o.colocated_urls.push_back(d->url());
+    o.port = 0;
+    o.health_interval_ms = health_interval_ms;
+    o.health_timeout_ms = 500;
+    o.request_timeout_s = 10;
+    o.max_concurrent_streams = 16;
+    o.max_idle_connection_s = max_idle_s_;
     router_ = std::make_unique<Router>(o);
     Status st = router_->Start();
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -323,6 +359,8 @@ class RouterTest : public ::testing::Test {
 
   std::vector<std::unique_ptr<FakeInstance>> p_, d_;
   std::unique_ptr<Router> router_;
+  /// The router's idle-connection age limit: below the fakes' 1 s keep-alive timeout.
+  double max_idle_s_ = 0.5;
 };
 
 }  // namespace kvpush::router::test

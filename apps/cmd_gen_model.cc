@@ -1,5 +1,6 @@
 // kvpush gen-model: writes a Llama-shaped GGUF v3 with seeded random weights and a usable
-// SentencePiece vocabulary (src/model/random_model.h), then loads it back to check it.
+// SentencePiece vocabulary (src/model/random_model.h), or with a real byte-level BPE vocabulary
+// read from a HF tokenizer.json (--arch qwen3|qwen2|llama3 --vocab-from), then loads it back.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -17,6 +18,8 @@ struct GenModelArgs {
   std::string dtype = "f32";
   std::string out = "kvpush-random.gguf";
   bool tied = false;
+  std::string arch;        ///< vocabulary family for --vocab-from: qwen3, qwen2, llama3
+  std::string vocab_from;  ///< HF tokenizer.json
 };
 
 int RunGenModel(GenModelArgs& a) {
@@ -34,6 +37,22 @@ int RunGenModel(GenModelArgs& a) {
   }
   a.model.tied_output = a.tied;
   const auto t0 = std::chrono::steady_clock::now();
+  HfVocab hf;
+  if (!a.vocab_from.empty() || !a.arch.empty()) {
+    if (a.vocab_from.empty() || a.arch.empty()) {
+      std::fprintf(stderr, "kvpush gen-model: --arch and --vocab-from go together\n");
+      return 2;
+    }
+    auto read = ReadHfTokenizerJson(a.vocab_from, a.arch);
+    if (!read.ok()) {
+      std::fprintf(stderr, "kvpush gen-model: %s\n", read.status().ToString().c_str());
+      return 2;
+    }
+    hf = std::move(*read);
+    a.model.bpe_vocab = &hf;
+    // The weights stay Llama-shaped: only the vocabulary (and Llama 3's RoPE base) follow --arch.
+    if (a.arch == "llama3") a.model.rope_freq_base = 500000.0f;
+  }
   auto writer = BuildRandomLlamaGguf(a.model);
   if (!writer.ok()) {
     std::fprintf(stderr, "kvpush gen-model: %s\n", writer.status().ToString().c_str());
@@ -54,9 +73,11 @@ int RunGenModel(GenModelArgs& a) {
   const ModelConfig& c = loaded->config;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "wrote %s: llama, dim %d, layers %d, heads %d/%d kv, hidden %d, vocab %d, context %d, "
+      "wrote %s: llama%s, dim %d, layers %d, heads %d/%d kv, hidden %d, vocab %d, context %d, "
       "dtype %s, seed %llu, fingerprint %016llx (%.1f s)\n",
-      a.out.c_str(), c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
+      a.out.c_str(),
+      a.arch.empty() ? "" : (" weights, " + a.arch + " vocabulary (" + hf.vocab.pre + ")").c_str(),
+      c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
       c.context_length, a.dtype.c_str(), static_cast<unsigned long long>(a.model.seed),
       static_cast<unsigned long long>(c.fingerprint), secs);
   return 0;
@@ -82,6 +103,12 @@ void RegisterGenModelCommand(CLI::App& app) {
   cmd->add_option("--name", m.name, "general.name")->capture_default_str();
   cmd->add_flag("--tied", args->tied, "no output.weight (classifier tied to the embedding)");
   cmd->add_option("--out", args->out, "output path")->capture_default_str();
+  cmd->add_option("--arch", args->arch,
+                  "vocabulary family of --vocab-from: qwen3, qwen2 or llama3 (the weights stay "
+                  "Llama-shaped)");
+  cmd->add_option("--vocab-from", args->vocab_from,
+                  "HF tokenizer.json (byte-level BPE) whose vocabulary, merges and added tokens "
+                  "the GGUF carries; tokenizer_config.json beside it is read too");
   cmd->callback([args] {
     const int rc = RunGenModel(*args);
     if (rc != 0) throw CLI::RuntimeError(rc);

@@ -8,8 +8,9 @@ PACKAGES=(
   clang clang-tidy clang-format libclang-rt-14-dev
   libucx-dev ucx-utils libfabric-dev libfabric-bin
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev
+  libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev
   iproute2 procps curl python3
+  nodejs npm
 )
 
 missing=()

@@ -72,10 +72,11 @@ void Drain(std::string& pending, std::string& out, bool flush) {
 
 std::string StreamingDetokenizer::Push(int32_t id) {
   std::string bytes = tokenizer_->TokenBytes(id);
+  if (bytes.empty() && show_special_) bytes = tokenizer_->ControlText(id);
   if (bytes.empty()) return "";
   if (first_) {
     first_ = false;
-    if (bytes[0] == ' ') bytes.erase(0, 1);
+    if (bytes[0] == ' ' && tokenizer_->DropsFirstSpace()) bytes.erase(0, 1);
   }
   pending_ += bytes;
   std::string out;
@@ -89,12 +90,20 @@ std::string StreamingDetokenizer::Flush() {
   return out;
 }
 
-std::string DecodeTokens(const Tokenizer& tokenizer, std::span<const int32_t> ids) {
-  StreamingDetokenizer detok(tokenizer);
+std::string DecodeTokens(const Tokenizer& tokenizer, std::span<const int32_t> ids,
+                         bool show_special) {
+  StreamingDetokenizer detok(tokenizer, show_special);
   std::string text;
   for (int32_t id : ids) text += detok.Push(id);
   text += detok.Flush();
   return text;
+}
+
+Result<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, std::string_view text,
+                                            bool add_special_tokens) {
+  KVP_ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer.Encode(text));
+  if (add_special_tokens && tokenizer.add_bos()) ids.insert(ids.begin(), tokenizer.bos_id());
+  return ids;
 }
 
 }  // namespace kvpush

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "model/bpe_tokenizer.h"
 #include "model/gguf.h"
 #include "model/llama2c.h"
 #include "model/llama_executor.h"
@@ -39,7 +40,7 @@ Result<LoadedModel> Finish(LlamaWeights weights, std::unique_ptr<Tokenizer> toke
 
 Result<LoadedModel> FromGguf(const GgufFile& file, const ModelLoadOptions& options) {
   KVP_ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeightsFromGguf(file));
-  KVP_ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok, SpmTokenizer::FromGguf(file));
+  KVP_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tok, TokenizerFromGguf(file));
   if (tok->bos_id() != weights.config.bos_id || tok->eos_id() != weights.config.eos_id) {
     return Internal("tokenizer and model disagree on BOS/EOS");
   }
@@ -47,6 +48,16 @@ Result<LoadedModel> FromGguf(const GgufFile& file, const ModelLoadOptions& optio
 }
 
 }  // namespace
+
+Result<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& file) {
+  KVP_ASSIGN_OR_RETURN(std::string model, file.GetString("tokenizer.ggml.model"));
+  if (model == "gpt2") {
+    KVP_ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> bpe, BpeTokenizer::FromGguf(file));
+    return std::unique_ptr<Tokenizer>(std::move(bpe));
+  }
+  KVP_ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> spm, SpmTokenizer::FromGguf(file));
+  return std::unique_ptr<Tokenizer>(std::move(spm));
+}
 
 Result<LoadedModel> LoadModelFromGgufBytes(std::span<const uint8_t> bytes,
                                            const ModelLoadOptions& options) {

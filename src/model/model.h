@@ -34,6 +34,13 @@ struct LoadedModel {
 /// kUnimplemented (unsupported architecture, tensor type or tokenizer model, named).
 Result<LoadedModel> LoadModel(const ModelLoadOptions& options);
 
+class GgufFile;
+
+/// The tokenizer a GGUF file declares: tokenizer.ggml.model "gpt2" -> BpeTokenizer (byte-level
+/// BPE), otherwise SpmTokenizer ("llama"; other names are refused there, kUnimplemented, named).
+/// Errors: those of BpeTokenizer::FromGguf / SpmTokenizer::FromGguf.
+Result<std::unique_ptr<Tokenizer>> TokenizerFromGguf(const GgufFile& file);
+
 /// Loads a GGUF model from memory (`bytes` need not outlive the result: weights are copied).
 /// options.path is only used as the display name. Errors: as LoadModel.
 Result<LoadedModel> LoadModelFromGgufBytes(std::span<const uint8_t> bytes,

@@ -60,7 +60,9 @@ Status RandomLlamaOptions::Validate() const {
   if (dim % heads != 0) return InvalidArgument("--dim must be a multiple of --heads");
   if (heads % kv_heads != 0) return InvalidArgument("--heads must be a multiple of --kv-heads");
   if ((dim / heads) % 2 != 0) return InvalidArgument("head dimension (dim / heads) must be even");
-  if (vocab < 355) return InvalidArgument("--vocab must be >= 355 (specials + bytes + ASCII)");
+  if (bpe_vocab == nullptr && vocab < 355) {
+    return InvalidArgument("--vocab must be >= 355 (specials + bytes + ASCII)");
+  }
   if (dtype == GgmlType::kQ8_0 && (dim % 32 != 0 || hidden_dim % 32 != 0)) {
     return InvalidArgument("q8_0 needs --dim and --hidden-dim multiples of 32");
   }
@@ -136,9 +138,10 @@ Result<SpmVocab> BuildDemoVocab(int32_t vocab_size) {
   return v;
 }
 
-Result<GgufWriter> BuildRandomLlamaGguf(const RandomLlamaOptions& o) {
-  KVP_RETURN_IF_ERROR(o.Validate());
-  KVP_ASSIGN_OR_RETURN(SpmVocab vocab, BuildDemoVocab(o.vocab));
+Result<GgufWriter> BuildRandomLlamaGguf(const RandomLlamaOptions& options) {
+  KVP_RETURN_IF_ERROR(options.Validate());
+  RandomLlamaOptions o = options;
+  if (o.bpe_vocab != nullptr) o.vocab = static_cast<int32_t>(o.bpe_vocab->vocab.pieces.size());
   GgufWriter w;
   w.SetString("general.architecture", "llama");
   w.SetString("general.name", o.name);
@@ -149,17 +152,22 @@ Result<GgufWriter> BuildRandomLlamaGguf(const RandomLlamaOptions& o) {
   w.SetU32("llama.attention.head_count", static_cast<uint32_t>(o.heads));
   w.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(o.kv_heads));
   w.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(o.dim / o.heads));
-  w.SetF32("llama.rope.freq_base", 10000.0f);
+  w.SetF32("llama.rope.freq_base", o.rope_freq_base);
   w.SetF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.SetString("tokenizer.ggml.model", "llama");
-  w.SetStringArray("tokenizer.ggml.tokens", vocab.pieces);
-  w.SetF32Array("tokenizer.ggml.scores", vocab.scores);
-  std::vector<int32_t> types;
-  for (TokenType t : vocab.types) types.push_back(static_cast<int32_t>(t));
-  w.SetI32Array("tokenizer.ggml.token_type", types);
-  w.SetU32("tokenizer.ggml.bos_token_id", 1);
-  w.SetU32("tokenizer.ggml.eos_token_id", 2);
-  w.SetU32("tokenizer.ggml.unknown_token_id", 0);
+  if (o.bpe_vocab != nullptr) {
+    WriteBpeVocab(*o.bpe_vocab, w);
+  } else {
+    KVP_ASSIGN_OR_RETURN(SpmVocab vocab, BuildDemoVocab(o.vocab));
+    w.SetString("tokenizer.ggml.model", "llama");
+    w.SetStringArray("tokenizer.ggml.tokens", vocab.pieces);
+    w.SetF32Array("tokenizer.ggml.scores", vocab.scores);
+    std::vector<int32_t> types;
+    for (TokenType t : vocab.types) types.push_back(static_cast<int32_t>(t));
+    w.SetI32Array("tokenizer.ggml.token_type", types);
+    w.SetU32("tokenizer.ggml.bos_token_id", 1);
+    w.SetU32("tokenizer.ggml.eos_token_id", 2);
+    w.SetU32("tokenizer.ggml.unknown_token_id", 0);
+  }
 
   uint64_t state = o.seed;
   const int64_t d = o.dim, kv = int64_t{o.kv_heads} * (o.dim / o.heads), h = o.hidden_dim;

@@ -14,6 +14,7 @@
 #include "common/status.h"
 #include "model/dtype.h"
 #include "model/gguf_writer.h"
+#include "model/hf_vocab.h"
 #include "model/spm_tokenizer.h"
 
 namespace kvpush {
@@ -28,13 +29,19 @@ struct RandomLlamaOptions {
   int32_t hidden_dim = 1408;
   int32_t vocab = 4096;
   int32_t context = 2048;
+  float rope_freq_base = 10000.0f;  ///< llama.rope.freq_base (Llama 3: 500000)
   GgmlType dtype = GgmlType::kF32;  ///< storage type of the 2-D weights (norms stay f32)
   uint64_t seed = 1;
   bool tied_output = false;  ///< omit output.weight (classifier tied to token_embd)
   std::string name = "kvpush-random-llama";
+  /// A real byte-level BPE vocabulary (`--vocab-from tokenizer.json`) replacing the demo one;
+  /// `vocab` is then ignored (the size is the vocabulary's). Not owned; may be null. The weights
+  /// stay Llama-shaped (general.architecture = "llama") whatever family the vocabulary is from.
+  const HfVocab* bpe_vocab = nullptr;
 
   /// Errors: kInvalidArgument naming the field (non-positive, dim % heads, heads % kv_heads,
-  /// odd head_dim, vocab < 355, q8_0 with dim or hidden_dim not a multiple of 32).
+  /// odd head_dim, vocab < 355 without bpe_vocab, q8_0 with dim or hidden_dim not a multiple
+  /// of 32).
   Status Validate() const;
 };
 

@@ -114,7 +114,7 @@ Result<std::unique_ptr<SpmTokenizer>> SpmTokenizer::FromGguf(const GgufFile& fil
   if (model != "llama") {
     return Unimplemented("tokenizer model '" + model +
                          "' is not supported (kvpush implements the SentencePiece 'llama' "
-                         "tokenizer only; byte-level BPE such as 'gpt2' is not implemented)");
+                         "and the byte-level BPE 'gpt2' tokenizers)");
   }
   const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
   if (tokens == nullptr) return NotFound("GGUF key 'tokenizer.ggml.tokens' is missing");

@@ -12,7 +12,9 @@
 namespace kvpush {
 
 /// A model's vocabulary. Implementations: SentencePiece-style BPE with byte fallback (GGUF
-/// tokenizer.ggml.model = "llama", and llama2.c tok512.bin). Thread-safe for concurrent const use.
+/// tokenizer.ggml.model = "llama", and llama2.c tok512.bin; spm_tokenizer.h), byte-level BPE
+/// (GGUF "gpt2": Llama 3, Qwen; bpe_tokenizer.h), and the sim tokenizer. Thread-safe for
+/// concurrent const use.
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -32,15 +34,34 @@ class Tokenizer {
 
   /// True for control tokens (BOS, EOS, ...), which decode to nothing.
   virtual bool IsControl(int32_t id) const = 0;
+
+  /// The text of a control token when special tokens are shown (e.g. "<|im_start|>", "<s>"); ""
+  /// for other ids. Default: "".
+  virtual std::string ControlText(int32_t /*id*/) const { return ""; }
+
+  /// Whether a prompt starts with BOS when special tokens are added (GGUF
+  /// tokenizer.ggml.add_bos_token; SentencePiece Llama vocabularies: true). Default: true.
+  virtual bool add_bos() const { return true; }
+
+  /// Whether decoding drops the first piece's leading space (the SentencePiece dummy prefix).
+  /// Default: true; byte-level BPE: false.
+  virtual bool DropsFirstSpace() const { return true; }
 };
+
+/// Tokenizes a prompt as the model receives it: BOS first when `add_special_tokens` and the
+/// vocabulary adds BOS (Tokenizer::add_bos), then Encode(text). Errors: those of Encode.
+Result<std::vector<int32_t>> TokenizePrompt(const Tokenizer& tokenizer, std::string_view text,
+                                            bool add_special_tokens);
 
 /// Turns a stream of token ids into text, emitting only complete UTF-8 characters (a character
 /// whose bytes are split across byte-fallback tokens comes out whole, once its last byte arrives).
-/// The first piece's leading space is dropped (SentencePiece dummy prefix), as llama2.c does.
-/// Invalid UTF-8 sequences are emitted as U+FFFD. Not thread-safe: one per request.
+/// The first piece's leading space is dropped when the tokenizer says so (SentencePiece dummy
+/// prefix, as llama2.c does). Invalid UTF-8 sequences are emitted as U+FFFD. Control tokens give
+/// nothing unless `show_special` (then Tokenizer::ControlText). Not thread-safe: one per request.
 class StreamingDetokenizer {
  public:
-  explicit StreamingDetokenizer(const Tokenizer& tokenizer) : tokenizer_(&tokenizer) {}
+  explicit StreamingDetokenizer(const Tokenizer& tokenizer, bool show_special = false)
+      : tokenizer_(&tokenizer), show_special_(show_special) {}
 
   /// Appends one token; returns the text that became complete (possibly empty).
   std::string Push(int32_t id);
@@ -49,11 +70,13 @@ class StreamingDetokenizer {
 
  private:
   const Tokenizer* tokenizer_;
+  bool show_special_;
   std::string pending_;
   bool first_ = true;
 };
 
-/// Decodes a whole id sequence with StreamingDetokenizer semantics.
-std::string DecodeTokens(const Tokenizer& tokenizer, std::span<const int32_t> ids);
+/// Decodes a whole id sequence with StreamingDetokenizer semantics (`show_special` as there).
+std::string DecodeTokens(const Tokenizer& tokenizer, std::span<const int32_t> ids,
+                         bool show_special = false);
 
 }  // namespace kvpush

@@ -20,6 +20,7 @@
 #include "connector/messages.h"
 #include "connector/pd_connector.h"
 #include "server/completion_handler.h"
+#include "server/tokenize_handler.h"
 
 namespace kvpush::server {
 namespace {
@@ -40,7 +41,9 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/health", "GET"},
                                  {"/metrics", "GET"},
                                  {"/kv/handshake", "POST"},
-                                 {"/kv/abort", "POST"}};
+                                 {"/kv/abort", "POST"},
+                                 {"/tokenize", "POST"},
+                                 {"/detokenize", "POST"}};
 
 /// httplib's task queue (one task = one connection): `core` worker threads, plus a short-lived
 /// thread for each connection that arrives while no worker is idle, at most `max_extra` at once
@@ -256,6 +259,17 @@ void HttpServer::Route() {
       text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name);
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  });
+  s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const JsonReply r =
+        HandleTokenize(engine_.tokenizer(), engine_.config().max_model_len, req.body);
+    res.status = r.status;
+    res.set_content(r.body, "application/json");
+  });
+  s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
+    const JsonReply r = HandleDetokenize(engine_.tokenizer(), req.body);
+    res.status = r.status;
+    res.set_content(r.body, "application/json");
   });
   RouteKv();
   // Wrong method on a known path: 405 with an Allow header.

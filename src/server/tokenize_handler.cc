@@ -1,0 +1,87 @@
+// HandleTokenize / HandleDetokenize (server/tokenize_handler.h).
+#include "server/tokenize_handler.h"
+
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+
+namespace kvpush::server {
+
+namespace {
+
+JsonReply Error(std::string message, std::string param) {
+  return {400, ApiError::Invalid(std::move(message), std::move(param)).ToJson()};
+}
+
+/// Parses a JSON object body; nullopt-like (is_discarded) on error.
+nlohmann::json ParseObject(std::string_view body) {
+  auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  return j.is_object() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
+}
+
+}  // namespace
+
+JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std::string_view body) {
+  const nlohmann::json j = ParseObject(body);
+  if (j.is_discarded()) {
+    return Error("request body is not a JSON object (a JSON string must be valid UTF-8)", "");
+  }
+  if (j.contains("messages")) {
+    return Error(
+        "'messages' is not supported by /tokenize yet: kvpush renders no model chat "
+        "template; send the rendered text as 'prompt'",
+        "messages");
+  }
+  if (!j.contains("prompt") || !j["prompt"].is_string()) {
+    return Error("'prompt' must be a string", "prompt");
+  }
+  bool add_special = true;
+  if (j.contains("add_special_tokens")) {
+    if (!j["add_special_tokens"].is_boolean()) {
+      return Error("'add_special_tokens' must be a boolean", "add_special_tokens");
+    }
+    add_special = j["add_special_tokens"].get<bool>();
+  }
+  bool token_strs = false;
+  if (j.contains("return_token_strs") && !j["return_token_strs"].is_null()) {
+    if (!j["return_token_strs"].is_boolean()) {
+      return Error("'return_token_strs' must be a boolean", "return_token_strs");
+    }
+    token_strs = j["return_token_strs"].get<bool>();
+  }
+  auto ids = TokenizePrompt(tokenizer, j["prompt"].get<std::string>(), add_special);
+  if (!ids.ok()) return Error(ids.status().message(), "prompt");
+  nlohmann::json out = {{"count", ids->size()}, {"max_model_len", max_model_len}, {"tokens", *ids}};
+  if (token_strs) {
+    // Each token's own text (control tokens by name); invalid UTF-8 pieces as U+FFFD.
+    nlohmann::json strs = nlohmann::json::array();
+    for (int32_t id : *ids)
+      strs.push_back(DecodeTokens(tokenizer, {&id, 1}, /*show_special=*/true));
+    out["token_strs"] = std::move(strs);
+  }
+  return {200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
+}
+
+JsonReply HandleDetokenize(const Tokenizer& tokenizer, std::string_view body) {
+  const nlohmann::json j = ParseObject(body);
+  if (j.is_discarded()) return Error("request body is not a JSON object", "");
+  if (!j.contains("tokens") || !j["tokens"].is_array()) {
+    return Error("'tokens' must be an array of token ids", "tokens");
+  }
+  std::vector<int32_t> ids;
+  ids.reserve(j["tokens"].size());
+  for (const auto& t : j["tokens"]) {
+    if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        t.get<int64_t>() >= tokenizer.vocab_size()) {
+      return Error("token id " + t.dump() + " is outside the vocabulary [0, " +
+                       std::to_string(tokenizer.vocab_size()) + ")",
+                   "tokens");
+    }
+    ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
+  }
+  // DecodeTokens emits only valid UTF-8 (invalid sequences as U+FFFD), so dump cannot throw.
+  const nlohmann::json out = {{"prompt", DecodeTokens(tokenizer, ids, /*show_special=*/true)}};
+  return {200, out.dump()};
+}
+
+}  // namespace kvpush::server

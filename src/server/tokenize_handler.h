@@ -1,0 +1,38 @@
+// POST /tokenize and POST /detokenize with vLLM's request and response shapes
+// (vllm/entrypoints/openai/protocol.py: TokenizeCompletionRequest, TokenizeChatRequest,
+// TokenizeResponse, DetokenizeRequest, DetokenizeResponse), so users and tests can see exactly
+// which ids the model receives for a prompt.
+//
+//   POST /tokenize   {"prompt": "...", "add_special_tokens": true, "return_token_strs": false,
+//                     "model": "..."}
+//     -> 200 {"count": N, "max_model_len": L, "tokens": [ids...]}  (+ "token_strs" on request)
+//   POST /detokenize {"tokens": [ids...], "model": "..."}  -> 200 {"prompt": "text"}
+//
+// add_special_tokens (default true) prepends BOS when the vocabulary adds one
+// (Tokenizer::add_bos); added tokens written in the prompt (<|im_start|>) are always matched, as
+// in HF tokenizers. Chat "messages" are refused with 400: kvpush renders no model chat template
+// yet. /detokenize shows control tokens as their text (skip_special_tokens = false, as vLLM's
+// tokenizer.decode). Errors: 400 invalid_request_error naming the field.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "model/tokenizer.h"
+
+namespace kvpush::server {
+
+/// A JSON reply: HTTP status and body (an OpenAI error object when status != 200).
+struct JsonReply {
+  int status = 200;
+  std::string body;
+};
+
+/// Serves one /tokenize body. Pure apart from reading the tokenizer; thread-safe.
+JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std::string_view body);
+
+/// Serves one /detokenize body (ids must lie in [0, vocab_size)). Thread-safe.
+JsonReply HandleDetokenize(const Tokenizer& tokenizer, std::string_view body);
+
+}  // namespace kvpush::server

@@ -131,7 +131,7 @@ Status BpeTokenizer::Index() {
                       " is not in the vocabulary");
     byte_id_[b] = id;
   }
-  merge_rank_.reserve(vocab_.merges.size());
+  merges_.reserve(vocab_.merges.size());
   for (size_t r = 0; r < vocab_.merges.size(); ++r) {
     const std::string& m = vocab_.merges[r];
     const size_t sp = m.find(' ', 1);
@@ -139,7 +139,16 @@ Status BpeTokenizer::Index() {
       return DataLoss("tokenizer: merge " + std::to_string(r) + " ('" + m +
                       "') is not 'left right'");
     }
-    merge_rank_.emplace(m, static_cast<int32_t>(r));  // first rank wins on duplicates
+    const int32_t left = Lookup(std::string_view(m).substr(0, sp));
+    const int32_t right = Lookup(std::string_view(m).substr(sp + 1));
+    const int32_t result = Lookup(m.substr(0, sp) + m.substr(sp + 1));
+    if (left < 0 || right < 0 || result < 0) {
+      return DataLoss("tokenizer: merge " + std::to_string(r) + " ('" + m +
+                      "') names a piece that is not in the vocabulary");
+    }
+    const uint64_t key =
+        (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
+    merges_.emplace(key, Merge{static_cast<int32_t>(r), result});  // first rank wins on duplicates
   }
   return Status::Ok();
 }
@@ -211,13 +220,10 @@ std::string BpeTokenizer::ControlText(int32_t id) const {
   return IsControl(id) ? Piece(id) : std::string();
 }
 
-int32_t BpeTokenizer::MergeRank(std::string_view left, std::string_view right,
-                                std::string& key) const {
-  key.assign(left);
-  key += ' ';
-  key.append(right);
-  auto it = merge_rank_.find(key);
-  return it == merge_rank_.end() ? -1 : it->second;
+const BpeTokenizer::Merge* BpeTokenizer::FindMerge(int32_t left, int32_t right) const {
+  const uint64_t key = (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
+  auto it = merges_.find(key);
+  return it == merges_.end() ? nullptr : &it->second;
 }
 
 Result<std::vector<int32_t>> BpeTokenizer::Encode(std::string_view text) const {
@@ -259,69 +265,51 @@ void BpeTokenizer::EncodeText(std::string_view text, std::vector<int32_t>& out) 
 }
 
 void BpeTokenizer::EncodeChunk(std::string_view chunk, std::vector<int32_t>& out) const {
-  // Byte-level string and one symbol per byte (offsets into `s`).
-  std::string s;
-  s.reserve(chunk.size() * 2);
-  struct Symbol {
-    uint32_t start, len;
-    int32_t prev, next;
-  };
-  std::vector<Symbol> syms;
-  syms.reserve(chunk.size());
-  for (size_t k = 0; k < chunk.size(); ++k) {
-    const std::string& c = byte_char_[static_cast<uint8_t>(chunk[k])];
-    syms.push_back({static_cast<uint32_t>(s.size()), static_cast<uint32_t>(c.size()),
-                    static_cast<int32_t>(k) - 1, static_cast<int32_t>(k + 1)});
-    s += c;
-  }
-  syms.back().next = -1;
-  if (spec_.ignore_merges || syms.size() == 1) {
+  if (spec_.ignore_merges || chunk.size() == 1) {
+    std::string s;  // the chunk in the byte-level alphabet
+    for (char c : chunk) s += byte_char_[static_cast<uint8_t>(c)];
     if (const int32_t id = Lookup(s); id >= 0) {
       out.push_back(id);
       return;
     }
   }
+  // One symbol per byte, as a doubly linked list; a merged symbol keeps the left index.
+  struct Symbol {
+    int32_t id, prev, next;
+  };
+  std::vector<Symbol> syms(chunk.size());
+  for (size_t k = 0; k < chunk.size(); ++k) {
+    syms[k] = {byte_id_[static_cast<uint8_t>(chunk[k])], static_cast<int32_t>(k) - 1,
+               k + 1 < chunk.size() ? static_cast<int32_t>(k + 1) : -1};
+  }
   struct Pair {
-    int32_t rank, left, right;
-    uint32_t size;  ///< left.len + right.len when queued; stale if either changed since
+    int32_t rank, left, right, left_id, right_id, result;  ///< stale if an id changed since
     bool operator>(const Pair& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Pair, std::vector<Pair>, std::greater<>> queue;
-  std::string key;
   auto push = [&](int32_t l, int32_t r) {
     if (l < 0 || r < 0) return;
-    const Symbol& a = syms[static_cast<size_t>(l)];
-    const Symbol& b = syms[static_cast<size_t>(r)];
-    const int32_t rank = MergeRank(std::string_view(s).substr(a.start, a.len),
-                                   std::string_view(s).substr(b.start, b.len), key);
-    if (rank >= 0) queue.push({rank, l, r, a.len + b.len});
+    const int32_t a = syms[static_cast<size_t>(l)].id, b = syms[static_cast<size_t>(r)].id;
+    if (const Merge* m = FindMerge(a, b)) queue.push({m->rank, l, r, a, b, m->id});
   };
-  for (size_t k = 0; k + 1 < syms.size(); ++k)
+  for (size_t k = 0; k + 1 < syms.size(); ++k) {
     push(static_cast<int32_t>(k), static_cast<int32_t>(k + 1));
+  }
   while (!queue.empty()) {
     const Pair p = queue.top();
     queue.pop();
     Symbol& a = syms[static_cast<size_t>(p.left)];
     Symbol& b = syms[static_cast<size_t>(p.right)];
-    if (a.len == 0 || b.len == 0 || a.next != p.right || a.len + b.len != p.size) continue;
-    a.len += b.len;  // symbols are contiguous in `s`
-    b.len = 0;
+    if (a.id != p.left_id || b.id != p.right_id || a.next != p.right) continue;  // stale
+    a.id = p.result;
+    b.id = -1;  // dead
     a.next = b.next;
     if (b.next >= 0) syms[static_cast<size_t>(b.next)].prev = p.left;
     push(a.prev, p.left);
     push(p.left, a.next);
   }
   for (int32_t k = 0; k >= 0; k = syms[static_cast<size_t>(k)].next) {
-    const Symbol& sym = syms[static_cast<size_t>(k)];
-    const int32_t id = Lookup(std::string_view(s).substr(sym.start, sym.len));
-    if (id >= 0) {
-      out.push_back(id);
-      continue;
-    }
-    // A merge whose result is not a piece (malformed vocabulary): fall back to single bytes.
-    std::string bytes;
-    ByteLevelToBytes(std::string_view(s).substr(sym.start, sym.len), bytes);
-    for (char c : bytes) out.push_back(byte_id_[static_cast<uint8_t>(c)]);
+    out.push_back(syms[static_cast<size_t>(k)].id);
   }
 }
 

@@ -8,9 +8,10 @@
 //      (model/pretokenizer.h) into chunks;
 //   3. each chunk's bytes are mapped to GPT-2's byte-level alphabet (byte b -> one code point:
 //      printable Latin-1 bytes stand for themselves, the other 68 bytes for U+0100.. in order);
-//   4. BPE: repeatedly merge the adjacent pair with the lowest merge rank (ties: leftmost), O(n log
-//      n) with a priority queue; with ignore_merges (llama3 family) a chunk that is itself a token
-//      is emitted whole. Each final symbol is a vocabulary piece.
+//   4. BPE over token ids (as HF tokenizers: merges map an id pair to a rank and a result id):
+//      repeatedly merge the adjacent pair with the lowest merge rank (ties: leftmost), O(n log n)
+//      with a priority queue; with ignore_merges (llama3 family) a chunk that is itself a token is
+//      emitted whole. Each final symbol is a vocabulary piece.
 // Any byte sequence, including invalid UTF-8, encodes (invalid bytes form chunks of their own), and
 // TokenBytes over the ids gives the input back byte for byte (after NFC where it applies).
 // Thread-safety: immutable after construction; concurrent const use is safe.
@@ -45,8 +46,9 @@ struct BpeVocab {
 class BpeTokenizer final : public Tokenizer {
  public:
   /// Validates and indexes the vocabulary. Errors: kDataLoss (sizes disagree, ids out of range, a
-  /// merge without a space or naming a piece that is not in the vocabulary, a byte-level character
-  /// missing from the vocabulary), kUnimplemented (unknown pre-tokenizer, named).
+  /// merge without a space, a merge whose two sides or result are not pieces — HF tokenizers
+  /// refuse these too —, a byte-level character missing from the vocabulary), kUnimplemented
+  /// (unknown pre-tokenizer, named).
   static Result<std::unique_ptr<BpeTokenizer>> Create(BpeVocab vocab);
 
   /// Builds from GGUF metadata tokenizer.ggml.{model = "gpt2", pre, tokens, token_type, merges,
@@ -78,16 +80,21 @@ class BpeTokenizer final : public Tokenizer {
   Status Index();
   void EncodeChunk(std::string_view chunk, std::vector<int32_t>& out) const;
   void EncodeText(std::string_view text, std::vector<int32_t>& out) const;
-  int32_t MergeRank(std::string_view left, std::string_view right, std::string& key) const;
+  /// The merge of adjacent tokens (left, right): its rank and result id.
+  struct Merge {
+    int32_t rank;
+    int32_t id;
+  };
+  const Merge* FindMerge(int32_t left, int32_t right) const;
 
   BpeVocab vocab_;
   PreTokenizerSpec spec_;
   std::unique_ptr<RegexSplitter> splitter_;
   std::unordered_map<std::string, int32_t> piece_to_id_;
-  std::unordered_map<std::string, int32_t> merge_rank_;  ///< "left right" -> rank
-  std::string byte_char_[256];                           ///< byte -> its byte-level UTF-8 char
-  int32_t byte_id_[256];                                 ///< byte -> id of its byte-level char
-  std::vector<std::string> token_bytes_;                 ///< decoded bytes per id
+  std::unordered_map<uint64_t, Merge> merges_;  ///< (left id << 32 | right id) -> merge
+  std::string byte_char_[256];                  ///< byte -> its byte-level UTF-8 char
+  int32_t byte_id_[256];                        ///< byte -> id of its byte-level char
+  std::vector<std::string> token_bytes_;        ///< decoded bytes per id
   /// Added tokens grouped by first byte, longest first.
   std::vector<std::pair<std::string, int32_t>> added_by_first_[256];
 };

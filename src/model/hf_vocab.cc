@@ -1,6 +1,7 @@
 // ReadHfTokenizerJson / WriteBpeVocab (model/hf_vocab.h).
 #include "model/hf_vocab.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -53,66 +54,71 @@ Status CheckVocabFamily(const std::string& arch) {
   return InvalidArgument("--arch must be qwen3, qwen2 or llama3, not '" + arch + "'");
 }
 
-Result<HfVocab> ReadHfTokenizerJson(const std::string& path, const std::string& arch) {
-  KVP_RETURN_IF_ERROR(CheckVocabFamily(arch));
-  KVP_ASSIGN_OR_RETURN(nlohmann::json tj, ReadJson(path));
-  if (!tj.contains("model") || !tj["model"].is_object() || tj["model"].value("type", "") != "BPE") {
-    return InvalidArgument("'" + path + "' has no byte-level BPE model (model.type != \"BPE\")");
-  }
+namespace {
+
+/// Pieces and types by id from model.vocab and added_tokens (see ReadHfTokenizerJson).
+Status ReadPieces(const nlohmann::json& tj, BpeVocab& v) {
   const auto& model = tj["model"];
   if (!model.contains("vocab") || !model["vocab"].is_object()) {
     return InvalidArgument("tokenizer.json: model.vocab is not an object");
   }
-  std::vector<std::pair<std::string, int64_t>> entries;
+  struct Entry {
+    std::string piece;
+    int64_t id;
+    TokenType type;
+  };
+  std::vector<Entry> entries;
   for (auto it = model["vocab"].begin(); it != model["vocab"].end(); ++it) {
-    if (!it.value().is_number_integer())
-      return InvalidArgument("tokenizer.json: a vocab id is not an integer");
-    entries.emplace_back(it.key(), it.value().get<int64_t>());
+    if (!it.value().is_number_integer()) {
+      return InvalidArgument("tokenizer.json: the id of '" + it.key() + "' is not an integer");
+    }
+    entries.push_back({it.key(), it.value().get<int64_t>(), TokenType::kNormal});
   }
-  std::vector<std::tuple<std::string, int64_t, bool>> added;
   if (tj.contains("added_tokens") && tj["added_tokens"].is_array()) {
     for (const auto& a : tj["added_tokens"]) {
       if (!a.contains("id") || !a["id"].is_number_integer() || !a.contains("content") ||
           !a["content"].is_string()) {
         return InvalidArgument("tokenizer.json: an added token lacks id or content");
       }
-      added.emplace_back(a["content"].get<std::string>(), a["id"].get<int64_t>(),
-                         a.value("special", false));
+      const std::string content = a["content"].get<std::string>();
+      // llama.cpp's converter also makes control tokens of non-special ones that look special.
+      const bool looks_special =
+          content.size() >= 4 && content.starts_with("<|") && content.ends_with("|>");
+      const bool special = a.value("special", false) || looks_special;
+      entries.push_back({content, a["id"].get<int64_t>(),
+                         special ? TokenType::kControl : TokenType::kUserDefined});
     }
   }
   int64_t n = 0;
-  for (const auto& e : entries) n = std::max(n, e.second + 1);
-  for (const auto& a : added) n = std::max(n, std::get<1>(a) + 1);
-  if (n <= 0 || n > (int64_t{1} << 24))
-    return InvalidArgument("tokenizer.json: vocabulary size " + std::to_string(n));
-  HfVocab out;
-  BpeVocab& v = out.vocab;
+  for (const Entry& e : entries) {
+    if (e.id < 0 || e.id >= (int64_t{1} << 24)) {
+      return InvalidArgument("tokenizer.json: id " + std::to_string(e.id) + " out of range");
+    }
+    n = std::max(n, e.id + 1);
+  }
+  if (n == 0) return InvalidArgument("tokenizer.json: empty vocabulary");
   v.pieces.assign(static_cast<size_t>(n), std::string());
   v.types.assign(static_cast<size_t>(n), TokenType::kUnused);
-  for (const auto& [piece, id] : entries) {
-    if (id < 0) return InvalidArgument("tokenizer.json: negative id");
-    v.pieces[static_cast<size_t>(id)] = piece;
-    v.types[static_cast<size_t>(id)] = TokenType::kNormal;
+  for (Entry& e : entries) {  // added tokens come last, so they win over a vocab entry
+    v.pieces[static_cast<size_t>(e.id)] = std::move(e.piece);
+    v.types[static_cast<size_t>(e.id)] = e.type;
   }
-  for (const auto& [content, id, special] : added) {
-    if (id < 0) return InvalidArgument("tokenizer.json: negative id");
-    v.pieces[static_cast<size_t>(id)] = content;
-    v.types[static_cast<size_t>(id)] = special ? TokenType::kControl : TokenType::kUserDefined;
+  for (size_t id = 0; id < v.pieces.size(); ++id) {
+    if (v.types[id] == TokenType::kUnused) v.pieces[id] = "[PAD" + std::to_string(id) + "]";
   }
-  for (int64_t id = 0; id < n; ++id) {
-    if (v.types[static_cast<size_t>(id)] == TokenType::kUnused) {
-      v.pieces[static_cast<size_t>(id)] = "[PAD" + std::to_string(id) + "]";
-    }
-  }
-  KVP_RETURN_IF_ERROR(
-      ReadMerges(model.contains("merges") ? model["merges"] : nlohmann::json(), v.merges));
+  return Status::Ok();
+}
 
+/// BOS/EOS, add_bos and the chat template: family defaults, then tokenizer_config.json.
+Status ReadSpecials(const std::string& tokenizer_json_path, const std::string& arch, HfVocab& out) {
+  BpeVocab& v = out.vocab;
   const bool llama = arch == "llama3";
   v.pre = llama ? "llama-bpe" : "qwen2";
   v.add_bos = llama;
   std::string bos = llama ? "<|begin_of_text|>" : "<|endoftext|>";
   std::string eos = llama ? "<|end_of_text|>" : "<|endoftext|>";
-  const auto config_path = std::filesystem::path(path).parent_path() / "tokenizer_config.json";
+  const auto config_path =
+      std::filesystem::path(tokenizer_json_path).parent_path() / "tokenizer_config.json";
   if (std::filesystem::exists(config_path)) {
     KVP_ASSIGN_OR_RETURN(nlohmann::json cj, ReadJson(config_path.string()));
     if (std::string b = ConfigToken(cj, "bos_token"); !b.empty()) bos = b;
@@ -124,10 +130,11 @@ Result<HfVocab> ReadHfTokenizerJson(const std::string& path, const std::string& 
       out.chat_template = cj["chat_template"].get<std::string>();
     }
   }
-  auto find = [&](const std::string& piece) -> int32_t {
+  auto find = [&v](const std::string& piece) -> int32_t {
     for (size_t id = 0; id < v.pieces.size(); ++id) {
-      if (v.pieces[id] == piece && v.types[id] != TokenType::kUnused)
+      if (v.pieces[id] == piece && v.types[id] != TokenType::kUnused) {
         return static_cast<int32_t>(id);
+      }
     }
     return -1;
   };
@@ -136,6 +143,24 @@ Result<HfVocab> ReadHfTokenizerJson(const std::string& path, const std::string& 
   if (v.bos_id < 0 || v.eos_id < 0) {
     return InvalidArgument("tokenizer.json: BOS '" + bos + "' or EOS '" + eos + "' is not a token");
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<HfVocab> ReadHfTokenizerJson(const std::string& path, const std::string& arch) {
+  KVP_RETURN_IF_ERROR(CheckVocabFamily(arch));
+  KVP_ASSIGN_OR_RETURN(nlohmann::json tj, ReadJson(path));
+  if (!tj.is_object() || !tj.contains("model") || !tj["model"].is_object() ||
+      tj["model"].value("type", "") != "BPE") {
+    return InvalidArgument("'" + path + "' has no byte-level BPE model (model.type != \"BPE\")");
+  }
+  HfVocab out;
+  KVP_RETURN_IF_ERROR(ReadPieces(tj, out.vocab));
+  const auto& model = tj["model"];
+  KVP_RETURN_IF_ERROR(
+      ReadMerges(model.contains("merges") ? model["merges"] : nlohmann::json(), out.vocab.merges));
+  KVP_RETURN_IF_ERROR(ReadSpecials(path, arch, out));
   return out;
 }
 

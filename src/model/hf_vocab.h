@@ -28,7 +28,8 @@ Status CheckVocabFamily(const std::string& arch);
 
 /// Reads `tokenizer_json_path` and, when present beside it, tokenizer_config.json. Pieces are the
 /// vocab plus added tokens by id; ids missing from both become "[PAD<id>]" of type kUnused.
-/// Added tokens are kControl when "special", else kUserDefined; the rest kNormal.
+/// Added tokens are kControl when "special" or spelled "<|...|>" (llama.cpp's converter), else
+/// kUserDefined; the rest kNormal.
 /// Errors: kNotFound / kIoError (file), kInvalidArgument (not JSON, not a BPE model, an id out of
 /// range, a token named by the config that is not in the vocabulary), plus CheckVocabFamily's.
 Result<HfVocab> ReadHfTokenizerJson(const std::string& tokenizer_json_path,

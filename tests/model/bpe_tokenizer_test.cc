@@ -4,6 +4,10 @@
 #include "model/bpe_tokenizer.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
@@ -224,6 +228,9 @@ TEST(BpeTokenizer, InvalidVocabulariesAreRefused) {
   BpeVocab bad_merge = TinyVocab({"a b"});
   bad_merge.merges.push_back("nospace");
   EXPECT_EQ(BpeTokenizer::Create(bad_merge).status().code(), StatusCode::kDataLoss);
+  BpeVocab unknown_side = TinyVocab({"a b"});
+  unknown_side.merges.push_back("ab zz");  // "zz" is not a piece (nor "abzz")
+  EXPECT_EQ(BpeTokenizer::Create(unknown_side).status().code(), StatusCode::kDataLoss);
   BpeVocab bad_pre = TinyVocab({"a b"}, "no-such-pre");
   EXPECT_EQ(BpeTokenizer::Create(bad_pre).status().code(), StatusCode::kUnimplemented);
   BpeVocab bad_types = TinyVocab({"a b"});
@@ -266,6 +273,80 @@ TEST(BpeTokenizer, LoadsFromGgufAndTokenizerFromGgufPicksIt) {
   auto bpe = BpeTokenizer::FromGguf(*file);
   ASSERT_TRUE(bpe.ok());
   EXPECT_EQ((*bpe)->pre_family(), "llama3");
+}
+
+/// Writes `files` (name -> content) into a fresh temporary directory; returns its path.
+std::filesystem::path WriteTempDir(const std::string& tag,
+                                   const std::vector<std::pair<std::string, std::string>>& files) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kvpush_hf_vocab_" + tag + "_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  for (const auto& [name, content] : files) std::ofstream(dir / name) << content;
+  return dir;
+}
+
+TEST(HfVocab, ReadsTokenizerJsonAndConfig) {
+  // Byte-level characters for all 256 bytes, "ab" at 300 (ids 256..299 unused -> [PAD]),
+  // added tokens: special <|s|>, non-special <|fim|> (looks special -> control), <tool>.
+  std::string vocab = "{";
+  for (int b = 0; b < 256; ++b) {
+    vocab += "\"" +
+             std::string(b == '"'    ? "\\\""
+                         : b == '\\' ? "\\\\"
+                                     : B(static_cast<uint8_t>(b))) +
+             "\": " + std::to_string(b) + ",";
+  }
+  vocab += "\"ab\": 300}";
+  const std::string tokenizer_json =
+      R"({"model": {"type": "BPE", "vocab": )" + vocab + R"(, "merges": [["a", "b"], "x y"]},
+          "added_tokens": [{"id": 301, "content": "<|s|>", "special": true},
+                           {"id": 302, "content": "<|fim|>", "special": false},
+                           {"id": 303, "content": "<tool>", "special": false}]})";
+  const auto dir =
+      WriteTempDir("ok", {{"tokenizer.json", tokenizer_json},
+                          {"tokenizer_config.json",
+                           R"({"bos_token": {"content": "<|s|>"}, "eos_token": "<tool>",
+                                            "add_bos_token": true, "chat_template": "T"})"}});
+  auto hv = ReadHfTokenizerJson((dir / "tokenizer.json").string(), "qwen3");
+  ASSERT_TRUE(hv.ok()) << hv.status().ToString();
+  const BpeVocab& v = hv->vocab;
+  ASSERT_EQ(v.pieces.size(), 304u);
+  EXPECT_EQ(v.pieces[' '], "\xC4\xA0");
+  EXPECT_EQ(v.pieces[256], "[PAD256]");
+  EXPECT_EQ(v.types[256], TokenType::kUnused);
+  EXPECT_EQ(v.pieces[300], "ab");
+  EXPECT_EQ(v.types[300], TokenType::kNormal);
+  EXPECT_EQ(v.types[301], TokenType::kControl);
+  EXPECT_EQ(v.types[302], TokenType::kControl);
+  EXPECT_EQ(v.types[303], TokenType::kUserDefined);
+  EXPECT_EQ(v.merges, (Strs{"a b", "x y"}));
+  EXPECT_EQ(v.pre, "qwen2");
+  EXPECT_EQ(v.bos_id, 301);
+  EXPECT_EQ(v.eos_id, 303);
+  EXPECT_TRUE(v.add_bos);  // the config overrides the qwen default
+  EXPECT_EQ(hv->chat_template, "T");
+
+  // Without a config: the family's defaults name the specials; here they do not exist.
+  std::filesystem::remove(dir / "tokenizer_config.json");
+  auto llama = ReadHfTokenizerJson((dir / "tokenizer.json").string(), "llama3");
+  ASSERT_FALSE(llama.ok());
+  EXPECT_NE(llama.status().message().find("<|begin_of_text|>"), std::string::npos);
+  EXPECT_EQ(ReadHfTokenizerJson((dir / "tokenizer.json").string(), "mistral").status().code(),
+            StatusCode::kInvalidArgument);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(HfVocab, RefusesWhatIsNotAByteLevelBpeTokenizer) {
+  const auto dir = WriteTempDir(
+      "bad", {{"wordpiece.json", R"({"model": {"type": "WordPiece"}})"}, {"broken.json", "{"}});
+  EXPECT_EQ(ReadHfTokenizerJson((dir / "wordpiece.json").string(), "qwen2").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadHfTokenizerJson((dir / "broken.json").string(), "qwen2").status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadHfTokenizerJson((dir / "missing.json").string(), "qwen2").status().code(),
+            StatusCode::kNotFound);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

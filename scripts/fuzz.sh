@@ -12,11 +12,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(gguf_fuzz spm_encode_fuzz request_json_fuzz pd_message_fuzz)
+TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
   [gguf_fuzz]="-max_len=65536 -rss_limit_mb=4096"
   [spm_encode_fuzz]="-max_len=4096"
+  [bpe_encode_fuzz]="-max_len=4096"
   [request_json_fuzz]="-max_len=8192 -dict=fuzz/request_json.dict"
   [pd_message_fuzz]="-max_len=4096"
 )

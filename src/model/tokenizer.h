@@ -23,13 +23,15 @@ class Tokenizer {
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
 
-  /// Encodes text into ids, without BOS/EOS (the caller adds BOS). Follows SentencePiece
-  /// conventions (a leading space is added to the text; byte fallback for unknown characters).
-  /// Errors: kInvalidArgument for text that is not valid UTF-8 when the vocabulary needs it.
+  /// Encodes text into ids, without BOS/EOS (TokenizePrompt adds BOS). SentencePiece: a leading
+  /// space is added to the text, byte fallback for unknown characters. Byte-level BPE: added
+  /// tokens in the text are matched, any bytes encode. Errors: kInvalidArgument for text that is
+  /// not valid UTF-8 when the vocabulary needs it (neither built-in tokenizer does).
   virtual Result<std::vector<int32_t>> Encode(std::string_view text) const = 0;
 
-  /// Raw bytes of one token's piece ("▁" already turned into ' ', <0xNN> into the byte; control
-  /// tokens such as BOS/EOS give ""). Errors: none; an out-of-range id gives "".
+  /// Raw bytes of one token's piece ("▁" already turned into ' ', <0xNN> into the byte, a
+  /// byte-level BPE piece mapped back to bytes; control tokens such as BOS/EOS give ""). Errors:
+  /// none; an out-of-range id gives "".
   virtual std::string TokenBytes(int32_t id) const = 0;
 
   /// True for control tokens (BOS, EOS, ...), which decode to nothing.

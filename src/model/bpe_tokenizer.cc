@@ -126,11 +126,16 @@ Status BpeTokenizer::Index() {
     byte_char_[b].clear();
     AppendUtf8(ByteToCodePoint(static_cast<uint8_t>(b)), byte_char_[b]);
     const int32_t id = Lookup(byte_char_[b]);
-    if (id < 0)
+    if (id < 0) {
       return DataLoss("tokenizer: byte-level character for byte " + std::to_string(b) +
                       " is not in the vocabulary");
+    }
     byte_id_[b] = id;
   }
+  return IndexMerges();
+}
+
+Status BpeTokenizer::IndexMerges() {
   merges_.reserve(vocab_.merges.size());
   for (size_t r = 0; r < vocab_.merges.size(); ++r) {
     const std::string& m = vocab_.merges[r];

@@ -78,6 +78,7 @@ class BpeTokenizer final : public Tokenizer {
  private:
   explicit BpeTokenizer(BpeVocab vocab) : vocab_(std::move(vocab)) {}
   Status Index();
+  Status IndexMerges();
   void EncodeChunk(std::string_view chunk, std::vector<int32_t>& out) const;
   void EncodeText(std::string_view text, std::vector<int32_t>& out) const;
   /// The merge of adjacent tokens (left, right): its rank and result id.

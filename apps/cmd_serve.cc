@@ -39,6 +39,7 @@ struct ServeOptions {
   int blas_threads = 1;
   EngineConfig engine;
   bool no_prefix_caching = false;
+  bool enable_prompt_tokens_details = false;
   std::string executor = "llama";
   std::string sim_model = "qwen3-32b";
   std::string sim_hw = "h200";
@@ -130,6 +131,7 @@ int RunServe(const ServeOptions& o) {
   so.host = o.host;
   so.port = o.port;
   so.connector = conn.get();
+  so.enable_prompt_tokens_details = o.enable_prompt_tokens_details;
   so.served_model_name = !o.served_model_name.empty() ? o.served_model_name
                           : o.executor == "sim"         ? o.sim_model
                                                         : std::filesystem::path(o.model).filename().string();
@@ -215,6 +217,9 @@ void RegisterServeCommand(CLI::App& app) {
   cmd->add_option("--max-model-len", opts->engine.max_model_len,
                   "Max prompt + output tokens (default: the model's context length)");
   cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix_caching, "Disable the prefix cache");
+  cmd->add_flag("--enable-prompt-tokens-details", opts->enable_prompt_tokens_details,
+                "Add usage.prompt_tokens_details.cached_tokens (this instance's prefix-cache "
+                "hit; never KV that came from a peer) to responses, as vLLM does");
   cmd->add_option_function<std::string>(
          "--kv-block-allocation",
          [opts](const std::string& v) { opts->engine.scatter_kv_blocks = v == "scattered"; },

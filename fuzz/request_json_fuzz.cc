@@ -40,5 +40,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (const auto& s : r.stop) {
     if (s.empty()) std::abort();
   }
+  // Sampling extensions (issue 13): every value inside the range the engine accepts.
+  if (r.n < 1 || r.n > kvpush::server::kMaxN || r.min_tokens < 0) std::abort();
+  if (!(r.min_p >= 0.0f && r.min_p <= 1.0f)) std::abort();
+  if (!(r.presence_penalty >= -2.0f && r.presence_penalty <= 2.0f)) std::abort();
+  if (!(r.frequency_penalty >= -2.0f && r.frequency_penalty <= 2.0f)) std::abort();
+  if (!(r.repetition_penalty > 0.0f && r.repetition_penalty <= 10.0f)) std::abort();
+  for (size_t i = 0; i < r.logit_bias.size(); ++i) {
+    const auto& [id, bias] = r.logit_bias[i];
+    if (id < 0 || (i > 0 && id <= r.logit_bias[i - 1].first)) std::abort();
+    if (!(bias >= -100.0f && bias <= 100.0f)) std::abort();
+  }
+  if (r.echo && (kind != ApiKind::kCompletion || r.logprobs >= 0)) std::abort();
   return 0;
 }

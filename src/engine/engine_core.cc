@@ -27,7 +27,19 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
         std::to_string(config.max_model_len) + " tokens including at least one generated token");
   }
   if (request.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
+  if (request.min_tokens < 0 || request.min_tokens > request.max_tokens) {
+    return InvalidArgument("min_tokens must be in [0, max_tokens = " +
+                           std::to_string(request.max_tokens) + "], got " +
+                           std::to_string(request.min_tokens));
+  }
   KVP_RETURN_IF_ERROR(request.sampling.Validate());
+  for (const auto& [t, bias] : request.sampling.logit_bias) {
+    if (t >= model.vocab_size) {
+      return InvalidArgument("logit_bias token id " + std::to_string(t) +
+                             " is outside the vocabulary [0, " +
+                             std::to_string(model.vocab_size) + ")");
+    }
+  }
   for (int32_t t : request.stop_token_ids) {
     if (t < 0 || t >= model.vocab_size) {
       return InvalidArgument("stop token id " + std::to_string(t) + " is outside the vocabulary");
@@ -311,7 +323,19 @@ std::vector<Status> EngineCore::ExecuteEach() {
 }
 
 void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
-  SampleResult r = Sample(logits, seq.request.sampling, seq.num_output_tokens());
+  const GenerationRequest& req = seq.request;
+  const std::span<const int32_t> tokens = seq.tokens;
+  const auto prompt_len = static_cast<size_t>(seq.num_prompt_tokens);
+  SamplingHistory history;
+  history.prompt = tokens.first(prompt_len);
+  history.output = tokens.subspan(prompt_len);
+  if (seq.num_output_tokens() < req.min_tokens) {
+    // vLLM's MinTokensLogitsProcessor: EOS (even with ignore_eos) and the stop ids.
+    suppressed_.assign(req.stop_token_ids.begin(), req.stop_token_ids.end());
+    suppressed_.push_back(model_config().eos_id);
+    history.suppressed = suppressed_;
+  }
+  SampleResult r = Sample(logits, req.sampling, seq.num_output_tokens(), history);
   ProcessSampled(seq, TokenOutput{r.token, r.logprob, std::move(r.top_logprobs)});
 }
 
@@ -334,14 +358,20 @@ void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
   FinishReason reason = FinishReason::kNone;
   std::string stop_reason;
   const int32_t token = seq.tokens.back();
-  const bool is_eos = token == model_config().eos_id && !req.ignore_eos;
-  const bool is_stop_id = std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
-                                    token) != req.stop_token_ids.end();
+  // vLLM (v1 check_stop, detokenizer): EOS and stop ids end a request once at least min_tokens
+  // tokens exist; stop strings only match text of tokens after the min_tokens-th.
+  const bool stops_allowed = seq.num_output_tokens() >= req.min_tokens;
+  const bool strings_allowed = seq.num_output_tokens() > req.min_tokens;
+  const bool is_eos = stops_allowed && token == model_config().eos_id && !req.ignore_eos;
+  const bool is_stop_id = stops_allowed && std::find(req.stop_token_ids.begin(),
+                                                     req.stop_token_ids.end(),
+                                                     token) != req.stop_token_ids.end();
   if (is_eos || is_stop_id) {
     reason = FinishReason::kStop;
-    out.text = seq.text->Flush();  // the stop token's own text is not emitted
+    if (!is_eos) out.stop_token_id = token;  // vLLM checks EOS first: its stop_reason is null
+    out.text = seq.text->Flush(strings_allowed);  // the stop token's own text is not emitted
   } else {
-    OutputTextProcessor::Delta d = seq.text->Append(token);
+    OutputTextProcessor::Delta d = seq.text->Append(token, strings_allowed);
     out.text = std::move(d.text);
     if (d.stopped) {
       reason = FinishReason::kStop;
@@ -349,7 +379,7 @@ void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
     } else if (seq.num_output_tokens() >= seq.max_output_tokens ||
                seq.num_tokens() >= config_.max_model_len) {
       reason = FinishReason::kLength;
-      out.text += seq.text->Flush();
+      out.text += seq.text->Flush(strings_allowed);
     }
   }
   if (reason != FinishReason::kNone) {

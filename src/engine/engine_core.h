@@ -128,6 +128,7 @@ class EngineCore {
   std::vector<SequenceChunk> batch_;  ///< reused per step
   std::vector<Sequence*> batch_seqs_;  ///< the sequence of each batch_ entry
   std::vector<float> logits_;         ///< reused per step
+  std::vector<int32_t> suppressed_;   ///< ids suppressed for one sample (min_tokens), reused
   bool defer_outputs_ = false;
   std::vector<std::pair<std::shared_ptr<OutputChannel>, RequestOutput>> pending_outputs_;
 };

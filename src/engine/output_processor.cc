@@ -16,9 +16,10 @@ OutputTextProcessor::OutputTextProcessor(const Tokenizer& tokenizer, std::vector
   }
 }
 
-OutputTextProcessor::Delta OutputTextProcessor::Append(int32_t token) {
+OutputTextProcessor::Delta OutputTextProcessor::Append(int32_t token, bool match_stops) {
   if (stopped_) return {};
   pending_ += detok_.Push(token);
+  if (!match_stops) floor_ = pending_.size();
   return Scan();
 }
 
@@ -28,7 +29,8 @@ OutputTextProcessor::Delta OutputTextProcessor::Scan() {
   size_t best = std::string::npos;
   const std::string* which = nullptr;
   for (const auto& s : stop_) {
-    size_t p = pending_.find(s);
+    const size_t from = floor_ + 1 > s.size() ? floor_ + 1 - s.size() : 0;
+    size_t p = pending_.find(s, from);
     if (p != std::string::npos && (best == std::string::npos || p < best)) {
       best = p;
       which = &s;
@@ -51,12 +53,14 @@ OutputTextProcessor::Delta OutputTextProcessor::Scan() {
   }
   d.text = pending_.substr(0, cut);
   pending_.erase(0, cut);
+  floor_ = floor_ > cut ? floor_ - cut : 0;
   return d;
 }
 
-std::string OutputTextProcessor::Flush() {
+std::string OutputTextProcessor::Flush(bool match_stops) {
   if (stopped_) return {};
   pending_ += detok_.Flush();
+  if (!match_stops) floor_ = pending_.size();
   // A stop string may complete only with the flushed bytes.
   Delta d = Scan();
   if (d.stopped) return d.text;

@@ -31,12 +31,14 @@ class OutputTextProcessor {
     std::string stop_string;  ///< which one
   };
 
-  /// Appends one generated token (control tokens such as EOS add no text).
-  Delta Append(int32_t token);
+  /// Appends one generated token (control tokens such as EOS add no text). With
+  /// `match_stops` false (vLLM's min_tokens: the first min_tokens tokens) the token's text is
+  /// not searched: a later match must end in text of a later token (it may start earlier).
+  Delta Append(int32_t token, bool match_stops = true);
 
   /// Ends the stream: returns every held-back byte plus the detokenizer's pending bytes.
-  /// (Nothing after a stop string match.)
-  std::string Flush();
+  /// (Nothing after a stop string match.) `match_stops` as for Append, for the pending bytes.
+  std::string Flush(bool match_stops = true);
 
  private:
   Delta Scan();
@@ -45,6 +47,7 @@ class OutputTextProcessor {
   std::vector<std::string> stop_;
   size_t holdback_ = 0;  ///< longest stop string - 1
   std::string pending_;  ///< text produced but not yet emitted
+  size_t floor_ = 0;     ///< a stop match must end after pending_[0, floor_) (min_tokens text)
   bool stopped_ = false;
 };
 

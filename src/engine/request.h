@@ -57,6 +57,11 @@ struct GenerationRequest {
   std::vector<int32_t> prompt_tokens;   ///< including BOS if the caller wants one
   SamplingParams sampling;              ///< seed must already be chosen by the caller
   int32_t max_tokens = 16;              ///< >= 1; clamped to max_model_len - prompt length
+  /// [0, max_tokens]: until this many tokens were generated, EOS and the stop token ids are
+  /// never sampled (their logits are -inf) and neither they nor stop strings end the request;
+  /// a stop string can match only text of later tokens (vLLM semantics). max_tokens and
+  /// max_model_len still apply.
+  int32_t min_tokens = 0;
   std::vector<std::string> stop;        ///< stop strings, matched on the detokenized text
   std::vector<int32_t> stop_token_ids;  ///< extra ids that end generation (like EOS)
   bool ignore_eos = false;              ///< keep generating past EOS
@@ -79,6 +84,9 @@ struct RequestOutput {
   std::string text;  ///< new text (valid UTF-8; may lag tokens: stop-string holdback)
   FinishReason finish_reason = FinishReason::kNone;
   std::string stop_reason;  ///< the matched stop string, when one ended the request
+  /// The stop_token_ids entry that ended the request (vLLM reports it as `stop_reason`); -1
+  /// otherwise (EOS, a stop string, length).
+  int32_t stop_token_id = -1;
   Status error;             ///< set when finish_reason == kError
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;  ///< generated so far, including this step's

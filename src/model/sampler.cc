@@ -34,6 +34,84 @@ int32_t Argmax(std::span<const float> logits) {
   return best;
 }
 
+/// Sorted (id, count) of `ids`, ids ascending.
+std::vector<std::pair<int32_t, int32_t>> Counts(std::span<const int32_t> ids) {
+  std::vector<int32_t> sorted(ids.begin(), ids.end());
+  std::sort(sorted.begin(), sorted.end());
+  std::vector<std::pair<int32_t, int32_t>> out;
+  for (int32_t t : sorted) {
+    if (!out.empty() && out.back().first == t) {
+      ++out.back().second;
+    } else {
+      out.emplace_back(t, 1);
+    }
+  }
+  return out;
+}
+
+/// Temperature / min-p / top-k / top-p sampling over (processed) `logits`; T > 0.
+int32_t SampleRandom(std::span<const float> logits, const SamplingParams& params,
+                     int64_t output_index) {
+  const size_t n = logits.size();
+  // Candidates sorted by logit (descending, lowest id first on ties), truncated by top-k.
+  std::vector<int32_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  auto by_logit = [&](int32_t a, int32_t b) {
+    const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
+    return la != lb ? la > lb : a < b;
+  };
+  size_t keep = n;
+  if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
+    keep = static_cast<size_t>(params.top_k);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep),
+                      order.end(), by_logit);
+  } else {
+    std::sort(order.begin(), order.end(), by_logit);
+  }
+  // Softmax of logits / T over the candidates, in double, fixed order; prob[i] is relative to
+  // the most likely token (prob[0] == 1), which is what min-p compares against.
+  const double inv_t = 1.0 / static_cast<double>(params.temperature);
+  const double top = static_cast<double>(logits[static_cast<size_t>(order[0])]);
+  std::vector<double> prob(keep);
+  for (size_t i = 0; i < keep; ++i) {
+    prob[i] = std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) * inv_t);
+  }
+  // Min-p: drop the tail below min_p * p(top) (the order is descending, so it is a cut).
+  if (params.min_p > 0.0f) {
+    const double floor = static_cast<double>(params.min_p);
+    size_t cut = 1;
+    while (cut < keep && prob[cut] >= floor) ++cut;
+    keep = cut;
+  }
+  // Suppressed tokens (-inf) have probability 0 and never count.
+  while (keep > 1 && prob[keep - 1] == 0.0) --keep;
+  double sum = 0.0;
+  for (size_t i = 0; i < keep; ++i) sum += prob[i];
+  // Top-p: the smallest prefix whose probability mass reaches top_p (at least one token).
+  if (params.top_p < 1.0f) {
+    const double target = static_cast<double>(params.top_p) * sum;
+    double cum = 0.0;
+    size_t cut = keep;
+    for (size_t i = 0; i < keep; ++i) {
+      cum += prob[i];
+      if (cum >= target) {
+        cut = i + 1;
+        break;
+      }
+    }
+    keep = cut;
+    sum = 0.0;
+    for (size_t i = 0; i < keep; ++i) sum += prob[i];
+  }
+  const double u = CounterUniform(params.seed, output_index) * sum;
+  double cum = 0.0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += prob[i];
+    if (u < cum) return order[i];
+  }
+  return order[keep - 1];
+}
+
 }  // namespace
 
 Status SamplingParams::Validate() const {
@@ -46,72 +124,89 @@ Status SamplingParams::Validate() const {
   if (!(top_p > 0.0f && top_p <= 1.0f)) {
     return InvalidArgument("top_p must be in (0, 1], got " + std::to_string(top_p));
   }
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) {
+    return InvalidArgument("min_p must be in [0, 1], got " + std::to_string(min_p));
+  }
+  if (!(presence_penalty >= -2.0f && presence_penalty <= 2.0f)) {
+    return InvalidArgument("presence_penalty must be in [-2, 2], got " +
+                           std::to_string(presence_penalty));
+  }
+  if (!(frequency_penalty >= -2.0f && frequency_penalty <= 2.0f)) {
+    return InvalidArgument("frequency_penalty must be in [-2, 2], got " +
+                           std::to_string(frequency_penalty));
+  }
+  if (!(repetition_penalty > 0.0f && repetition_penalty <= 10.0f)) {
+    return InvalidArgument("repetition_penalty must be in (0, 10], got " +
+                           std::to_string(repetition_penalty));
+  }
+  for (size_t i = 0; i < logit_bias.size(); ++i) {
+    const auto& [id, bias] = logit_bias[i];
+    if (id < 0 || (i > 0 && id <= logit_bias[i - 1].first)) {
+      return InvalidArgument("logit_bias token ids must be >= 0, ascending and unique");
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return InvalidArgument("logit_bias values must be in [-100, 100], got " +
+                             std::to_string(bias));
+    }
+  }
   if (logprobs < -1)
     return InvalidArgument("logprobs must be >= 0, got " + std::to_string(logprobs));
   return Status::Ok();
 }
 
+void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,
+                           const SamplingHistory& history) {
+  const auto vocab = static_cast<int64_t>(logits.size());
+  auto in_vocab = [&](int32_t t) { return t >= 0 && t < vocab; };
+  for (const auto& [id, bias] : params.logit_bias) {
+    if (in_vocab(id)) logits[static_cast<size_t>(id)] += bias;
+  }
+  bool any_left = history.suppressed.empty();
+  if (!any_left) {
+    std::vector<int32_t> s(history.suppressed.begin(), history.suppressed.end());
+    std::sort(s.begin(), s.end());
+    s.erase(std::unique(s.begin(), s.end()), s.end());
+    std::erase_if(s, [&](int32_t t) { return !in_vocab(t); });
+    if (static_cast<int64_t>(s.size()) < vocab) {  // never suppress the whole vocabulary
+      for (int32_t t : s) logits[static_cast<size_t>(t)] = -INFINITY;
+    }
+  }
+  if (params.repetition_penalty != 1.0f) {
+    std::vector<int32_t> seen(history.prompt.begin(), history.prompt.end());
+    seen.insert(seen.end(), history.output.begin(), history.output.end());
+    std::sort(seen.begin(), seen.end());
+    seen.erase(std::unique(seen.begin(), seen.end()), seen.end());
+    for (int32_t t : seen) {
+      if (!in_vocab(t)) continue;
+      float& l = logits[static_cast<size_t>(t)];
+      l = l > 0.0f ? l / params.repetition_penalty : l * params.repetition_penalty;
+    }
+  }
+  if (params.frequency_penalty != 0.0f || params.presence_penalty != 0.0f) {
+    for (const auto& [t, count] : Counts(history.output)) {
+      if (!in_vocab(t)) continue;
+      float& l = logits[static_cast<size_t>(t)];
+      l -= params.frequency_penalty * static_cast<float>(count);
+      l -= params.presence_penalty;
+    }
+  }
+}
+
 SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
-                    int64_t output_index) {
+                    int64_t output_index, const SamplingHistory& history) {
   SampleResult result;
   if (logits.empty()) return result;
   const size_t n = logits.size();
 
-  if (params.temperature == 0.0f) {
-    result.token = Argmax(logits);
-  } else {
-    // Candidates sorted by logit (descending, lowest id first on ties), truncated by top-k.
-    std::vector<int32_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    auto by_logit = [&](int32_t a, int32_t b) {
-      const float la = logits[static_cast<size_t>(a)], lb = logits[static_cast<size_t>(b)];
-      return la != lb ? la > lb : a < b;
-    };
-    size_t keep = n;
-    if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
-      keep = static_cast<size_t>(params.top_k);
-      std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep),
-                        order.end(), by_logit);
-    } else {
-      std::sort(order.begin(), order.end(), by_logit);
-    }
-    // Softmax of logits / T over the candidates, in double, fixed order.
-    const double inv_t = 1.0 / static_cast<double>(params.temperature);
-    const double top = static_cast<double>(logits[static_cast<size_t>(order[0])]);
-    std::vector<double> prob(keep);
-    double sum = 0.0;
-    for (size_t i = 0; i < keep; ++i) {
-      prob[i] =
-          std::exp((static_cast<double>(logits[static_cast<size_t>(order[i])]) - top) * inv_t);
-      sum += prob[i];
-    }
-    // Top-p: the smallest prefix whose probability mass reaches top_p (at least one token).
-    if (params.top_p < 1.0f) {
-      const double target = static_cast<double>(params.top_p) * sum;
-      double cum = 0.0;
-      size_t cut = keep;
-      for (size_t i = 0; i < keep; ++i) {
-        cum += prob[i];
-        if (cum >= target) {
-          cut = i + 1;
-          break;
-        }
-      }
-      keep = cut;
-      sum = 0.0;
-      for (size_t i = 0; i < keep; ++i) sum += prob[i];
-    }
-    const double u = CounterUniform(params.seed, output_index) * sum;
-    double cum = 0.0;
-    result.token = order[keep - 1];
-    for (size_t i = 0; i < keep; ++i) {
-      cum += prob[i];
-      if (u < cum) {
-        result.token = order[i];
-        break;
-      }
-    }
+  std::vector<float> processed;
+  std::span<const float> scores = logits;
+  if (params.has_processors() || !history.suppressed.empty()) {
+    processed.assign(logits.begin(), logits.end());
+    ApplyLogitsProcessors(processed, params, history);
+    scores = processed;
   }
+  result.token = params.temperature == 0.0f ? Argmax(scores)
+                                            : SampleRandom(scores, params, output_index);
 
   // Log-softmax of the raw logits (temperature 1), as OpenAI/vLLM report logprobs.
   double max = logits[static_cast<size_t>(Argmax(logits))];

@@ -3,7 +3,9 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <ctime>
 #include <memory>
 #include <vector>
@@ -57,6 +59,7 @@ struct RequestState {
   bool include_usage = false;
   std::vector<Engine::Handle> handles;
   std::vector<ChoiceResult> choices;
+  std::vector<std::string> echo;  ///< per choice: prompt text still to prepend (echo = true)
   std::vector<bool> role_sent;
   size_t num_finished = 0;
   bool done_sent = false;
@@ -71,9 +74,11 @@ struct RequestState {
     c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());
     c.prompt_tokens = o.num_prompt_tokens;
     c.completion_tokens = o.num_output_tokens;
+    c.cached_tokens = o.num_cached_tokens;
     if (!o.finished()) return false;
     c.finish = o.finish_reason;
     c.stop_reason = o.stop_reason;
+    c.stop_token_id = o.stop_token_id;
     if (!o.kv_transfer_params.empty()) kv_transfer_params = o.kv_transfer_params;
     ++num_finished;
     if ((o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) &&
@@ -90,6 +95,42 @@ struct RequestState {
 ApiError TransferAborted(const KvTransferParams& kv) {
   return ApiError{409, "transfer " + kv.transfer_id + " was aborted (POST /kv/abort)",
                   "invalid_request_error", "kv_transfer_params.transfer_id", "transfer_aborted"};
+}
+
+/// "fp_" + the model fingerprint in 16 hex digits (ResponseMeta::system_fingerprint).
+std::string SystemFingerprint(uint64_t model_fingerprint) {
+  char buf[24];
+  std::snprintf(buf, sizeof(buf), "fp_%016llx", static_cast<unsigned long long>(model_fingerprint));
+  return buf;
+}
+
+/// The engine request of sample `j` of a prompt: the request's sampling parameters, seed + j
+/// (vLLM's per-choice seeds for n > 1, vllm/v1/engine/parallel_sampling.py).
+GenerationRequest MakeGeneration(const OpenAiRequest& r, const KvTransferParams& kv,
+                                 std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed,
+                                 int32_t j) {
+  GenerationRequest g;
+  g.max_tokens = max_tokens;
+  // A P leg has max_tokens = 1 from the router; min_tokens still suppresses EOS and the stop
+  // ids for its one token (exactly as for the first token of a colocated run), so clamp.
+  g.min_tokens = kv.role == KvTransferParams::Role::kProducer ? std::min(r.min_tokens, max_tokens)
+                                                              : r.min_tokens;
+  g.prompt_tokens = std::move(prompt);
+  g.sampling.temperature = r.temperature;
+  g.sampling.top_p = r.top_p;
+  g.sampling.top_k = r.top_k;
+  g.sampling.min_p = r.min_p;
+  g.sampling.presence_penalty = r.presence_penalty;
+  g.sampling.frequency_penalty = r.frequency_penalty;
+  g.sampling.repetition_penalty = r.repetition_penalty;
+  g.sampling.logit_bias = r.logit_bias;
+  g.sampling.seed = seed + static_cast<uint64_t>(j);
+  g.sampling.logprobs = r.logprobs;
+  g.stop = r.stop;
+  g.stop_token_ids = r.stop_token_ids;
+  g.ignore_eos = r.ignore_eos;
+  g.kv_transfer = kv;
+  return g;
 }
 
 void AbortUnfinished(Engine& engine, const RequestState& st) {
@@ -114,6 +155,8 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   res.set_header("x-request-id", st->meta.id);
   st->meta.created = static_cast<int64_t>(std::time(nullptr));
   st->meta.model = srv.options_.served_model_name;
+  st->meta.system_fingerprint = SystemFingerprint(engine.model_config().fingerprint);
+  st->meta.prompt_tokens_details = srv.options_.enable_prompt_tokens_details;
 
   auto parsed = ParseOpenAiRequest(kind, req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return ReplyError(res, *e);
@@ -137,13 +180,37 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                                "one prompt",
                                                "prompt"));
     }
+    if (r.n != 1) {
+      return ReplyError(res, ApiError::Invalid("n > 1 is not supported on a P/D leg", "n"));
+    }
   }
   st->meta.logprobs = r.logprobs >= 0;
   st->meta.token_ids = r.return_token_ids;
   st->include_usage = r.include_usage;
 
+  // Token ids the engine would refuse, named by their own field (the engine's Submit error
+  // would be reported against `prompt`).
+  const int32_t vocab = engine.model_config().vocab_size;
+  for (const auto& [tid, bias] : r.logit_bias) {
+    if (tid >= vocab) {
+      return ReplyError(res, ApiError::Invalid("logit_bias: token id " + std::to_string(tid) +
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(vocab) + ")",
+                                               "logit_bias"));
+    }
+  }
+  for (int32_t tid : r.stop_token_ids) {
+    if (tid >= vocab) {
+      return ReplyError(res, ApiError::Invalid("stop_token_ids: token id " + std::to_string(tid) +
+                                                   " is outside the vocabulary [0, " +
+                                                   std::to_string(vocab) + ")",
+                                               "stop_token_ids"));
+    }
+  }
+
   // Tokenize every prompt (BOS + text; token-id prompts are used as given).
   std::vector<std::vector<int32_t>> prompts;
+  std::vector<int32_t> max_tokens;  ///< per prompt: the request's, or the default
   if (kind == ApiKind::kChat) {
     r.prompts.push_back(PromptInput{false, ApplyDefaultChatTemplate(r.messages), {}});
   }
@@ -185,6 +252,20 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                      std::to_string(n) + " in the " + what + ", " +
                                      std::to_string(*r.max_tokens) + " in the completion).",
                                  "max_tokens", "context_length_exceeded"));
+    }
+    const auto room = static_cast<int32_t>(max_len - n);
+    max_tokens.push_back(r.max_tokens ? *r.max_tokens
+                                      : (kind == ApiKind::kChat ? room : std::min(16, room)));
+    if (r.min_tokens > max_tokens.back() && kv.role != KvTransferParams::Role::kProducer) {
+      return ReplyError(res, ApiError::Invalid("min_tokens must be less than or equal to "
+                                               "max_tokens=" +
+                                                   std::to_string(max_tokens.back()) + ", got " +
+                                                   std::to_string(r.min_tokens),
+                                               "min_tokens"));
+    }
+    if (r.echo) {
+      st->echo.insert(st->echo.end(), static_cast<size_t>(r.n),
+                      p.is_tokens ? DecodeTokens(tok, ids) : p.text);
     }
     prompts.push_back(std::move(ids));
   }
@@ -228,22 +309,14 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     st->transfer_id = kv.transfer_id;
   }
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : srv.RandomSeed();
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    GenerationRequest g;
-    g.request_id = prompts.size() == 1 ? st->meta.id : st->meta.id + "-" + std::to_string(i);
-    const int32_t room = max_len - static_cast<int32_t>(prompts[i].size());
-    g.max_tokens = r.max_tokens ? *r.max_tokens
-                                : (kind == ApiKind::kChat ? room : std::min<int32_t>(16, room));
-    g.prompt_tokens = std::move(prompts[i]);
-    g.sampling.temperature = r.temperature;
-    g.sampling.top_p = r.top_p;
-    g.sampling.top_k = r.top_k;
-    g.sampling.seed = seed;
-    g.sampling.logprobs = r.logprobs;
-    g.stop = r.stop;
-    g.stop_token_ids = r.stop_token_ids;
-    g.ignore_eos = r.ignore_eos;
-    g.kv_transfer = kv;
+  std::vector<bool> counts_prompt;
+  for (size_t k = 0; k < prompts.size() * static_cast<size_t>(r.n); ++k) {
+    const size_t i = k / static_cast<size_t>(r.n);
+    const auto j = static_cast<int32_t>(k % static_cast<size_t>(r.n));
+    GenerationRequest g = MakeGeneration(r, kv, prompts[i], max_tokens[i], seed, j);
+    g.request_id = prompts.size() == 1 && r.n == 1 ? st->meta.id
+                                                    : st->meta.id + "-" + std::to_string(k);
+    counts_prompt.push_back(j == 0);
     auto h = engine.Submit(std::move(g));
     if (!h.ok()) {
       for (const auto& done : st->handles) engine.Abort(done.id);
@@ -259,6 +332,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
   }
   st->choices.resize(st->handles.size());
+  for (size_t k = 0; k < st->choices.size(); ++k) st->choices[k].counts_prompt = counts_prompt[k];
   st->role_sent.assign(st->handles.size(), false);
 
   if (!r.stream) {
@@ -284,6 +358,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
       }
     }
     if (st->failed) return ReplyError(res, st->error);
+    for (size_t k = 0; k < st->echo.size(); ++k) st->choices[k].text.insert(0, st->echo[k]);
     res.status = 200;
     if (st->kv_transfer_params.empty()) {
       res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
@@ -301,7 +376,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   HttpServer* server = &srv;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
-      "text/event-stream",
+      "text/event-stream; charset=utf-8",
       [st, eng, server, &tok](size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         if (st->done_sent) return true;
@@ -311,7 +386,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
             if (st->role_sent[i]) continue;
             st->role_sent[i] = true;
             if (!write(BuildStreamChunk(st->meta, static_cast<int>(i), "", {}, FinishReason::kNone,
-                                        "", true, st->include_usage, tok))) {
+                                        "", -1, true, st->include_usage, tok))) {
               return false;
             }
           }
@@ -339,22 +414,21 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
             if (!write("data: " + e.ToJson() + "\n\n")) return false;
             continue;
           }
+          if (i < st->echo.size() && !st->echo[i].empty()) {
+            o.text.insert(0, st->echo[i]);  // echo: the prompt leads the choice's first event
+            st->echo[i].clear();
+          }
           if (o.text.empty() && !o.finished() && !st->meta.logprobs && !st->meta.token_ids)
             continue;
           if (!write(BuildStreamChunk(st->meta, static_cast<int>(i), o.text, o.tokens,
-                                      o.finish_reason, o.stop_reason, false, st->include_usage,
-                                      tok))) {
+                                      o.finish_reason, o.stop_reason, o.stop_token_id, false,
+                                      st->include_usage, tok))) {
             return false;
           }
         }
         if (st->all_finished()) {
           if (st->include_usage) {
-            int64_t p = 0, c = 0;
-            for (const auto& ch : st->choices) {
-              p += ch.prompt_tokens;
-              c += ch.completion_tokens;
-            }
-            if (!write(BuildUsageChunk(st->meta, p, c))) return false;
+            if (!write(BuildUsageChunk(st->meta, SumUsage(st->choices)))) return false;
           }
           if (!write("data: [DONE]\n\n")) return false;
           st->done_sent = true;

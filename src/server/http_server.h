@@ -42,6 +42,8 @@ struct ServerOptions {
   /// many requests wait, and a router does not take a busy instance for a dead one.
   int max_extra_threads = 1024;
   size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
+  /// vLLM's --enable-prompt-tokens-details: usage gets prompt_tokens_details.cached_tokens.
+  bool enable_prompt_tokens_details = false;
   /// P/D instances (--role prefill|decode): serves POST /kv/handshake and requests with
   /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive
   /// the server.

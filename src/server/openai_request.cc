@@ -1,5 +1,6 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -202,46 +203,79 @@ std::optional<ApiError> ParseStop(const json& body, OpenAiRequest& r) {
   return std::nullopt;
 }
 
-/// Fields we refuse when they ask for something not implemented.
+/// True when `v` asks for nothing: null, an empty string, array or object.
+bool IsEmptyValue(const json& v) {
+  return v.is_null() || ((v.is_string() || v.is_array() || v.is_object()) && v.empty());
+}
+
+std::optional<ApiError> NotSupported(const std::string& field, const std::string& what = "") {
+  return ApiError::Invalid("'" + field + "' is not supported" + (what.empty() ? "" : ": " + what),
+                           field);
+}
+
+/// Known OpenAI / vLLM fields that change the output and are not implemented: refused unless
+/// they carry their default (docs/server.md, "Request fields").
 std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
-  std::optional<int64_t> n;
-  if (auto e = GetInt(body, "n", 1, 1, n)) {
-    e->message = "only n = 1 is supported";
-    return e;
-  }
-  std::optional<int64_t> best_of;
-  if (auto e = GetInt(body, "best_of", 1, 1, best_of)) {
+  const bool chat = kind == ApiKind::kChat;
+  std::optional<int64_t> v;
+  if (auto e = GetInt(body, "best_of", 1, 1, v)) {
     e->message = "only best_of = 1 is supported";
     return e;
   }
-  bool echo = false;
-  if (auto e = GetBool(body, "echo", echo)) return e;
-  if (echo) return ApiError::Invalid("'echo' is not supported", "echo");
-  auto suffix = body.find("suffix");
-  if (suffix != body.end() && !suffix->is_null() &&
-      !(suffix->is_string() && suffix->get<std::string>().empty())) {
-    return ApiError::Invalid("'suffix' is not supported", "suffix");
+  // Any non-empty value asks for a feature kvpush does not have.
+  static constexpr const char* kNullOnly[] = {
+      "suffix", "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs",
+      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
+      "guided_decoding_backend", "guided_whitespace_pattern", "logits_processors",
+      "prompt_embeds", "cache_salt", "vllm_xargs", "chat_template", "chat_template_kwargs",
+      "documents", "audio", "prediction", "web_search_options", "mm_processor_kwargs",
+      "tools", "functions"};
+  for (const char* f : kNullOnly) {
+    auto it = body.find(f);
+    if (it != body.end() && !IsEmptyValue(*it)) return NotSupported(f);
   }
-  auto bias = body.find("logit_bias");
-  if (bias != body.end() && !bias->is_null() && !(bias->is_object() && bias->empty())) {
-    return ApiError::Invalid("'logit_bias' is not supported", "logit_bias");
+  // Booleans that must keep their default.
+  struct Flag {
+    const char* field;
+    bool want;
+  };
+  static constexpr Flag kFlags[] = {{"use_beam_search", false},
+                                    {"include_stop_str_in_output", false},
+                                    {"return_tokens_as_token_ids", false},
+                                    {"skip_special_tokens", true},
+                                    {"spaces_between_special_tokens", true}};
+  for (const Flag& f : kFlags) {
+    bool b = f.want;
+    if (auto e = GetBool(body, f.field, b)) return e;
+    if (b != f.want) {
+      return NotSupported(f.field, std::string("only ") + (f.want ? "true" : "false"));
+    }
   }
-  for (const char* f : {"presence_penalty", "frequency_penalty"}) {
-    float v = 0.0f;
-    if (auto e = GetFloat(body, f, -2.0, 2.0, false, v)) return e;
-    if (v != 0.0f) return ApiError::Invalid(std::string("'") + f + "' is not supported", f);
+  bool b = !chat;
+  if (auto e = GetBool(body, "add_special_tokens", b)) return e;
+  if (b != !chat) return NotSupported("add_special_tokens", chat ? "only false" : "only true");
+  if (auto e = GetInt(body, "priority", 0, 0, v)) {
+    e->message = "'priority' is not supported (no priority scheduling): only 0";
+    return e;
   }
-  float rep = 1.0f;
-  if (auto e = GetFloat(body, "repetition_penalty", 0.0, 10.0, true, rep)) return e;
-  if (rep != 1.0f) {
-    return ApiError::Invalid("'repetition_penalty' is not supported", "repetition_penalty");
+  auto mod = body.find("modalities");
+  if (mod != body.end() && !mod->is_null() && *mod != json::array({"text"}) && !mod->empty()) {
+    return NotSupported("modalities", "only [\"text\"]");
   }
-  if (kind == ApiKind::kChat) {
-    for (const char* f : {"tools", "functions", "tool_choice", "function_call"}) {
+  if (chat) {
+    for (const char* f : {"echo", "continue_final_message"}) {
+      bool x = false;
+      if (auto e = GetBool(body, f, x)) return e;
+      if (x) return NotSupported(f);
+    }
+    bool gen = true;
+    if (auto e = GetBool(body, "add_generation_prompt", gen)) return e;
+    if (!gen) return NotSupported("add_generation_prompt", "only true");
+    for (const char* f : {"tool_choice", "function_call"}) {
       auto t = body.find(f);
-      if (t != body.end() && !t->is_null() && !(t->is_array() && t->empty()) &&
+      if (t != body.end() && !IsEmptyValue(*t) &&
           !(t->is_string() && t->get<std::string>() == "none")) {
-        return ApiError::Invalid(std::string("'") + f + "' is not supported", f);
+        return NotSupported(f);
       }
     }
     auto rf = body.find("response_format");
@@ -251,6 +285,62 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
                                  "response_format");
       }
     }
+  }
+  return std::nullopt;
+}
+
+/// `logit_bias`: an object {"<token id>": number in [-100, 100]} (OpenAI); null or {} = none.
+std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  if (!it->is_object()) return WrongType("logit_bias", "an object", *it);
+  for (auto e = it->begin(); e != it->end(); ++e) {
+    const std::string& key = e.key();
+    bool digits = !key.empty() && key.size() <= 10;
+    for (char c : key) digits = digits && c >= '0' && c <= '9';
+    const int64_t id = digits ? std::stoll(key) : -1;
+    if (id < 0 || id > 0x7fffffffll) {
+      return ApiError::Invalid("'logit_bias' keys must be token ids (decimal integers), got '" +
+                                   key + "'",
+                               "logit_bias");
+    }
+    if (!e.value().is_number()) return WrongType("logit_bias", "an object of numbers", e.value());
+    const double bias = e.value().get<double>();
+    if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0) {
+      return ApiError::Invalid("'logit_bias' values must be in [-100, 100]", "logit_bias");
+    }
+    r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  std::sort(r.logit_bias.begin(), r.logit_bias.end());
+  for (size_t i = 1; i < r.logit_bias.size(); ++i) {
+    if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
+      return ApiError::Invalid("'logit_bias' names token " +
+                                   std::to_string(r.logit_bias[i].first) + " twice",
+                               "logit_bias");
+    }
+  }
+  return std::nullopt;
+}
+
+/// vLLM's extra sampling parameters and the OpenAI penalties, n and echo.
+std::optional<ApiError> ParseSamplingExtras(const json& body, OpenAiRequest& r) {
+  std::optional<int64_t> v;
+  if (auto e = GetInt(body, "n", 1, kMaxN, v)) return e;
+  if (v) r.n = static_cast<int32_t>(*v);
+  v.reset();
+  if (auto e = GetInt(body, "min_tokens", 0, std::numeric_limits<int32_t>::max(), v)) return e;
+  if (v) r.min_tokens = static_cast<int32_t>(*v);
+  if (auto e = GetFloat(body, "min_p", 0.0, 1.0, false, r.min_p)) return e;
+  if (auto e = GetFloat(body, "presence_penalty", -2.0, 2.0, false, r.presence_penalty)) return e;
+  if (auto e = GetFloat(body, "frequency_penalty", -2.0, 2.0, false, r.frequency_penalty)) {
+    return e;
+  }
+  if (auto e = GetFloat(body, "repetition_penalty", 0.0, 10.0, true, r.repetition_penalty)) {
+    return e;
+  }
+  if (auto e = ParseLogitBias(body, r)) return e;
+  if (r.kind == ApiKind::kCompletion) {
+    if (auto e = GetBool(body, "echo", r.echo)) return e;
   }
   return std::nullopt;
 }
@@ -292,11 +382,16 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
   if (auto e = ParseStop(body, r)) return *e;
   if (auto e = GetBool(body, "ignore_eos", r.ignore_eos)) return *e;
   if (auto e = GetBool(body, "return_token_ids", r.return_token_ids)) return *e;
+  if (auto e = ParseSamplingExtras(body, r)) return *e;
 
   if (kind == ApiKind::kCompletion) {
     v.reset();
     if (auto e = GetInt(body, "logprobs", 0, kMaxLogprobs, v)) return *e;
     if (v) r.logprobs = static_cast<int32_t>(*v);
+    if (r.echo && r.logprobs >= 0) {
+      return *NotSupported("echo", "echo with logprobs needs prompt logprobs, which kvpush "
+                                   "does not compute");
+    }
   } else {
     bool want = false;
     if (auto e = GetBool(body, "logprobs", want)) return *e;

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <variant>
 #include <vector>
 
@@ -46,6 +47,16 @@ struct OpenAiRequest {
   std::vector<std::string> stop;  ///< up to 16 non-empty strings... empty ones dropped
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
+  int32_t min_tokens = 0;  ///< vLLM: >= 0; holds off EOS, stop ids and stop strings
+  float min_p = 0.0f;      ///< vLLM: [0, 1]
+  float presence_penalty = 0.0f;    ///< [-2, 2]
+  float frequency_penalty = 0.0f;   ///< [-2, 2]
+  float repetition_penalty = 1.0f;  ///< vLLM: (0, 10]
+  /// OpenAI `logit_bias` ({"<token id>": bias}): ids ascending, unique, < 2^31; bias in
+  /// [-100, 100]. The vocabulary is checked by the engine.
+  std::vector<std::pair<int32_t, float>> logit_bias;
+  int32_t n = 1;       ///< choices per prompt, [1, kMaxN]
+  bool echo = false;   ///< completions: prepend the prompt to each choice's text
   int32_t logprobs = -1;  ///< -1 = none; n >= 0 = sampled token + top n (<= 20)
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage
@@ -55,11 +66,16 @@ struct OpenAiRequest {
   nlohmann::json kv_transfer_params;
 };
 
+/// Most choices per prompt (`n`).
+inline constexpr int32_t kMaxN = 128;
+
 /// Parses `body` for endpoint `kind`. Errors (ApiError, HTTP 400, invalid_request_error, param
-/// set): malformed JSON, a non-object body, wrong field types, out-of-range values, n != 1,
-/// echo = true, best_of > 1, unsupported features (suffix, logit_bias, tools, non-zero
-/// presence/frequency penalty, response_format other than text), stream_options without
-/// stream. Unknown fields are ignored. Thread-safe (pure). Never throws.
+/// naming the field): malformed JSON, a non-object body, wrong field types, out-of-range values,
+/// best_of != 1, echo with logprobs (prompt logprobs), unsupported features (suffix, tools,
+/// beam search, structured outputs, prompt logprobs, ... — docs/server.md lists each), a
+/// non-default value of a known field that would change the output and is not implemented,
+/// stream_options without stream. Fields that change nothing here (user, metadata, store,
+/// service_tier, ...) and unknown fields are ignored. Thread-safe (pure). Never throws.
 std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body);
 
 }  // namespace kvpush::server

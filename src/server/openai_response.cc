@@ -57,17 +57,33 @@ json ChatLogprobs(const std::vector<TokenOutput>& tokens, const Tokenizer& tok) 
   return json{{"content", content}};
 }
 
-json Usage(int64_t prompt, int64_t completion) {
-  return {{"prompt_tokens", prompt},
-          {"completion_tokens", completion},
-          {"total_tokens", prompt + completion}};
+json Usage(const ResponseMeta& meta, const UsageCounts& u) {
+  json j = {{"prompt_tokens", u.prompt_tokens},
+            {"completion_tokens", u.completion_tokens},
+            {"total_tokens", u.prompt_tokens + u.completion_tokens}};
+  if (meta.prompt_tokens_details) j["prompt_tokens_details"] = {{"cached_tokens", u.cached_tokens}};
+  return j;
 }
 
-json StopReason(const std::string& s) {
+/// vLLM's stop_reason: the stop token id (an integer), the stop string, or null (EOS, length).
+json StopReason(const std::string& s, int32_t stop_token_id) {
+  if (stop_token_id >= 0) return json(stop_token_id);
   return s.empty() ? json(nullptr) : json(s);
 }
 
 }  // namespace
+
+UsageCounts SumUsage(const std::vector<ChoiceResult>& choices) {
+  UsageCounts u;
+  for (const ChoiceResult& c : choices) {
+    if (c.counts_prompt) {
+      u.prompt_tokens += c.prompt_tokens;
+      u.cached_tokens += c.cached_tokens;
+    }
+    u.completion_tokens += c.completion_tokens;
+  }
+  return u;
+}
 
 std::string FinishReasonString(FinishReason r) {
   return r == FinishReason::kLength ? "length" : "stop";
@@ -79,14 +95,14 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
   json j = {{"id", meta.id},
             {"object", chat ? "chat.completion" : "text_completion"},
             {"created", meta.created},
-            {"model", meta.model}};
+            {"model", meta.model},
+            {"system_fingerprint", meta.system_fingerprint}};
   json arr = json::array();
-  int64_t prompt = 0, completion = 0;
   for (size_t i = 0; i < choices.size(); ++i) {
     const ChoiceResult& c = choices[i];
     json choice = {{"index", i},
                    {"finish_reason", FinishReasonString(c.finish)},
-                   {"stop_reason", StopReason(c.stop_reason)}};
+                   {"stop_reason", StopReason(c.stop_reason, c.stop_token_id)}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
       choice["logprobs"] = meta.logprobs ? ChatLogprobs(c.tokens, tokenizer) : json(nullptr);
@@ -101,18 +117,16 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
       choice["token_ids"] = std::move(ids);
     }
     arr.push_back(std::move(choice));
-    prompt += c.prompt_tokens;
-    completion += c.completion_tokens;
   }
   j["choices"] = std::move(arr);
-  j["usage"] = Usage(prompt, completion);
+  j["usage"] = Usage(meta, SumUsage(choices));
   return Dump(j);
 }
 
 std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::string& text,
                              const std::vector<TokenOutput>& tokens, FinishReason finish,
-                             const std::string& stop_reason, bool first, bool usage_null,
-                             const Tokenizer& tokenizer) {
+                             const std::string& stop_reason, int32_t stop_token_id, bool first,
+                             bool usage_null, const Tokenizer& tokenizer) {
   const bool chat = meta.kind == ApiKind::kChat;
   json choice = {{"index", index}};
   json fr = finish == FinishReason::kNone ? json(nullptr) : json(FinishReasonString(finish));
@@ -134,25 +148,28 @@ std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::str
     choice["token_ids"] = std::move(ids);
   }
   choice["finish_reason"] = fr;
-  if (finish != FinishReason::kNone) choice["stop_reason"] = StopReason(stop_reason);
+  if (finish != FinishReason::kNone) {
+    choice["stop_reason"] = StopReason(stop_reason, stop_token_id);
+  }
   json j = {{"id", meta.id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
             {"created", meta.created},
             {"model", meta.model},
+            {"system_fingerprint", meta.system_fingerprint},
             {"choices", json::array({choice})}};
   if (usage_null) j["usage"] = nullptr;
   return "data: " + Dump(j) + "\n\n";
 }
 
-std::string BuildUsageChunk(const ResponseMeta& meta, int64_t prompt_tokens,
-                            int64_t completion_tokens) {
+std::string BuildUsageChunk(const ResponseMeta& meta, const UsageCounts& usage) {
   const bool chat = meta.kind == ApiKind::kChat;
   json j = {{"id", meta.id},
             {"object", chat ? "chat.completion.chunk" : "text_completion"},
             {"created", meta.created},
             {"model", meta.model},
+            {"system_fingerprint", meta.system_fingerprint},
             {"choices", json::array()},
-            {"usage", Usage(prompt_tokens, completion_tokens)}};
+            {"usage", Usage(meta, usage)}};
   return "data: " + Dump(j) + "\n\n";
 }
 

@@ -19,6 +19,18 @@ struct ResponseMeta {
   std::string model;
   bool logprobs = false;   ///< include logprobs objects
   bool token_ids = false;  ///< include "token_ids" per choice (vLLM's return_token_ids)
+  /// OpenAI `system_fingerprint` of every body and chunk: "fp_" + 16 hex digits of the model
+  /// fingerprint, so equal on every instance serving the same weights (colocated, P, D).
+  std::string system_fingerprint;
+  /// `usage.prompt_tokens_details.cached_tokens` (vLLM's --enable-prompt-tokens-details).
+  bool prompt_tokens_details = false;
+};
+
+/// Token counts of a response (`usage`).
+struct UsageCounts {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  ///< prompt tokens this instance's prefix cache served
 };
 
 /// Everything one choice produced (accumulated from RequestOutputs).
@@ -27,9 +39,17 @@ struct ChoiceResult {
   std::vector<TokenOutput> tokens;
   FinishReason finish = FinishReason::kNone;
   std::string stop_reason;
+  int32_t stop_token_id = -1;  ///< a stop_token_ids entry that ended it (`stop_reason` = the id)
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
+  int32_t cached_tokens = 0;
+  /// The first choice of its prompt: its prompt counts in usage (n > 1 samples of one prompt
+  /// count the prompt once, as vLLM does).
+  bool counts_prompt = true;
 };
+
+/// Usage summed over `choices` (prompts counted once, see ChoiceResult::counts_prompt).
+UsageCounts SumUsage(const std::vector<ChoiceResult>& choices);
 
 /// "stop" / "length" (kAbort and kError never reach a 200 response body).
 std::string FinishReasonString(FinishReason r);
@@ -39,15 +59,15 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
                           const Tokenizer& tokenizer);
 
 /// One SSE event "data: {...}\n\n" for choice `index` carrying `text` and the logprobs of
-/// `tokens`; `finish` != kNone adds finish_reason. `first` (chat) adds role "assistant".
-/// `usage_null` adds "usage": null (stream_options.include_usage).
+/// `tokens`; `finish` != kNone adds finish_reason and stop_reason (`stop_token_id` >= 0: that
+/// id, else `stop_reason` or null). `first` (chat) adds role "assistant". `usage_null` adds
+/// "usage": null (stream_options.include_usage).
 std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::string& text,
                              const std::vector<TokenOutput>& tokens, FinishReason finish,
-                             const std::string& stop_reason, bool first, bool usage_null,
-                             const Tokenizer& tokenizer);
+                             const std::string& stop_reason, int32_t stop_token_id, bool first,
+                             bool usage_null, const Tokenizer& tokenizer);
 
 /// The final usage event (choices: []) for include_usage.
-std::string BuildUsageChunk(const ResponseMeta& meta, int64_t prompt_tokens,
-                            int64_t completion_tokens);
+std::string BuildUsageChunk(const ResponseMeta& meta, const UsageCounts& usage);
 
 }  // namespace kvpush::server

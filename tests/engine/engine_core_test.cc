@@ -210,6 +210,84 @@ TEST(EngineCoreTest, StopConditions) {
   ExpectNoLeak(*core);
 }
 
+TEST(EngineCoreTest, StopTokenIdIsReportedAndMinTokensHoldsOffStops) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+  auto prompt = MakePrompt(6, 11);
+  auto ref = RunAll(*core, {MakeRequest(prompt, 40)}, 1)[0];
+  const int32_t stop_id = ref.tokens[2];
+  const auto first = std::find(ref.tokens.begin(), ref.tokens.end(), stop_id) - ref.tokens.begin();
+
+  auto req = MakeRequest(prompt, 40);
+  req.stop_token_ids = {stop_id};
+  auto by_id = RunAll(*core, {req}, 2)[0];
+  EXPECT_EQ(by_id.finish, FinishReason::kStop);
+  EXPECT_EQ(by_id.tokens.size(), static_cast<size_t>(first + 1));
+  EXPECT_EQ(by_id.stop_token_id, stop_id);  // vLLM: stop_reason = the token id
+  EXPECT_EQ(by_id.stop_reason, "");
+
+  // min_tokens = 10: neither the stop id nor EOS is sampled among the first 10 tokens (their
+  // logits are -inf), so the request runs at least 10 tokens.
+  req.ignore_eos = false;
+  req.min_tokens = 10;
+  auto held = RunAll(*core, {req}, 3)[0];
+  ASSERT_GE(held.tokens.size(), 10u);
+  for (size_t i = 0; i < 10; ++i) {
+    EXPECT_NE(held.tokens[i], stop_id) << i;
+    EXPECT_NE(held.tokens[i], 2) << i;
+  }
+  if (held.finish == FinishReason::kStop && held.tokens.back() == stop_id) {
+    EXPECT_EQ(held.stop_token_id, stop_id);
+  } else if (held.finish == FinishReason::kStop) {
+    EXPECT_EQ(held.tokens.back(), 2);  // EOS: stop_reason null
+    EXPECT_EQ(held.stop_token_id, -1);
+  } else {
+    EXPECT_EQ(held.tokens.size(), 40u);
+  }
+
+  // Stop strings: min_tokens = max_tokens holds every one off; the tokens are those of the same
+  // request without stop strings (the stop strings never change sampling).
+  auto s_req = MakeRequest(prompt, 40);
+  s_req.min_tokens = 40;
+  auto plain = RunAll(*core, {s_req}, 4)[0];
+  s_req.stop = {ref.text.substr(0, 2), ref.text.substr(5, 6)};
+  auto no_stop = RunAll(*core, {s_req}, 5)[0];
+  EXPECT_EQ(no_stop.finish, FinishReason::kLength);
+  EXPECT_EQ(no_stop.tokens, plain.tokens);
+  EXPECT_EQ(no_stop.text, plain.text);
+
+  // min_tokens above max_tokens is refused.
+  auto bad = MakeRequest(prompt, 4);
+  bad.min_tokens = 5;
+  EXPECT_EQ(RunAll(*core, {bad}, 6)[0].finish, FinishReason::kError);
+  ExpectNoLeak(*core);
+}
+
+TEST(EngineCoreTest, PenaltiesCountTheOutputSoFar) {
+  // Greedy with a strong presence penalty never repeats a generated token while others remain.
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+  auto req = MakeRequest(MakePrompt(6, 3), 20);
+  req.sampling.presence_penalty = 2.0f;
+  req.sampling.logit_bias = {{2, -100.0f}};
+  auto r = RunAll(*core, {req}, 1)[0];
+  ASSERT_EQ(r.tokens.size(), 20u);
+  std::vector<int32_t> sorted = r.tokens;
+  std::sort(sorted.begin(), sorted.end());
+  // The fake model's logits span a few units, so a 2.0 penalty need not forbid every repeat;
+  // but it must change the greedy text and never pick the -100 biased EOS.
+  EXPECT_EQ(std::count(r.tokens.begin(), r.tokens.end(), 2), 0);
+  auto plain = RunAll(*core, {MakeRequest(MakePrompt(6, 3), 20)}, 2)[0];
+  EXPECT_NE(r.tokens, plain.tokens);
+  // Out-of-vocabulary logit_bias ids are refused at admission.
+  auto bad = MakeRequest(MakePrompt(6, 3), 4);
+  bad.sampling.logit_bias = {{1 << 20, 1.0f}};
+  auto refused = RunAll(*core, {bad}, 3)[0];
+  EXPECT_EQ(refused.finish, FinishReason::kError);
+  EXPECT_NE(refused.error.message().find("logit_bias"), std::string::npos);
+  ExpectNoLeak(*core);
+}
+
 TEST(EngineCoreTest, EosEndsGenerationUnlessIgnored) {
   FakeTokenizer tok;
   auto core = MakeCore(FakeConfig(1024, 4, 512), tok);

@@ -19,6 +19,7 @@ struct Collected {
   std::string text;
   FinishReason finish = FinishReason::kNone;
   std::string stop_reason;
+  int32_t stop_token_id = -1;
   Status error;
   int32_t num_cached_tokens = 0;
   int32_t num_outputs = 0;
@@ -31,6 +32,7 @@ inline void Accumulate(Collected& c, const RequestOutput& o) {
   if (o.finished()) {
     c.finish = o.finish_reason;
     c.stop_reason = o.stop_reason;
+    c.stop_token_id = o.stop_token_id;
     c.error = o.error;
     c.num_cached_tokens = o.num_cached_tokens;
   }

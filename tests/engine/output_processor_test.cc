@@ -90,5 +90,31 @@ TEST(OutputTextProcessorTest, MultiByteCharactersComeOutWhole) {
             "b");
 }
 
+TEST(OutputTextProcessorTest, HeldOffTextOnlyLeadsIntoAMatch) {
+  // vLLM's min_tokens: text of held-off tokens is never searched on its own, but a match may
+  // start in it and end in later text (check_stop_strings looks back len(stop) - 1 bytes).
+  FakeTokenizer tok;
+  const std::vector<int32_t> ids = Enc(tok, "the cat sat");
+  auto run = [&](size_t held_tokens) {
+    OutputTextProcessor p(tok, {"cat"});
+    std::string all;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      auto d = p.Append(ids[i], i >= held_tokens);
+      all += d.text;
+      if (d.stopped) return all + "|stop";
+    }
+    return all + p.Flush();
+  };
+  // Tokens held off: all that cover "the cat" / all that end within "the ca".
+  size_t cover = 0, before = 0, seen = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    seen += tok.TokenBytes(ids[i]).size();
+    if (seen <= 6) before = i + 1;
+    if (cover == 0 && seen >= 7) cover = i + 1;
+  }
+  EXPECT_EQ(run(cover), "the cat sat");  // "cat" lies in held-off text only: no match
+  EXPECT_EQ(run(before), "the |stop");   // "cat" ends in later text: it matches
+}
+
 }  // namespace
 }  // namespace kvpush::testing

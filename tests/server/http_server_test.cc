@@ -137,7 +137,7 @@ TEST_F(HttpServerTest, CompletionStreamingSseFormat) {
                    "application/json");
   ASSERT_TRUE(r);
   ASSERT_EQ(r->status, 200);
-  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream");
+  EXPECT_EQ(r->get_header_value("Content-Type"), "text/event-stream; charset=utf-8");
   auto events = SseEvents(r->body);
   ASSERT_GE(events.size(), 3u);
   EXPECT_EQ(events.back(), "[DONE]");
@@ -291,8 +291,16 @@ TEST_F(HttpServerTest, BadInputGetsOpenAiErrors) {
       {"/v1/completions", R"({"prompt":"a","temperature":"hot"})", 400, "temperature"},
       {"/v1/completions", R"({"prompt":"a","top_p":0})", 400, "top_p"},
       {"/v1/completions", R"({"prompt":"a","top_k":-2})", 400, "top_k"},
-      {"/v1/completions", R"({"prompt":"a","n":2})", 400, "n"},
-      {"/v1/completions", R"({"prompt":"a","echo":true})", 400, "echo"},
+      {"/v1/completions", R"({"prompt":"a","n":0})", 400, "n"},
+      {"/v1/completions", R"({"prompt":"a","n":129})", 400, "n"},
+      {"/v1/completions", R"({"prompt":"a","echo":true,"logprobs":0})", 400, "echo"},
+      {"/v1/completions", R"({"prompt":"a","min_p":"abc"})", 400, "min_p"},
+      {"/v1/completions", R"({"prompt":"a","min_p":5})", 400, "min_p"},
+      {"/v1/completions", R"({"prompt":"a","max_tokens":4,"min_tokens":5})", 400, "min_tokens"},
+      {"/v1/completions", R"({"prompt":"a","min_tokens":17})", 400, "min_tokens"},
+      {"/v1/completions", R"({"prompt":"a","stop_token_ids":[64]})", 400, "stop_token_ids"},
+      {"/v1/completions", R"({"prompt":"a","presence_penalty":-2.5})", 400, "presence_penalty"},
+      {"/v1/completions", R"({"prompt":"a","use_beam_search":true})", 400, "use_beam_search"},
       {"/v1/completions", R"({"prompt":"a","best_of":3})", 400, "best_of"},
       {"/v1/completions", R"({"prompt":"a","logprobs":21})", 400, "logprobs"},
       {"/v1/completions", R"({"prompt":"a","stop":5})", 400, "stop"},
@@ -300,7 +308,8 @@ TEST_F(HttpServerTest, BadInputGetsOpenAiErrors) {
       {"/v1/completions", R"({"prompt":"a","stream":"yes"})", 400, "stream"},
       {"/v1/completions", R"({"prompt":"a","stream_options":{"include_usage":true}})", 400,
        "stream_options"},
-      {"/v1/completions", R"({"prompt":"a","logit_bias":{"5":1}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"prompt":"a","logit_bias":{"64":1}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"prompt":"a","logit_bias":{"5":-101}})", 400, "logit_bias"},
       {"/v1/completions", R"({"prompt":"a","model":"other"})", 404, "model"},
       {"/v1/chat/completions", R"({"prompt":"a"})", 400, "messages"},
       {"/v1/chat/completions", R"({"messages":[]})", 400, "messages"},
@@ -310,7 +319,8 @@ TEST_F(HttpServerTest, BadInputGetsOpenAiErrors) {
       {"/v1/chat/completions",
        R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", 400,
        "tools"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"n":3})", 400, "n"},
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"echo":true})", 400,
+       "echo"},
   };
   for (const auto& bc : cases) {
     auto [status, body] = server_->Post(bc.path, bc.body);

@@ -90,7 +90,44 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {ApiKind::kCompletion, R"({"prompt":[null]})", "prompt"},
       {ApiKind::kCompletion, R"({"prompt":"a","top_p":1.5})", "top_p"},
       {ApiKind::kCompletion, R"({"prompt":"a","suffix":"z"})", "suffix"},
-      {ApiKind::kCompletion, R"({"prompt":"a","presence_penalty":0.5})", "presence_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"a","presence_penalty":2.5})", "presence_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"a","frequency_penalty":"x"})", "frequency_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"a","repetition_penalty":0})", "repetition_penalty"},
+      {ApiKind::kCompletion, R"({"prompt":"a","min_p":"abc"})", "min_p"},
+      {ApiKind::kCompletion, R"({"prompt":"a","min_p":5})", "min_p"},
+      {ApiKind::kCompletion, R"({"prompt":"a","min_p":-0.1})", "min_p"},
+      {ApiKind::kCompletion, R"({"prompt":"a","min_tokens":-1})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"a","min_tokens":"5"})", "min_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"a","n":0})", "n"},
+      {ApiKind::kCompletion, R"({"prompt":"a","n":129})", "n"},
+      {ApiKind::kCompletion, R"({"prompt":"a","best_of":2})", "best_of"},
+      {ApiKind::kCompletion, R"({"prompt":"a","echo":"yes"})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt":"a","echo":true,"logprobs":1})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":[1]})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"abc":1}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"-1":1}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"5":101}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"5":"1"}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"5":1,"05":2}})", "logit_bias"},
+      {ApiKind::kCompletion, R"({"prompt":"a","use_beam_search":true})", "use_beam_search"},
+      {ApiKind::kCompletion, R"({"prompt":"a","include_stop_str_in_output":true})",
+       "include_stop_str_in_output"},
+      {ApiKind::kCompletion, R"({"prompt":"a","skip_special_tokens":false})",
+       "skip_special_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"a","add_special_tokens":false})",
+       "add_special_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"a","prompt_logprobs":1})", "prompt_logprobs"},
+      {ApiKind::kCompletion, R"({"prompt":"a","guided_json":{"type":"object"}})", "guided_json"},
+      {ApiKind::kCompletion, R"({"prompt":"a","allowed_token_ids":[1]})", "allowed_token_ids"},
+      {ApiKind::kCompletion, R"({"prompt":"a","truncate_prompt_tokens":3})",
+       "truncate_prompt_tokens"},
+      {ApiKind::kCompletion, R"({"prompt":"a","priority":1})", "priority"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"echo":true})", "echo"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"modalities":["audio"]})",
+       "modalities"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false})",
+       "add_generation_prompt"},
       {ApiKind::kCompletion, R"({"prompt":"a","stop":["a",1]})", "stop"},
       {ApiKind::kCompletion, R"({"prompt":"a","stream":true,"stream_options":3})",
        "stream_options"},
@@ -113,6 +150,32 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
   ApiError bad = MustFail(ApiKind::kCompletion, "{\"prompt\": \"\xff\xfe\"}");
   EXPECT_EQ(bad.http_status, 400);
   EXPECT_NE(bad.ToJson().find("\"param\":null"), std::string::npos);
+}
+
+TEST(OpenAiRequestTest, SamplingExtensions) {
+  auto r = MustParse(ApiKind::kCompletion,
+                     R"({"prompt":"a","min_tokens":5,"min_p":0.25,"presence_penalty":-1.5,
+                         "frequency_penalty":2,"repetition_penalty":1.3,"n":3,"echo":true,
+                         "logit_bias":{"17":-100,"3":2.5},"best_of":1,"use_beam_search":false,
+                         "skip_special_tokens":true,"length_penalty":1.0,"priority":0,
+                         "logit_bias_unknown":1})");
+  EXPECT_EQ(r.min_tokens, 5);
+  EXPECT_FLOAT_EQ(r.min_p, 0.25f);
+  EXPECT_FLOAT_EQ(r.presence_penalty, -1.5f);
+  EXPECT_FLOAT_EQ(r.frequency_penalty, 2.0f);
+  EXPECT_FLOAT_EQ(r.repetition_penalty, 1.3f);
+  EXPECT_EQ(r.n, 3);
+  EXPECT_TRUE(r.echo);
+  // Ids ascending, whatever the object's order.
+  const std::vector<std::pair<int32_t, float>> bias = {{3, 2.5f}, {17, -100.0f}};
+  EXPECT_EQ(r.logit_bias, bias);
+  auto d = MustParse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
+                                        "logit_bias":{},"n":2,"add_generation_prompt":true,
+                                        "add_special_tokens":false,"echo":false})");
+  EXPECT_TRUE(d.logit_bias.empty());
+  EXPECT_EQ(d.n, 2);
+  EXPECT_EQ(d.min_tokens, 0);
+  EXPECT_FLOAT_EQ(d.repetition_penalty, 1.0f);
 }
 
 TEST(OpenAiRequestTest, DeeplyNestedJsonDoesNotCrash) {

@@ -25,8 +25,9 @@ struct TestServer {
   std::unique_ptr<server::HttpServer> http;
   int port = 0;
 
+  /// `prompt_tokens_details`: ServerOptions::enable_prompt_tokens_details.
   TestServer(std::unique_ptr<Executor> executor, const Tokenizer& tok, EngineConfig config,
-             std::string model_name = "test-model") {
+             std::string model_name = "test-model", bool prompt_tokens_details = false) {
     auto e = Engine::Create(config, std::move(executor), tok);
     EXPECT_TRUE(e.ok()) << e.status().ToString();
     engine = std::move(e).value();
@@ -34,6 +35,7 @@ struct TestServer {
     so.host = "127.0.0.1";
     so.port = 0;
     so.served_model_name = std::move(model_name);
+    so.enable_prompt_tokens_details = prompt_tokens_details;
     http = std::make_unique<server::HttpServer>(*engine, so);
     Status st = http->Start();
     EXPECT_TRUE(st.ok()) << st.ToString();

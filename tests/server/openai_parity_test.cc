@@ -1,0 +1,216 @@
+// OpenAI / vLLM parity of the HTTP API over the fake model (issue 13): stop_reason of a stop
+// token id, min_tokens, n > 1 with vLLM's per-choice seeds, echo, logit_bias and penalties,
+// system_fingerprint, usage.prompt_tokens_details.cached_tokens (--enable-prompt-tokens-details).
+// The P/D side of the same parameters: tests/pd/pd_api_parity_test.cc.
+#include <gtest/gtest.h>
+
+#include "fake_model.h"
+#include "server_test_util.h"
+
+namespace kvpush::testing {
+namespace {
+
+EngineConfig SmallConfig() {
+  EngineConfig c;
+  c.block_size = 4;
+  c.num_kv_blocks = 1024;
+  c.max_num_batched_tokens = 32;
+  c.max_model_len = 2048;
+  return c;
+}
+
+class OpenAiParityTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Start(false); }
+  void TearDown() override {
+    server_->WaitIdle();
+    server_.reset();
+  }
+  void Start(bool details) {
+    if (server_) {
+      server_->WaitIdle();
+      server_.reset();
+    }
+    server_ = std::make_unique<TestServer>(std::make_unique<FakeExecutor>(), tok_, SmallConfig(),
+                                           "test-model", details);
+  }
+  /// POSTs a completion body; expects 200 and returns the parsed body.
+  json Complete(const json& body) {
+    auto [status, text] = server_->Post("/v1/completions", body.dump());
+    EXPECT_EQ(status, 200) << body.dump() << " -> " << text;
+    return ParseJson(text);
+  }
+  /// Greedy ids of "the cat" (ignore_eos, 20 tokens).
+  std::vector<int32_t> GreedyIds() {
+    json j = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+                       {"ignore_eos", true}, {"return_token_ids", true}});
+    return j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  }
+
+  FakeTokenizer tok_;
+  std::unique_ptr<TestServer> server_;
+};
+
+TEST_F(OpenAiParityTest, StopTokenIdIsTheStopReason) {
+  const auto ids = GreedyIds();
+  ASSERT_EQ(ids.size(), 20u);
+  const int32_t stop = ids[5];
+  const auto first = std::find(ids.begin(), ids.end(), stop) - ids.begin();
+  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+               {"ignore_eos", true}, {"stop_token_ids", {stop}}};
+  json j = Complete(body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(j["choices"][0]["stop_reason"], stop);  // an integer, as vLLM reports it
+  EXPECT_EQ(j["usage"]["completion_tokens"], first + 1);
+  // Streamed: the finishing event carries the same stop_reason.
+  body["stream"] = true;
+  auto [status, text] = server_->Post("/v1/completions", body.dump());
+  ASSERT_EQ(status, 200);
+  auto events = SseEvents(text);
+  ASSERT_GE(events.size(), 2u);
+  json last = ParseJson(events[events.size() - 2]);
+  EXPECT_EQ(last["choices"][0]["finish_reason"], "stop");
+  EXPECT_EQ(last["choices"][0]["stop_reason"], stop);
+}
+
+TEST_F(OpenAiParityTest, MinTokensHoldsOffStopIdsAndStrings) {
+  const auto ids = GreedyIds();
+  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+               {"stop_token_ids", {ids[0]}}, {"min_tokens", 5}, {"return_token_ids", true}};
+  json j = Complete(body);
+  const auto got = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+  ASSERT_GE(got.size(), 5u);
+  for (size_t i = 0; i < 5; ++i) EXPECT_NE(got[i], ids[0]) << i;
+  // A stop string present in the first tokens' text does not end a request whose min_tokens
+  // covers them all.
+  json text = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+                        {"ignore_eos", true}});
+  const std::string s = text["choices"][0]["text"].get<std::string>().substr(0, 2);
+  json held = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+                        {"ignore_eos", true}, {"min_tokens", 20}, {"stop", s}});
+  EXPECT_EQ(held["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(held["usage"]["completion_tokens"], 20);
+}
+
+TEST_F(OpenAiParityTest, NChoicesUseSeedPlusIndex) {
+  json body = {{"prompt", "the cat"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 40},
+               {"ignore_eos", true}, {"n", 3}, {"return_token_ids", true}};
+  json many = Complete(body);
+  ASSERT_EQ(many["choices"].size(), 3u);
+  int distinct = 0;
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(many["choices"][k]["index"], k);
+    json one = body;
+    one.erase("n");
+    one["seed"] = 40 + k;
+    json single = Complete(one);
+    EXPECT_EQ(many["choices"][k]["token_ids"], single["choices"][0]["token_ids"]) << k;
+    if (k == 0) {
+      // The prompt counts once however many samples (vLLM).
+      EXPECT_EQ(many["usage"]["prompt_tokens"], single["usage"]["prompt_tokens"]);
+    }
+    distinct += k > 0 && many["choices"][k]["token_ids"] != many["choices"][0]["token_ids"];
+  }
+  EXPECT_GT(distinct, 0);
+  EXPECT_EQ(many["usage"]["completion_tokens"], 24);
+  // Streamed with a batch of 2 prompts: indexes prompt * n + j, each finished once.
+  body["prompt"] = {"the cat", "a dog"};
+  body["n"] = 2;
+  body["stream"] = true;
+  auto [status, text] = server_->Post("/v1/completions", body.dump());
+  ASSERT_EQ(status, 200);
+  std::vector<int> finished(4, 0);
+  for (const auto& e : SseEvents(text)) {
+    if (e == "[DONE]") continue;
+    json ev = ParseJson(e);
+    for (const auto& c : ev["choices"]) {
+      if (!c["finish_reason"].is_null()) ++finished.at(c["index"].get<size_t>());
+    }
+  }
+  EXPECT_EQ(finished, std::vector<int>(4, 1));
+  // Chat takes n too.
+  auto [cs, ct] = server_->Post("/v1/chat/completions",
+                                R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":3,
+                                    "n":2,"seed":1})");
+  ASSERT_EQ(cs, 200) << ct;
+  EXPECT_EQ(ParseJson(ct)["choices"].size(), 2u);
+}
+
+TEST_F(OpenAiParityTest, EchoPrependsThePrompt) {
+  json plain = Complete({{"prompt", "the cat"}, {"max_tokens", 6}, {"temperature", 0}});
+  json echo = Complete({{"prompt", "the cat"}, {"max_tokens", 6}, {"temperature", 0},
+                        {"echo", true}});
+  EXPECT_EQ(echo["choices"][0]["text"].get<std::string>(),
+            "the cat" + plain["choices"][0]["text"].get<std::string>());
+  EXPECT_EQ(echo["usage"], plain["usage"]);
+  // Token prompts echo their decoded text.
+  const std::vector<int32_t> prompt = {1, 5, 6};
+  json tplain = Complete({{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
+  json techo = Complete({{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0},
+                         {"echo", true}});
+  EXPECT_EQ(techo["choices"][0]["text"].get<std::string>(),
+            DecodeTokens(tok_, prompt) + tplain["choices"][0]["text"].get<std::string>());
+  // Streamed: the prompt leads the first event.
+  auto [status, text] = server_->Post(
+      "/v1/completions",
+      R"({"prompt":"the cat","max_tokens":6,"temperature":0,"echo":true,"stream":true})");
+  ASSERT_EQ(status, 200);
+  std::string all;
+  for (const auto& e : SseEvents(text)) {
+    if (e != "[DONE]") all += ParseJson(e)["choices"][0]["text"].get<std::string>();
+  }
+  EXPECT_EQ(all, echo["choices"][0]["text"]);
+}
+
+TEST_F(OpenAiParityTest, LogitBiasAndPenaltiesChangeTheTokens) {
+  const auto ids = GreedyIds();
+  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
+               {"ignore_eos", true}, {"return_token_ids", true}};
+  json biased = body;
+  biased["logit_bias"] = {{std::to_string(ids[0]), -100}};
+  EXPECT_NE(Complete(biased)["choices"][0]["token_ids"][0], ids[0]);
+  json boosted = body;
+  boosted["logit_bias"] = {{"7", 100}};
+  for (const auto& t : Complete(boosted)["choices"][0]["token_ids"]) EXPECT_EQ(t, 7);
+  // A strong repetition penalty over prompt + output changes a greedy run of 20 tokens.
+  json rep = body;
+  rep["repetition_penalty"] = 10.0;
+  EXPECT_NE(Complete(rep)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), ids);
+  // Neutral values change nothing.
+  json neutral = body;
+  neutral["presence_penalty"] = 0;
+  neutral["frequency_penalty"] = 0;
+  neutral["repetition_penalty"] = 1;
+  neutral["min_p"] = 0;
+  neutral["logit_bias"] = json::object();
+  EXPECT_EQ(Complete(neutral)["choices"][0]["token_ids"].get<std::vector<int32_t>>(), ids);
+}
+
+TEST_F(OpenAiParityTest, FingerprintAndCachedTokens) {
+  const std::string prompt = R"({"prompt":[1,5,6,7,8,9,10,11,12,13,14],"max_tokens":2,
+                                 "temperature":0})";
+  json a = ParseJson(server_->Post("/v1/completions", prompt).second);
+  const std::string fp = a["system_fingerprint"].get<std::string>();
+  EXPECT_EQ(fp.size(), 19u);
+  EXPECT_EQ(fp.rfind("fp_", 0), 0u);
+  EXPECT_FALSE(a["usage"].contains("prompt_tokens_details"));  // off by default, as in vLLM
+  Start(true);
+  json first = ParseJson(server_->Post("/v1/completions", prompt).second);
+  json second = ParseJson(server_->Post("/v1/completions", prompt).second);
+  EXPECT_EQ(first["system_fingerprint"], fp);
+  EXPECT_EQ(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  // 11 prompt tokens, blocks of 4: two full blocks are found (never the whole prompt).
+  EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
+  // The streamed usage event has it too.
+  auto [status, text] = server_->Post(
+      "/v1/completions", R"({"prompt":[1,5,6,7,8,9,10,11,12,13,14],"max_tokens":2,
+                             "temperature":0,"stream":true,"stream_options":{"include_usage":true}})");
+  ASSERT_EQ(status, 200);
+  auto events = SseEvents(text);
+  ASSERT_GE(events.size(), 2u);
+  EXPECT_EQ(ParseJson(events[events.size() - 2])["usage"]["prompt_tokens_details"]["cached_tokens"],
+            8);
+}
+
+}  // namespace
+}  // namespace kvpush::testing

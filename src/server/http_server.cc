@@ -262,12 +262,17 @@ void HttpServer::Route() {
   });
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     const JsonReply r =
-        HandleTokenize(engine_.tokenizer(), engine_.config().max_model_len, req.body);
+        HandleTokenize(TokenizeTarget{engine_.tokenizer(), engine_.config().max_model_len,
+                                      options_.served_model_name},
+                       req.body);
     res.status = r.status;
     res.set_content(r.body, "application/json");
   });
   s.Post("/detokenize", [this](const httplib::Request& req, httplib::Response& res) {
-    const JsonReply r = HandleDetokenize(engine_.tokenizer(), req.body);
+    const JsonReply r =
+        HandleDetokenize(TokenizeTarget{engine_.tokenizer(), engine_.config().max_model_len,
+                                        options_.served_model_name},
+                         req.body);
     res.status = r.status;
     res.set_content(r.body, "application/json");
   });

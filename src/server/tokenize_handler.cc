@@ -19,13 +19,27 @@ nlohmann::json ParseObject(std::string_view body) {
   return j.is_object() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
 }
 
+/// 404 model_not_found when the body names another model (as the completion endpoints);
+/// status 0 when the model is absent, empty or the served one.
+JsonReply CheckModel(const nlohmann::json& j, std::string_view served) {
+  if (!j.contains("model") || j["model"].is_null()) return {0, ""};
+  if (!j["model"].is_string()) return Error("'model' must be a string", "model");
+  const std::string model = j["model"].get<std::string>();
+  if (model.empty() || model == served) return {0, ""};
+  return {404, ApiError{404, "The model '" + model + "' does not exist.", "invalid_request_error",
+                        "model", "model_not_found"}
+                   .ToJson()};
+}
+
 }  // namespace
 
-JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std::string_view body) {
+JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
+  const Tokenizer& tokenizer = target.tokenizer;
   const nlohmann::json j = ParseObject(body);
   if (j.is_discarded()) {
     return Error("request body is not a JSON object (a JSON string must be valid UTF-8)", "");
   }
+  if (JsonReply m = CheckModel(j, target.served_model_name); m.status != 0) return m;
   if (j.contains("messages")) {
     return Error(
         "'messages' is not supported by /tokenize yet: kvpush renders no model chat "
@@ -51,7 +65,8 @@ JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std:
   }
   auto ids = TokenizePrompt(tokenizer, j["prompt"].get<std::string>(), add_special);
   if (!ids.ok()) return Error(ids.status().message(), "prompt");
-  nlohmann::json out = {{"count", ids->size()}, {"max_model_len", max_model_len}, {"tokens", *ids}};
+  nlohmann::json out = {
+      {"count", ids->size()}, {"max_model_len", target.max_model_len}, {"tokens", *ids}};
   if (token_strs) {
     // Each token's own text (control tokens by name); invalid UTF-8 pieces as U+FFFD.
     nlohmann::json strs = nlohmann::json::array();
@@ -62,9 +77,11 @@ JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std:
   return {200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};
 }
 
-JsonReply HandleDetokenize(const Tokenizer& tokenizer, std::string_view body) {
+JsonReply HandleDetokenize(const TokenizeTarget& target, std::string_view body) {
+  const Tokenizer& tokenizer = target.tokenizer;
   const nlohmann::json j = ParseObject(body);
   if (j.is_discarded()) return Error("request body is not a JSON object", "");
+  if (JsonReply m = CheckModel(j, target.served_model_name); m.status != 0) return m;
   if (!j.contains("tokens") || !j["tokens"].is_array()) {
     return Error("'tokens' must be an array of token ids", "tokens");
   }

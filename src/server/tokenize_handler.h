@@ -8,6 +8,7 @@
 //     -> 200 {"count": N, "max_model_len": L, "tokens": [ids...]}  (+ "token_strs" on request)
 //   POST /detokenize {"tokens": [ids...], "model": "..."}  -> 200 {"prompt": "text"}
 //
+// A "model" other than the served name -> 404 model_not_found, as the completion endpoints.
 // add_special_tokens (default true) prepends BOS when the vocabulary adds one
 // (Tokenizer::add_bos); added tokens written in the prompt (<|im_start|>) are always matched, as
 // in HF tokenizers. Chat "messages" are refused with 400: kvpush renders no model chat template
@@ -29,10 +30,18 @@ struct JsonReply {
   std::string body;
 };
 
+/// What the handlers serve: the engine's tokenizer, its max_model_len (tokens) and the served
+/// model name. Borrowed; must outlive the calls.
+struct TokenizeTarget {
+  const Tokenizer& tokenizer;
+  int32_t max_model_len = 0;
+  std::string_view served_model_name;
+};
+
 /// Serves one /tokenize body. Pure apart from reading the tokenizer; thread-safe.
-JsonReply HandleTokenize(const Tokenizer& tokenizer, int32_t max_model_len, std::string_view body);
+JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body);
 
 /// Serves one /detokenize body (ids must lie in [0, vocab_size)). Thread-safe.
-JsonReply HandleDetokenize(const Tokenizer& tokenizer, std::string_view body);
+JsonReply HandleDetokenize(const TokenizeTarget& target, std::string_view body);
 
 }  // namespace kvpush::server

@@ -44,13 +44,17 @@ std::unique_ptr<BpeTokenizer> Tiny(bool add_bos) {
   return std::move(*t);
 }
 
+TokenizeTarget Target(const Tokenizer& tok, int32_t max_model_len = 64) {
+  return TokenizeTarget{tok, max_model_len, "tiny"};
+}
+
 nlohmann::json Body(const JsonReply& r) {
   return nlohmann::json::parse(r.body);
 }
 
 TEST(TokenizeHandler, PromptGivesTokensCountAndMaxModelLen) {
   auto tok = Tiny(/*add_bos=*/true);
-  const JsonReply r = HandleTokenize(*tok, 2048, R"({"prompt": "ab<tool>1234"})");
+  const JsonReply r = HandleTokenize(Target(*tok, 2048), R"({"prompt": "ab<tool>1234"})");
   ASSERT_EQ(r.status, 200) << r.body;
   const auto j = Body(r);
   // BOS (add_special_tokens defaults to true), "ab", <tool>, then llama-bpe digits: "123", "4".
@@ -64,18 +68,19 @@ TEST(TokenizeHandler, AddSpecialTokensControlsBosOnlyWhenTheVocabularyAddsIt) {
   auto with = Tiny(/*add_bos=*/true);
   auto without = Tiny(/*add_bos=*/false);
   const std::string body = R"({"prompt": "ab", "add_special_tokens": false})";
-  EXPECT_EQ(Body(HandleTokenize(*with, 64, body))["tokens"], nlohmann::json({256}));
-  EXPECT_EQ(Body(HandleTokenize(*without, 64, R"({"prompt": "ab"})"))["tokens"],
+  EXPECT_EQ(Body(HandleTokenize(Target(*with), body))["tokens"], nlohmann::json({256}));
+  EXPECT_EQ(Body(HandleTokenize(Target(*without), R"({"prompt": "ab"})"))["tokens"],
             nlohmann::json({256}));
   // Added tokens written in the prompt are matched even without add_special_tokens (as HF).
-  EXPECT_EQ(Body(HandleTokenize(*with, 64,
+  EXPECT_EQ(Body(HandleTokenize(Target(*with),
                                 R"({"prompt": "<|bos|>", "add_special_tokens": false})"))["tokens"],
             nlohmann::json({257}));
 }
 
 TEST(TokenizeHandler, TokenStrsOnRequest) {
   auto tok = Tiny(true);
-  const auto j = Body(HandleTokenize(*tok, 64, R"({"prompt": "ab c", "return_token_strs": true})"));
+  const auto j =
+      Body(HandleTokenize(Target(*tok), R"({"prompt": "ab c", "return_token_strs": true})"));
   EXPECT_EQ(j["token_strs"], nlohmann::json({"<|bos|>", "ab", " ", "c"}));
 }
 
@@ -91,22 +96,31 @@ TEST(TokenizeHandler, RefusesWithFieldNames) {
            {R"({"prompt": "x", "add_special_tokens": "yes"})", "add_special_tokens"},
            {R"({"prompt": "x", "return_token_strs": 1})", "return_token_strs"},
        }) {
-    const JsonReply r = HandleTokenize(*tok, 64, c.body);
+    const JsonReply r = HandleTokenize(Target(*tok), c.body);
     EXPECT_EQ(r.status, 400) << c.body;
     EXPECT_EQ(Body(r)["error"]["param"], c.param) << c.body;
   }
-  EXPECT_EQ(HandleTokenize(*tok, 64, "not json").status, 400);
-  EXPECT_EQ(HandleTokenize(*tok, 64, "[1]").status, 400);
-  EXPECT_EQ(HandleTokenize(*tok, 64, "{\"prompt\": \"a\xFF\"}").status, 400);  // not UTF-8
+  EXPECT_EQ(HandleTokenize(Target(*tok), "not json").status, 400);
+  EXPECT_EQ(HandleTokenize(Target(*tok), "[1]").status, 400);
+  EXPECT_EQ(HandleTokenize(Target(*tok), "{\"prompt\": \"a\xFF\"}").status, 400);  // not UTF-8
+}
+
+TEST(TokenizeHandler, AnotherModelNameIsNotFound) {
+  auto tok = Tiny(true);
+  EXPECT_EQ(HandleTokenize(Target(*tok), R"({"model": "tiny", "prompt": "a"})").status, 200);
+  const JsonReply r = HandleTokenize(Target(*tok), R"({"model": "other", "prompt": "a"})");
+  EXPECT_EQ(r.status, 404);
+  EXPECT_EQ(Body(r)["error"]["code"], "model_not_found");
+  EXPECT_EQ(HandleDetokenize(Target(*tok), R"({"model": "other", "tokens": [1]})").status, 404);
 }
 
 TEST(DetokenizeHandler, TokensGivePromptWithSpecialTokensShown) {
   auto tok = Tiny(true);
-  const JsonReply r = HandleDetokenize(*tok, R"({"tokens": [257, 256, 32, 258, 99]})");
+  const JsonReply r = HandleDetokenize(Target(*tok), R"({"tokens": [257, 256, 32, 258, 99]})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(Body(r), nlohmann::json({{"prompt", "<|bos|>ab <tool>c"}}));
   // A UTF-8 character split across tokens comes out whole; a dangling lead byte as U+FFFD.
-  EXPECT_EQ(Body(HandleDetokenize(*tok, R"({"tokens": [195, 169, 195]})"))["prompt"],
+  EXPECT_EQ(Body(HandleDetokenize(Target(*tok), R"({"tokens": [195, 169, 195]})"))["prompt"],
             "\xC3\xA9\xEF\xBF\xBD");
 }
 
@@ -114,7 +128,7 @@ TEST(DetokenizeHandler, RefusesIdsOutsideTheVocabulary) {
   auto tok = Tiny(true);
   for (const char* body : {R"({"tokens": [259]})", R"({"tokens": [-1]})", R"({"tokens": ["a"]})",
                            R"({"tokens": 3})", R"({})"}) {
-    const JsonReply r = HandleDetokenize(*tok, body);
+    const JsonReply r = HandleDetokenize(Target(*tok), body);
     EXPECT_EQ(r.status, 400) << body;
     EXPECT_EQ(Body(r)["error"]["param"], "tokens") << body;
   }

@@ -189,8 +189,10 @@ Result<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromGguf(const GgufFile& fil
       vocab.types.push_back(static_cast<TokenType>(t));
     }
   }
-  KVP_ASSIGN_OR_RETURN(int64_t bos, file.GetIntOr("tokenizer.ggml.bos_token_id", -1));
-  KVP_ASSIGN_OR_RETURN(int64_t eos, file.GetIntOr("tokenizer.ggml.eos_token_id", -1));
+  // No defaults: the SentencePiece convention (1, 2) the model loader assumes would name ordinary
+  // byte-level tokens here ('"' and '#'), so a file without them is refused by name.
+  KVP_ASSIGN_OR_RETURN(int64_t bos, file.GetInt("tokenizer.ggml.bos_token_id"));
+  KVP_ASSIGN_OR_RETURN(int64_t eos, file.GetInt("tokenizer.ggml.eos_token_id"));
   KVP_ASSIGN_OR_RETURN(int64_t add_bos, file.GetIntOr("tokenizer.ggml.add_bos_token", 0));
   const auto limit = static_cast<int64_t>(vocab.pieces.size());
   if (bos < -1 || bos >= limit || eos < -1 || eos >= limit) {

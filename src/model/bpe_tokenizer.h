@@ -53,8 +53,9 @@ class BpeTokenizer final : public Tokenizer {
 
   /// Builds from GGUF metadata tokenizer.ggml.{model = "gpt2", pre, tokens, token_type, merges,
   /// bos_token_id, eos_token_id, add_bos_token}. Absent pre = "default" (GPT-2 pattern, as
-  /// llama.cpp); absent add_bos_token = false. Errors: as Create, kNotFound for missing tokens or
-  /// merges, kDataLoss for wrongly typed fields, kInvalidArgument for a model other than "gpt2".
+  /// llama.cpp); absent add_bos_token = false. Errors: as Create, kNotFound for missing tokens,
+  /// merges, bos_token_id or eos_token_id, kDataLoss for wrongly typed fields, kInvalidArgument for
+  /// a model other than "gpt2".
   static Result<std::unique_ptr<BpeTokenizer>> FromGguf(const GgufFile& file);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_.pieces.size()); }

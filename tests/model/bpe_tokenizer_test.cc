@@ -273,6 +273,20 @@ TEST(BpeTokenizer, LoadsFromGgufAndTokenizerFromGgufPicksIt) {
   auto bpe = BpeTokenizer::FromGguf(*file);
   ASSERT_TRUE(bpe.ok());
   EXPECT_EQ((*bpe)->pre_family(), "llama3");
+
+  // Without EOS the file is refused by name (no SentencePiece-style default).
+  GgufWriter no_eos;
+  no_eos.SetString("tokenizer.ggml.model", "gpt2");
+  no_eos.SetStringArray("tokenizer.ggml.tokens", hv.vocab.pieces);
+  no_eos.SetStringArray("tokenizer.ggml.merges", hv.vocab.merges);
+  no_eos.SetU32("tokenizer.ggml.bos_token_id", 0);
+  const std::vector<uint8_t> no_eos_bytes = no_eos.Serialize();
+  auto no_eos_file = GgufFile::Parse(no_eos_bytes);
+  ASSERT_TRUE(no_eos_file.ok());
+  auto refused = BpeTokenizer::FromGguf(*no_eos_file);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(refused.status().message().find("eos_token_id"), std::string::npos);
 }
 
 /// Writes `files` (name -> content) into a fresh temporary directory; returns its path.

@@ -309,9 +309,7 @@ void HttpServer::Route() {
                 "JSON body with Content-Type: application/json)";
             break;
           case 413:
-            msg =
-                "request body too large (bodies sent as form data are limited to 8 KiB by the "
-                "HTTP library: send Content-Type: application/json)";
+            msg = "request body too large";  // the router's words (one error vocabulary)
             break;
           case 414:
             msg = "request URI too long";

@@ -429,8 +429,13 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
 
 std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body) {
   json parsed = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (parsed.is_discarded()) return ApiError::Invalid("request body is not valid JSON", "", "");
-  if (!parsed.is_object()) return ApiError::Invalid("request body must be a JSON object");
+  // Words and code as the router gives them for the same input (one error vocabulary).
+  if (parsed.is_discarded()) {
+    return ApiError::Invalid("request body is not valid JSON", "", "invalid_json");
+  }
+  if (!parsed.is_object()) {
+    return ApiError::Invalid("request body must be a JSON object", "", "invalid_json");
+  }
   try {
     return ParseObject(kind, parsed);
   } catch (const json::exception& e) {  // defensive: every access above is type-checked

@@ -212,5 +212,24 @@ TEST_F(OpenAiParityTest, FingerprintAndCachedTokens) {
             8);
 }
 
+TEST_F(OpenAiParityTest, BodyErrorsUseTheRoutersVocabulary) {
+  // Same status, type, code and message as `kvpush router` for the same bytes.
+  for (const std::string& body : {std::string("{\"prompt\": "), std::string("[1, 2]")}) {
+    auto [status, text] = server_->Post("/v1/completions", body);
+    EXPECT_EQ(status, 400) << body;
+    json e = ParseJson(text)["error"];
+    EXPECT_EQ(e["type"], "invalid_request_error");
+    EXPECT_EQ(e["code"], "invalid_json") << text;
+    EXPECT_TRUE(e["param"].is_null());
+    EXPECT_EQ(e["message"], body[0] == '{' ? "request body is not valid JSON"
+                                           : "request body must be a JSON object");
+  }
+  // Over 8 MiB of JSON: 413 without a word about form data.
+  std::string big = R"({"prompt":")" + std::string(9u << 20, 'a') + R"("})";
+  auto [status, text] = server_->Post("/v1/completions", big);
+  EXPECT_EQ(status, 413);
+  EXPECT_EQ(ParseJson(text)["error"]["message"], "request body too large");
+}
+
 }  // namespace
 }  // namespace kvpush::testing

@@ -69,7 +69,7 @@ struct SamplingHistory {
 /// 1 of the raw logits, as OpenAI/vLLM report) and, if asked, the top alternatives.
 struct SampleResult {
   int32_t token = -1;
-  float logprob = 0.0f;
+  float logprob = 0.0f;  ///< of the sampled token; 0 when params.logprobs < 0 (not computed)
   std::vector<std::pair<int32_t, float>> top_logprobs;  ///< (token, logprob), descending
 };
 

@@ -10,18 +10,13 @@
 #include <string>
 #include <unordered_map>
 
+#include "router/http_conn.h"
 #include "router/instance_pool.h"
-
-namespace httplib {
-class Client;
-}  // namespace httplib
 
 namespace kvpush::router {
 
-/// Settings of the pool and of every connection it makes.
+/// Settings of the pool.
 struct ConnectionPoolOptions {
-  double connect_timeout_s = 5.0;  ///< connect timeout of a new connection
-  double io_timeout_s = 600.0;     ///< read/write timeout of every call
   /// Idle connections kept per instance; a connection given back beyond this is closed.
   size_t max_idle_per_instance = 64;
   /// A connection idle longer than this is closed instead of reused. Must stay below the
@@ -55,14 +50,14 @@ class ConnectionPool {
   ConnectionPool(const ConnectionPool&) = delete;
   ConnectionPool& operator=(const ConnectionPool&) = delete;
 
-  /// A live idle keep-alive connection to `address`, or a new one (not yet connected).
-  /// Never null.
-  std::unique_ptr<httplib::Client> Take(const InstanceAddress& address);
+  /// A live idle keep-alive connection to `address`, or a new one (not yet connected:
+  /// HttpConn::connected() is false). Never null.
+  std::unique_ptr<HttpConn> Take(const InstanceAddress& address);
 
-  /// Gives back a connection after a clean exchange. Closed instead when its socket is not open
-  /// (the instance answered `Connection: close`), when `max_idle_per_instance` are already idle,
-  /// or after Clear(url)/Close() ran.
-  void Put(const InstanceAddress& address, std::unique_ptr<httplib::Client> client);
+  /// Gives back a connection after a clean exchange. Closed instead when it is not reusable
+  /// (answer not read to its end, or the instance answered `Connection: close`), when
+  /// `max_idle_per_instance` are already idle, or after Close() ran.
+  void Put(const InstanceAddress& address, std::unique_ptr<HttpConn> conn);
 
   /// Closes every idle connection to `url` (the instance was marked unhealthy).
   void Clear(const std::string& url);
@@ -81,10 +76,9 @@ class ConnectionPool {
 
  private:
   struct Idle {
-    std::unique_ptr<httplib::Client> client;
+    std::unique_ptr<HttpConn> conn;
     int64_t since_ns = 0;
   };
-  std::unique_ptr<httplib::Client> NewClient(const InstanceAddress& address) const;
 
   ConnectionPoolOptions options_;
   mutable std::mutex mu_;  ///< guards everything below

@@ -1,97 +1,82 @@
 #include "router/decode_stream.h"
 
-#include "router/sse_splitter.h"
+#include <algorithm>
+
+#include "common/clock.h"
 
 namespace kvpush::router {
 
-DecodeStream::DecodeStream(WorkerPool& workers, std::shared_ptr<Leg> leg, std::string path,
-                           std::string request_id, std::string body)
-    : leg_(std::move(leg)), shared_(std::make_shared<Shared>()) {
-  const bool queued = workers.Submit([leg = leg_, s = shared_, path = std::move(path),
-                                      request_id = std::move(request_id),
-                                      body = std::move(body)] {
-    SseSplitter splitter;
-    auto on_headers = [&](int status, const std::string& content_type) {
-      {
-        std::lock_guard<std::mutex> lock(s->mu);
-        s->headers = true;
-        s->status = status;
-        s->content_type = content_type;
-      }
-      s->cv.notify_all();
-      return true;
-    };
-    auto on_data = [&](const char* data, size_t len) {
-      std::vector<std::string> events = splitter.Feed(data, len);
-      if (events.empty()) return true;
-      {
-        std::lock_guard<std::mutex> lock(s->mu);
-        for (auto& e : events) s->events.push_back(std::move(e));
-      }
-      s->cv.notify_all();
-      return true;
-    };
-    LegResult r = leg->PostStreaming(path, request_id, body, on_headers, on_data);
-    {
-      std::lock_guard<std::mutex> lock(s->mu);
-      // A complete answer whose last event lacks its blank line: relay it whole.
-      std::string rest = splitter.TakeRest();
-      if (r.answered && r.status == 200 && !rest.empty()) s->events.push_back(rest + "\n\n");
-      s->finished = true;
-      s->result = std::move(r);
-    }
-    s->cv.notify_all();
-  });
-  if (!queued) {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    shared_->finished = true;
-    shared_->result.stopped = true;
-    shared_->result.error = "router is stopping";
+int DecodeStream::Start(const std::string& path, const std::string& request_id,
+                        const std::string& body) {
+  if (!leg_->Send("POST", path, request_id, body, /*sse=*/true, &result_) ||
+      !leg_->ReadHead(&result_)) {
+    finished_ = true;
+    return 0;
   }
-}
-
-DecodeStream::~DecodeStream() {
-  bool finished = false;
-  {
-    std::lock_guard<std::mutex> lock(shared_->mu);
-    finished = shared_->finished;
-  }
-  if (!finished) leg_->Stop();
-  std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait(lock, [this] { return shared_->finished; });
-}
-
-int DecodeStream::WaitHeaders() {
-  std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait(lock, [this] { return shared_->headers || shared_->finished; });
-  return shared_->headers ? shared_->status : 0;
+  last_data_ns_ = NowNs();
+  return result_.status;
 }
 
 LegResult DecodeStream::WaitFinished() {
-  std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait(lock, [this] { return shared_->finished; });
-  return shared_->result;
+  if (finished_) return result_;
+  finished_ = true;
+  const int status = result_.status;
+  const std::string content_type = result_.content_type;
+  std::string body;
+  bool ended = false;
+  while (!ended) {
+    const BodyRead br = leg_->ReadBody(leg_->io_timeout_ms(), &body, &ended, &result_);
+    if (br == BodyRead::kFailed) return result_;
+    if (br == BodyRead::kTimeout) {
+      leg_->Stop();
+      result_ = LegResult{};
+      result_.status = status;
+      result_.error = "read timed out";
+      return result_;
+    }
+  }
+  result_.answered = true;
+  result_.status = status;
+  result_.content_type = content_type;
+  result_.body = std::move(body);
+  return result_;
 }
 
 bool DecodeStream::TakeEvents(std::chrono::milliseconds timeout, std::vector<std::string>* events) {
-  std::unique_lock<std::mutex> lock(shared_->mu);
-  shared_->cv.wait_for(lock, timeout,
-                       [this] { return !shared_->events.empty() || shared_->finished; });
-  while (!shared_->events.empty()) {
-    events->push_back(std::move(shared_->events.front()));
-    shared_->events.pop_front();
+  if (finished_) return true;
+  const int64_t deadline = NowNs() + static_cast<int64_t>(timeout.count()) * 1000000;
+  for (;;) {
+    std::string data;
+    bool ended = false;
+    const int64_t left_ms = std::max<int64_t>(0, (deadline - NowNs()) / 1000000);
+    const BodyRead br = leg_->ReadBody(static_cast<int>(left_ms), &data, &ended, &result_);
+    if (br == BodyRead::kFailed) {
+      finished_ = true;
+      return true;
+    }
+    const int64_t now = NowNs();
+    if (!data.empty()) last_data_ns_ = now;
+    if (br == BodyRead::kTimeout && now - last_data_ns_ > int64_t{leg_->io_timeout_ms()} * 1000000) {
+      leg_->Stop();  // D went silent: fail the leg as a read timeout
+      const int status = result_.status;
+      result_ = LegResult{};
+      result_.status = status;
+      result_.error = "read timed out";
+      finished_ = true;
+      return true;
+    }
+    const size_t before = events->size();
+    for (std::string& e : splitter_.Feed(data.data(), data.size())) events->push_back(std::move(e));
+    if (ended) {
+      // A complete answer whose last event lacks its blank line: relay it whole.
+      const std::string rest = splitter_.TakeRest();
+      if (!rest.empty()) events->push_back(rest + "\n\n");
+      result_.answered = true;
+      finished_ = true;
+      return true;
+    }
+    if (br == BodyRead::kTimeout || events->size() > before) return false;
   }
-  return shared_->finished;
-}
-
-LegResult DecodeStream::result() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
-  return shared_->result;
-}
-
-std::string DecodeStream::content_type() const {
-  std::lock_guard<std::mutex> lock(shared_->mu);
-  return shared_->content_type;
 }
 
 }  // namespace kvpush::router

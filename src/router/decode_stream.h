@@ -1,68 +1,59 @@
-// DecodeStream: a streamed D leg (or colocated leg) relayed event by event. The leg is read on a
-// thread of the router's WorkerPool (httplib's server can only write a streamed answer after the
-// handler returned, and the handler must know D's status first); the HTTP handler thread waits
-// for D's headers, then drains events.
+// DecodeStream: a streamed D leg (or colocated leg) relayed event by event, read on the thread
+// that relays it: the HTTP handler thread writes the request and reads D's status, and once the
+// handler returned, httplib's content provider (the same thread) reads D's events and writes
+// them to the client. No other thread touches the token path.
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "router/leg.h"
-#include "router/worker_pool.h"
+#include "router/sse_splitter.h"
 
 namespace kvpush::router {
 
-/// Thread-safety: all methods may be called from any thread; the pool task only fills the
-/// shared state. The destructor stops the leg if it is still running and waits until the task
-/// is done with the leg.
+/// Thread-safety: one thread at a time (the handler thread, then the content provider and its
+/// releaser, which httplib runs on that same thread); Stop() from any thread.
 class DecodeStream {
  public:
-  /// Starts POSTing `body` to `path` on `leg` as a task of `workers`. When the pool refuses it
-  /// (stopping), the stream ends at once as a stopped leg.
-  DecodeStream(WorkerPool& workers, std::shared_ptr<Leg> leg, std::string path,
-               std::string request_id, std::string body);
-  ~DecodeStream();
+  explicit DecodeStream(std::shared_ptr<Leg> leg) : leg_(std::move(leg)) {}
+  /// Closes the leg's connection when the stream did not end (D aborts the request).
+  ~DecodeStream() {
+    if (!finished_) leg_->Stop();
+  }
   DecodeStream(const DecodeStream&) = delete;
   DecodeStream& operator=(const DecodeStream&) = delete;
 
-  /// Blocks until D's headers arrived or the leg ended without them. Returns D's status, or 0
-  /// when the leg ended without an answer (see result()).
-  int WaitHeaders();
+  /// Writes the request and reads D's status and headers on this thread. Returns D's status, or
+  /// 0 when the leg ended without an answer (see result()).
+  int Start(const std::string& path, const std::string& request_id, const std::string& body);
 
-  /// Blocks until the leg ended; returns its result (for a non-200 status, with D's body).
+  /// For a non-200 status: reads the rest of D's body; returns the leg's result.
   LegResult WaitFinished();
 
-  /// Waits up to `timeout` for events; moves every complete event received so far into
-  /// `*events`. Returns true once the leg has ended and no event is left to take.
+  /// Reads D's stream for up to `timeout` (0: only what already arrived) and moves every
+  /// complete event into `*events`. Returns true once the leg has ended (its result is final)
+  /// and no event is left to take. D silent for longer than the leg's I/O timeout fails the
+  /// leg ("read timed out"), as any other read.
   bool TakeEvents(std::chrono::milliseconds timeout, std::vector<std::string>* events);
 
   /// The leg's result; meaningful once TakeEvents returned true or WaitFinished returned.
-  LegResult result() const;
+  const LegResult& result() const { return result_; }
 
-  /// D's Content-Type (after WaitHeaders).
-  std::string content_type() const;
+  /// D's Content-Type (after Start).
+  const std::string& content_type() const { return result_.content_type; }
 
-  /// Closes the leg's connection (D aborts the request). Idempotent.
+  /// Closes the leg's connection (D aborts the request). Thread-safe, idempotent.
   void Stop() { leg_->Stop(); }
 
  private:
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    bool headers = false;
-    int status = 0;
-    std::string content_type;
-    std::deque<std::string> events;
-    bool finished = false;
-    LegResult result;
-  };
   std::shared_ptr<Leg> leg_;
-  std::shared_ptr<Shared> shared_;
+  SseSplitter splitter_;
+  LegResult result_;
+  bool finished_ = false;
+  int64_t last_data_ns_ = 0;  ///< when D's stream last delivered bytes (or the head arrived)
 };
 
 }  // namespace kvpush::router

@@ -1,63 +1,29 @@
 #include "router/leg.h"
 
-#include <httplib.h>
+#include <algorithm>
 
 namespace kvpush::router {
-namespace {
 
-void SplitSeconds(double s, time_t* sec, time_t* usec) {
-  *sec = static_cast<time_t>(s);
-  *usec = static_cast<time_t>((s - static_cast<double>(*sec)) * 1e6);
-}
-
-/// A failed call's result: `stopped` (and `cut_reason`) from the leg's state.
-LegResult FromTransportError(httplib::Error err, const Leg& leg) {
-  LegResult r;
-  r.stopped = leg.stopped() || err == httplib::Error::Canceled;
-  if (r.stopped) r.cut_reason = leg.cut_reason();
-  r.connect_failed = err == httplib::Error::Connection || err == httplib::Error::ConnectionTimeout;
-  r.error = httplib::to_string(err);
-  return r;
-}
-
-/// Sets a leg's `finished` flag when a call returns, whichever way.
-class FinishOnReturn {
- public:
-  explicit FinishOnReturn(std::atomic<bool>& flag) : flag_(flag) {}
-  ~FinishOnReturn() { flag_.store(true); }
-  FinishOnReturn(const FinishOnReturn&) = delete;
-  FinishOnReturn& operator=(const FinishOnReturn&) = delete;
-
- private:
-  std::atomic<bool>& flag_;
-};
-
-httplib::Request MakeRequest(const char* method, const std::string& path,
-                             const std::string& request_id) {
-  httplib::Request req;
-  req.method = method;
-  req.path = path;
-  req.set_header("x-request-id", request_id);
-  return req;
-}
-
-}  // namespace
-
-Leg::Leg(InstanceAddress address, ConnectionPool* pool)
-    : address_(std::move(address)), pool_(pool) {}
-
-Leg::Leg(InstanceAddress address, double connect_timeout_s, double read_timeout_s)
+Leg::Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s,
+         double io_timeout_s)
     : address_(std::move(address)),
+      pool_(pool),
       connect_timeout_s_(connect_timeout_s),
-      read_timeout_s_(read_timeout_s) {}
+      io_timeout_s_(io_timeout_s) {}
 
-Leg::~Leg() = default;
+Leg::~Leg() {
+  std::unique_ptr<HttpConn> conn;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    conn = std::move(conn_);
+  }
+  // An unfinished call's connection closes here (the instance sees it and aborts).
+}
 
 void Leg::Stop() {
   std::lock_guard<std::mutex> lock(mu_);
   stopped_.store(true);
-  if (active_ != nullptr) active_->stop();  // shuts the socket down; httplib's stop() is
-                                            // thread-safe against the call in flight
+  if (conn_) conn_->Shutdown();
 }
 
 void Leg::Cut(const std::string& reason) {
@@ -73,108 +39,119 @@ std::string Leg::cut_reason() const {
   return cut_reason_;
 }
 
-std::unique_ptr<httplib::Client> Leg::Borrow() {
-  std::unique_ptr<httplib::Client> cli;
-  if (pool_ != nullptr) {
-    cli = pool_->Take(address_);
-  } else {
-    cli = std::make_unique<httplib::Client>(address_.host, address_.port);
-    time_t sec = 0, usec = 0;
-    SplitSeconds(connect_timeout_s_, &sec, &usec);
-    cli->set_connection_timeout(sec, usec);
-    SplitSeconds(read_timeout_s_, &sec, &usec);
-    cli->set_read_timeout(sec, usec);
-    cli->set_write_timeout(sec, usec);
-    cli->set_keep_alive(false);
-    cli->set_tcp_nodelay(true);
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  if (stopped_.load()) {
-    // Nothing was written on it: an idle pooled connection stays reusable.
-    if (pool_ != nullptr) pool_->Put(address_, std::move(cli));
-    return nullptr;
-  }
-  active_ = cli.get();
-  return cli;
-}
-
-void Leg::GiveBack(std::unique_ptr<httplib::Client> cli, bool clean) {
+void Leg::End() {
+  std::unique_ptr<HttpConn> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    active_ = nullptr;
+    conn = std::move(conn_);
+    finished_.store(true);
     // A Stop() that came after the answer still means "close it": never reuse it then.
-    clean = clean && !stopped_.load();
+    if (stopped_.load()) return;
   }
-  if (clean && pool_ != nullptr) pool_->Put(address_, std::move(cli));
-  // Otherwise `cli` is destroyed here, which closes its socket.
+  if (pool_ != nullptr && conn && conn->reusable()) pool_->Put(address_, std::move(conn));
 }
 
-LegResult Leg::Send(httplib::Request& req) {
-  const FinishOnReturn mark(finished_);
-  std::unique_ptr<httplib::Client> cli = Borrow();
-  if (!cli) return FromTransportError(httplib::Error::Canceled, *this);
-  int status = 0;
-  auto on_headers = std::move(req.response_handler);
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    if (stopped()) return false;  // a Stop() that raced with the start of the call
-    return on_headers ? on_headers(r) : true;
-  };
-  httplib::Response res;
-  httplib::Error err = httplib::Error::Success;
-  const bool ok = cli->send(req, res, err);
-  GiveBack(std::move(cli), ok);
-  if (!ok) {
-    LegResult r = FromTransportError(err, *this);
-    r.status = status;
-    return r;
-  }
+LegResult Leg::Failed(const std::string& fallback_error) {
   LegResult r;
+  if (conn_) {
+    r.connect_failed = conn_->connect_failed();
+    r.error = conn_->error();
+  }
+  if (r.error.empty()) r.error = fallback_error;
+  r.stopped = stopped();
+  if (r.stopped) {
+    r.cut_reason = cut_reason();
+    r.connect_failed = false;
+    r.error = "stopped";
+  }
+  End();
+  return r;
+}
+
+bool Leg::Send(const std::string& method, const std::string& path, const std::string& request_id,
+               const std::string& body, bool sse, LegResult* failed) {
+  std::unique_ptr<HttpConn> conn =
+      pool_ != nullptr ? pool_->Take(address_) : std::make_unique<HttpConn>(address_);
+  bool stopped_before = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopped_before = stopped_.load();
+    if (!stopped_before) conn_ = std::move(conn);
+  }
+  if (stopped_before) {
+    // Nothing was written on it: an idle pooled connection stays reusable.
+    if (pool_ != nullptr && conn->connected()) pool_->Put(address_, std::move(conn));
+    *failed = Failed("stopped");
+    return false;
+  }
+  if (!conn_->connected() && !conn_->Connect(connect_timeout_s_)) {
+    *failed = Failed("connect failed");
+    return false;
+  }
+  std::string headers = "x-request-id: " + request_id + "\r\n";
+  if (method == "POST") headers += "Content-Type: application/json\r\n";
+  if (sse) headers += "Accept: text/event-stream\r\n";
+  if (!conn_->WriteRequest(method, path, headers, method == "POST" ? body : "", io_timeout_s_)) {
+    *failed = Failed("write failed");
+    return false;
+  }
+  return true;
+}
+
+bool Leg::ReadHead(LegResult* r) {
+  HttpHead head;
+  if (stopped() || !conn_->ReadHead(io_timeout_s_, &head)) {
+    *r = Failed("stopped");
+    return false;
+  }
+  r->status = head.status;
+  r->content_type = head.content_type;
+  return true;
+}
+
+BodyRead Leg::ReadBody(int timeout_ms, std::string* out, bool* ended, LegResult* failed) {
+  *ended = false;
+  const BodyRead br = stopped() ? BodyRead::kFailed : conn_->ReadBody(timeout_ms, out, ended);
+  if (br == BodyRead::kFailed) {
+    const int status = failed->status;
+    *failed = Failed("stopped");
+    failed->status = status;
+    return br;
+  }
+  if (*ended) End();
+  return br;
+}
+
+LegResult Leg::ReadAnswer() {
+  LegResult r;
+  if (!ReadHead(&r)) return r;
+  const int io_ms = io_timeout_ms();
+  bool ended = false;
+  while (!ended) {
+    const BodyRead br = ReadBody(io_ms, &r.body, &ended, &r);
+    if (br == BodyRead::kFailed) return r;
+    if (br == BodyRead::kTimeout) {
+      if (conn_) conn_->Shutdown();
+      LegResult t = Failed("read timed out");
+      t.status = r.status;
+      return t;
+    }
+  }
   r.answered = true;
-  r.status = res.status;
-  r.content_type = res.get_header_value("Content-Type");
-  r.body = std::move(res.body);
   return r;
 }
 
 LegResult Leg::Post(const std::string& path, const std::string& request_id,
                     const std::string& body) {
-  httplib::Request req = MakeRequest("POST", path, request_id);
-  req.body = body;
-  req.set_header("Content-Type", "application/json");
-  return Send(req);
+  LegResult failed;
+  if (!Send("POST", path, request_id, body, /*sse=*/false, &failed)) return failed;
+  return ReadAnswer();
 }
 
 LegResult Leg::Get(const std::string& path, const std::string& request_id) {
-  httplib::Request req = MakeRequest("GET", path, request_id);
-  return Send(req);
-}
-
-LegResult Leg::PostStreaming(const std::string& path, const std::string& request_id,
-                             const std::string& body,
-                             const std::function<bool(int, const std::string&)>& on_headers,
-                             const std::function<bool(const char*, size_t)>& on_data) {
-  int status = 0;
-  std::string other_body;
-  httplib::Request req = MakeRequest("POST", path, request_id);
-  req.body = body;
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Accept", "text/event-stream");
-  req.response_handler = [&](const httplib::Response& r) {
-    status = r.status;
-    return on_headers(r.status, r.get_header_value("Content-Type"));
-  };
-  req.content_receiver = [&](const char* data, size_t len, uint64_t, uint64_t) {
-    if (stopped()) return false;
-    if (status != 200) {
-      other_body.append(data, len);
-      return true;
-    }
-    return on_data(data, len);
-  };
-  LegResult r = Send(req);
-  if (r.answered && !other_body.empty()) r.body = std::move(other_body);
-  return r;
+  LegResult failed;
+  if (!Send("GET", path, request_id, "", /*sse=*/false, &failed)) return failed;
+  return ReadAnswer();
 }
 
 }  // namespace kvpush::router

@@ -1,21 +1,17 @@
-// Leg: one HTTP call from the router to an instance (a P leg, a D leg, a /v1/models proxy) that
-// another thread can stop at any time by closing its connection. Legs of the router borrow a
-// keep-alive connection from a ConnectionPool.
+// Leg: one HTTP call from the router to an instance (a P leg, a D leg, a /v1/models proxy, a
+// /kv/abort) that another thread can stop at any time by closing its connection. Legs of the
+// router borrow keep-alive connections from a ConnectionPool.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 
 #include "router/connection_pool.h"
+#include "router/http_conn.h"
 #include "router/instance_pool.h"
-
-namespace httplib {
-class Client;
-struct Request;
-}  // namespace httplib
 
 namespace kvpush::router {
 
@@ -28,73 +24,83 @@ struct LegResult {
   std::string error;            ///< transport error text when !answered
   int status = 0;               ///< HTTP status; also set when the stream broke after headers
   std::string content_type;
-  std::string body;  ///< the body (PostStreaming: only when status != 200)
+  std::string body;  ///< the body (a streamed 200: not collected)
 };
 
-/// One HTTP call to one instance. Calls run on the caller's thread and block; Stop() may be
-/// called from any thread, before or during a call, and makes the call return promptly with
-/// `stopped` set: a call in flight has its connection shut down (the instance sees it close and
-/// aborts the request), and that connection is never reused. A Stop() that races with the start
-/// of a call (after its check, before its request is written) is caught when the answer's
-/// headers arrive: the call then ends `stopped` and closes its connection.
+/// One HTTP call to one instance, made either whole (Post, Get) or step by step (Send, then
+/// ReadHead / ReadBody, or ReadAnswer) so that the steps may run on different threads (one at a
+/// time; the hand-off between them must synchronize, e.g. through a WorkerPool queue). Every
+/// step blocks on the caller's thread, each wait bounded by `io_timeout_s` (connect:
+/// `connect_timeout_s`).
 ///
-/// With a ConnectionPool, a call borrows a keep-alive connection (ConnectionPool::Take) and gives
-/// it back only after a complete answer that nothing stopped; a call is never retried or resent
-/// (see ConnectionPool for stale connections). Without one, a fresh connection is opened and
-/// closed (no keep-alive).
+/// Stop() may be called from any thread, before or during the call, and makes it end promptly
+/// with `stopped` set: the connection is shut down (the instance sees it close and aborts the
+/// request) and never reused; a call not yet written is never sent.
+///
+/// Connections: with a ConnectionPool, the call borrows a keep-alive connection
+/// (ConnectionPool::Take) and gives it back only after a complete answer that nothing stopped;
+/// a call is never retried or resent (stale idle connections: see ConnectionPool). Without one,
+/// a fresh connection is opened and closed after the call.
 class Leg {
  public:
-  /// Uses `pool` (not owned; must outlive the leg) for its connection.
-  Leg(InstanceAddress address, ConnectionPool* pool);
-  /// A fresh connection without keep-alive; timeouts: connect `connect_timeout_s`, each
-  /// read/write `read_timeout_s`.
-  Leg(InstanceAddress address, double connect_timeout_s, double read_timeout_s);
+  /// `pool`: not owned, must outlive the leg; null for a fresh connection per call.
+  Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s,
+      double io_timeout_s);
+  /// Closes the connection of a call that did not end (an abandoned stream).
   ~Leg();
   Leg(const Leg&) = delete;
   Leg& operator=(const Leg&) = delete;
 
   /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
   LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
-
   /// GET `path`, reading the whole answer.
   LegResult Get(const std::string& path, const std::string& request_id);
 
-  /// POSTs `body` and streams the answer: `on_headers(status, content_type)` once when the
-  /// status line and headers arrived, then, when the status is 200, `on_data` for each piece of
-  /// the body as it arrives (other statuses collect the body into the result). Either callback
-  /// returning false stops the call (result `stopped`).
-  LegResult PostStreaming(const std::string& path, const std::string& request_id,
-                          const std::string& body,
-                          const std::function<bool(int, const std::string&)>& on_headers,
-                          const std::function<bool(const char*, size_t)>& on_data);
+  /// Step 1: writes the request (connecting first when needed); `body` is JSON (ignored for
+  /// GET); `sse` adds `Accept: text/event-stream`. False when it failed; `*failed` then holds the
+  /// result and the call has ended.
+  bool Send(const std::string& method, const std::string& path, const std::string& request_id,
+            const std::string& body, bool sse, LegResult* failed);
+  /// Step 2, after Send: the status and headers into r->status and r->content_type. False when
+  /// it failed (`*r` is then the failure and the call has ended).
+  bool ReadHead(LegResult* r);
+  /// Step 3, after ReadHead: appends the next decoded piece of the body to `*out`, waiting at
+  /// most `timeout_ms`. `*ended` once the body is complete (the call has ended). On kFailed,
+  /// `*failed` holds the failure (the call has ended).
+  BodyRead ReadBody(int timeout_ms, std::string* out, bool* ended, LegResult* failed);
+  /// Steps 2 and 3 whole, after Send: the complete answer (or the failure).
+  LegResult ReadAnswer();
 
-  /// Closes the connection (if any) and makes every later call fail at once. Thread-safe,
+  /// Shuts the connection down (if any) and makes every later step fail at once. Thread-safe,
   /// idempotent.
   void Stop();
   /// Stop() because the instance was marked unhealthy; the call's result carries `reason` in
   /// `cut_reason` (the first reason given wins). Thread-safe, idempotent.
   void Cut(const std::string& reason);
   bool stopped() const { return stopped_.load(); }
-  /// True once a call on this leg returned (a leg makes one call).
+  /// True once the call ended (answer read, failed or stopped).
   bool finished() const { return finished_.load(); }
   /// The reason given to Cut(), or "" when it was not cut. Thread-safe.
   std::string cut_reason() const;
   const InstanceAddress& address() const { return address_; }
+  /// The bound of each wait, in ms.
+  int io_timeout_ms() const { return static_cast<int>(std::min(io_timeout_s_ * 1000.0, 2.0e9)); }
 
  private:
-  /// Runs `req` on a borrowed (or fresh) connection and collects the answer.
-  LegResult Send(httplib::Request& req);
-  std::unique_ptr<httplib::Client> Borrow();
-  void GiveBack(std::unique_ptr<httplib::Client> cli, bool clean);
+  /// The failure result of the call's connection; ends the call.
+  LegResult Failed(const std::string& fallback_error);
+  /// Ends the call: the connection goes back to the pool when reusable and not stopped.
+  void End();
 
   InstanceAddress address_;
-  ConnectionPool* pool_ = nullptr;  ///< null: one fresh connection per call
-  double connect_timeout_s_ = 5.0, read_timeout_s_ = 600.0;
+  ConnectionPool* pool_ = nullptr;
+  double connect_timeout_s_ = 5.0;
+  double io_timeout_s_ = 600.0;
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
-  mutable std::mutex mu_;              ///< guards cut_reason_, active_
+  mutable std::mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()
   std::string cut_reason_;
-  httplib::Client* active_ = nullptr;  ///< the connection of the call in flight
+  std::unique_ptr<HttpConn> conn_;  ///< the call's connection, from Send until the call ends
 };
 
 }  // namespace kvpush::router

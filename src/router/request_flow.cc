@@ -300,25 +300,34 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
 }
 
 bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease,
-                                   std::string body) {
+                                   const std::string& body) {
   Router& r = router_;
   if (!r.BeginBackground()) return false;
+  // P's request is written here, on the handler thread, before D's: no hand-off delays it. Its
+  // answer (after the prefill) is awaited on a worker.
+  auto sent = std::make_shared<std::optional<LegResult>>();
+  LegResult failed;
+  if (!t->p_leg->Send("POST", t->path, t->request_id, body, /*sse=*/false, &failed)) {
+    *sent = std::move(failed);
+  }
   // std::function needs a copyable callable: the move-only lease travels in a shared_ptr.
   auto held = std::make_shared<InstanceLease>(std::move(lease));
-  const bool queued = r.workers_->Submit([&r, t = std::move(t), held, body = std::move(body)]() mutable {
-    RunPushPrefill(r, *t, *held, body);
+  const bool queued = r.workers_->Submit([&r, t, held, sent]() mutable {
+    RunPushPrefill(r, *t, *held, *sent ? **sent : t->p_leg->ReadAnswer());
     // Legs and leases point into the router: let go of them before Stop() may return.
     t.reset();
     held->Release();
     r.EndBackground();
   });
-  if (!queued) r.EndBackground();
+  if (!queued) {
+    t->p_leg->Stop();  // written but never read: close it, P aborts
+    r.EndBackground();
+  }
   return queued;
 }
 
 void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
-                                 const std::string& body) {
-  const LegResult pr = t.p_leg->Post(t.path, t.request_id, body);
+                                 const LegResult& pr) {
   if (pr.answered && (pr.status == 200 || IsDroppedPrefillAnswer(pr))) {
     spdlog::debug("request {}: prefill leg answered HTTP {}: {}", t.request_id, pr.status,
                   Head(pr.body));
@@ -413,8 +422,8 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
 void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                                InstanceLease d_lease, httplib::Response& res) {
   Router& r = router_;
-  auto ds = std::make_shared<DecodeStream>(*r.workers_, t->d_leg, t->path, t->request_id, d_body);
-  const int status = ds->WaitHeaders();
+  auto ds = std::make_shared<DecodeStream>(t->d_leg);
+  const int status = ds->Start(t->path, t->request_id, d_body);
   std::vector<std::string> held;
   if (status == 200 && t->mode == TransferMode::kPush) {
     held = HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);

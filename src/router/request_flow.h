@@ -41,10 +41,11 @@ class RequestFlow {
   /// Request id, mode, body, seed, transfer id. Replies (and returns false) on a bad request.
   bool ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
                    nlohmann::json* body, std::string* pull_profile);
-  /// Push: runs P's leg as a task of the router's WorkerPool. False when the router is stopping.
-  bool StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease, std::string body);
-  static void RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
-                             const std::string& body);
+  /// Push: writes P's leg on this thread and awaits its answer as a task of the router's
+  /// WorkerPool. False when the router is stopping.
+  bool StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease, const std::string& body);
+  /// Push, on the worker: P's answer `pr` decides whether the request fails (see docs/router.md).
+  static void RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease, const LegResult& pr);
   /// Pull: runs P's leg on this thread; D's body, or nullopt after replying P's failure.
   std::optional<nlohmann::json> RunPullPrefill(Transfer& t, InstanceLease& lease,
                                                const nlohmann::json& body,

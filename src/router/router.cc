@@ -116,8 +116,7 @@ Router::Router(RouterOptions options)
       server_(std::make_unique<httplib::Server>()),
       aborter_(std::make_unique<TransferAborter>(options_.abort)),
       connections_(std::make_unique<ConnectionPool>(
-          ConnectionPoolOptions{options_.connect_timeout_s, options_.request_timeout_s,
-                                options_.max_idle_connections, options_.max_idle_connection_s})) {}
+          ConnectionPoolOptions{options_.max_idle_connections, options_.max_idle_connection_s})) {}
 
 Router::~Router() {
   Stop();
@@ -143,7 +142,9 @@ void Router::CountLegFailure(Role role) {
 }
 
 std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
-  std::shared_ptr<Leg> leg(new Leg(address, connections_.get()), [this](Leg* l) {
+  std::shared_ptr<Leg> leg(new Leg(address, connections_.get(), options_.connect_timeout_s,
+                                   options_.request_timeout_s),
+                           [this](Leg* l) {
     ForgetLeg(l);
     delete l;
   });
@@ -429,9 +430,9 @@ Status Router::Start() {
   pool_->Start();
 
   const int threads = options_.max_concurrent_streams + 16;
-  // Each request in flight needs at most two leg tasks (push: P's leg and D's stream reader), and
-  // at most `threads` requests are in flight: the pool never makes a task wait for a thread.
-  workers_ = std::make_unique<WorkerPool>(kInitialWorkers, 2 * static_cast<size_t>(threads));
+  // Only a push request's wait for P's answer runs on a worker (one task per request), and at
+  // most `threads` requests are in flight: the pool never makes a task wait for a thread.
+  workers_ = std::make_unique<WorkerPool>(kInitialWorkers, static_cast<size_t>(threads));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay)
@@ -484,7 +485,7 @@ void Router::Stop() {
     for (const auto& [l, role] : legs_) l->Stop();
     legs_cv_.wait(lock, [this] { return background_ == 0; });
   }
-  if (workers_) workers_->Stop();  // the streamed legs' readers end once their legs are closed
+  if (workers_) workers_->Stop();  // P-answer waits end once their legs are closed
   aborter_->Stop();
   connections_->Close();
   if (pool_) pool_->Stop();

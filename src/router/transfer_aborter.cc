@@ -72,7 +72,7 @@ void TransferAborter::Work() {
 }
 
 void TransferAborter::Send(const Job& job) {
-  Leg leg(job.instance, options_.connect_timeout_s, options_.read_timeout_s);
+  Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return;

@@ -1,0 +1,305 @@
+#include "router/http_conn.h"
+
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/clock.h"
+
+namespace kvpush::router {
+namespace {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  return s;
+}
+
+std::string Trim(const std::string& s) {
+  const size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t") - b + 1);
+}
+
+int ToMs(double s) {
+  return static_cast<int>(std::min(s * 1000.0, 2.0e9));
+}
+
+/// poll() for `events` on `fd`, at most `timeout_ms`: >0 ready, 0 timeout, <0 error.
+int PollFor(int fd, short events, int timeout_ms) {
+  pollfd p{};
+  p.fd = fd;
+  p.events = events;
+  for (;;) {
+    const int r = ::poll(&p, 1, timeout_ms);
+    if (r < 0 && errno == EINTR) continue;
+    return r;
+  }
+}
+
+}  // namespace
+
+HttpConn::HttpConn(InstanceAddress address) : address_(std::move(address)) {}
+
+HttpConn::~HttpConn() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool HttpConn::Fail(const std::string& error) {
+  error_ = error;
+  broken_ = true;
+  return false;
+}
+
+void HttpConn::Shutdown() {
+  std::lock_guard<std::mutex> lock(mu_);
+  shut_ = true;
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
+}
+
+bool HttpConn::Connect(double timeout_s) {
+  connect_failed_ = true;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const std::string port = std::to_string(address_.port);
+  if (::getaddrinfo(address_.host.c_str(), port.c_str(), &hints, &res) != 0 || res == nullptr) {
+    return Fail("cannot resolve " + address_.host);
+  }
+  const int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ::freeaddrinfo(res);
+    return Fail(std::string("socket: ") + std::strerror(errno));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    fd_ = fd;
+    if (shut_) ::shutdown(fd_, SHUT_RDWR);
+  }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  int rc = ::connect(fd, res->ai_addr, res->ai_addrlen);
+  ::freeaddrinfo(res);
+  if (rc != 0 && errno != EINPROGRESS) return Fail(std::string("connect: ") + std::strerror(errno));
+  if (rc != 0) {
+    const int ready = PollFor(fd, POLLOUT, ToMs(timeout_s));
+    if (ready == 0) return Fail("connect: timed out");
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (ready < 0 || ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) {
+      return Fail(std::string("connect: ") + std::strerror(err != 0 ? err : errno));
+    }
+  }
+  connect_failed_ = false;
+  return true;
+}
+
+bool HttpConn::WriteRequest(const std::string& method, const std::string& path,
+                            const std::string& headers, const std::string& body,
+                            double timeout_s) {
+  std::string req = method + " " + path + " HTTP/1.1\r\nHost: " + address_.host + ":" +
+                    std::to_string(address_.port) + "\r\n" + headers;
+  if (!body.empty() || method == "POST") {
+    req += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+  }
+  req += "\r\n";
+  req += body;
+  // A new answer: reset the reader.
+  buf_.clear();
+  pos_ = 0;
+  body_ = Body::kNone;
+  keep_alive_ = true;
+  size_t off = 0;
+  while (off < req.size()) {
+    const ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
+    if (n > 0) {
+      off += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      const int ready = PollFor(fd_, POLLOUT, ToMs(timeout_s));
+      if (ready > 0) continue;
+      return Fail(ready == 0 ? "write timed out" : "write: poll failed");
+    }
+    return Fail(std::string("write: ") + std::strerror(errno));
+  }
+  return true;
+}
+
+int HttpConn::Fill(int timeout_ms) {
+  if (pos_ > 0 && pos_ == buf_.size()) {
+    buf_.clear();
+    pos_ = 0;
+  } else if (pos_ > 65536) {
+    buf_.erase(0, pos_);
+    pos_ = 0;
+  }
+  char tmp[65536];
+  for (;;) {
+    const ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
+    if (n > 0) {
+      buf_.append(tmp, static_cast<size_t>(n));
+      return 1;
+    }
+    if (n == 0) return -1;
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
+      error_ = std::string("read: ") + std::strerror(errno);
+      return -2;
+    }
+    if (timeout_ms == 0) return 0;
+    const int ready = PollFor(fd_, POLLIN, timeout_ms);
+    if (ready == 0) return 0;
+    if (ready < 0) {
+      error_ = "read: poll failed";
+      return -2;
+    }
+    timeout_ms = 0;  // readable now: the next recv returns data, EOF or an error
+  }
+}
+
+bool HttpConn::ReadHead(double timeout_s, HttpHead* head) {
+  size_t end = std::string::npos;
+  while ((end = buf_.find("\r\n\r\n", pos_)) == std::string::npos) {
+    if (buf_.size() - pos_ > (64u << 10)) return Fail("answer head larger than 64 KiB");
+    const int r = Fill(ToMs(timeout_s));
+    if (r == 0) return Fail("read timed out");
+    if (r == -1) return Fail("connection closed before the answer");
+    if (r < 0) return Fail(error_);
+  }
+  const std::string text = buf_.substr(pos_, end - pos_);
+  pos_ = end + 4;
+  size_t line_end = text.find("\r\n");
+  const std::string status_line = text.substr(0, line_end);
+  if (status_line.rfind("HTTP/1.", 0) != 0 || status_line.size() < 12) {
+    return Fail("malformed status line: " + status_line.substr(0, 80));
+  }
+  head->status = std::atoi(status_line.c_str() + 9);
+  keep_alive_ = status_line.rfind("HTTP/1.1", 0) == 0;
+  bool chunked = false;
+  long long length = -1;
+  while (line_end != std::string::npos) {
+    const size_t start = line_end + 2;
+    line_end = text.find("\r\n", start);
+    const std::string line = text.substr(start, line_end == std::string::npos ? std::string::npos
+                                                                              : line_end - start);
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const std::string name = Lower(Trim(line.substr(0, colon)));
+    const std::string value = Trim(line.substr(colon + 1));
+    if (name == "content-length") length = std::atoll(value.c_str());
+    if (name == "transfer-encoding") chunked = Lower(value).find("chunked") != std::string::npos;
+    if (name == "connection") keep_alive_ = Lower(value).find("close") == std::string::npos;
+    if (name == "content-type") head->content_type = value;
+  }
+  if (head->status == 204 || head->status == 304 || head->status < 200) {
+    body_ = Body::kDone;
+  } else if (chunked) {
+    body_ = Body::kChunked;
+    chunk_ = Chunk::kSize;
+  } else if (length >= 0) {
+    body_ = length == 0 ? Body::kDone : Body::kLength;
+    remaining_ = static_cast<size_t>(length);
+  } else {
+    body_ = Body::kUntilClose;
+    keep_alive_ = false;
+  }
+  return true;
+}
+
+bool HttpConn::Decode(std::string* out) {
+  for (;;) {
+    const size_t avail = buf_.size() - pos_;
+    switch (body_) {
+      case Body::kDone:
+        return true;
+      case Body::kNone:
+        return false;
+      case Body::kUntilClose:
+        out->append(buf_, pos_, avail);
+        pos_ = buf_.size();
+        return false;
+      case Body::kLength: {
+        const size_t n = std::min(avail, remaining_);
+        out->append(buf_, pos_, n);
+        pos_ += n;
+        remaining_ -= n;
+        if (remaining_ == 0) body_ = Body::kDone;
+        return body_ == Body::kDone;
+      }
+      case Body::kChunked:
+        break;
+    }
+    if (chunk_ == Chunk::kData) {
+      const size_t n = std::min(avail, remaining_);
+      out->append(buf_, pos_, n);
+      pos_ += n;
+      remaining_ -= n;
+      if (remaining_ > 0) return false;
+      chunk_ = Chunk::kCrlf;
+      continue;
+    }
+    if (chunk_ == Chunk::kCrlf) {
+      if (avail < 2) return false;
+      pos_ += 2;
+      chunk_ = Chunk::kSize;
+      continue;
+    }
+    const size_t eol = buf_.find("\r\n", pos_);
+    if (eol == std::string::npos) return false;
+    const std::string line = buf_.substr(pos_, eol - pos_);
+    pos_ = eol + 2;
+    if (chunk_ == Chunk::kTrailers) {
+      if (line.empty()) body_ = Body::kDone;
+      continue;
+    }
+    remaining_ = std::strtoull(line.c_str(), nullptr, 16);  // "size[;ext]"
+    chunk_ = remaining_ == 0 ? Chunk::kTrailers : Chunk::kData;
+  }
+}
+
+BodyRead HttpConn::ReadBody(int timeout_ms, std::string* out, bool* ended) {
+  *ended = false;
+  const int64_t deadline = NowNs() + int64_t{timeout_ms} * 1000000;
+  for (;;) {
+    const size_t before = out->size();
+    if (Decode(out)) {
+      *ended = true;
+      return BodyRead::kData;
+    }
+    if (out->size() > before) return BodyRead::kData;
+    const int64_t left_ms = std::max<int64_t>(0, (deadline - NowNs()) / 1000000);
+    const int r = Fill(static_cast<int>(left_ms));
+    if (r == 1) continue;
+    if (r == 0) return BodyRead::kTimeout;
+    if (r == -1 && body_ == Body::kUntilClose) {
+      body_ = Body::kDone;
+      *ended = true;
+      return BodyRead::kData;
+    }
+    Fail(r == -1 ? "connection closed mid-answer" : error_);
+    return BodyRead::kFailed;
+  }
+}
+
+bool HttpConn::reusable() const {
+  return fd_ >= 0 && !broken_ && keep_alive_ && body_ == Body::kDone && pos_ == buf_.size();
+}
+
+bool HttpConn::IdleUsable() const {
+  if (fd_ < 0 || broken_ || pos_ != buf_.size()) return false;
+  return PollFor(fd_, POLLIN, 0) == 0;
+}
+
+}  // namespace kvpush::router

@@ -155,6 +155,7 @@ Status BpeTokenizer::IndexMerges() {
         (uint64_t{static_cast<uint32_t>(left)} << 32) | static_cast<uint32_t>(right);
     merges_.emplace(key, Merge{static_cast<int32_t>(r), result});  // first rank wins on duplicates
   }
+  std::vector<std::string>().swap(vocab_.merges);  // indexed: the strings are not needed again
   return Status::Ok();
 }
 

@@ -7,6 +7,7 @@
 # packages are absent: run scripts/tokenizer-oracle-setup.sh first.
 #
 # Usage: run.sh KVPUSH_BINARY WORK_DIR qwen3|llama3
+#   ORACLE_PER_CATEGORY=N (default 180) strings per corpus category, for a longer run.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 kvpush=$1
@@ -19,7 +20,7 @@ if ! command -v node >/dev/null || [ ! -f "$pkg/models/tokenizer.json" ]; then
   exit 77
 fi
 mkdir -p "$work"
-python3 "$here/gen_corpus.py" "$work/corpus.jsonl"
+python3 "$here/gen_corpus.py" "$work/corpus.jsonl" "${ORACLE_PER_CATEGORY:-180}"
 node "$here/oracle.mjs" "$vocab" "$work/corpus.jsonl" "$work/oracle-$vocab.jsonl"
 "$kvpush" gen-model --arch "$vocab" --vocab-from "$pkg/models/tokenizer.json" --dim 64 --layers 1 \
   --heads 2 --kv-heads 1 --hidden-dim 64 --context 4096 --tied --out "$work/$vocab.gguf"

@@ -59,6 +59,8 @@ class BpeTokenizer final : public Tokenizer {
   static Result<std::unique_ptr<BpeTokenizer>> FromGguf(const GgufFile& file);
 
   int32_t vocab_size() const override { return static_cast<int32_t>(vocab_.pieces.size()); }
+  /// BOS/EOS ids (0 when the vocabulary has none: only possible through Create; FromGguf
+  /// requires both).
   int32_t bos_id() const override { return vocab_.bos_id < 0 ? 0 : vocab_.bos_id; }
   int32_t eos_id() const override { return vocab_.eos_id < 0 ? 0 : vocab_.eos_id; }
   bool add_bos() const override { return vocab_.add_bos && vocab_.bos_id >= 0; }
@@ -71,7 +73,9 @@ class BpeTokenizer final : public Tokenizer {
   bool IsControl(int32_t id) const override;
   std::string ControlText(int32_t id) const override;
 
+  /// The pre-tokenizer family the `pre` name resolved to: "qwen2", "llama3" or "gpt2".
   const std::string& pre_family() const { return spec_.family; }
+  /// The piece as stored (byte-level alphabet for normal tokens); "" when out of range.
   const std::string& Piece(int32_t id) const;
   /// The id of exactly this piece, or -1.
   int32_t Lookup(std::string_view piece) const;

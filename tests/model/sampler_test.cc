@@ -131,6 +131,7 @@ TEST(SamplerTest, PenaltiesChangeTheGreedyToken) {
   const std::vector<int32_t> output = {1};
   EXPECT_EQ(Sample(l, p, 1, {{}, output, {}}).token, 1);  // no penalty: history ignored
   p.presence_penalty = 0.2f;
+  p.logprobs = 0;  // the sampled token's logprob only
   SampleResult r = Sample(l, p, 1, {{}, output, {}});
   EXPECT_EQ(r.token, 2);
   // Logprobs stay those of the raw logits (vLLM's default raw_logprobs).

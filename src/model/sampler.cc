@@ -27,9 +27,15 @@ double CounterUniform(uint64_t seed, int64_t index) {
 }
 
 int32_t Argmax(std::span<const float> logits) {
+  // The best value stays in a register: comparing against logits[best] made every iteration
+  // wait for the previous select and a dependent load (~0.4 ms per 152k-entry row, perf).
   int32_t best = 0;
+  float best_value = logits[0];
   for (size_t i = 1; i < logits.size(); ++i) {
-    if (logits[i] > logits[static_cast<size_t>(best)]) best = static_cast<int32_t>(i);
+    if (logits[i] > best_value) {
+      best_value = logits[i];
+      best = static_cast<int32_t>(i);
+    }
   }
   return best;
 }

@@ -72,6 +72,7 @@ class BpeTokenizer final : public Tokenizer {
   std::string TokenBytes(int32_t id) const override;
   bool IsControl(int32_t id) const override;
   std::string ControlText(int32_t id) const override;
+  std::string TokenPiece(int32_t id) const override { return Piece(id); }
 
   /// The pre-tokenizer family the `pre` name resolved to: "qwen2", "llama3" or "gpt2".
   const std::string& pre_family() const { return spec_.family; }

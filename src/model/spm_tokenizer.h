@@ -67,6 +67,7 @@ class SpmTokenizer final : public Tokenizer {
   Result<std::vector<int32_t>> Encode(std::string_view text) const override;
   std::string TokenBytes(int32_t id) const override;
   bool IsControl(int32_t id) const override;
+  std::string TokenPiece(int32_t id) const override { return Piece(id); }
   std::string ControlText(int32_t id) const override {
     return IsControl(id) ? Piece(id) : std::string();
   }

@@ -37,6 +37,10 @@ class Tokenizer {
   /// True for control tokens (BOS, EOS, ...), which decode to nothing.
   virtual bool IsControl(int32_t id) const = 0;
 
+  /// The vocabulary's own spelling of a token ("▁the", "Ġthe", "<0x0A>", "<|im_start|>"), as HF's
+  /// convert_ids_to_tokens gives it; "" when out of range. Default: TokenBytes(id).
+  virtual std::string TokenPiece(int32_t id) const { return TokenBytes(id); }
+
   /// The text of a control token when special tokens are shown (e.g. "<|im_start|>", "<s>"); ""
   /// for other ids. Default: "".
   virtual std::string ControlText(int32_t /*id*/) const { return ""; }

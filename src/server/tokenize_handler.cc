@@ -13,7 +13,7 @@ JsonReply Error(std::string message, std::string param) {
   return {400, ApiError::Invalid(std::move(message), std::move(param)).ToJson()};
 }
 
-/// Parses a JSON object body; nullopt-like (is_discarded) on error.
+/// Parses a JSON object body; a discarded value when the body is not one.
 nlohmann::json ParseObject(std::string_view body) {
   auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   return j.is_object() ? j : nlohmann::json(nlohmann::json::value_t::discarded);
@@ -68,10 +68,9 @@ JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
   nlohmann::json out = {
       {"count", ids->size()}, {"max_model_len", target.max_model_len}, {"tokens", *ids}};
   if (token_strs) {
-    // Each token's own text (control tokens by name); invalid UTF-8 pieces as U+FFFD.
+    // The vocabulary's spelling of each token ("Ġworld"), as vLLM's convert_ids_to_tokens.
     nlohmann::json strs = nlohmann::json::array();
-    for (int32_t id : *ids)
-      strs.push_back(DecodeTokens(tokenizer, {&id, 1}, /*show_special=*/true));
+    for (int32_t id : *ids) strs.push_back(tokenizer.TokenPiece(id));
     out["token_strs"] = std::move(strs);
   }
   return {200, out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)};

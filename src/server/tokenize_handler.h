@@ -5,7 +5,8 @@
 //
 //   POST /tokenize   {"prompt": "...", "add_special_tokens": true, "return_token_strs": false,
 //                     "model": "..."}
-//     -> 200 {"count": N, "max_model_len": L, "tokens": [ids...]}  (+ "token_strs" on request)
+//     -> 200 {"count": N, "max_model_len": L, "tokens": [ids...]}  (+ "token_strs" on request:
+//        each token as the vocabulary spells it, "Ġworld", like HF's convert_ids_to_tokens)
 //   POST /detokenize {"tokens": [ids...], "model": "..."}  -> 200 {"prompt": "text"}
 //
 // A "model" other than the served name -> 404 model_not_found, as the completion endpoints.

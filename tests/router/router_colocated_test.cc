@@ -53,7 +53,9 @@ TEST_F(RouterTest, ColocatedForwardsTheBodyAsIsAndRelaysTheStream) {
   expected["stream"] = true;
   EXPECT_EQ(r.body, expected);  // no seed, no kv_transfer_params: the client's request as-is
   EXPECT_EQ(r.request_id, "my-req.1");
-  EXPECT_TRUE(HasMetric("kvpush_router_requests_total{mode=\"colocated\",outcome=\"ok\"} 1"));
+  // Counted when the stream's releaser runs, which may be just after the client read [DONE].
+  EXPECT_TRUE(WaitFor(
+      [&] { return HasMetric("kvpush_router_requests_total{mode=\"colocated\",outcome=\"ok\"} 1"); }));
 }
 
 TEST_F(RouterTest, ColocatedHealthModelsAndMetrics) {

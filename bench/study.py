@@ -56,7 +56,8 @@ COUNTERS = ["kvpush_kv_transfer_blocks_verified_total", "kvpush_kv_transfer_chec
             "kvpush_prefix_cache_hits_total", "kvpush_prefix_cache_queries_total",
             "kvpush_kv_transfer_read_seconds_sum", "kvpush_kv_transfer_read_seconds_count",
             "kvpush_kv_transfer_push_tail_seconds_sum", "kvpush_kv_transfer_push_tail_seconds_count",
-            "kvpush_kv_transfer_bytes_written_total"]
+            "kvpush_kv_transfer_bytes_written_total", "kvpush_time_to_first_token_seconds_sum",
+            "kvpush_time_to_first_token_seconds_count"]
 
 
 class Deployment:
@@ -216,9 +217,10 @@ class Study:
 
     # ---- one measured point ------------------------------------------------------------------
     def bench(self, dep, mode, part, x, *, input_len, output_len, n, rate, seed, prefix_len=0,
-              concurrency=None, record=True):
-        out = os.path.join(self.tmp, f"{part}-{x}-{mode}-{len(self.points)}.json")
-        argv = [self.kvpush, "bench", "--base-url", f"http://{hb.HOST}:{dep.router_port}",
+              concurrency=None, record=True, url=None):
+        out = os.path.join(self.tmp, f"{part}-{x}-{mode}-{len(self.points)}-{time.time():.0f}.json")
+        url = url or f"http://{hb.HOST}:{dep.router_port}"
+        argv = [self.kvpush, "bench", "--base-url", url,
                 "--dataset-name", "random", "--random-input-len", str(input_len),
                 "--random-output-len", str(output_len), "--random-vocab-size", "150000",
                 "--random-prefix-len", str(prefix_len), "--num-prompts", str(n),
@@ -314,7 +316,14 @@ class Study:
                         dep = colo if mode == "colocated" else pd
                         seed = 600 + 10 * i + j  # own prompts per mode: the warm-up is the only hit
                         kw = dict(input_len=self.a.input_len, output_len=128, n=n, rate=rate, seed=seed)
-                        self.bench(dep, mode, sub + "-warmup", rate, record=False, **kw)
+                        if mode == "colocated":
+                            # Round robin may send a prompt's second visit to the other instance:
+                            # warm both directly, so that every measured request hits.
+                            for _, host, port, _ in dep.instances:
+                                self.bench(dep, mode, sub + "-warmup", rate, record=False,
+                                           url=f"http://{host}:{port}", **kw)
+                        else:
+                            self.bench(dep, mode, sub + "-warmup", rate, record=False, **kw)
                         self.bench(dep, mode, sub, rate, **kw)
             finally:
                 self.undeploy(pd)

@@ -28,16 +28,16 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
   }
   if (request.max_tokens < 1) return InvalidArgument("max_tokens must be >= 1");
   if (request.min_tokens < 0 || request.min_tokens > request.max_tokens) {
-    return InvalidArgument("min_tokens must be in [0, max_tokens = " +
-                           std::to_string(request.max_tokens) + "], got " +
-                           std::to_string(request.min_tokens));
+    return InvalidArgument(
+        "min_tokens must be in [0, max_tokens = " + std::to_string(request.max_tokens) + "], got " +
+        std::to_string(request.min_tokens));
   }
   KVP_RETURN_IF_ERROR(request.sampling.Validate());
   for (const auto& [t, bias] : request.sampling.logit_bias) {
     if (t >= model.vocab_size) {
       return InvalidArgument("logit_bias token id " + std::to_string(t) +
-                             " is outside the vocabulary [0, " +
-                             std::to_string(model.vocab_size) + ")");
+                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
+                             ")");
     }
   }
   for (int32_t t : request.stop_token_ids) {
@@ -259,8 +259,8 @@ int32_t EngineCore::Step() {
     const size_t my_row = row;
     if (batch_[i].want_logits) ++row;
     if (!results[i].ok()) {
-      Finish(seq, FinishReason::kError, Internal("model execution failed: " + results[i].ToString()),
-             {}, {});
+      Finish(seq, FinishReason::kError,
+             Internal("model execution failed: " + results[i].ToString()), {}, {});
       continue;
     }
     stats_.computed_tokens += static_cast<int64_t>(batch_[i].tokens.size());
@@ -313,8 +313,8 @@ std::vector<Status> EngineCore::ExecuteEach() {
   for (const SequenceChunk& chunk : batch_) {
     std::span<float> logits;
     if (chunk.want_logits) logits = std::span<float>(logits_.data() + row++ * vocab, vocab);
-    results.push_back(executor_->Execute(std::span<const SequenceChunk>(&chunk, 1), *kv_, logits,
-                                         nullptr));
+    results.push_back(
+        executor_->Execute(std::span<const SequenceChunk>(&chunk, 1), *kv_, logits, nullptr));
     if (!results.back().ok()) {
       spdlog::error("sequence {} failed alone: {}", chunk.seq_id, results.back().ToString());
     }
@@ -363,12 +363,12 @@ void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
   const bool stops_allowed = seq.num_output_tokens() >= req.min_tokens;
   const bool strings_allowed = seq.num_output_tokens() > req.min_tokens;
   const bool is_eos = stops_allowed && token == model_config().eos_id && !req.ignore_eos;
-  const bool is_stop_id = stops_allowed && std::find(req.stop_token_ids.begin(),
-                                                     req.stop_token_ids.end(),
-                                                     token) != req.stop_token_ids.end();
+  const bool is_stop_id =
+      stops_allowed && std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
+                           req.stop_token_ids.end();
   if (is_eos || is_stop_id) {
     reason = FinishReason::kStop;
-    if (!is_eos) out.stop_token_id = token;  // vLLM checks EOS first: its stop_reason is null
+    if (!is_eos) out.stop_token_id = token;       // vLLM checks EOS first: its stop_reason is null
     out.text = seq.text->Flush(strings_allowed);  // the stop token's own text is not emitted
   } else {
     OutputTextProcessor::Delta d = seq.text->Append(token, strings_allowed);

@@ -53,10 +53,10 @@ struct KvTransferParams {
 /// empty, token ids inside the vocabulary, prompt + 1 <= max_model_len, max_tokens >= 1, fits the
 /// KV pool) and answers a refusal as a finished output with FinishReason::kError.
 struct GenerationRequest {
-  std::string request_id;               ///< caller's id, for logs and outputs (may repeat)
-  std::vector<int32_t> prompt_tokens;   ///< including BOS if the caller wants one
-  SamplingParams sampling;              ///< seed must already be chosen by the caller
-  int32_t max_tokens = 16;              ///< >= 1; clamped to max_model_len - prompt length
+  std::string request_id;              ///< caller's id, for logs and outputs (may repeat)
+  std::vector<int32_t> prompt_tokens;  ///< including BOS if the caller wants one
+  SamplingParams sampling;             ///< seed must already be chosen by the caller
+  int32_t max_tokens = 16;             ///< >= 1; clamped to max_model_len - prompt length
   /// [0, max_tokens]: until this many tokens were generated, EOS and the stop token ids are
   /// never sampled (their logits are -inf) and neither they nor stop strings end the request;
   /// a stop string can match only text of later tokens (vLLM semantics). max_tokens and
@@ -87,7 +87,7 @@ struct RequestOutput {
   /// The stop_token_ids entry that ended the request (vLLM reports it as `stop_reason`); -1
   /// otherwise (EOS, a stop string, length).
   int32_t stop_token_id = -1;
-  Status error;             ///< set when finish_reason == kError
+  Status error;  ///< set when finish_reason == kError
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;  ///< generated so far, including this step's
   int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache (first admission)

@@ -69,8 +69,8 @@ int32_t SampleRandom(std::span<const float> logits, const SamplingParams& params
   size_t keep = n;
   if (params.top_k > 0 && static_cast<size_t>(params.top_k) < n) {
     keep = static_cast<size_t>(params.top_k);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep),
-                      order.end(), by_logit);
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(keep), order.end(),
+                      by_logit);
   } else {
     std::sort(order.begin(), order.end(), by_logit);
   }
@@ -211,8 +211,8 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
     ApplyLogitsProcessors(processed, params, history);
     scores = processed;
   }
-  result.token = params.temperature == 0.0f ? Argmax(scores)
-                                            : SampleRandom(scores, params, output_index);
+  result.token =
+      params.temperature == 0.0f ? Argmax(scores) : SampleRandom(scores, params, output_index);
 
   // Log-softmax of the raw logits (temperature 1), as OpenAI/vLLM report logprobs. Only when
   // logprobs were asked for: over a 152k vocabulary it costs ~1 ms per token on a CPU core, 6x

@@ -40,7 +40,7 @@ struct SamplingParams {
   /// (token id, bias in [-100, 100]) added to the logit before anything else; ids ascending,
   /// unique, inside the vocabulary (the engine checks the vocabulary).
   std::vector<std::pair<int32_t, float>> logit_bias;
-  uint64_t seed = 0;     ///< the engine picks a random one when the request gives none
+  uint64_t seed = 0;      ///< the engine picks a random one when the request gives none
   int32_t logprobs = -1;  ///< -1 = none; n >= 0: logprob of the sampled token + top n
 
   /// True when any logits processor (bias, penalties) is active.

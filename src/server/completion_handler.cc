@@ -282,18 +282,18 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     // Know P before the engine admits the request (cached after the first request).
     auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port);
     if (!peer.ok()) {
-      return ReplyError(res, ApiError{502, "prefill instance " + kv.remote_host + ":" +
-                                               std::to_string(kv.remote_port) + ": " +
-                                               peer.status().message(),
-                                      "server_error", "kv_transfer_params", "kv_peer_unavailable"});
+      return ReplyError(
+          res, ApiError{502,
+                        "prefill instance " + kv.remote_host + ":" +
+                            std::to_string(kv.remote_port) + ": " + peer.status().message(),
+                        "server_error", "kv_transfer_params", "kv_peer_unavailable"});
     }
     if (!kv.remote_engine_id.empty() && kv.remote_engine_id != *peer) {
-      return ReplyError(res, ApiError::Invalid("kv_transfer_params.remote_engine_id '" +
-                                                   kv.remote_engine_id + "' is not the instance at " +
-                                                   kv.remote_host + ":" +
-                                                   std::to_string(kv.remote_port) + " ('" + *peer +
-                                                   "')",
-                                               "kv_transfer_params.remote_engine_id"));
+      return ReplyError(
+          res, ApiError::Invalid("kv_transfer_params.remote_engine_id '" + kv.remote_engine_id +
+                                     "' is not the instance at " + kv.remote_host + ":" +
+                                     std::to_string(kv.remote_port) + " ('" + *peer + "')",
+                                 "kv_transfer_params.remote_engine_id"));
     }
     kv.remote_engine_id = *peer;
   }
@@ -314,8 +314,8 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     const size_t i = k / static_cast<size_t>(r.n);
     const auto j = static_cast<int32_t>(k % static_cast<size_t>(r.n));
     GenerationRequest g = MakeGeneration(r, kv, prompts[i], max_tokens[i], seed, j);
-    g.request_id = prompts.size() == 1 && r.n == 1 ? st->meta.id
-                                                    : st->meta.id + "-" + std::to_string(k);
+    g.request_id =
+        prompts.size() == 1 && r.n == 1 ? st->meta.id : st->meta.id + "-" + std::to_string(k);
     counts_prompt.push_back(j == 0);
     auto h = engine.Submit(std::move(g));
     if (!h.ok()) {

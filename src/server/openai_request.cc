@@ -223,13 +223,31 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
     return e;
   }
   // Any non-empty value asks for a feature kvpush does not have.
-  static constexpr const char* kNullOnly[] = {
-      "suffix", "truncate_prompt_tokens", "allowed_token_ids", "bad_words", "prompt_logprobs",
-      "guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs",
-      "guided_decoding_backend", "guided_whitespace_pattern", "logits_processors",
-      "prompt_embeds", "cache_salt", "vllm_xargs", "chat_template", "chat_template_kwargs",
-      "documents", "audio", "prediction", "web_search_options", "mm_processor_kwargs",
-      "tools", "functions"};
+  static constexpr const char* kNullOnly[] = {"suffix",
+                                              "truncate_prompt_tokens",
+                                              "allowed_token_ids",
+                                              "bad_words",
+                                              "prompt_logprobs",
+                                              "guided_json",
+                                              "guided_regex",
+                                              "guided_choice",
+                                              "guided_grammar",
+                                              "structured_outputs",
+                                              "guided_decoding_backend",
+                                              "guided_whitespace_pattern",
+                                              "logits_processors",
+                                              "prompt_embeds",
+                                              "cache_salt",
+                                              "vllm_xargs",
+                                              "chat_template",
+                                              "chat_template_kwargs",
+                                              "documents",
+                                              "audio",
+                                              "prediction",
+                                              "web_search_options",
+                                              "mm_processor_kwargs",
+                                              "tools",
+                                              "functions"};
   for (const char* f : kNullOnly) {
     auto it = body.find(f);
     if (it != body.end() && !IsEmptyValue(*it)) return NotSupported(f);
@@ -300,9 +318,9 @@ std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
     for (char c : key) digits = digits && c >= '0' && c <= '9';
     const int64_t id = digits ? std::stoll(key) : -1;
     if (id < 0 || id > 0x7fffffffll) {
-      return ApiError::Invalid("'logit_bias' keys must be token ids (decimal integers), got '" +
-                                   key + "'",
-                               "logit_bias");
+      return ApiError::Invalid(
+          "'logit_bias' keys must be token ids (decimal integers), got '" + key + "'",
+          "logit_bias");
     }
     if (!e.value().is_number()) return WrongType("logit_bias", "an object of numbers", e.value());
     const double bias = e.value().get<double>();
@@ -314,9 +332,9 @@ std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
   std::sort(r.logit_bias.begin(), r.logit_bias.end());
   for (size_t i = 1; i < r.logit_bias.size(); ++i) {
     if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
-      return ApiError::Invalid("'logit_bias' names token " +
-                                   std::to_string(r.logit_bias[i].first) + " twice",
-                               "logit_bias");
+      return ApiError::Invalid(
+          "'logit_bias' names token " + std::to_string(r.logit_bias[i].first) + " twice",
+          "logit_bias");
     }
   }
   return std::nullopt;
@@ -389,8 +407,9 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
     if (auto e = GetInt(body, "logprobs", 0, kMaxLogprobs, v)) return *e;
     if (v) r.logprobs = static_cast<int32_t>(*v);
     if (r.echo && r.logprobs >= 0) {
-      return *NotSupported("echo", "echo with logprobs needs prompt logprobs, which kvpush "
-                                   "does not compute");
+      return *NotSupported("echo",
+                           "echo with logprobs needs prompt logprobs, which kvpush "
+                           "does not compute");
     }
   } else {
     bool want = false;

@@ -4,14 +4,13 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
 #include <variant>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
 
@@ -47,16 +46,16 @@ struct OpenAiRequest {
   std::vector<std::string> stop;  ///< up to 16 non-empty strings... empty ones dropped
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
-  int32_t min_tokens = 0;  ///< vLLM: >= 0; holds off EOS, stop ids and stop strings
-  float min_p = 0.0f;      ///< vLLM: [0, 1]
+  int32_t min_tokens = 0;           ///< vLLM: >= 0; holds off EOS, stop ids and stop strings
+  float min_p = 0.0f;               ///< vLLM: [0, 1]
   float presence_penalty = 0.0f;    ///< [-2, 2]
   float frequency_penalty = 0.0f;   ///< [-2, 2]
   float repetition_penalty = 1.0f;  ///< vLLM: (0, 10]
   /// OpenAI `logit_bias` ({"<token id>": bias}): ids ascending, unique, < 2^31; bias in
   /// [-100, 100]. The vocabulary is checked by the engine.
   std::vector<std::pair<int32_t, float>> logit_bias;
-  int32_t n = 1;       ///< choices per prompt, [1, kMaxN]
-  bool echo = false;   ///< completions: prepend the prompt to each choice's text
+  int32_t n = 1;          ///< choices per prompt, [1, kMaxN]
+  bool echo = false;      ///< completions: prepend the prompt to each choice's text
   int32_t logprobs = -1;  ///< -1 = none; n >= 0 = sampled token + top n (<= 20)
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage

@@ -117,11 +117,11 @@ TEST(SamplerTest, PenaltiesFollowVllmApplyPenalties) {
   const std::vector<int32_t> prompt = {1, 4};
   const std::vector<int32_t> output = {2, 2, 4};
   ApplyLogitsProcessors(l, p, {prompt, output, {}});
-  EXPECT_FLOAT_EQ(l[0], 1.0f);                            // never seen
-  EXPECT_FLOAT_EQ(l[1], 2.0f / 2.0f);                     // prompt only: repetition
+  EXPECT_FLOAT_EQ(l[0], 1.0f);                             // never seen
+  EXPECT_FLOAT_EQ(l[1], 2.0f / 2.0f);                      // prompt only: repetition
   EXPECT_FLOAT_EQ(l[2], -1.0f * 2.0f - 2 * 0.5f - 0.25f);  // output twice
   EXPECT_FLOAT_EQ(l[3], 0.5f);
-  EXPECT_FLOAT_EQ(l[4], 3.0f / 2.0f - 0.5f - 0.25f);      // prompt and output once
+  EXPECT_FLOAT_EQ(l[4], 3.0f / 2.0f - 0.5f - 0.25f);  // prompt and output once
 }
 
 TEST(SamplerTest, PenaltiesChangeTheGreedyToken) {

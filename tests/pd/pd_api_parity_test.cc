@@ -74,8 +74,8 @@ json Comparable(const Answer& a) {
 /// that D holds no block of it and the whole prompt's KV, and P's first token, travel over the
 /// connector (a prompt D has cached, or one shorter than a block, is computed on D itself).
 json Uniquify(json body, uint32_t salt) {
-  static const char* kWords[] = {"sun", "cat", "tree", "happy", "ball", "red", "big", "mom",
-                                 "park", "fish", "bird", "play", "jump", "little", "toy", "dog"};
+  static const char* kWords[] = {"sun",  "cat",  "tree", "happy", "ball", "red",    "big", "mom",
+                                 "park", "fish", "bird", "play",  "jump", "little", "toy", "dog"};
   uint32_t x = 2463534242u ^ (salt * 2654435761u);
   std::string pre;
   std::vector<int32_t> ids;
@@ -132,14 +132,15 @@ class PdApiParity : public PdFixture {
     p_leg["stream"] = false;
     p_leg.erase("stream_options");
     p_leg.erase("max_completion_tokens");
-    p_leg["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
+    p_leg["kv_transfer_params"] = {{"do_remote_decode", true},
+                                   {"do_remote_prefill", false},
                                    {"transfer_mode", push ? "push" : "pull"},
                                    {"transfer_id", tid}};
     json d_leg = row.body;
     if (push) {
       d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
-                                     {"transfer_mode", "push"}, {"transfer_id", tid},
-                                     {"remote_host", p_->host}, {"remote_port", p_->port}};
+                                     {"transfer_mode", "push"},   {"transfer_id", tid},
+                                     {"remote_host", p_->host},   {"remote_port", p_->port}};
       auto p_answer = std::async(std::launch::async, [&] { return Post(*p_, row.path, p_leg); });
       Answer d = Post(*d_, row.path, d_leg);
       Answer p = p_answer.get();
@@ -157,8 +158,8 @@ class PdApiParity : public PdFixture {
       // D refuses the same input with the same body (no KV needed to parse it); P gave no
       // pull parameters, so D gets a well-formed leg that names P.
       d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
-                                     {"transfer_mode", "push"}, {"transfer_id", tid},
-                                     {"remote_host", p_->host}, {"remote_port", p_->port}};
+                                     {"transfer_mode", "push"},   {"transfer_id", tid},
+                                     {"remote_host", p_->host},   {"remote_port", p_->port}};
       return Post(*d_, row.path, d_leg);
     }
     json pj = json::parse(p.body, nullptr, false);
@@ -179,10 +180,11 @@ class PdApiParity : public PdFixture {
 std::vector<Row> Table(const std::vector<int32_t>& ids) {
   const std::string C = "/v1/completions", H = "/v1/chat/completions";
   const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0}};
-  const json seeded = {{"prompt", "Once upon a time"}, {"max_tokens", 20},
-                       {"temperature", 0.9}, {"seed", 1234}};
+  const json seeded = {
+      {"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0.9}, {"seed", 1234}};
   const json chat = {{"messages", {{{"role", "user"}, {"content", "Tell me a story."}}}},
-                     {"max_tokens", 16}, {"temperature", 0}};
+                     {"max_tokens", 16},
+                     {"temperature", 0}};
   auto with = [](json b, const json& extra) {
     for (auto it = extra.begin(); it != extra.end(); ++it) b[it.key()] = it.value();
     return b;
@@ -205,8 +207,11 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"repetition_penalty 0.7 top_k", C,
        with(seeded, {{"repetition_penalty", 0.7}, {"top_k", 20}})},
       {"all penalties", C,
-       with(seeded, {{"presence_penalty", 0.5}, {"frequency_penalty", 0.4},
-                     {"repetition_penalty", 1.2}, {"top_p", 0.9}, {"min_p", 0.05}})},
+       with(seeded, {{"presence_penalty", 0.5},
+                     {"frequency_penalty", 0.4},
+                     {"repetition_penalty", 1.2},
+                     {"top_p", 0.9},
+                     {"min_p", 0.05}})},
       {"logit_bias -100 on the first token", C, with(base, {{"logit_bias", {{t0, -100}}}})},
       {"logit_bias seeded", C, with(seeded, {{"logit_bias", {{t1, 8}, {t2, -5.5}}}})},
       {"echo", C, with(base, {{"echo", true}})},
@@ -217,16 +222,20 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
        with(seeded, {{"min_tokens", 10}, {"stop_token_ids", {ids[0]}}, {"logprobs", 2}})},
       {"n 1 + return_token_ids", C, with(base, {{"n", 1}, {"return_token_ids", true}})},
       {"long prompt repetition", C,
-       with(seeded, {{"prompt", "Once upon a time, there was a little girl named Lily. She loved "
-                                "to play outside in the park with her friends every day."},
+       with(seeded, {{"prompt",
+                      "Once upon a time, there was a little girl named Lily. She loved "
+                      "to play outside in the park with her friends every day."},
                      {"repetition_penalty", 1.3}})},
       {"chat min_tokens", H, with(chat, {{"min_tokens", 4}})},
       {"chat penalties logprobs", H,
-       with(chat, {{"temperature", 0.8}, {"seed", 7}, {"frequency_penalty", 0.6},
-                   {"repetition_penalty", 1.1}, {"logprobs", true}, {"top_logprobs", 2}})},
+       with(chat, {{"temperature", 0.8},
+                   {"seed", 7},
+                   {"frequency_penalty", 0.6},
+                   {"repetition_penalty", 1.1},
+                   {"logprobs", true},
+                   {"top_logprobs", 2}})},
       {"chat logit_bias min_p", H,
-       with(chat, {{"temperature", 1.0}, {"seed", 3}, {"min_p", 0.1},
-                   {"logit_bias", {{t0, 3}}}})},
+       with(chat, {{"temperature", 1.0}, {"seed", 3}, {"min_p", 0.1}, {"logit_bias", {{t0, 3}}}})},
       {"chat stop_token_ids", H, with(chat, {{"stop_token_ids", {ids[1], ids[4]}}})},
   };
   std::vector<Row> rows;
@@ -271,8 +280,11 @@ int64_t CachedTokens(const std::string& body) {
 
 TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   Answer g = Post(*colo_, "/v1/completions",
-                  {{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0},
-                   {"ignore_eos", true}, {"return_token_ids", true}});
+                  {{"prompt", "Once upon a time"},
+                   {"max_tokens", 20},
+                   {"temperature", 0},
+                   {"ignore_eos", true},
+                   {"return_token_ids", true}});
   ASSERT_EQ(g.status, 200) << g.body;
   const auto ids = json::parse(g.body)["choices"][0]["token_ids"].get<std::vector<int32_t>>();
   ASSERT_EQ(ids.size(), 20u);
@@ -309,7 +321,9 @@ TEST_F(PdApiParity, ColocatedValuesFollowVllm) {
     EXPECT_EQ(a.status, 200) << req.dump() << ": " << a.body;
     return json::parse(a.body, nullptr, false);
   };
-  const json base = {{"prompt", "Once upon a time"}, {"max_tokens", 20}, {"temperature", 0},
+  const json base = {{"prompt", "Once upon a time"},
+                     {"max_tokens", 20},
+                     {"temperature", 0},
                      {"return_token_ids", true}};
   json greedy = body_of(base);
   const auto ids = greedy["choices"][0]["token_ids"].get<std::vector<int32_t>>();
@@ -373,8 +387,8 @@ TEST_F(PdApiParity, ColocatedValuesFollowVllm) {
   for (int k = 0; k < 4; ++k) EXPECT_EQ(b["choices"][k]["index"], k);
   // n > 1 on a P/D leg is refused, naming n.
   json leg = n3;
-  leg["kv_transfer_params"] = {{"do_remote_decode", true}, {"transfer_mode", "push"},
-                               {"transfer_id", NewTransferId()}};
+  leg["kv_transfer_params"] = {
+      {"do_remote_decode", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()}};
   Answer refused = Post(*p_, "/v1/completions", leg);
   EXPECT_EQ(refused.status, 400);
   EXPECT_EQ(json::parse(refused.body)["error"]["param"], "n");
@@ -382,10 +396,11 @@ TEST_F(PdApiParity, ColocatedValuesFollowVllm) {
 
 TEST_F(PdApiParity, CachedTokensCountOnlyTheInstancesOwnPrefixCache) {
   // A prompt of 3 full blocks and a bit, new to every instance.
-  const json req = {
-      {"prompt", "A tiny red bird sat on the old fence and sang a happy song for the kids who "
-                 "walked by on their way to school in the morning sun."},
-      {"max_tokens", 4}, {"temperature", 0}};
+  const json req = {{"prompt",
+                     "A tiny red bird sat on the old fence and sang a happy song for the kids who "
+                     "walked by on their way to school in the morning sun."},
+                    {"max_tokens", 4},
+                    {"temperature", 0}};
   Answer c1 = Post(*colo_, "/v1/completions", req);
   Answer c2 = Post(*colo_, "/v1/completions", req);
   ASSERT_EQ(c1.status, 200);

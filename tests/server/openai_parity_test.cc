@@ -42,8 +42,11 @@ class OpenAiParityTest : public ::testing::Test {
   }
   /// Greedy ids of "the cat" (ignore_eos, 20 tokens).
   std::vector<int32_t> GreedyIds() {
-    json j = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-                       {"ignore_eos", true}, {"return_token_ids", true}});
+    json j = Complete({{"prompt", "the cat"},
+                       {"max_tokens", 20},
+                       {"temperature", 0},
+                       {"ignore_eos", true},
+                       {"return_token_ids", true}});
     return j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
   }
 
@@ -56,8 +59,11 @@ TEST_F(OpenAiParityTest, StopTokenIdIsTheStopReason) {
   ASSERT_EQ(ids.size(), 20u);
   const int32_t stop = ids[5];
   const auto first = std::find(ids.begin(), ids.end(), stop) - ids.begin();
-  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-               {"ignore_eos", true}, {"stop_token_ids", {stop}}};
+  json body = {{"prompt", "the cat"},
+               {"max_tokens", 20},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"stop_token_ids", {stop}}};
   json j = Complete(body);
   EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
   EXPECT_EQ(j["choices"][0]["stop_reason"], stop);  // an integer, as vLLM reports it
@@ -75,26 +81,30 @@ TEST_F(OpenAiParityTest, StopTokenIdIsTheStopReason) {
 
 TEST_F(OpenAiParityTest, MinTokensHoldsOffStopIdsAndStrings) {
   const auto ids = GreedyIds();
-  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-               {"stop_token_ids", {ids[0]}}, {"min_tokens", 5}, {"return_token_ids", true}};
+  json body = {{"prompt", "the cat"},        {"max_tokens", 20}, {"temperature", 0},
+               {"stop_token_ids", {ids[0]}}, {"min_tokens", 5},  {"return_token_ids", true}};
   json j = Complete(body);
   const auto got = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
   ASSERT_GE(got.size(), 5u);
   for (size_t i = 0; i < 5; ++i) EXPECT_NE(got[i], ids[0]) << i;
   // A stop string present in the first tokens' text does not end a request whose min_tokens
   // covers them all.
-  json text = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-                        {"ignore_eos", true}});
+  json text = Complete(
+      {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0}, {"ignore_eos", true}});
   const std::string s = text["choices"][0]["text"].get<std::string>().substr(0, 2);
-  json held = Complete({{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-                        {"ignore_eos", true}, {"min_tokens", 20}, {"stop", s}});
+  json held = Complete({{"prompt", "the cat"},
+                        {"max_tokens", 20},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"min_tokens", 20},
+                        {"stop", s}});
   EXPECT_EQ(held["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(held["usage"]["completion_tokens"], 20);
 }
 
 TEST_F(OpenAiParityTest, NChoicesUseSeedPlusIndex) {
-  json body = {{"prompt", "the cat"}, {"max_tokens", 8}, {"temperature", 1.0}, {"seed", 40},
-               {"ignore_eos", true}, {"n", 3}, {"return_token_ids", true}};
+  json body = {{"prompt", "the cat"}, {"max_tokens", 8}, {"temperature", 1.0},      {"seed", 40},
+               {"ignore_eos", true},  {"n", 3},          {"return_token_ids", true}};
   json many = Complete(body);
   ASSERT_EQ(many["choices"].size(), 3u);
   int distinct = 0;
@@ -138,16 +148,16 @@ TEST_F(OpenAiParityTest, NChoicesUseSeedPlusIndex) {
 
 TEST_F(OpenAiParityTest, EchoPrependsThePrompt) {
   json plain = Complete({{"prompt", "the cat"}, {"max_tokens", 6}, {"temperature", 0}});
-  json echo = Complete({{"prompt", "the cat"}, {"max_tokens", 6}, {"temperature", 0},
-                        {"echo", true}});
+  json echo =
+      Complete({{"prompt", "the cat"}, {"max_tokens", 6}, {"temperature", 0}, {"echo", true}});
   EXPECT_EQ(echo["choices"][0]["text"].get<std::string>(),
             "the cat" + plain["choices"][0]["text"].get<std::string>());
   EXPECT_EQ(echo["usage"], plain["usage"]);
   // Token prompts echo their decoded text.
   const std::vector<int32_t> prompt = {1, 5, 6};
   json tplain = Complete({{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}});
-  json techo = Complete({{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0},
-                         {"echo", true}});
+  json techo =
+      Complete({{"prompt", prompt}, {"max_tokens", 4}, {"temperature", 0}, {"echo", true}});
   EXPECT_EQ(techo["choices"][0]["text"].get<std::string>(),
             DecodeTokens(tok_, prompt) + tplain["choices"][0]["text"].get<std::string>());
   // Streamed: the prompt leads the first event.
@@ -164,8 +174,11 @@ TEST_F(OpenAiParityTest, EchoPrependsThePrompt) {
 
 TEST_F(OpenAiParityTest, LogitBiasAndPenaltiesChangeTheTokens) {
   const auto ids = GreedyIds();
-  json body = {{"prompt", "the cat"}, {"max_tokens", 20}, {"temperature", 0},
-               {"ignore_eos", true}, {"return_token_ids", true}};
+  json body = {{"prompt", "the cat"},
+               {"max_tokens", 20},
+               {"temperature", 0},
+               {"ignore_eos", true},
+               {"return_token_ids", true}};
   json biased = body;
   biased["logit_bias"] = {{std::to_string(ids[0]), -100}};
   EXPECT_NE(Complete(biased)["choices"][0]["token_ids"][0], ids[0]);
@@ -202,8 +215,8 @@ TEST_F(OpenAiParityTest, FingerprintAndCachedTokens) {
   // 11 prompt tokens, blocks of 4: two full blocks are found (never the whole prompt).
   EXPECT_EQ(second["usage"]["prompt_tokens_details"]["cached_tokens"], 8);
   // The streamed usage event has it too.
-  auto [status, text] = server_->Post(
-      "/v1/completions", R"({"prompt":[1,5,6,7,8,9,10,11,12,13,14],"max_tokens":2,
+  auto [status, text] =
+      server_->Post("/v1/completions", R"({"prompt":[1,5,6,7,8,9,10,11,12,13,14],"max_tokens":2,
                              "temperature":0,"stream":true,"stream_options":{"include_usage":true}})");
   ASSERT_EQ(status, 200);
   auto events = SseEvents(text);

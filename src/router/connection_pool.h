@@ -81,7 +81,7 @@ class ConnectionPool {
   };
 
   ConnectionPoolOptions options_;
-  mutable std::mutex mu_;  ///< guards everything below
+  mutable std::mutex mu_;                                   ///< guards everything below
   std::unordered_map<std::string, std::deque<Idle>> idle_;  ///< by URL; most recent at the back
   ConnectionPoolCounts counts_;
   bool closed_ = false;

@@ -56,7 +56,8 @@ bool DecodeStream::TakeEvents(std::chrono::milliseconds timeout, std::vector<std
     }
     const int64_t now = NowNs();
     if (!data.empty()) last_data_ns_ = now;
-    if (br == BodyRead::kTimeout && now - last_data_ns_ > int64_t{leg_->io_timeout_ms()} * 1000000) {
+    if (br == BodyRead::kTimeout &&
+        now - last_data_ns_ > int64_t{leg_->io_timeout_ms()} * 1000000) {
       leg_->Stop();  // D went silent: fail the leg as a read timeout
       const int status = result_.status;
       result_ = LegResult{};

@@ -105,8 +105,7 @@ bool HttpConn::Connect(double timeout_s) {
 }
 
 bool HttpConn::WriteRequest(const std::string& method, const std::string& path,
-                            const std::string& headers, const std::string& body,
-                            double timeout_s) {
+                            const std::string& headers, const std::string& body, double timeout_s) {
   std::string req = method + " " + path + " HTTP/1.1\r\nHost: " + address_.host + ":" +
                     std::to_string(address_.port) + "\r\n" + headers;
   if (!body.empty() || method == "POST") {
@@ -192,8 +191,8 @@ bool HttpConn::ReadHead(double timeout_s, HttpHead* head) {
   while (line_end != std::string::npos) {
     const size_t start = line_end + 2;
     line_end = text.find("\r\n", start);
-    const std::string line = text.substr(start, line_end == std::string::npos ? std::string::npos
-                                                                              : line_end - start);
+    const std::string line =
+        text.substr(start, line_end == std::string::npos ? std::string::npos : line_end - start);
     const size_t colon = line.find(':');
     if (colon == std::string::npos) continue;
     const std::string name = Lower(Trim(line.substr(0, colon)));

@@ -43,8 +43,8 @@ class HttpConn {
 
   /// Writes `method path` with `headers` (each "Name: value"; Host and Content-Length are added)
   /// and `body`, in one write when the socket takes it. False on failure (error()).
-  bool WriteRequest(const std::string& method, const std::string& path,
-                    const std::string& headers, const std::string& body, double timeout_s);
+  bool WriteRequest(const std::string& method, const std::string& path, const std::string& headers,
+                    const std::string& body, double timeout_s);
 
   /// Reads the status line and headers (each wait at most `timeout_s`). False on failure.
   bool ReadHead(double timeout_s, HttpHead* head);
@@ -79,10 +79,10 @@ class HttpConn {
   bool Fail(const std::string& error);
 
   InstanceAddress address_;
-  int fd_ = -1;           ///< written only by the owner, under mu_
+  int fd_ = -1;            ///< written only by the owner, under mu_
   mutable std::mutex mu_;  ///< guards fd_ against Shutdown()
-  bool shut_ = false;     ///< Shutdown() was called (guarded by mu_)
-  std::string buf_;       ///< bytes read and not consumed, from pos_
+  bool shut_ = false;      ///< Shutdown() was called (guarded by mu_)
+  std::string buf_;        ///< bytes read and not consumed, from pos_
   size_t pos_ = 0;
   Body body_ = Body::kNone;
   Chunk chunk_ = Chunk::kSize;

@@ -44,8 +44,7 @@ struct LegResult {
 class Leg {
  public:
   /// `pool`: not owned, must outlive the leg; null for a fresh connection per call.
-  Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s,
-      double io_timeout_s);
+  Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s, double io_timeout_s);
   /// Closes the connection of a call that did not end (an abandoned stream).
   ~Leg();
   Leg(const Leg&) = delete;

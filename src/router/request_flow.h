@@ -4,10 +4,9 @@
 #pragma once
 
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "router/instance_pool.h"
 #include "router/leg.h"

@@ -1,8 +1,6 @@
 #include "router/router.h"
 
 #include <httplib.h>
-
-#include "common/listen_backlog.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -11,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/listen_backlog.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
 
@@ -142,12 +141,12 @@ void Router::CountLegFailure(Role role) {
 }
 
 std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
-  std::shared_ptr<Leg> leg(new Leg(address, connections_.get(), options_.connect_timeout_s,
-                                   options_.request_timeout_s),
-                           [this](Leg* l) {
-    ForgetLeg(l);
-    delete l;
-  });
+  std::shared_ptr<Leg> leg(
+      new Leg(address, connections_.get(), options_.connect_timeout_s, options_.request_timeout_s),
+      [this](Leg* l) {
+        ForgetLeg(l);
+        delete l;
+      });
   std::lock_guard<std::mutex> lock(legs_mu_);
   if (stopping_.load()) leg->Stop();
   legs_.emplace(leg.get(), role);
@@ -206,8 +205,8 @@ std::string Router::RenderMetrics() const {
   const std::vector<TransferMode> modes =
       colo ? std::vector<TransferMode>{TransferMode::kColocated}
            : std::vector<TransferMode>{TransferMode::kPush, TransferMode::kPull};
-  const std::vector<Role> roles = colo ? std::vector<Role>{Role::kColocated}
-                                       : std::vector<Role>{Role::kPrefill, Role::kDecode};
+  const std::vector<Role> roles =
+      colo ? std::vector<Role>{Role::kColocated} : std::vector<Role>{Role::kPrefill, Role::kDecode};
   std::ostringstream s;
   s << "# HELP kvpush_router_requests_total Completion requests by transfer mode and outcome.\n"
     << "# TYPE kvpush_router_requests_total counter\n";
@@ -228,8 +227,8 @@ std::string Router::RenderMetrics() const {
        "unhealthy while they were in flight.\n"
     << "# TYPE kvpush_router_legs_cut_total counter\n";
   for (Role r : roles) {
-    s << "kvpush_router_legs_cut_total{leg=\"" << RoleName(r) << "\"} "
-      << c.legs_cut[RoleIndex(r)] << "\n";
+    s << "kvpush_router_legs_cut_total{leg=\"" << RoleName(r) << "\"} " << c.legs_cut[RoleIndex(r)]
+      << "\n";
   }
   if (!colo) {
     const AbortCounts a = aborter_->counts();
@@ -238,8 +237,8 @@ std::string Router::RenderMetrics() const {
       << "# TYPE kvpush_router_transfer_aborts_total counter\n";
     for (int k = 0; k < 2; ++k) {
       const char* role = k == 0 ? "prefill" : "decode";
-      s << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"ok\"} "
-        << a.ok[k] << "\n"
+      s << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"ok\"} " << a.ok[k]
+        << "\n"
         << "kvpush_router_transfer_aborts_total{role=\"" << role << "\",outcome=\"error\"} "
         << a.failed[k] << "\n";
     }
@@ -285,7 +284,8 @@ void Router::RouteModels() {
     LegResult r = NewLeg(d->address(), role)->Get("/v1/models", id);
     if (!r.answered) {
       if (r.connect_failed) d->MarkUnhealthy("GET /v1/models: " + r.error);
-      return ReplyError(res, 502, name + " instance " + d->address().url + " unreachable: " + r.error,
+      return ReplyError(res, 502,
+                        name + " instance " + d->address().url + " unreachable: " + r.error,
                         "server_error", name + "_unreachable");
     }
     res.status = r.status;
@@ -421,8 +421,7 @@ Status Router::Start() {
   spdlog::default_logger_raw();  // create the registry before worker threads log (TSan)
   pool_ = std::make_unique<InstancePool>(
       std::move(prefill), std::move(decode),
-      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms},
-      std::move(colocated));
+      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms}, std::move(colocated));
   pool_->SetUnhealthyCallback([this](Role role, const std::string& url, const std::string& why) {
     CutLegsTo(role, url, why);
   });

@@ -41,16 +41,16 @@ struct RouterOptions {
   TransferMode mode = TransferMode::kPush;
   std::string pull_profile;  ///< "vllm" | "fast" | "" (D's default) for pull requests
   std::string host = "127.0.0.1";
-  int port = 8000;                   ///< 0 = pick a free port (see Router::port())
-  int health_interval_ms = 1000;     ///< time between two health rounds
-  int health_timeout_ms = 1000;      ///< connect + read timeout of one GET /health
-  double request_timeout_s = 600.0;  ///< read/write timeout of each leg
-  double connect_timeout_s = 5.0;    ///< connect timeout of each leg
-  int max_concurrent_streams = 256;  ///< HTTP worker threads = this + 16
-  size_t max_body_bytes = 8u << 20;  ///< larger client bodies get 413
-  size_t max_idle_connections = 64;  ///< idle keep-alive connections kept per instance
+  int port = 8000;                     ///< 0 = pick a free port (see Router::port())
+  int health_interval_ms = 1000;       ///< time between two health rounds
+  int health_timeout_ms = 1000;        ///< connect + read timeout of one GET /health
+  double request_timeout_s = 600.0;    ///< read/write timeout of each leg
+  double connect_timeout_s = 5.0;      ///< connect timeout of each leg
+  int max_concurrent_streams = 256;    ///< HTTP worker threads = this + 16
+  size_t max_body_bytes = 8u << 20;    ///< larger client bodies get 413
+  size_t max_idle_connections = 64;    ///< idle keep-alive connections kept per instance
   double max_idle_connection_s = 2.0;  ///< idle connections older than this are not reused
-  AbortOptions abort;                ///< POST /kv/abort calls to the other leg's instance
+  AbortOptions abort;                  ///< POST /kv/abort calls to the other leg's instance
 
   bool colocated() const { return !colocated_urls.empty(); }
 

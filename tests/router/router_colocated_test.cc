@@ -54,8 +54,9 @@ TEST_F(RouterTest, ColocatedForwardsTheBodyAsIsAndRelaysTheStream) {
   EXPECT_EQ(r.body, expected);  // no seed, no kv_transfer_params: the client's request as-is
   EXPECT_EQ(r.request_id, "my-req.1");
   // Counted when the stream's releaser runs, which may be just after the client read [DONE].
-  EXPECT_TRUE(WaitFor(
-      [&] { return HasMetric("kvpush_router_requests_total{mode=\"colocated\",outcome=\"ok\"} 1"); }));
+  EXPECT_TRUE(WaitFor([&] {
+    return HasMetric("kvpush_router_requests_total{mode=\"colocated\",outcome=\"ok\"} 1");
+  }));
 }
 
 TEST_F(RouterTest, ColocatedHealthModelsAndMetrics) {
@@ -73,9 +74,9 @@ TEST_F(RouterTest, ColocatedHealthModelsAndMetrics) {
   EXPECT_EQ(models->status, 200);
   EXPECT_EQ(json::parse(models->body)["data"][0]["id"], "fake-model");
   const std::string m = Metrics();
-  EXPECT_NE(m.find("kvpush_router_instance_healthy{role=\"colocated\",url=\"" + d_[0]->url() +
-                   "\"} 1\n"),
-            std::string::npos)
+  EXPECT_NE(
+      m.find("kvpush_router_instance_healthy{role=\"colocated\",url=\"" + d_[0]->url() + "\"} 1\n"),
+      std::string::npos)
       << m;
   EXPECT_EQ(m.find("kvpush_router_transfer_aborts_total"), std::string::npos);
 

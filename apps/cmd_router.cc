@@ -63,16 +63,14 @@ void RegisterRouterCommand(CLI::App& app) {
       "router",
       "P/D router: OpenAI-compatible front door over prefill and decode instances (or, with "
       "--colocated, round robin over colocated instances)");
-  auto* prefill = cmd->add_option("--prefill", opts->router.prefill_urls,
-                                  "Prefill instance URLs (http://HOST:PORT), one or more");
-  auto* decode = cmd->add_option("--decode", opts->router.decode_urls,
-                                 "Decode instance URLs (http://HOST:PORT), one or more");
+  cmd->add_option("--prefill", opts->router.prefill_urls,
+                  "Prefill instance URLs (http://HOST:PORT), one or more");
+  cmd->add_option("--decode", opts->router.decode_urls,
+                  "Decode instance URLs (http://HOST:PORT), one or more");
   cmd->add_option("--colocated", opts->router.colocated_urls,
                   "Colocated (--role both) instance URLs (http://HOST:PORT), one or more: each "
                   "request goes whole to the next healthy one (round robin); excludes "
-                  "--prefill/--decode")
-      ->excludes(prefill)
-      ->excludes(decode);
+                  "--prefill/--decode (RouterOptions::Validate: exit status 2)");
   cmd->add_option("--mode", opts->mode, "KV transfer mode: push | pull")
       ->check(CLI::IsMember({"push", "pull"}))
       ->capture_default_str();

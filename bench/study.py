@@ -425,7 +425,9 @@ def main():
     points = study.run()
     meta = {"started": started, "minutes": round((time.time() - study.t0) / 60, 1),
             "command": "bench/study.py " + " ".join(sys.argv[1:]), "args": vars(a),
-            "load": os.getloadavg(), "logs": study.tmp}
+            "load": os.getloadavg(), "logs": study.tmp,
+            "commit": subprocess.run(["git", "-C", os.path.dirname(a.kvpush), "rev-parse", "--short",
+                                      "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip()}
     with open(os.path.join(study.tmp, "points.json"), "w") as f:
         json.dump({"meta": meta, "points": points}, f)
     study_report.write(points, meta, a.out_dir)

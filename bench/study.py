@@ -283,7 +283,7 @@ class Study:
                    n_of_rate=lambda r: 6 if self.a.quick else max(8, int(r * 24)), seed0=300)
 
     def part_short(self, deps):
-        lengths = [16, 128] if self.a.quick else [16, 32, 64, 128, 512]
+        lengths = [16, 128, 2000] if self.a.quick else [16, 32, 64, 128, 512, 2000]
         n = 6 if self.a.quick else 12
         for i, length in enumerate(lengths):
             for mode in MODES:
@@ -419,15 +419,24 @@ def main():
     ap.add_argument("--input-len", type=int, default=2000)
     ap.add_argument("--link-rate", default="2gbit", help="tc tbf rate of the P<->D link (part link)")
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "docs", "benchmarks"))
+    ap.add_argument("--merge", help="an earlier run's points.json (in its log dir): its points "
+                    "of the parts not run now are kept, so one part can be re-run alone")
     a = ap.parse_args()
     study = Study(a)
     started = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     points = study.run()
     meta = {"started": started, "minutes": round((time.time() - study.t0) / 60, 1),
-            "command": "bench/study.py " + " ".join(sys.argv[1:]), "args": vars(a),
+            "command": "`" + " ".join(["bench/study.py"] + sys.argv[1:]) + "`", "args": vars(a),
             "load": os.getloadavg(), "logs": study.tmp,
             "commit": subprocess.run(["git", "-C", os.path.dirname(a.kvpush), "rev-parse", "--short",
                                       "HEAD"], stdout=subprocess.PIPE, text=True).stdout.strip()}
+    if a.merge:
+        with open(a.merge) as f:
+            earlier = json.load(f)
+        ran = set(a.parts.split(","))
+        points = [p for p in earlier["points"] if p["part"].split("-")[0] not in ran] + points
+        meta["command"] = f"{earlier['meta']['command']} (started {earlier['meta']['started']}), " \
+            f"then {meta['command']} (the parts {a.parts} again, same binary)"
     with open(os.path.join(study.tmp, "points.json"), "w") as f:
         json.dump({"meta": meta, "points": points}, f)
     study_report.write(points, meta, a.out_dir)

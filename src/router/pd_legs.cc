@@ -67,7 +67,8 @@ json MakePrefillBody(const json& client, TransferMode mode, const std::string& t
   json p = client;
   p["max_tokens"] = 1;
   p.erase("max_completion_tokens");
-  p.erase("min_tokens");  // would contradict max_tokens = 1 (vLLM refuses min_tokens > max_tokens)
+  // min_tokens stays: P clamps it to its max_tokens of 1 and so never samples EOS or a stop id as
+  // the first token when the client asked for at least one (docs/pd_protocol.md §1).
   p["stream"] = false;
   p.erase("stream_options");
   p["kv_transfer_params"] = {{"do_remote_decode", true},

@@ -443,7 +443,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   std::string content_type = ds->content_type();
-  if (content_type.empty()) content_type = "text/event-stream";
+  if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
   res.set_chunked_content_provider(
       content_type,
       [st, rp](size_t, httplib::DataSink& sink) -> bool { return Pump(*rp, *st, sink); },

@@ -29,11 +29,12 @@ struct Answer {
   std::string body;
 };
 
-Answer Post(const Proc& p, const std::string& path, const json& body) {
+Answer Post(const Proc& p, const std::string& path, const json& body,
+            const httplib::Headers& headers = {}) {
   httplib::Client cli(p.host, p.port);
   cli.set_connection_timeout(5, 0);
   cli.set_read_timeout(60, 0);
-  auto r = cli.Post(path, body.dump(), "application/json");
+  auto r = cli.Post(path, headers, body.dump(), "application/json");
   if (!r) return {0, "", "transport: " + httplib::to_string(r.error())};
   return {r->status, r->get_header_value("Content-Type"), r->body};
 }
@@ -121,10 +122,19 @@ class PdApiParity : public PdFixture {
     p_ = Spawn("prefill", ServeArgs(model_, "prefill", host_, pp, cfg, details), host_, pp);
     d_ = Spawn("decode", ServeArgs(model_, "decode", host_, pd, cfg, details), host_, pd);
     ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo_, p_, d_}));
+    const int pr = Port();
+    router_ = Spawn("router",
+                    {"router", "--prefill", p_->url(), "--decode", d_->url(), "--host", host_,
+                     "--port", std::to_string(pr), "--log-level", "warn"},
+                    host_, pr);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router_}));
   }
 
   /// Runs `row` as a P/D request in `mode` (push | pull-fast | pull-vllm): D's answer.
   Answer RunPd(const Row& row, const std::string& mode) {
+    if (mode.rfind("router-", 0) == 0) {  // the same request through `kvpush router`
+      return Post(*router_, row.path, row.body, {{"x-kvpush-mode", mode.substr(7)}});
+    }
     const std::string tid = NewTransferId();
     const bool push = mode == "push";
     json p_leg = row.body;
@@ -173,6 +183,7 @@ class PdApiParity : public PdFixture {
   Proc* colo_ = nullptr;
   Proc* p_ = nullptr;
   Proc* d_ = nullptr;
+  Proc* router_ = nullptr;
 };
 
 /// The table: ids = the colocated greedy tokens of "Once upon a time" (20 tokens), so rows can
@@ -291,7 +302,10 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   const std::vector<Row> rows = Table(ids);
   ASSERT_GE(rows.size(), 60u);
 
-  const std::vector<std::string> modes = {"push", "pull-fast", "pull-vllm"};
+  // The legs sent directly (as pd_protocol.md §1 says the router builds them), then the same
+  // table through the router.
+  const std::vector<std::string> modes = {"push",        "pull-fast",        "pull-vllm",
+                                          "router-push", "router-pull-fast", "router-pull-vllm"};
   for (size_t m = 0; m < modes.size(); ++m) {
     for (size_t i = 0; i < rows.size(); ++i) {
       Row row = rows[i];

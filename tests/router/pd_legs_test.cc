@@ -52,9 +52,10 @@ TEST(LegBodies, PrefillLegCarriesOneTokenNoStreamAndTransferParams) {
   json client = {{"model", "m"},     {"prompt", "hi"},
                  {"max_tokens", 20}, {"max_completion_tokens", 20},
                  {"stream", true},   {"stream_options", {{"include_usage", true}}},
-                 {"seed", 7}};
+                 {"seed", 7},       {"min_tokens", 5}};
   json p = MakePrefillBody(client, TransferMode::kPull, "ab");
   EXPECT_EQ(p["max_tokens"], 1);
+  EXPECT_EQ(p["min_tokens"], 5);  // P clamps it: no EOS or stop id as the first token
   EXPECT_FALSE(p.contains("max_completion_tokens"));
   EXPECT_EQ(p["stream"], false);
   EXPECT_FALSE(p.contains("stream_options"));

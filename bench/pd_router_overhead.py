@@ -14,6 +14,9 @@ router over it. Then:
    (a) through the router; (b) the two legs sent directly by this script, exactly as the router
    would build them (same kv_transfer_params, P's leg written first, then D's). The router
    overhead of a pair = client TTFT (a) - client TTFT (b).
+   push-cc: the same, but (b) reads P's answer on a thread of its own while it reads D's
+   stream, as the router must: the part of the push overhead that comes from reading two
+   answers at once on this 2-core machine rather than from the router's code.
 2. Colocated, N pairs: through the `--colocated` router vs straight to the instance.
 3. --streams concurrent streamed push requests through the router at once: counts 5xx answers,
    stream errors and streams that did not end with [DONE].
@@ -23,6 +26,7 @@ client-side costs and the difference is the router's: its HTTP server, JSON pars
 leg connections, worker hand-offs and SSE relay. Prints one table and writes JSON (--out).
 """
 import argparse
+import types
 import http.client
 import json
 import os
@@ -197,6 +201,42 @@ def ttft_direct_push(p, d, p_port, body, rid, tid):
     return (t - t0) * 1e3
 
 
+def ttft_direct_push_concurrent(p, d, p_port, body, rid, tid):
+    """As ttft_direct_push, but P's answer is read on a thread of its own while D's stream is
+    read, as the router does (P answers when its first token is sampled, i.e. at about the time
+    D's first token arrives): the difference to ttft_direct_push is the cost of reading the two
+    answers at once on this machine, not of the router's code."""
+    import threading
+    pb = dict(body, max_tokens=1, stream=False,
+              kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False,
+                                  "transfer_mode": "push", "transfer_id": tid})
+    db = dict(body, stream=True,
+              kv_transfer_params={"do_remote_prefill": True, "do_remote_decode": False,
+                                  "transfer_mode": "push", "transfer_id": tid,
+                                  "remote_host": HOST, "remote_port": p_port})
+    p_result, go = [], threading.Event()
+
+    def read_p():
+        go.wait()
+        try:
+            p_result.append(p.json_answer())
+        except Exception as e:  # noqa: BLE001 (reported below)
+            p_result.append((0, str(e).encode()))
+
+    reader = threading.Thread(target=read_p)  # started before the clock: no creation cost in it
+    reader.start()
+    t0 = time.perf_counter()
+    p.send(pb, {"x-request-id": rid})
+    go.set()
+    d.send(db, {"x-request-id": rid})
+    status, t, done, err = d.stream_answer()
+    reader.join()
+    p_status, p_body = p_result[0]
+    if status != 200 or t is None or err or not done or p_status != 200:
+        raise RuntimeError(f"direct: D HTTP {status} {err}, P HTTP {p_status} {p_body[:200]}")
+    return (t - t0) * 1e3
+
+
 def ttft_direct_colocated(c, body, rid):
     t0 = time.perf_counter()
     c.send(dict(body, stream=True), {"x-request-id": rid})
@@ -319,12 +359,18 @@ def main():
         tid = lambda: "%032x" % rng.getrandbits(128)  # noqa: E731
         via_push = lambda body, i: ttft_router(router, body, f"bench-r{i}")  # noqa: E731
         dir_push = lambda body, i: ttft_direct_push(pc, dc, ports["p"], body, f"bench-d{i}", tid())  # noqa: E731
+        pcc = Client(ports["p"])
+        pcc.local = types.SimpleNamespace()  # one connection shared by the sender and its reader
+        dir_push_cc = lambda body, i: ttft_direct_push_concurrent(  # noqa: E731
+            pcc, dc, ports["p"], body, f"bench-dc{i}", tid())
         via_colo = lambda body, i: ttft_router(corouter, body, f"bench-cr{i}")  # noqa: E731
         dir_colo = lambda body, i: ttft_direct_colocated(cc, body, f"bench-c{i}")  # noqa: E731
         pairs(10, rng, a, via_push, dir_push)  # warm-up: connections, engine, first transfers
         pairs(10, rng, a, via_colo, dir_colo)
         results = {"config": vars(a)}
-        for name, fv, fd in (("push", via_push, dir_push), ("colocated", via_colo, dir_colo)):
+        rows = (("push", via_push, dir_push), ("push-cc", via_push, dir_push_cc),
+                ("colocated", via_colo, dir_colo))
+        for name, fv, fd in rows:
             via, direct, diff = pairs(a.requests, rng, a, fv, fd)
             results[name] = {"via_router_ms": summary(via), "direct_ms": summary(direct),
                              "overhead_ms": summary(diff),
@@ -347,7 +393,7 @@ def main():
           f"max_tokens {a.max_tokens}, sim qwen3-32b/h200, {a.backend}")
     print(f"{'path':10s} {'TTFT via router p50':>20s} {'direct p50':>11s} "
           f"{'overhead p50':>13s} {'overhead p99':>13s} {'mean':>7s}   (ms)")
-    for name in ("push", "colocated"):
+    for name in ("push", "push-cc", "colocated"):
         x = results[name]
         print(f"{name:10s} {x['via_router_ms']['p50']:20.3f} {x['direct_ms']['p50']:11.3f} "
               f"{x['overhead_ms']['p50']:13.3f} {x['overhead_ms']['p99']:13.3f} "

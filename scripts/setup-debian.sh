@@ -10,8 +10,12 @@ PACKAGES=(
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev
   iproute2 procps curl python3
-  nodejs npm
 )
+# node and npm (the tokenizer oracle): Debian's packages, unless a node that brings its own npm
+# is installed already (e.g. NodeSource's nodejs, whose package conflicts with Debian's npm).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

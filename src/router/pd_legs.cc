@@ -27,11 +27,9 @@ Result<ModeChoice> ParseModeHeader(const std::string& value,
 }
 
 bool IsValidRequestId(const std::string& id) {
-  if (id.empty() || id.size() > 128) return false;
+  if (id.empty() || id.size() > 256) return false;
   for (char c : id) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == ':' || c == '-';
-    if (!ok) return false;
+    if (c <= 0x20 || c >= 0x7f) return false;  // visible ASCII only, as the instances accept
   }
   return true;
 }
@@ -100,8 +98,9 @@ Result<json> MakeDecodePullBody(const json& client, const json& prefill_answer,
 }
 
 std::string ErrorJson(const std::string& message, const std::string& type,
-                      const std::string& code) {
+                      const std::string& code, const std::string& param) {
   json e = {{"message", message}, {"type", type}, {"param", nullptr}};
+  if (!param.empty()) e["param"] = param;
   e["code"] = code.empty() ? json(nullptr) : json(code);
   return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }

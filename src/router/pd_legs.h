@@ -32,8 +32,8 @@ struct ModeChoice {
 Result<ModeChoice> ParseModeHeader(const std::string& value,
                                    const std::string& default_pull_profile);
 
-/// True for a client-supplied `x-request-id` the router keeps: 1..128 characters from
-/// [A-Za-z0-9._:-].
+/// True for a client-supplied `x-request-id` the router keeps: 1..256 visible ASCII characters
+/// (0x21..0x7e), the instances' rule, so the same header gives the same id in every mode.
 bool IsValidRequestId(const std::string& id);
 
 /// Random identifiers. Thread-safe (one mutex around a 64-bit Mersenne Twister seeded from
@@ -76,6 +76,6 @@ Result<nlohmann::json> MakeDecodePullBody(const nlohmann::json& client,
 
 /// {"error": {"message", "type", "param": null, "code"}} as one line; `code` null when empty.
 std::string ErrorJson(const std::string& message, const std::string& type,
-                      const std::string& code = {});
+                      const std::string& code = {}, const std::string& param = {});
 
 }  // namespace kvpush::router

@@ -51,8 +51,8 @@ Reply Forwarded(const LegResult& r) {
 }
 
 Reply ErrorReply(int status, const std::string& message, const std::string& type,
-                 const std::string& code) {
-  return Reply{status, ErrorJson(message, type, code), "application/json"};
+                 const std::string& code, const std::string& param = {}) {
+  return Reply{status, ErrorJson(message, type, code, param), "application/json"};
 }
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
@@ -272,9 +272,10 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   res.set_header("x-request-id", t->request_id);
 
   ModeChoice mode{o.mode, o.mode == TransferMode::kPull ? o.pull_profile : ""};
-  auto reject = [&](const std::string& message, const std::string& code) {
+  auto reject = [&](const std::string& message, const std::string& code,
+                    const std::string& param = {}) {
     r.CountRequest(mode.mode, false);
-    ErrorReply(400, message, "invalid_request_error", code).WriteTo(res);
+    ErrorReply(400, message, "invalid_request_error", code, param).WriteTo(res);
     return false;
   };
   if (req.has_header("x-kvpush-mode")) {
@@ -290,7 +291,7 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   if (body->contains("kv_transfer_params")) {
     // The router writes both legs' kv_transfer_params; a client's would be silently replaced.
     return reject("kv_transfer_params is set by the router; a client request may not carry it",
-                  "");
+                  "", "kv_transfer_params");
   }
   if (!body->contains("seed") || (*body)["seed"].is_null()) (*body)["seed"] = r.ids_.Seed();
   t->transfer_id = r.ids_.TransferId();

@@ -108,10 +108,15 @@ TEST(Ids, TransferIdsAre32LowercaseHexAndSeedsBelow2To53) {
   }
   EXPECT_EQ(seen.size(), 100u);
   EXPECT_EQ(ids.RequestId("cmpl-").rfind("cmpl-", 0), 0u);
+  // The instances' rule (completion_handler.cc): 1..256 visible ASCII characters.
   EXPECT_TRUE(IsValidRequestId("req-1.a:b_c"));
+  EXPECT_TRUE(IsValidRequestId("my/id+a@b"));
+  EXPECT_TRUE(IsValidRequestId(std::string(256, 'a')));
   EXPECT_FALSE(IsValidRequestId(""));
   EXPECT_FALSE(IsValidRequestId("a b"));
-  EXPECT_FALSE(IsValidRequestId(std::string(129, 'a')));
+  EXPECT_FALSE(IsValidRequestId("a\tb"));
+  EXPECT_FALSE(IsValidRequestId("caf\xc3\xa9"));
+  EXPECT_FALSE(IsValidRequestId(std::string(257, 'a')));
 }
 
 TEST(SseSplitter, CutsWholeEventsAcrossPieces) {

@@ -138,6 +138,7 @@ TEST_F(RouterTest, ClientKvTransferParamsAreRefused) {
     const json e = json::parse(res->body)["error"];
     EXPECT_EQ(e["type"], "invalid_request_error");
     EXPECT_NE(e["message"].get<std::string>().find("kv_transfer_params"), std::string::npos);
+    EXPECT_EQ(e["param"], "kv_transfer_params");
   }
   EXPECT_EQ(p_[0]->count(), 0u);
   EXPECT_EQ(d_[0]->count(), 0u);

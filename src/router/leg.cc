@@ -72,15 +72,14 @@ bool Leg::Send(const std::string& method, const std::string& path, const std::st
                const std::string& body, bool sse, LegResult* failed) {
   std::unique_ptr<HttpConn> conn =
       pool_ != nullptr ? pool_->Take(address_) : std::make_unique<HttpConn>(address_);
-  bool stopped_before = false;
+  std::unique_ptr<HttpConn> unsent;  // the connection, when the leg was stopped before sending
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stopped_before = stopped_.load();
-    if (!stopped_before) conn_ = std::move(conn);
+    (stopped_.load() ? unsent : conn_) = std::move(conn);
   }
-  if (stopped_before) {
+  if (unsent != nullptr) {
     // Nothing was written on it: an idle pooled connection stays reusable.
-    if (pool_ != nullptr && conn->connected()) pool_->Put(address_, std::move(conn));
+    if (pool_ != nullptr && unsent->connected()) pool_->Put(address_, std::move(unsent));
     *failed = Failed("stopped");
     return false;
   }

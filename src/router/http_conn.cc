@@ -100,6 +100,18 @@ bool HttpConn::Connect(double timeout_s) {
       return Fail(std::string("connect: ") + std::strerror(err != 0 ? err : errno));
     }
   }
+  {
+    // shutdown(2) of a socket that is not connected yet does nothing (ENOTCONN): a Shutdown()
+    // that came before or during the connect must still end this connection, or a cut leg would
+    // go on waiting on a live one (PdLegs.StoppedPrefillFailsTheRequestWithinAHealthInterval
+    // got P's answer from D's recompute after 12 s, 1 run in 5 under load).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_) {
+      ::shutdown(fd_, SHUT_RDWR);
+      connect_failed_ = false;  // not the instance's fault: the leg was stopped
+      return Fail("connection shut down while connecting");
+    }
+  }
   connect_failed_ = false;
   return true;
 }

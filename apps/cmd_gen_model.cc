@@ -1,6 +1,7 @@
-// kvpush gen-model: writes a Llama-shaped GGUF v3 with seeded random weights and a usable
-// SentencePiece vocabulary (src/model/random_model.h), or with a real byte-level BPE vocabulary
-// read from a HF tokenizer.json (--arch qwen3|qwen2|llama3 --vocab-from), then loads it back.
+// kvpush gen-model: writes a GGUF v3 with seeded random weights of one architecture (--arch
+// llama (Llama 2 shaped, the default), llama3, qwen2, qwen3; src/model/random_model.h) and a usable
+// SentencePiece vocabulary, or a real byte-level BPE vocabulary read from a HF tokenizer.json of
+// that family (--vocab-from), then loads it back.
 #include <chrono>
 #include <cstdio>
 #include <string>
@@ -18,8 +19,9 @@ struct GenModelArgs {
   std::string dtype = "f32";
   std::string out = "kvpush-random.gguf";
   bool tied = false;
-  std::string arch;        ///< vocabulary family for --vocab-from: qwen3, qwen2, llama3
-  std::string vocab_from;  ///< HF tokenizer.json
+  std::string arch;             ///< llama (default), llama3, qwen2, qwen3: weights and vocab family
+  std::string vocab_from;       ///< HF tokenizer.json
+  float rope_freq_base = 0.0f;  ///< 0 = the family's (10000, llama3 500000, qwen 1000000)
 };
 
 int RunGenModel(GenModelArgs& a) {
@@ -38,9 +40,10 @@ int RunGenModel(GenModelArgs& a) {
   a.model.tied_output = a.tied;
   const auto t0 = std::chrono::steady_clock::now();
   HfVocab hf;
-  if (!a.vocab_from.empty() || !a.arch.empty()) {
-    if (a.vocab_from.empty() || a.arch.empty()) {
-      std::fprintf(stderr, "kvpush gen-model: --arch and --vocab-from go together\n");
+  a.model.arch = a.arch.empty() ? "llama" : a.arch;
+  if (!a.vocab_from.empty()) {
+    if (a.arch.empty() || a.arch == "llama") {
+      std::fprintf(stderr, "kvpush gen-model: --vocab-from needs --arch qwen3, qwen2 or llama3\n");
       return 2;
     }
     auto read = ReadHfTokenizerJson(a.vocab_from, a.arch);
@@ -50,9 +53,11 @@ int RunGenModel(GenModelArgs& a) {
     }
     hf = std::move(*read);
     a.model.bpe_vocab = &hf;
-    // The weights stay Llama-shaped: only the vocabulary (and Llama 3's RoPE base) follow --arch.
-    if (a.arch == "llama3") a.model.rope_freq_base = 500000.0f;
   }
+  a.model.rope_freq_base = a.rope_freq_base > 0.0f    ? a.rope_freq_base
+                           : a.model.arch == "llama3" ? 500000.0f
+                           : a.model.arch == "llama"  ? 10000.0f
+                                                      : 1000000.0f;
   auto writer = BuildRandomLlamaGguf(a.model);
   if (!writer.ok()) {
     std::fprintf(stderr, "kvpush gen-model: %s\n", writer.status().ToString().c_str());
@@ -73,11 +78,11 @@ int RunGenModel(GenModelArgs& a) {
   const ModelConfig& c = loaded->config;
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf(
-      "wrote %s: llama%s, dim %d, layers %d, heads %d/%d kv, hidden %d, vocab %d, context %d, "
-      "dtype %s, seed %llu, fingerprint %016llx (%.1f s)\n",
-      a.out.c_str(),
-      a.arch.empty() ? "" : (" weights, " + a.arch + " vocabulary (" + hf.vocab.pre + ")").c_str(),
-      c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
+      "wrote %s: %s%s, dim %d, layers %d, heads %d/%d kv, head_dim %d, hidden %d, vocab %d, "
+      "context %d, dtype %s, seed %llu, fingerprint %016llx (%.1f s)\n",
+      a.out.c_str(), a.model.arch.c_str(),
+      a.vocab_from.empty() ? "" : (", " + a.arch + " vocabulary (" + hf.vocab.pre + ")").c_str(),
+      c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_dim, c.vocab_size,
       c.context_length, a.dtype.c_str(), static_cast<unsigned long long>(a.model.seed),
       static_cast<unsigned long long>(c.fingerprint), secs);
   return 0;
@@ -88,12 +93,18 @@ int RunGenModel(GenModelArgs& a) {
 void RegisterGenModelCommand(CLI::App& app) {
   auto args = std::make_shared<GenModelArgs>();
   auto* cmd = app.add_subcommand(
-      "gen-model", "Write a Llama-shaped GGUF with seeded random weights (for benchmarks/tests)");
+      "gen-model",
+      "Write a llama/llama3/qwen2/qwen3 GGUF with seeded random weights (for benchmarks/tests)");
   RandomLlamaOptions& m = args->model;
   cmd->add_option("--dim", m.dim, "embedding length")->capture_default_str();
   cmd->add_option("--layers", m.layers, "transformer blocks")->capture_default_str();
   cmd->add_option("--heads", m.heads, "query heads")->capture_default_str();
   cmd->add_option("--kv-heads", m.kv_heads, "KV heads (GQA)")->capture_default_str();
+  cmd->add_option("--head-dim", m.head_dim, "per-head dim (attention.key_length); 0 = dim / heads")
+      ->capture_default_str();
+  cmd->add_option("--rope-freq-base", args->rope_freq_base,
+                  "RoPE base; 0 = the architecture's (llama 10000, llama3 500000, qwen 1000000)")
+      ->capture_default_str();
   cmd->add_option("--hidden-dim", m.hidden_dim, "FFN hidden size")->capture_default_str();
   cmd->add_option("--vocab", m.vocab, "vocabulary size (>= 355)")->capture_default_str();
   cmd->add_option("--context", m.context, "context length")->capture_default_str();
@@ -103,9 +114,10 @@ void RegisterGenModelCommand(CLI::App& app) {
   cmd->add_option("--name", m.name, "general.name")->capture_default_str();
   cmd->add_flag("--tied", args->tied, "no output.weight (classifier tied to the embedding)");
   cmd->add_option("--out", args->out, "output path")->capture_default_str();
-  cmd->add_option("--arch", args->arch,
-                  "vocabulary family of --vocab-from: qwen3, qwen2 or llama3 (the weights stay "
-                  "Llama-shaped)");
+  cmd->add_option(
+      "--arch", args->arch,
+      "architecture: llama (Llama 2 shaped, default), llama3 (rope_freqs), qwen2 "
+      "(Q/K/V biases) or qwen3 (q/k norms); also the vocabulary family of --vocab-from");
   cmd->add_option("--vocab-from", args->vocab_from,
                   "HF tokenizer.json (byte-level BPE) whose vocabulary, merges and added tokens "
                   "the GGUF carries; tokenizer_config.json beside it is read too");

@@ -18,25 +18,31 @@
 
 namespace kvpush {
 
+/// How RoPE pairs the dimensions of a head (llama.cpp's rope types). kNormal rotates adjacent pairs
+/// (x[2i], x[2i+1]) (Llama GGUFs, whose converter permutes Wq/Wk rows for it); kNeox rotates
+/// (x[i], x[i + rope_dim/2]) (GPT-NeoX / HF rotate_half; Qwen2, Qwen3).
+enum class RopeStyle : uint8_t { kNormal, kNeox };
+
 /// Model hyper-parameters the engine and the KV layer need. Units: counts; rope_theta in radians
 /// base; rms_eps unitless.
 struct ModelConfig {
-  std::string architecture;  ///< e.g. "llama"
+  std::string architecture;  ///< GGUF general.architecture: "llama", "qwen2", "qwen3" (or "sim")
   std::string name;          ///< display name (file stem or general.name)
   int32_t dim = 0;           ///< embedding length
   int32_t hidden_dim = 0;    ///< FFN hidden size
   int32_t num_layers = 0;
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;
+  int32_t head_dim = 0;  ///< per head; num_heads * head_dim may differ from dim (Qwen3)
   int32_t vocab_size = 0;
   int32_t context_length = 0;  ///< max positions the engine will accept
   float rope_theta = 10000.0f;
   int32_t rope_dim = 0;  ///< dims rotated per head (GGUF rope.dimension_count); 0 = head_dim
+  RopeStyle rope_style = RopeStyle::kNormal;
   float rms_eps = 1e-5f;
   int32_t bos_id = 1;
   int32_t eos_id = 2;
-  uint64_t fingerprint = 0;  ///< hash of the weights' identity (used as prefix-cache salt)
+  uint64_t fingerprint = 0;          ///< hash of the weights' identity (used as prefix-cache salt)
   KvDtype kv_dtype = KvDtype::kF32;  ///< element type of the KV cache this executor writes
 };
 

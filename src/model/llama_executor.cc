@@ -44,11 +44,23 @@ Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weight
   // RoPE frequencies in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim). The angles
   // pos * freq_i are computed per step for the rows in the batch (no context-sized table, so a
   // file declaring a huge context cannot make us allocate for it).
+  // Llama 3.1+ frequency factors divide each pair's frequency (llama.cpp ggml_rope_ext: theta /
+  // freq_factors[i]); a factor must be positive.
   const int32_t pairs = c.rope_dim / 2;
+  const std::vector<float>& factors = ex->weights_.rope_freqs;
   ex->rope_freq_.resize(static_cast<size_t>(pairs));
   for (int32_t i = 0; i < pairs; ++i) {
-    ex->rope_freq_[static_cast<size_t>(i)] =
+    float f =
         1.0f / std::pow(c.rope_theta, static_cast<float>(2 * i) / static_cast<float>(c.rope_dim));
+    if (!factors.empty()) {
+      const float ff = factors[static_cast<size_t>(i)];
+      if (!(ff > 0.0f) || !std::isfinite(ff)) {
+        return DataLoss("rope_freqs[" + std::to_string(i) + "] = " + std::to_string(ff) +
+                        " is not a positive factor");
+      }
+      f /= ff;
+    }
+    ex->rope_freq_[static_cast<size_t>(i)] = f;
   }
   return ex;
 }
@@ -153,6 +165,104 @@ void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batc
   }
 }
 
+void LlamaExecutor::Embed(std::span<const SequenceChunk> batch) {
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.dim;
+  const int32_t pairs = c.rope_dim / 2;
+  int64_t row = 0;
+  for (const SequenceChunk& ch : batch) {
+    for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
+      const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
+      for (int32_t i = 0; i < pairs; ++i) {
+        const float angle = static_cast<float>(pos) * rope_freq_[static_cast<size_t>(i)];
+        rope_cos_[static_cast<size_t>(row * pairs + i)] = std::cos(angle);
+        rope_sin_[static_cast<size_t>(row * pairs + i)] = std::sin(angle);
+      }
+      std::memcpy(x_.data() + row * d, weights_.token_embd.data() + int64_t{ch.tokens[t]} * d,
+                  static_cast<size_t>(d) * sizeof(float));
+    }
+  }
+}
+
+void LlamaExecutor::Project(const LlamaLayerWeights& w, int64_t n_tok) {
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.dim, hd = c.head_dim, qdim = int64_t{c.num_heads} * hd;
+  const int64_t kvdim = int64_t{c.num_kv_heads} * hd;
+  const int32_t pairs = c.rope_dim / 2;
+  for (int64_t r = 0; r < n_tok; ++r) {
+    RmsNorm(x_.data() + r * d, w.attn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
+  }
+  gemm_.Run(xn_.data(), n_tok, d, w.wq.data(), qdim, q_.data());
+  gemm_.Run(xn_.data(), n_tok, d, w.wk.data(), kvdim, k_.data());
+  gemm_.Run(xn_.data(), n_tok, d, w.wv.data(), kvdim, v_.data());
+  auto add_bias = [n_tok](float* y, const std::vector<float>& b, int64_t width) {
+    if (b.empty()) return;
+    for (int64_t r = 0; r < n_tok; ++r) {
+      for (int64_t i = 0; i < width; ++i) y[r * width + i] += b[static_cast<size_t>(i)];
+    }
+  };
+  add_bias(q_.data(), w.bq, qdim);  // qwen2
+  add_bias(k_.data(), w.bk, kvdim);
+  add_bias(v_.data(), w.bv, kvdim);
+  // Per head: optional RMSNorm over head_dim (qwen3, llama.cpp build_qwen3: attn_q_norm /
+  // attn_k_norm with the model's rms eps), then RoPE on the first rope_dim dims, pairing
+  // (2i, 2i+1) (kNormal) or (i, i + rope_dim/2) (kNeox).
+  const bool neox = c.rope_style == RopeStyle::kNeox;
+  for (int64_t r = 0; r < n_tok; ++r) {
+    const float* cs = rope_cos_.data() + r * pairs;
+    const float* sn = rope_sin_.data() + r * pairs;
+    auto per_head = [&](float* vec, int64_t heads, const std::vector<float>& norm) {
+      for (int64_t h = 0; h < heads; ++h) {
+        float* p = vec + h * hd;
+        if (!norm.empty()) RmsNorm(p, norm.data(), hd, c.rms_eps, p);
+        for (int32_t i = 0; i < pairs; ++i) {
+          const int32_t i0 = neox ? i : 2 * i, i1 = neox ? i + pairs : 2 * i + 1;
+          const float a = p[i0], b = p[i1];
+          p[i0] = a * cs[i] - b * sn[i];
+          p[i1] = a * sn[i] + b * cs[i];
+        }
+      }
+    };
+    per_head(q_.data() + r * qdim, c.num_heads, w.q_norm);
+    per_head(k_.data() + r * kvdim, c.num_kv_heads, w.k_norm);
+  }
+}
+
+void LlamaExecutor::StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv) {
+  const ModelConfig& c = weights_.config;
+  const int64_t kvdim = int64_t{c.num_kv_heads} * c.head_dim;
+  const int32_t bs = kv.layout().block_size;
+  int64_t row = 0;
+  for (const SequenceChunk& ch : batch) {
+    for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
+      const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
+      const BlockId blk = ch.block_table[static_cast<size_t>(pos / bs)];
+      const int64_t slot = int64_t{pos % bs} * kvdim;
+      std::memcpy(kv.chunk_f32(layer, KvKind::kKey, blk) + slot, k_.data() + row * kvdim,
+                  static_cast<size_t>(kvdim) * sizeof(float));
+      std::memcpy(kv.chunk_f32(layer, KvKind::kValue, blk) + slot, v_.data() + row * kvdim,
+                  static_cast<size_t>(kvdim) * sizeof(float));
+    }
+  }
+}
+
+void LlamaExecutor::FeedForward(const LlamaLayerWeights& w, int64_t n_tok) {
+  const ModelConfig& c = weights_.config;
+  const int64_t d = c.dim, hid = c.hidden_dim;
+  for (int64_t r = 0; r < n_tok; ++r) {
+    RmsNorm(x_.data() + r * d, w.ffn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
+  }
+  gemm_.Run(xn_.data(), n_tok, d, w.w_gate.data(), hid, gate_.data());
+  gemm_.Run(xn_.data(), n_tok, d, w.w_up.data(), hid, up_.data());
+  for (int64_t i = 0; i < n_tok * hid; ++i) {
+    float g = gate_[static_cast<size_t>(i)];
+    g *= 1.0f / (1.0f + std::exp(-g));
+    gate_[static_cast<size_t>(i)] = g * up_[static_cast<size_t>(i)];
+  }
+  gemm_.Run(gate_.data(), n_tok, hid, w.w_down.data(), d, xn_.data());
+  for (int64_t i = 0; i < n_tok * d; ++i) x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
+}
+
 Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
                               std::span<float> logits, LayerObserver* observer) {
   int64_t n_tok = 0, n_logits = 0;
@@ -166,7 +276,7 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
   };
   grow(x_, n_tok * d);
-  grow(xn_, n_tok * d);
+  grow(xn_, n_tok * std::max(d, qdim));
   grow(q_, n_tok * qdim);
   grow(k_, n_tok * kvdim);
   grow(v_, n_tok * kvdim);
@@ -176,68 +286,18 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   grow(rope_cos_, n_tok * pairs);
   grow(rope_sin_, n_tok * pairs);
   int64_t max_pos = 0;
-
-  {
-    int64_t row = 0;
-    for (const SequenceChunk& ch : batch) {
-      for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
-        const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
-        max_pos = std::max<int64_t>(max_pos, pos);
-        for (int32_t i = 0; i < pairs; ++i) {
-          const float angle = static_cast<float>(pos) * rope_freq_[static_cast<size_t>(i)];
-          rope_cos_[static_cast<size_t>(row * pairs + i)] = std::cos(angle);
-          rope_sin_[static_cast<size_t>(row * pairs + i)] = std::sin(angle);
-        }
-        std::memcpy(x_.data() + row * d, weights_.token_embd.data() + int64_t{ch.tokens[t]} * d,
-                    static_cast<size_t>(d) * sizeof(float));
-      }
-    }
+  for (const SequenceChunk& ch : batch) {
+    max_pos = std::max<int64_t>(max_pos, ch.start_pos + static_cast<int64_t>(ch.tokens.size()) - 1);
   }
-
   grow(scores_, max_pos + 1);
+  Embed(batch);
 
-  const int32_t bs = kv.layout().block_size;
   for (int32_t l = 0; l < c.num_layers; ++l) {
     const LlamaLayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    for (int64_t r = 0; r < n_tok; ++r) {
-      RmsNorm(x_.data() + r * d, w.attn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
-    }
-    gemm_.Run(xn_.data(), n_tok, d, w.wq.data(), qdim, q_.data());
-    gemm_.Run(xn_.data(), n_tok, d, w.wk.data(), kvdim, k_.data());
-    gemm_.Run(xn_.data(), n_tok, d, w.wv.data(), kvdim, v_.data());
-    // RoPE on adjacent pairs (x[2i], x[2i+1]) of the first rope_dim dims of every head.
-    for (int64_t r = 0; r < n_tok; ++r) {
-      const float* cs = rope_cos_.data() + r * pairs;
-      const float* sn = rope_sin_.data() + r * pairs;
-      auto rotate = [&](float* vec, int64_t heads) {
-        for (int64_t h = 0; h < heads; ++h) {
-          float* p = vec + h * hd;
-          for (int32_t i = 0; i < pairs; ++i) {
-            const float a = p[2 * i], b = p[2 * i + 1];
-            p[2 * i] = a * cs[i] - b * sn[i];
-            p[2 * i + 1] = a * sn[i] + b * cs[i];
-          }
-        }
-      };
-      rotate(q_.data() + r * qdim, c.num_heads);
-      rotate(k_.data() + r * kvdim, c.num_kv_heads);
-    }
+    Project(w, n_tok);
     // Write the new K/V into their cache slots before attending (the chunk attends to itself
     // through the cache, exactly as a later chunk will).
-    {
-      int64_t row = 0;
-      for (const SequenceChunk& ch : batch) {
-        for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
-          const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
-          const BlockId blk = ch.block_table[static_cast<size_t>(pos / bs)];
-          const int64_t slot = int64_t{pos % bs} * kvdim;
-          std::memcpy(kv.chunk_f32(l, KvKind::kKey, blk) + slot, k_.data() + row * kvdim,
-                      static_cast<size_t>(kvdim) * sizeof(float));
-          std::memcpy(kv.chunk_f32(l, KvKind::kValue, blk) + slot, v_.data() + row * kvdim,
-                      static_cast<size_t>(kvdim) * sizeof(float));
-        }
-      }
-    }
+    StoreKv(l, batch, kv);
     // This layer's K/V of the whole batch is final: let the push connector start its WRITEs
     // while the rest of the layer (attention, FFN) is computed.
     if (observer != nullptr) observer->OnLayerDone(l);
@@ -245,19 +305,7 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     gemm_.Run(att_.data(), n_tok, qdim, w.wo.data(), d, xn_.data());
     for (int64_t i = 0; i < n_tok * d; ++i)
       x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
-    for (int64_t r = 0; r < n_tok; ++r) {
-      RmsNorm(x_.data() + r * d, w.ffn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
-    }
-    gemm_.Run(xn_.data(), n_tok, d, w.w_gate.data(), hid, gate_.data());
-    gemm_.Run(xn_.data(), n_tok, d, w.w_up.data(), hid, up_.data());
-    for (int64_t i = 0; i < n_tok * hid; ++i) {
-      float g = gate_[static_cast<size_t>(i)];
-      g *= 1.0f / (1.0f + std::exp(-g));
-      gate_[static_cast<size_t>(i)] = g * up_[static_cast<size_t>(i)];
-    }
-    gemm_.Run(gate_.data(), n_tok, hid, w.w_down.data(), d, xn_.data());
-    for (int64_t i = 0; i < n_tok * d; ++i)
-      x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
+    FeedForward(w, n_tok);
   }
 
   if (n_logits == 0) return Status::Ok();

@@ -1,15 +1,23 @@
-// LlamaExecutor: the Llama-family decoder on CPU over the paged KV cache.
+// LlamaExecutor: the Llama-family decoder on CPU over the paged KV cache: GGUF architectures
+// "llama" (Llama 2, Llama 3 with rope_freqs), "qwen2" and "qwen3" (docs/model.md).
 //
 // Per step (Execute): embeddings for every token of every chunk, then per layer
 //   xn = RMSNorm(x) * attn_norm;  q, k, v = xn Wq^T, xn Wk^T, xn Wv^T   (all rows in one GEMM)
-//   RoPE (adjacent pairs, llama2.c / llama.cpp "normal") on q and k at each row's position;
+//   q, k, v += bq, bk, bv when the model has biases (qwen2);
+//   per head q = RMSNorm(q) * q_norm, k = RMSNorm(k) * k_norm when it has them (qwen3);
+//   RoPE on q and k at each row's position: adjacent pairs (llama2.c / llama.cpp "normal",
+//   llama) or halves (llama.cpp "neox" / HF rotate_half, qwen2 and qwen3), frequencies
+//   theta^(-2i / rope_dim), divided by rope_freqs[i] when present (Llama 3.1);
 //   k, v written into the KV cache slots given by the sequence's block table;
 //   observer->OnLayerDone(layer) (this layer's K/V is final; the push connector may send it now);
 //   attention per sequence, token and head over positions [0, pos] read from the cache (GQA:
 //   query head h uses KV head h / (num_heads / num_kv_heads)); causal by construction;
 //   x += attn Wo^T;  xn = RMSNorm(x) * ffn_norm;  x += (silu(xn Wg^T) * (xn Wu^T)) Wd^T.
 // Then RMSNorm(x) * output_norm and the classifier for the last token of each chunk that wants
-// logits. Formulas: Touvron et al. 2023 (Llama 2), as in llama2.c run.c.
+// logits. Formulas: Touvron et al. 2023 (Llama 2), as in llama2.c run.c; Qwen2 / Qwen3 and
+// Llama 3 as HF transformers' modeling_qwen2 / modeling_qwen3 / modeling_llama and llama.cpp.
+// q has num_heads * head_dim columns, which may differ from dim (Qwen3); the attention scale is
+// 1 / sqrt(head_dim).
 //
 // Batch invariance: GEMMs go through InvariantGemm (fixed summation order); RMSNorm, RoPE,
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
@@ -55,10 +63,18 @@ class LlamaExecutor final : public Executor {
   LlamaExecutor(LlamaWeights weights, GemmBackend gemm);
   Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
                   int64_t* total_tokens, int64_t* logit_rows) const;
+  /// Per-row RoPE cos/sin and the token embeddings into x_.
+  void Embed(std::span<const SequenceChunk> batch);
+  /// xn_ = attn-normed x_; q_, k_, v_ projected, biased, q/k-normed and rotated.
+  void Project(const LlamaLayerWeights& w, int64_t n_tok);
+  /// Copies k_ and v_ into each row's cache slot of `layer`.
+  void StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+  /// x_ += SwiGLU FFN of RMSNorm(x_) * ffn_norm.
+  void FeedForward(const LlamaLayerWeights& w, int64_t n_tok);
 
   LlamaWeights weights_;
-  std::vector<float> rope_freq_;            ///< [rope_dim / 2]: theta^(-2i / rope_dim)
+  std::vector<float> rope_freq_;  ///< [rope_dim / 2]: theta^(-2i / rope_dim) / rope_freqs[i]
   std::vector<float> rope_cos_, rope_sin_;  ///< per step: [tokens, rope_dim / 2]
   InvariantGemm gemm_;
   // Scratch, [tokens, width] row-major.

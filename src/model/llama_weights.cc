@@ -44,13 +44,130 @@ Result<int32_t> PositiveInt(const GgufFile& file, const std::string& key, int64_
   return static_cast<int32_t>(v);
 }
 
+/// Hyper-parameters of a "llama" / "qwen2" / "qwen3" GGUF (keys prefixed with the architecture).
+Result<ModelConfig> ReadConfig(const GgufFile& file, const std::string& arch) {
+  ModelConfig c;
+  c.architecture = arch;
+  if (const GgufValue* name = file.Find("general.name"); name && name->type == GgufType::kString) {
+    c.name = name->s;
+  }
+  const std::string a = arch + ".";
+  KVP_ASSIGN_OR_RETURN(c.dim, PositiveInt(file, a + "embedding_length", -1));
+  KVP_ASSIGN_OR_RETURN(c.hidden_dim, PositiveInt(file, a + "feed_forward_length", -1));
+  KVP_ASSIGN_OR_RETURN(c.num_layers, PositiveInt(file, a + "block_count", -1));
+  KVP_ASSIGN_OR_RETURN(c.num_heads, PositiveInt(file, a + "attention.head_count", -1));
+  KVP_ASSIGN_OR_RETURN(c.num_kv_heads,
+                       PositiveInt(file, a + "attention.head_count_kv", c.num_heads));
+  KVP_ASSIGN_OR_RETURN(c.context_length, PositiveInt(file, a + "context_length", 2048));
+  if (c.num_heads % c.num_kv_heads != 0) {
+    return DataLoss("model: head_count is not a multiple of head_count_kv");
+  }
+  // head_dim: attention.key_length when given (Qwen3: 128 with dim 1024 and 16 heads), else
+  // dim / heads (llama.cpp n_embd_head_k).
+  const int64_t even_split = c.dim % c.num_heads == 0 ? c.dim / c.num_heads : -1;
+  if (file.Find(a + "attention.key_length") == nullptr && even_split < 0) {
+    return DataLoss(
+        "model: dim is not a multiple of head_count and attention.key_length is absent");
+  }
+  KVP_ASSIGN_OR_RETURN(c.head_dim, PositiveInt(file, a + "attention.key_length", even_split));
+  KVP_ASSIGN_OR_RETURN(int32_t value_length,
+                       PositiveInt(file, a + "attention.value_length", c.head_dim));
+  if (value_length != c.head_dim) {
+    return Unimplemented("attention.value_length " + std::to_string(value_length) +
+                         " different from key_length " + std::to_string(c.head_dim));
+  }
+  KVP_ASSIGN_OR_RETURN(c.rope_dim, PositiveInt(file, a + "rope.dimension_count", c.head_dim));
+  KVP_ASSIGN_OR_RETURN(double theta, file.GetFloatOr(a + "rope.freq_base", 10000.0));
+  KVP_ASSIGN_OR_RETURN(double eps, file.GetFloatOr(a + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(theta);
+  c.rms_eps = static_cast<float>(eps);
+  c.rope_style = arch == "llama" ? RopeStyle::kNormal : RopeStyle::kNeox;
+  if (file.Find(a + "rope.scaling.type") != nullptr) {
+    KVP_ASSIGN_OR_RETURN(std::string scaling, file.GetString(a + "rope.scaling.type"));
+    if (scaling != "none") return Unimplemented("RoPE scaling '" + scaling + "' is not supported");
+  }
+  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
+  if (embd == nullptr) return NotFound("tensor 'token_embd.weight' is missing");
+  if (embd->ne.size() != 2 || embd->ne[1] > (int64_t{1} << 30)) {
+    return DataLoss("tensor 'token_embd.weight' is not a [dim, vocab] matrix");
+  }
+  c.vocab_size = static_cast<int32_t>(embd->ne[1]);
+  const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
+  if (tokens != nullptr && tokens->array_size() != static_cast<size_t>(c.vocab_size)) {
+    return DataLoss("tokenizer has " + std::to_string(tokens->array_size()) +
+                    " tokens but token_embd has " + std::to_string(c.vocab_size) + " rows");
+  }
+  KVP_ASSIGN_OR_RETURN(int64_t bos, file.GetIntOr("tokenizer.ggml.bos_token_id", 1));
+  KVP_ASSIGN_OR_RETURN(int64_t eos, file.GetIntOr("tokenizer.ggml.eos_token_id", 2));
+  if (bos < 0 || bos >= c.vocab_size || eos < 0 || eos >= c.vocab_size) {
+    return DataLoss("bos/eos token id outside the vocabulary");
+  }
+  c.bos_id = static_cast<int32_t>(bos);
+  c.eos_id = static_cast<int32_t>(eos);
+  return c;
+}
+
+/// Reads `name` into `out` when the tensor exists (shape checked as ReadMatrix); else leaves
+/// `out` empty.
+Status ReadOptional(const GgufFile& file, const std::string& name, int64_t rows, int64_t cols,
+                    std::vector<float>& out) {
+  if (file.FindTensor(name) == nullptr) return Status::Ok();
+  KVP_ASSIGN_OR_RETURN(out, ReadMatrix(file, name, rows, cols));
+  return Status::Ok();
+}
+
+/// Every tensor of `w.config`'s architecture (llama.cpp names; see LoadLlamaWeightsFromGguf).
+Status ReadTensors(const GgufFile& file, LlamaWeights& w) {
+  const ModelConfig& c = w.config;
+  const std::string& arch = c.architecture;
+  const int64_t d = c.dim, q = int64_t{c.num_heads} * c.head_dim, hd = c.head_dim;
+  const int64_t kv = int64_t{c.num_kv_heads} * c.head_dim, h = c.hidden_dim;
+  KVP_ASSIGN_OR_RETURN(w.token_embd, ReadMatrix(file, "token_embd.weight", c.vocab_size, d));
+  KVP_ASSIGN_OR_RETURN(w.output_norm, ReadMatrix(file, "output_norm.weight", 1, d));
+  KVP_RETURN_IF_ERROR(ReadOptional(file, "output.weight", c.vocab_size, d, w.output));
+  if (arch == "llama") {
+    KVP_RETURN_IF_ERROR(ReadOptional(file, "rope_freqs.weight", 1, c.rope_dim / 2, w.rope_freqs));
+  } else if (file.FindTensor("rope_freqs.weight") != nullptr) {
+    return Unimplemented("rope_freqs in a '" + arch + "' model is not supported");
+  }
+  w.layers.resize(static_cast<size_t>(c.num_layers));
+  for (int32_t i = 0; i < c.num_layers; ++i) {
+    auto& l = w.layers[static_cast<size_t>(i)];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    KVP_ASSIGN_OR_RETURN(l.attn_norm, ReadMatrix(file, p + "attn_norm.weight", 1, d));
+    KVP_ASSIGN_OR_RETURN(l.wq, ReadMatrix(file, p + "attn_q.weight", q, d));
+    KVP_ASSIGN_OR_RETURN(l.wk, ReadMatrix(file, p + "attn_k.weight", kv, d));
+    KVP_ASSIGN_OR_RETURN(l.wv, ReadMatrix(file, p + "attn_v.weight", kv, d));
+    KVP_ASSIGN_OR_RETURN(l.wo, ReadMatrix(file, p + "attn_output.weight", d, q));
+    KVP_ASSIGN_OR_RETURN(l.ffn_norm, ReadMatrix(file, p + "ffn_norm.weight", 1, d));
+    KVP_ASSIGN_OR_RETURN(l.w_gate, ReadMatrix(file, p + "ffn_gate.weight", h, d));
+    KVP_ASSIGN_OR_RETURN(l.w_down, ReadMatrix(file, p + "ffn_down.weight", d, h));
+    KVP_ASSIGN_OR_RETURN(l.w_up, ReadMatrix(file, p + "ffn_up.weight", h, d));
+    if (arch == "qwen2") {  // Q/K/V biases (llama.cpp LLM_ARCH_QWEN2: bq, bk, bv required)
+      KVP_ASSIGN_OR_RETURN(l.bq, ReadMatrix(file, p + "attn_q.bias", 1, q));
+      KVP_ASSIGN_OR_RETURN(l.bk, ReadMatrix(file, p + "attn_k.bias", 1, kv));
+      KVP_ASSIGN_OR_RETURN(l.bv, ReadMatrix(file, p + "attn_v.bias", 1, kv));
+    } else if (arch == "llama") {  // optional in llama.cpp's llama loader too
+      KVP_RETURN_IF_ERROR(ReadOptional(file, p + "attn_q.bias", 1, q, l.bq));
+      KVP_RETURN_IF_ERROR(ReadOptional(file, p + "attn_k.bias", 1, kv, l.bk));
+      KVP_RETURN_IF_ERROR(ReadOptional(file, p + "attn_v.bias", 1, kv, l.bv));
+    }
+    if (arch == "qwen3") {  // per-head RMSNorm of q and k before RoPE
+      KVP_ASSIGN_OR_RETURN(l.q_norm, ReadMatrix(file, p + "attn_q_norm.weight", 1, hd));
+      KVP_ASSIGN_OR_RETURN(l.k_norm, ReadMatrix(file, p + "attn_k_norm.weight", 1, hd));
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 size_t LlamaWeights::weight_bytes() const {
-  size_t b = Bytes(token_embd) + Bytes(output_norm) + Bytes(output);
+  size_t b = Bytes(token_embd) + Bytes(output_norm) + Bytes(output) + Bytes(rope_freqs);
   for (const auto& l : layers) {
     b += Bytes(l.attn_norm) + Bytes(l.wq) + Bytes(l.wk) + Bytes(l.wv) + Bytes(l.wo) +
-         Bytes(l.ffn_norm) + Bytes(l.w_gate) + Bytes(l.w_down) + Bytes(l.w_up);
+         Bytes(l.ffn_norm) + Bytes(l.w_gate) + Bytes(l.w_down) + Bytes(l.w_up) + Bytes(l.bq) +
+         Bytes(l.bk) + Bytes(l.bv) + Bytes(l.q_norm) + Bytes(l.k_norm);
   }
   return b;
 }
@@ -64,13 +181,19 @@ void LlamaWeights::ComputeFingerprint() {
   XXH3_64bits_update(st, params, sizeof(params));
   const float fparams[] = {c.rope_theta, c.rms_eps};
   XXH3_64bits_update(st, fparams, sizeof(fparams));
+  // Added only when not the Llama 2 default, so Llama 2 fingerprints are unchanged.
+  if (c.rope_style != RopeStyle::kNormal) {
+    const int32_t style = static_cast<int32_t>(c.rope_style);
+    XXH3_64bits_update(st, &style, sizeof(style));
+  }
   auto add = [st](const std::vector<float>& v) { XXH3_64bits_update(st, v.data(), Bytes(v)); };
   add(token_embd);
   add(output_norm);
   add(classifier());
+  add(rope_freqs);
   for (const auto& l : layers) {
-    for (const auto* v :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate, &l.w_down, &l.w_up}) {
+    for (const auto* v : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
+                          &l.w_down, &l.w_up, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm}) {
       add(*v);
     }
   }
@@ -93,9 +216,6 @@ Status ValidateLlamaWeights(const LlamaWeights& w) {
   KVP_RETURN_IF_ERROR(positive(c.head_dim, "head_dim"));
   KVP_RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
   KVP_RETURN_IF_ERROR(positive(c.context_length, "context_length"));
-  if (static_cast<int64_t>(c.num_heads) * c.head_dim != c.dim) {
-    return DataLoss("model: num_heads * head_dim != dim");
-  }
   if (c.num_heads % c.num_kv_heads != 0) {
     return DataLoss("model: num_heads (" + std::to_string(c.num_heads) +
                     ") is not a multiple of num_kv_heads (" + std::to_string(c.num_kv_heads) + ")");
@@ -110,8 +230,11 @@ Status ValidateLlamaWeights(const LlamaWeights& w) {
   if (c.bos_id < 0 || c.bos_id >= c.vocab_size || c.eos_id < 0 || c.eos_id >= c.vocab_size) {
     return DataLoss("model: bos/eos id outside the vocabulary");
   }
-  const int64_t d = c.dim, q = c.dim, kv = int64_t{c.num_kv_heads} * c.head_dim, h = c.hidden_dim;
+  const int64_t d = c.dim, q = int64_t{c.num_heads} * c.head_dim;
+  const int64_t kv = int64_t{c.num_kv_heads} * c.head_dim, h = c.hidden_dim, hd = c.head_dim;
   KVP_RETURN_IF_ERROR(CheckSize(w.token_embd, c.vocab_size, d, "token_embd"));
+  if (!w.rope_freqs.empty())
+    KVP_RETURN_IF_ERROR(CheckSize(w.rope_freqs, 1, c.rope_dim / 2, "rope_freqs"));
   KVP_RETURN_IF_ERROR(CheckSize(w.output_norm, 1, d, "output_norm"));
   if (!w.output.empty()) KVP_RETURN_IF_ERROR(CheckSize(w.output, c.vocab_size, d, "output"));
   if (static_cast<int32_t>(w.layers.size()) != c.num_layers) {
@@ -130,92 +253,30 @@ Status ValidateLlamaWeights(const LlamaWeights& w) {
     KVP_RETURN_IF_ERROR(CheckSize(l.w_gate, h, d, p + "w_gate"));
     KVP_RETURN_IF_ERROR(CheckSize(l.w_down, d, h, p + "w_down"));
     KVP_RETURN_IF_ERROR(CheckSize(l.w_up, h, d, p + "w_up"));
+    const auto& l0 = w.layers[0];
+    if (l.bq.empty() != l0.bq.empty() || l.bk.empty() != l0.bk.empty() ||
+        l.bv.empty() != l0.bv.empty() || l.q_norm.empty() != l0.q_norm.empty() ||
+        l.k_norm.empty() != l0.k_norm.empty()) {
+      return DataLoss("model: " + p + "has a different set of biases / q,k norms than layer 0");
+    }
+    if (!l.bq.empty()) KVP_RETURN_IF_ERROR(CheckSize(l.bq, 1, q, p + "bq"));
+    if (!l.bk.empty()) KVP_RETURN_IF_ERROR(CheckSize(l.bk, 1, kv, p + "bk"));
+    if (!l.bv.empty()) KVP_RETURN_IF_ERROR(CheckSize(l.bv, 1, kv, p + "bv"));
+    if (!l.q_norm.empty()) KVP_RETURN_IF_ERROR(CheckSize(l.q_norm, 1, hd, p + "q_norm"));
+    if (!l.k_norm.empty()) KVP_RETURN_IF_ERROR(CheckSize(l.k_norm, 1, hd, p + "k_norm"));
   }
   return Status::Ok();
 }
 
 Result<LlamaWeights> LoadLlamaWeightsFromGguf(const GgufFile& file) {
   KVP_ASSIGN_OR_RETURN(std::string arch, file.GetString("general.architecture"));
-  if (arch != "llama") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
     return Unimplemented("unsupported architecture '" + arch +
-                         "' (kvpush's CPU executor implements 'llama')");
+                         "' (kvpush's CPU executor implements 'llama', 'qwen2' and 'qwen3')");
   }
   LlamaWeights w;
-  ModelConfig& c = w.config;
-  c.architecture = arch;
-  if (const GgufValue* name = file.Find("general.name"); name && name->type == GgufType::kString) {
-    c.name = name->s;
-  }
-  KVP_ASSIGN_OR_RETURN(c.dim, PositiveInt(file, "llama.embedding_length", -1));
-  KVP_ASSIGN_OR_RETURN(c.hidden_dim, PositiveInt(file, "llama.feed_forward_length", -1));
-  KVP_ASSIGN_OR_RETURN(c.num_layers, PositiveInt(file, "llama.block_count", -1));
-  KVP_ASSIGN_OR_RETURN(c.num_heads, PositiveInt(file, "llama.attention.head_count", -1));
-  KVP_ASSIGN_OR_RETURN(c.num_kv_heads,
-                       PositiveInt(file, "llama.attention.head_count_kv", c.num_heads));
-  KVP_ASSIGN_OR_RETURN(c.context_length, PositiveInt(file, "llama.context_length", 2048));
-  if (c.dim % c.num_heads != 0) return DataLoss("model: dim is not a multiple of head_count");
-  c.head_dim = c.dim / c.num_heads;
-  KVP_ASSIGN_OR_RETURN(int32_t key_length,
-                       PositiveInt(file, "llama.attention.key_length", c.head_dim));
-  KVP_ASSIGN_OR_RETURN(int32_t value_length,
-                       PositiveInt(file, "llama.attention.value_length", c.head_dim));
-  if (key_length != c.head_dim || value_length != c.head_dim) {
-    return Unimplemented("attention key/value length different from dim / head_count");
-  }
-  KVP_ASSIGN_OR_RETURN(c.rope_dim, PositiveInt(file, "llama.rope.dimension_count", c.head_dim));
-  KVP_ASSIGN_OR_RETURN(double theta, file.GetFloatOr("llama.rope.freq_base", 10000.0));
-  KVP_ASSIGN_OR_RETURN(double eps, file.GetFloatOr("llama.attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = static_cast<float>(theta);
-  c.rms_eps = static_cast<float>(eps);
-  if (file.Find("llama.rope.scaling.type") != nullptr) {
-    KVP_ASSIGN_OR_RETURN(std::string scaling, file.GetString("llama.rope.scaling.type"));
-    if (scaling != "none") return Unimplemented("RoPE scaling '" + scaling + "' is not supported");
-  }
-  if (file.FindTensor("rope_freqs.weight") != nullptr) {
-    return Unimplemented("rope_freqs (Llama 3.1 RoPE frequency factors) is not supported");
-  }
-  const GgufValue* tokens = file.Find("tokenizer.ggml.tokens");
-  const GgufTensorInfo* embd = file.FindTensor("token_embd.weight");
-  if (embd == nullptr) return NotFound("tensor 'token_embd.weight' is missing");
-  if (embd->ne.size() != 2 || embd->ne[1] > (int64_t{1} << 30)) {
-    return DataLoss("tensor 'token_embd.weight' is not a [dim, vocab] matrix");
-  }
-  c.vocab_size = static_cast<int32_t>(embd->ne[1]);
-  if (tokens != nullptr && tokens->array_size() != static_cast<size_t>(c.vocab_size)) {
-    return DataLoss("tokenizer has " + std::to_string(tokens->array_size()) +
-                    " tokens but token_embd has " + std::to_string(c.vocab_size) + " rows");
-  }
-  KVP_ASSIGN_OR_RETURN(int64_t bos, file.GetIntOr("tokenizer.ggml.bos_token_id", 1));
-  KVP_ASSIGN_OR_RETURN(int64_t eos, file.GetIntOr("tokenizer.ggml.eos_token_id", 2));
-  if (bos < 0 || bos >= c.vocab_size || eos < 0 || eos >= c.vocab_size) {
-    return DataLoss("bos/eos token id outside the vocabulary");
-  }
-  c.bos_id = static_cast<int32_t>(bos);
-  c.eos_id = static_cast<int32_t>(eos);
-  if (c.num_heads % c.num_kv_heads != 0) {
-    return DataLoss("model: head_count is not a multiple of head_count_kv");
-  }
-
-  const int64_t d = c.dim, kv = int64_t{c.num_kv_heads} * c.head_dim, h = c.hidden_dim;
-  KVP_ASSIGN_OR_RETURN(w.token_embd, ReadMatrix(file, "token_embd.weight", c.vocab_size, d));
-  KVP_ASSIGN_OR_RETURN(w.output_norm, ReadMatrix(file, "output_norm.weight", 1, d));
-  if (file.FindTensor("output.weight") != nullptr) {
-    KVP_ASSIGN_OR_RETURN(w.output, ReadMatrix(file, "output.weight", c.vocab_size, d));
-  }
-  w.layers.resize(static_cast<size_t>(c.num_layers));
-  for (int32_t i = 0; i < c.num_layers; ++i) {
-    auto& l = w.layers[static_cast<size_t>(i)];
-    const std::string p = "blk." + std::to_string(i) + ".";
-    KVP_ASSIGN_OR_RETURN(l.attn_norm, ReadMatrix(file, p + "attn_norm.weight", 1, d));
-    KVP_ASSIGN_OR_RETURN(l.wq, ReadMatrix(file, p + "attn_q.weight", d, d));
-    KVP_ASSIGN_OR_RETURN(l.wk, ReadMatrix(file, p + "attn_k.weight", kv, d));
-    KVP_ASSIGN_OR_RETURN(l.wv, ReadMatrix(file, p + "attn_v.weight", kv, d));
-    KVP_ASSIGN_OR_RETURN(l.wo, ReadMatrix(file, p + "attn_output.weight", d, d));
-    KVP_ASSIGN_OR_RETURN(l.ffn_norm, ReadMatrix(file, p + "ffn_norm.weight", 1, d));
-    KVP_ASSIGN_OR_RETURN(l.w_gate, ReadMatrix(file, p + "ffn_gate.weight", h, d));
-    KVP_ASSIGN_OR_RETURN(l.w_down, ReadMatrix(file, p + "ffn_down.weight", d, h));
-    KVP_ASSIGN_OR_RETURN(l.w_up, ReadMatrix(file, p + "ffn_up.weight", h, d));
-  }
+  KVP_ASSIGN_OR_RETURN(w.config, ReadConfig(file, arch));
+  KVP_RETURN_IF_ERROR(ReadTensors(file, w));
   KVP_RETURN_IF_ERROR(ValidateLlamaWeights(w));
   w.ComputeFingerprint();
   return w;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <map>
+#include <numbers>
 
 namespace kvpush {
 
@@ -46,6 +47,26 @@ std::vector<float> RandomValues(uint64_t& state, size_t n, float std) {
 
 }  // namespace
 
+std::vector<float> Llama31RopeFactors(int32_t rope_dim, float theta) {
+  constexpr double kFactor = 8.0, kLow = 1.0, kHigh = 4.0, kOriginal = 8192.0;
+  const double low_wavelen = kOriginal / kLow, high_wavelen = kOriginal / kHigh;
+  std::vector<float> f(static_cast<size_t>(rope_dim / 2));
+  for (size_t i = 0; i < f.size(); ++i) {
+    const double freq =
+        1.0 / std::pow(static_cast<double>(theta), static_cast<double>(2 * i) / rope_dim);
+    const double wavelen = 2.0 * std::numbers::pi / freq;
+    double factor = 1.0;
+    if (wavelen > low_wavelen) {
+      factor = kFactor;
+    } else if (wavelen >= high_wavelen) {
+      const double smooth = (kOriginal / wavelen - kLow) / (kHigh - kLow);
+      factor = 1.0 / ((1.0 - smooth) / kFactor + smooth);
+    }
+    f[i] = static_cast<float>(factor);
+  }
+  return f;
+}
+
 Status RandomLlamaOptions::Validate() const {
   auto positive = [](int32_t v, const char* flag) -> Status {
     if (v <= 0) return InvalidArgument(std::string("--") + flag + " must be > 0");
@@ -57,14 +78,21 @@ Status RandomLlamaOptions::Validate() const {
   KVP_RETURN_IF_ERROR(positive(kv_heads, "kv-heads"));
   KVP_RETURN_IF_ERROR(positive(hidden_dim, "hidden-dim"));
   KVP_RETURN_IF_ERROR(positive(context, "context"));
-  if (dim % heads != 0) return InvalidArgument("--dim must be a multiple of --heads");
+  if (arch != "llama" && arch != "llama3" && arch != "qwen2" && arch != "qwen3") {
+    return InvalidArgument("--arch must be llama, llama3, qwen2 or qwen3, got '" + arch + "'");
+  }
+  if (head_dim < 0) return InvalidArgument("--head-dim must be >= 0");
+  if (head_dim == 0 && dim % heads != 0) {
+    return InvalidArgument("--dim must be a multiple of --heads (or give --head-dim)");
+  }
   if (heads % kv_heads != 0) return InvalidArgument("--heads must be a multiple of --kv-heads");
-  if ((dim / heads) % 2 != 0) return InvalidArgument("head dimension (dim / heads) must be even");
+  if (effective_head_dim() % 2 != 0) return InvalidArgument("head dimension must be even");
   if (bpe_vocab == nullptr && vocab < 355) {
     return InvalidArgument("--vocab must be >= 355 (specials + bytes + ASCII)");
   }
-  if (dtype == GgmlType::kQ8_0 && (dim % 32 != 0 || hidden_dim % 32 != 0)) {
-    return InvalidArgument("q8_0 needs --dim and --hidden-dim multiples of 32");
+  if (dtype == GgmlType::kQ8_0 &&
+      (dim % 32 != 0 || hidden_dim % 32 != 0 || (heads * effective_head_dim()) % 32 != 0)) {
+    return InvalidArgument("q8_0 needs --dim, --hidden-dim and heads * head_dim multiples of 32");
   }
   return Status::Ok();
 }
@@ -138,60 +166,110 @@ Result<SpmVocab> BuildDemoVocab(int32_t vocab_size) {
   return v;
 }
 
+namespace {
+
+/// The hyper-parameter keys of `o` (general.*, A.*).
+void WriteHyperParameters(const RandomLlamaOptions& o, GgufWriter& w) {
+  const std::string a = o.gguf_arch() + ".";
+  const int32_t hd = o.effective_head_dim();
+  w.SetString("general.architecture", o.gguf_arch());
+  w.SetString("general.name", o.name);
+  w.SetU32(a + "context_length", static_cast<uint32_t>(o.context));
+  w.SetU32(a + "embedding_length", static_cast<uint32_t>(o.dim));
+  w.SetU32(a + "block_count", static_cast<uint32_t>(o.layers));
+  w.SetU32(a + "feed_forward_length", static_cast<uint32_t>(o.hidden_dim));
+  w.SetU32(a + "attention.head_count", static_cast<uint32_t>(o.heads));
+  w.SetU32(a + "attention.head_count_kv", static_cast<uint32_t>(o.kv_heads));
+  if (o.arch == "qwen3" || o.head_dim > 0) {  // llama.cpp's converter writes these for Qwen3
+    w.SetU32(a + "attention.key_length", static_cast<uint32_t>(hd));
+    w.SetU32(a + "attention.value_length", static_cast<uint32_t>(hd));
+  }
+  if (o.arch == "llama" || o.arch == "llama3") {  // Qwen GGUFs leave it to key_length
+    w.SetU32(a + "rope.dimension_count", static_cast<uint32_t>(hd));
+  }
+  w.SetF32(a + "rope.freq_base", o.rope_freq_base);
+  w.SetF32(a + "attention.layer_norm_rms_epsilon", o.arch == "llama" ? 1e-5f : 1e-6f);
+}
+
+/// The demo SentencePiece vocabulary or `o.bpe_vocab`.
+Status WriteVocab(const RandomLlamaOptions& o, GgufWriter& w) {
+  if (o.bpe_vocab != nullptr) {
+    WriteBpeVocab(*o.bpe_vocab, w);
+    return Status::Ok();
+  }
+  KVP_ASSIGN_OR_RETURN(SpmVocab vocab, BuildDemoVocab(o.vocab));
+  w.SetString("tokenizer.ggml.model", "llama");
+  w.SetStringArray("tokenizer.ggml.tokens", vocab.pieces);
+  w.SetF32Array("tokenizer.ggml.scores", vocab.scores);
+  std::vector<int32_t> types;
+  for (TokenType t : vocab.types) types.push_back(static_cast<int32_t>(t));
+  w.SetI32Array("tokenizer.ggml.token_type", types);
+  w.SetU32("tokenizer.ggml.bos_token_id", 1);
+  w.SetU32("tokenizer.ggml.eos_token_id", 2);
+  w.SetU32("tokenizer.ggml.unknown_token_id", 0);
+  return Status::Ok();
+}
+
+}  // namespace
+
 Result<GgufWriter> BuildRandomLlamaGguf(const RandomLlamaOptions& options) {
   KVP_RETURN_IF_ERROR(options.Validate());
   RandomLlamaOptions o = options;
   if (o.bpe_vocab != nullptr) o.vocab = static_cast<int32_t>(o.bpe_vocab->vocab.pieces.size());
   GgufWriter w;
-  w.SetString("general.architecture", "llama");
-  w.SetString("general.name", o.name);
-  w.SetU32("llama.context_length", static_cast<uint32_t>(o.context));
-  w.SetU32("llama.embedding_length", static_cast<uint32_t>(o.dim));
-  w.SetU32("llama.block_count", static_cast<uint32_t>(o.layers));
-  w.SetU32("llama.feed_forward_length", static_cast<uint32_t>(o.hidden_dim));
-  w.SetU32("llama.attention.head_count", static_cast<uint32_t>(o.heads));
-  w.SetU32("llama.attention.head_count_kv", static_cast<uint32_t>(o.kv_heads));
-  w.SetU32("llama.rope.dimension_count", static_cast<uint32_t>(o.dim / o.heads));
-  w.SetF32("llama.rope.freq_base", o.rope_freq_base);
-  w.SetF32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  if (o.bpe_vocab != nullptr) {
-    WriteBpeVocab(*o.bpe_vocab, w);
-  } else {
-    KVP_ASSIGN_OR_RETURN(SpmVocab vocab, BuildDemoVocab(o.vocab));
-    w.SetString("tokenizer.ggml.model", "llama");
-    w.SetStringArray("tokenizer.ggml.tokens", vocab.pieces);
-    w.SetF32Array("tokenizer.ggml.scores", vocab.scores);
-    std::vector<int32_t> types;
-    for (TokenType t : vocab.types) types.push_back(static_cast<int32_t>(t));
-    w.SetI32Array("tokenizer.ggml.token_type", types);
-    w.SetU32("tokenizer.ggml.bos_token_id", 1);
-    w.SetU32("tokenizer.ggml.eos_token_id", 2);
-    w.SetU32("tokenizer.ggml.unknown_token_id", 0);
-  }
+  WriteHyperParameters(o, w);
+  KVP_RETURN_IF_ERROR(WriteVocab(o, w));
 
   uint64_t state = o.seed;
-  const int64_t d = o.dim, kv = int64_t{o.kv_heads} * (o.dim / o.heads), h = o.hidden_dim;
-  const std::vector<float> ones(static_cast<size_t>(d), 1.0f);
+  const int64_t d = o.dim, hd = o.effective_head_dim(), q = int64_t{o.heads} * hd;
+  const int64_t kv = int64_t{o.kv_heads} * hd, h = o.hidden_dim;
+  const bool llama2 = o.arch == "llama";
   auto matrix = [&](const std::string& name, int64_t rows, int64_t cols, GgmlType type) {
     auto values = RandomValues(state, static_cast<size_t>(rows * cols),
                                1.0f / std::sqrt(static_cast<float>(cols)));
     return w.AddTensor(name, {cols, rows}, type, values);
+  };
+  // Norm weights: ones (llama, as before) or 1 +- 0.3; biases: std 0.3. Always f32 (llama.cpp).
+  auto vec = [&](const std::string& name, int64_t n, bool norm) {
+    std::vector<float> v(static_cast<size_t>(n), 1.0f);
+    if (!norm || !llama2) {
+      const float std = norm ? 0.3f / std::sqrt(3.0f) : 0.3f;  // norms: uniform 1 +- 0.3
+      v = RandomValues(state, static_cast<size_t>(n), std);
+      if (norm) {
+        for (float& x : v) x += 1.0f;
+      }
+    }
+    return w.AddTensor(name, {n}, GgmlType::kF32, v);
   };
   // Embedding rows with std 1 (RMSNorm rescales anyway).
   {
     auto values = RandomValues(state, static_cast<size_t>(o.vocab * d), 1.0f);
     KVP_RETURN_IF_ERROR(w.AddTensor("token_embd.weight", {d, o.vocab}, o.dtype, values));
   }
-  KVP_RETURN_IF_ERROR(w.AddTensor("output_norm.weight", {d}, GgmlType::kF32, ones));
+  KVP_RETURN_IF_ERROR(vec("output_norm.weight", d, true));
   if (!o.tied_output) KVP_RETURN_IF_ERROR(matrix("output.weight", o.vocab, d, o.dtype));
+  if (o.arch == "llama3") {
+    KVP_RETURN_IF_ERROR(
+        w.AddTensor("rope_freqs.weight", {hd / 2}, GgmlType::kF32,
+                    Llama31RopeFactors(static_cast<int32_t>(hd), o.rope_freq_base)));
+  }
   for (int32_t l = 0; l < o.layers; ++l) {
     const std::string p = "blk." + std::to_string(l) + ".";
-    KVP_RETURN_IF_ERROR(w.AddTensor(p + "attn_norm.weight", {d}, GgmlType::kF32, ones));
-    KVP_RETURN_IF_ERROR(matrix(p + "attn_q.weight", d, d, o.dtype));
+    KVP_RETURN_IF_ERROR(vec(p + "attn_norm.weight", d, true));
+    KVP_RETURN_IF_ERROR(matrix(p + "attn_q.weight", q, d, o.dtype));
     KVP_RETURN_IF_ERROR(matrix(p + "attn_k.weight", kv, d, o.dtype));
     KVP_RETURN_IF_ERROR(matrix(p + "attn_v.weight", kv, d, o.dtype));
-    KVP_RETURN_IF_ERROR(matrix(p + "attn_output.weight", d, d, o.dtype));
-    KVP_RETURN_IF_ERROR(w.AddTensor(p + "ffn_norm.weight", {d}, GgmlType::kF32, ones));
+    if (o.arch == "qwen2") {
+      KVP_RETURN_IF_ERROR(vec(p + "attn_q.bias", q, false));
+      KVP_RETURN_IF_ERROR(vec(p + "attn_k.bias", kv, false));
+      KVP_RETURN_IF_ERROR(vec(p + "attn_v.bias", kv, false));
+    }
+    if (o.arch == "qwen3") {
+      KVP_RETURN_IF_ERROR(vec(p + "attn_q_norm.weight", hd, true));
+      KVP_RETURN_IF_ERROR(vec(p + "attn_k_norm.weight", hd, true));
+    }
+    KVP_RETURN_IF_ERROR(matrix(p + "attn_output.weight", d, q, o.dtype));
+    KVP_RETURN_IF_ERROR(vec(p + "ffn_norm.weight", d, true));
     KVP_RETURN_IF_ERROR(matrix(p + "ffn_gate.weight", h, d, o.dtype));
     KVP_RETURN_IF_ERROR(matrix(p + "ffn_down.weight", d, h, o.dtype));
     KVP_RETURN_IF_ERROR(matrix(p + "ffn_up.weight", h, d, o.dtype));

@@ -1,6 +1,7 @@
 // Batch invariance of LlamaExecutor: a sequence's logits (and its KV cache contents) are
 // bit-identical whether it runs alone or with 31 others, whatever its place in the batch, however
-// its prompt is chunked, and with 1 or 2 OpenBLAS threads.
+// its prompt is chunked, and with 1 or 2 OpenBLAS threads; for every architecture (llama 2 shape,
+// llama3 with rope_freqs, qwen2 with biases, qwen3 with q/k norms and head_dim != dim / heads).
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -19,8 +20,11 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kBlocksPerSeq = 8;  // 128 positions per sequence
 
-LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm) {
+LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm, const std::string& arch) {
   RandomLlamaOptions o;
+  o.arch = arch;
+  if (arch == "qwen3") o.head_dim = 24;  // heads * head_dim = 192 != dim
+  if (arch == "llama3") o.rope_freq_base = 500000.0f;
   o.dim = 128;
   o.layers = 2;
   o.heads = 8;
@@ -59,10 +63,12 @@ std::vector<Seq> MakeSeqs(int n, int32_t vocab, uint32_t seed) {
   return seqs;
 }
 
-class BatchInvarianceTest : public ::testing::TestWithParam<std::tuple<GemmBackend, int32_t>> {
+class BatchInvarianceTest
+    : public ::testing::TestWithParam<std::tuple<GemmBackend, int32_t, const char*>> {
  protected:
   void SetUp() override {
-    model_ = SmallRandomModel(std::get<1>(GetParam()), std::get<0>(GetParam()));
+    model_ =
+        SmallRandomModel(std::get<1>(GetParam()), std::get<0>(GetParam()), std::get<2>(GetParam()));
     vocab_ = model_.config.vocab_size;
     seqs_ = MakeSeqs(32, vocab_, 123);
   }
@@ -218,14 +224,22 @@ TEST_P(BatchInvarianceTest, MixedPrefillAndDecodeStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BatchInvarianceTest,
-                         ::testing::Values(std::tuple{GemmBackend::kFixedOrder, 1},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 1},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 2}),
+                         ::testing::Values(std::tuple{GemmBackend::kFixedOrder, 1, "llama"},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 1, "llama"},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama"},
+                                           std::tuple{GemmBackend::kFixedOrder, 1, "qwen3"},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen3"},
+                                           std::tuple{GemmBackend::kFixedOrder, 1, "qwen2"},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2"},
+                                           std::tuple{GemmBackend::kFixedOrder, 1, "llama3"},
+                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama3"}),
                          [](const auto& p) {
+                           const std::string arch = std::get<2>(p.param);
                            return std::string(std::get<0>(p.param) == GemmBackend::kFixedOrder
                                                   ? "FixedOrder"
                                                   : "OpenBlasTiles") +
-                                  "Threads" + std::to_string(std::get<1>(p.param));
+                                  "Threads" + std::to_string(std::get<1>(p.param)) +
+                                  (arch == "llama" ? "" : "_" + arch);
                          });
 
 TEST(BatchInvarianceStories, BatchOf32EqualsAlone) {

@@ -244,6 +244,38 @@ TEST_F(PdE2E, GeneratedModelUcxTcpRouterBitIdentical) {
   }
 }
 
+// Qwen3- and Llama-3-shaped generated models through the real executor: per-head q/k RMSNorm,
+// NeoX RoPE and head_dim 64 != dim / heads (qwen3, tied classifier); rope_freqs, GQA 2:1 and an
+// untied classifier (llama3). Greedy and seeded, push and both pulls: colocated == P/D.
+class PdArchE2E : public PdE2E, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(PdArchE2E, GeneratedModelUcxTcpRouterBitIdentical) {
+  const std::string arch = GetParam();
+  const std::string flags = arch == "qwen3" ? "--arch qwen3 --head-dim 64 --tied" : "--arch llama3";
+  const std::string model = GenModel(flags, "gen-" + arch);
+  ASSERT_FALSE(model.empty());
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(StartLoopback(model, "gen-model " + arch, 512, "ucx:tcp", &c));
+  uint32_t seed = arch == "qwen3" ? 500 : 600;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    for (bool seeded : {false, true}) {
+      Phase ph;
+      ph.mode = mode;
+      ph.seeded = seeded;
+      ph.concurrency = seeded ? 12 : 1;
+      ph.prompt_seed = seed++;
+      ph.n_short = ph.n_long = ph.n_prefix = ph.n_repeat = 3;
+      ph.max_tokens = 12;
+      RunPhase(c, ph);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Archs, PdArchE2E, ::testing::Values("qwen3", "llama3"),
+                         [](const ::testing::TestParamInfo<const char*>& i) {
+                           return std::string(i.param);
+                         });
+
 // The sim executor (Qwen3-32B on an H200, timed layer by layer, bf16 KV of 1/8 the real size):
 // colocated == push == pull token for token, every received block verified, pools back to idle.
 TEST_F(PdE2E, SimQwen3RouterBitIdentical) {

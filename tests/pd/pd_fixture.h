@@ -161,12 +161,13 @@ class PdFixture : public ::testing::Test {
   /// Runs one phase: the prompt set on the colocated instance, then through the router with the
   /// phase's mode header; compares every request's token ids and checks blocks and counters.
 
-  /// Generates a small Llama-shaped GGUF in the temp dir.
-  std::string GenModel() {
-    const std::string out = dir_ + "/gen-model.gguf";
+  /// Generates a small Llama-shaped GGUF in the temp dir; `extra` gen-model flags (e.g. "--arch
+  /// qwen3 --head-dim 64") change the architecture, `name` the file stem.
+  std::string GenModel(const std::string& extra = "", const std::string& name = "gen-model") {
+    const std::string out = dir_ + "/" + name + ".gguf";
     auto [rc, text] = Sh(KvpushBin() +
                          " gen-model --dim 128 --layers 4 --heads 4 --kv-heads 2 --hidden-dim 256"
-                         " --vocab 512 --context 512 --seed 7 --out " + out);
+                         " --vocab 512 --context 512 --seed 7 " + extra + " --out " + out);
     EXPECT_EQ(rc, 0) << text;
     return rc == 0 ? out : "";
   }

@@ -5,8 +5,8 @@
 #include "server/chat_template.h"
 
 #include <algorithm>
-#include <optional>
 #include <ctime>
+#include <optional>
 #include <regex>
 
 namespace kvpush::server {
@@ -31,8 +31,8 @@ uint32_t CodePointAt(std::string_view s, size_t i, size_t& len) {
 /// Python's str.isspace for one code point (Unicode White_Space plus the ASCII separators).
 bool IsPySpace(uint32_t c) {
   return (c >= 0x09 && c <= 0x0D) || (c >= 0x1C && c <= 0x20) || c == 0x85 || c == 0xA0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202F || c == 0x205F || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
+         c == 0x205F || c == 0x3000;
 }
 
 /// Python's str.strip() / lstrip() / rstrip() without arguments (Unicode whitespace).
@@ -74,9 +74,12 @@ std::string_view AfterLast(std::string_view s, std::string_view sep) {
   return p == std::string_view::npos ? s : s.substr(p + sep.size());
 }
 
-Status RoleError(std::string message) { return InvalidArgument(std::move(message)); }
+Status RoleError(std::string message) {
+  return InvalidArgument(std::move(message));
+}
 
-constexpr const char* kAlternate = "Conversation roles must alternate user/assistant/user/assistant/...";
+constexpr const char* kAlternate =
+    "Conversation roles must alternate user/assistant/user/assistant/...";
 
 /// ChatML (Qwen2, Qwen2.5 and generic): the non-tool path of those templates.
 std::string RenderChatMl(const ChatTemplate& t, const std::vector<ChatMessage>& m,
@@ -106,7 +109,8 @@ size_t Qwen3LastQuery(const std::vector<ChatMessage>& m) {
 /// Qwen3 (Qwen3's tokenizer_config.json chat_template, non-tool path).
 std::string RenderQwen3(const std::vector<ChatMessage>& m, const ChatRenderOptions& o) {
   std::string out;
-  if (m.front().role == "system") out += "<|im_start|>system\n" + m.front().content + "<|im_end|>\n";
+  if (m.front().role == "system")
+    out += "<|im_start|>system\n" + m.front().content + "<|im_end|>\n";
   const size_t last_query = Qwen3LastQuery(m);
   for (size_t i = 0; i < m.size(); ++i) {
     const ChatMessage& msg = m[i];
@@ -161,8 +165,10 @@ std::string RenderLlama3(const ChatTemplate& t, const std::vector<ChatMessage>& 
     }
     const std::string date =
         t.date_from_clock ? (o.today.empty() ? TodayUtc() : o.today) : t.date_string;
-    out += "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
-           "Today Date: " + date + "\n\n" + system + "<|eot_id|>";
+    out +=
+        "<|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\n"
+        "Today Date: " +
+        date + "\n\n" + system + "<|eot_id|>";
   }
   for (size_t i = begin; i < m.size(); ++i) {
     out += "<|start_header_id|>" + m[i].role + "<|end_header_id|>\n\n" + PyStrip(m[i].content) +
@@ -186,8 +192,13 @@ Result<std::string> RenderLlama2(const ChatTemplate& t, const std::vector<ChatMe
   for (size_t i = begin; i < m.size(); ++i) {
     const size_t k = i - begin;
     if ((m[i].role == "user") != (k % 2 == 0)) return RoleError(kAlternate);
-    std::string content = m[i].content;
-    if (k == 0 && system) content = "<<SYS>>\n" + *system + "\n<</SYS>>\n\n" + content;
+    std::string content;
+    if (k == 0 && system) {
+      content += "<<SYS>>\n";
+      content += *system;
+      content += "\n<</SYS>>\n\n";
+    }
+    content += m[i].content;
     if (m[i].role == "user") {
       out += t.bos_token + "[INST] " + PyStrip(content) + " [/INST]";
     } else if (m[i].role == "assistant") {
@@ -228,25 +239,33 @@ std::string PlainTemplate(const std::vector<ChatMessage>& messages, bool generat
 
 const char* ChatTemplateFormatName(ChatTemplateFormat f) {
   switch (f) {
-    case ChatTemplateFormat::kPlain: return "plain";
-    case ChatTemplateFormat::kChatMl: return "chatml";
-    case ChatTemplateFormat::kQwen3: return "qwen3";
-    case ChatTemplateFormat::kLlama3: return "llama3";
-    case ChatTemplateFormat::kLlama2: return "llama2";
-    case ChatTemplateFormat::kMistral: return "mistral";
+    case ChatTemplateFormat::kPlain:
+      return "plain";
+    case ChatTemplateFormat::kChatMl:
+      return "chatml";
+    case ChatTemplateFormat::kQwen3:
+      return "qwen3";
+    case ChatTemplateFormat::kLlama3:
+      return "llama3";
+    case ChatTemplateFormat::kLlama2:
+      return "llama2";
+    case ChatTemplateFormat::kMistral:
+      return "mistral";
   }
   return "plain";
 }
 
 Result<std::optional<ChatTemplateFormat>> ParseChatTemplateFormat(std::string_view name) {
   if (name == "auto") return std::optional<ChatTemplateFormat>();
-  for (auto f : {ChatTemplateFormat::kPlain, ChatTemplateFormat::kChatMl, ChatTemplateFormat::kQwen3,
-                 ChatTemplateFormat::kLlama3, ChatTemplateFormat::kLlama2,
-                 ChatTemplateFormat::kMistral}) {
+  for (auto f :
+       {ChatTemplateFormat::kPlain, ChatTemplateFormat::kChatMl, ChatTemplateFormat::kQwen3,
+        ChatTemplateFormat::kLlama3, ChatTemplateFormat::kLlama2, ChatTemplateFormat::kMistral}) {
     if (name == ChatTemplateFormatName(f)) return std::optional<ChatTemplateFormat>(f);
   }
-  return InvalidArgument("--chat-template-format must be auto, plain, chatml, qwen3, llama3, "
-                         "llama2 or mistral (got '" + std::string(name) + "')");
+  return InvalidArgument(
+      "--chat-template-format must be auto, plain, chatml, qwen3, llama3, "
+      "llama2 or mistral (got '" +
+      std::string(name) + "')");
 }
 
 DetectedChatTemplate DetectChatTemplate(std::string_view jinja) {
@@ -272,7 +291,8 @@ DetectedChatTemplate DetectChatTemplate(std::string_view jinja) {
     if (std::regex_search(s.c_str(), mt, kDate)) t.date_string = mt[1].str();
     t.honours_add_generation_prompt = Contains(jinja, "add_generation_prompt");
   } else if (Contains(jinja, "[INST]")) {
-    t.format = Contains(jinja, "<<SYS>>") ? ChatTemplateFormat::kLlama2 : ChatTemplateFormat::kMistral;
+    t.format =
+        Contains(jinja, "<<SYS>>") ? ChatTemplateFormat::kLlama2 : ChatTemplateFormat::kMistral;
   } else {
     d.recognised = false;
   }
@@ -283,12 +303,18 @@ Result<std::string> RenderChat(const ChatTemplate& t, const std::vector<ChatMess
                                const ChatRenderOptions& options) {
   if (messages.empty()) return InvalidArgument("'messages' is empty");
   switch (t.format) {
-    case ChatTemplateFormat::kPlain: return PlainTemplate(messages, options.add_generation_prompt);
-    case ChatTemplateFormat::kChatMl: return RenderChatMl(t, messages, options);
-    case ChatTemplateFormat::kQwen3: return RenderQwen3(messages, options);
-    case ChatTemplateFormat::kLlama3: return RenderLlama3(t, messages, options);
-    case ChatTemplateFormat::kLlama2: return RenderLlama2(t, messages);
-    case ChatTemplateFormat::kMistral: return RenderMistral(t, messages);
+    case ChatTemplateFormat::kPlain:
+      return PlainTemplate(messages, options.add_generation_prompt);
+    case ChatTemplateFormat::kChatMl:
+      return RenderChatMl(t, messages, options);
+    case ChatTemplateFormat::kQwen3:
+      return RenderQwen3(messages, options);
+    case ChatTemplateFormat::kLlama3:
+      return RenderLlama3(t, messages, options);
+    case ChatTemplateFormat::kLlama2:
+      return RenderLlama2(t, messages);
+    case ChatTemplateFormat::kMistral:
+      return RenderMistral(t, messages);
   }
   return PlainTemplate(messages, options.add_generation_prompt);
 }

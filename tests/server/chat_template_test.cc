@@ -80,10 +80,10 @@ TEST(ChatTemplateRender, EqualsTheJinjaRenderingOfEveryGoldenRow) {
     o.add_generation_prompt = row["add_generation_prompt"];
     if (row.contains("enable_thinking")) o.enable_thinking = row["enable_thinking"].get<bool>();
     o.today = row["today"];
-    const std::string what = row["template"].get<std::string>() + " / " +
-                             row["conversation"].get<std::string>() + " / " +
-                             row["add_generation_prompt"].dump() + " / thinking " +
-                             (row.contains("enable_thinking") ? row["enable_thinking"].dump() : "-");
+    const std::string what =
+        row["template"].get<std::string>() + " / " + row["conversation"].get<std::string>() +
+        " / " + row["add_generation_prompt"].dump() + " / thinking " +
+        (row.contains("enable_thinking") ? row["enable_thinking"].dump() : "-");
     auto got = RenderChat(t, messages, o);
     if (row.contains("error")) {
       ++errors;

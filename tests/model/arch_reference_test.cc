@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/random_model.h"
 #include "model_test_util.h"
+#include "test_util.h"
 
 namespace kvpush {
 namespace {
@@ -116,23 +117,15 @@ double RelError(const float* a, const double* ref, size_t n) {
 
 class ArchReferenceTest : public ::testing::TestWithParam<ArchCase> {};
 
-TEST_P(ArchReferenceTest, LogitsMatchNumpyReference) {
-  std::string why;
-  if (!NumpyAvailable(&why)) GTEST_SKIP() << "NumPy reference unavailable: " << why;
-  const ArchCase& ac = GetParam();
-  std::string dir = (std::filesystem::temp_directory_path() / "kvpush-archref-XXXXXX").string();
-  ASSERT_NE(mkdtemp(dir.data()), nullptr);
-  const std::string path = dir + "/" + ac.label + ".gguf";
-  auto w = BuildRandomLlamaGguf(ac.options);
-  ASSERT_TRUE(w.ok()) << w.status().ToString();
-  ASSERT_TRUE(w->WriteFile(path).ok());
+/// Loads `path` and checks its logits against the reference for prompts of 1, 17 and 300 tokens.
+void CompareWithReference(const std::string& path, const std::string& label,
+                          const std::string& dir) {
   ModelLoadOptions lo;
   lo.path = path;
   auto m = LoadModel(lo);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   const ModelConfig& c = m->config;
   const auto vocab = static_cast<size_t>(c.vocab_size);
-
   std::mt19937 rng(42);
   std::vector<int32_t> all(300);
   for (int32_t& t : all) t = static_cast<int32_t>(rng() % static_cast<uint32_t>(c.vocab_size));
@@ -166,12 +159,41 @@ TEST_P(ArchReferenceTest, LogitsMatchNumpyReference) {
     ASSERT_TRUE(m->executor->Execute({&ch, 1}, *kv2, last, nullptr).ok());
     const double prefill_err = RelError(last.data(), ref.data() + (n - 1) * vocab, vocab);
     std::printf(
-        "%-7s prompt %3zu tokens: max rel error all positions (decode) %.2e, last (prefill) "
-        "%.2e\n",
-        ac.label, n, decode_err, prefill_err);
-    EXPECT_LT(decode_err, kTolerance) << ac.label << " n=" << n;
-    EXPECT_LT(prefill_err, kTolerance) << ac.label << " n=" << n;
+        "%-11s prompt %3zu tokens: max rel error all positions (decode) %.2e, last "
+        "(prefill) %.2e\n",
+        label.c_str(), n, decode_err, prefill_err);
+    EXPECT_LT(decode_err, kTolerance) << label << " n=" << n;
+    EXPECT_LT(prefill_err, kTolerance) << label << " n=" << n;
   }
+}
+
+std::string TempDir() {
+  std::string dir = (std::filesystem::temp_directory_path() / "kvpush-archref-XXXXXX").string();
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+TEST_P(ArchReferenceTest, LogitsMatchNumpyReference) {
+  std::string why;
+  if (!NumpyAvailable(&why)) GTEST_SKIP() << "NumPy reference unavailable: " << why;
+  const ArchCase& ac = GetParam();
+  const std::string dir = TempDir();
+  const std::string path = dir + "/" + ac.label + ".gguf";
+  auto w = BuildRandomLlamaGguf(ac.options);
+  ASSERT_TRUE(w.ok()) << w.status().ToString();
+  ASSERT_TRUE(w->WriteFile(path).ok());
+  CompareWithReference(path, ac.label, dir);
+  std::filesystem::remove_all(dir);
+}
+
+// A trained model converted by llama.cpp's own converter (Wq/Wk rows permuted by it): checks the
+// reference's un-permutation and the executor on real weights.
+TEST(ArchReferenceStories, Stories260KLogitsMatchNumpyReference) {
+  std::string why;
+  if (!NumpyAvailable(&why)) GTEST_SKIP() << "NumPy reference unavailable: " << why;
+  KVP_REQUIRE_SHARED_MODEL(path, "stories260K.gguf");
+  const std::string dir = TempDir();
+  CompareWithReference(path, "stories260K", dir);
   std::filesystem::remove_all(dir);
 }
 

@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
     o.context = 8;
     o.dtype = type;
     o.tied_output = type != GgmlType::kF32;
+    // One seed per architecture the loader knows (q/k norms, biases, rope_freqs paths).
+    const char* const archs[] = {"llama", "qwen3", "qwen2", "llama3"};
+    o.arch = archs[n % 4];
     auto w = BuildRandomLlamaGguf(o);
     if (!w.ok() ||
         !w->WriteFile((out / "gguf_fuzz" / ("model" + std::to_string(n++) + ".gguf")).string())

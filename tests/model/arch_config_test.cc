@@ -96,6 +96,21 @@ TEST(ArchConfigTest, Llama31RopeFactorsMatchTheConvertersFormula) {
   EXPECT_GT(between, 0);
 }
 
+TEST(ArchConfigTest, EveryArchitectureLoadsInEveryStorageType) {
+  for (const char* arch : {"llama", "llama3", "qwen2", "qwen3"}) {
+    for (GgmlType type : {GgmlType::kF32, GgmlType::kF16, GgmlType::kBF16, GgmlType::kQ8_0}) {
+      RandomLlamaOptions o = Small(arch);
+      o.dtype = type;
+      if (std::string(arch) == "qwen3") o.head_dim = 32;  // q = 128: Q8_0 rows of 32
+      auto w = BuildRandomLlamaGguf(o);
+      ASSERT_TRUE(w.ok()) << arch << ": " << w.status().ToString();
+      auto m = LoadModelFromGgufBytes(w->Serialize(), {});
+      EXPECT_TRUE(m.ok()) << arch << " type " << static_cast<int>(type) << ": "
+                          << m.status().ToString();
+    }
+  }
+}
+
 TEST(ArchConfigTest, RefusesWhatTheExecutorDoesNotImplement) {
   {  // rope_freqs belongs to llama only
     auto w = BuildRandomLlamaGguf(Small("qwen3"));

@@ -1,8 +1,8 @@
-// PdConnector: set-up, handshake, the engine-thread hooks and the connector thread's loop.
-// The producer and consumer halves live in pd_connector_producer.cc / pd_connector_consumer.cc.
+// PdConnector, the shell: set-up, the engine-thread hooks, the connector thread's loop and the
+// CoreActions it carries out with the xfer::Agent. The protocol is TransferCore
+// (transfer_core*.cc); the peers are PeerRegistry (peers.cc).
 #include "connector/pd_connector.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -18,21 +18,6 @@ namespace kvpush::connector {
 using namespace std::chrono_literals;
 
 namespace {
-
-/// One descriptor per (layer, K|V, block) chunk of an arena laid out as `L` in `region`, in arena
-/// order, so that entry index = offset / chunk_bytes (EntryIndex).
-std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region) {
-  std::vector<xfer::Desc> descs;
-  descs.reserve(static_cast<size_t>(L.num_layers) * 2 * static_cast<size_t>(L.num_blocks));
-  for (int32_t layer = 0; layer < L.num_layers; ++layer) {
-    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      for (BlockId b = 0; b < L.num_blocks; ++b) {
-        descs.push_back(xfer::Desc{region, L.offset(layer, kind, b), L.chunk_bytes()});
-      }
-    }
-  }
-  return descs;
-}
 
 /// XXH3 of a sequence's prompt tokens (the protocol's prompt_hash).
 uint64_t PromptHashOf(const Sequence& seq) {
@@ -101,6 +86,9 @@ Status PdConnector::Init() {
   const KvLayout& L = options_.layout;
   KVP_ASSIGN_OR_RETURN(local_list_, agent_->PrepareLocal(ArenaChunkDescs(L, arena_region_)));
   KVP_ASSIGN_OR_RETURN(agent_metadata_, agent_->ExportMetadata());
+  peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog);
+  core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
+                                         static_cast<CoreActions&>(*this));
   thread_ = std::thread([this] { Loop(); });
   spdlog::info("kv connector: engine_id={} incarnation={:016x} {} layout: {}", agent_->name(),
                agent_->incarnation(), cfg.ToString(), L.ToString());
@@ -116,11 +104,6 @@ PdConnector::~PdConnector() {
   if (thread_.joinable()) thread_.join();
   agent_.reset();  // before the arena it registered
   std::free(owned_arena_);
-}
-
-uint32_t PdConnector::EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind,
-                                 BlockId block) const {
-  return static_cast<uint32_t>((layer * 2 + static_cast<int32_t>(kind)) * num_blocks + block);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -142,115 +125,12 @@ HandshakeInfo PdConnector::SelfInfo() const {
   return h;
 }
 
-Status PdConnector::AdoptPeer(const HandshakeInfo& peer) {
-  KVP_RETURN_IF_ERROR(CheckCompatible(SelfInfo(), peer));
-  {
-    std::lock_guard lock(peers_mu_);
-    auto it = peers_.find(peer.engine_id);
-    if (it != peers_.end() && it->second.info.incarnation == peer.incarnation) {
-      auto alive = agent_->GetPeer(peer.engine_id);
-      if (alive.ok() && alive->alive) return Status::Ok();  // already known and healthy
-    }
-  }
-  auto loaded = agent_->LoadRemoteMetadata(peer.agent_metadata);
-  if (!loaded.ok()) {
-    return Unavailable("loading the agent metadata of '" + peer.engine_id +
-                       "': " + loaded.status().ToString());
-  }
-  xfer::RegionId rid;
-  rid.index = peer.kv_region_index;
-  rid.generation = peer.kv_region_generation;
-  auto list = agent_->PrepareRemote(peer.engine_id, ArenaChunkDescs(peer.layout, rid));
-  if (!list.ok()) {
-    return Unavailable("preparing the KV region of '" + peer.engine_id +
-                       "': " + list.status().ToString());
-  }
-  std::lock_guard lock(peers_mu_);
-  auto it = peers_.find(peer.engine_id);
-  if (it != peers_.end()) (void)agent_->ReleaseList(it->second.remote_list);
-  peers_[peer.engine_id] = PeerState{peer, *list};
-  if (loaded->restarted) {
-    spdlog::warn("kv connector: peer '{}' restarted (incarnation {:016x} -> {:016x})",
-                 peer.engine_id, loaded->previous_incarnation, peer.incarnation);
-  } else {
-    spdlog::info("kv connector: handshake with '{}' ({}, incarnation {:016x})", peer.engine_id,
-                 peer.role, peer.incarnation);
-  }
-  std::lock_guard slock(stats_mu_);
-  ++stats_.handshakes;
-  return Status::Ok();
-}
-
-std::optional<PdConnector::PeerState> PdConnector::FindPeer(const std::string& engine_id) const {
-  std::lock_guard lock(peers_mu_);
-  auto it = peers_.find(engine_id);
-  if (it == peers_.end()) return std::nullopt;
-  return it->second;
-}
-
 Result<nlohmann::json> PdConnector::HandleHandshake(const nlohmann::json& body) {
-  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, HandshakeInfo::FromJson(body));
-  KVP_RETURN_IF_ERROR(AdoptPeer(peer));
-  return SelfInfo().ToJson();
+  return peers_->HandleHandshake(body);
 }
 
 Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
-  const std::string key = host + ":" + std::to_string(port);
-  {
-    std::lock_guard lock(peers_mu_);
-    auto it = endpoints_.find(key);
-    if (it != endpoints_.end()) {
-      auto p = agent_->GetPeer(it->second);
-      if (p.ok() && p->alive) return it->second;
-    }
-  }
-  std::shared_ptr<std::mutex> endpoint_lock;
-  {
-    std::lock_guard lock(peers_mu_);
-    auto& l = handshake_locks_[key];
-    if (!l) l = std::make_shared<std::mutex>();
-    endpoint_lock = l;
-  }
-  std::lock_guard hs(*endpoint_lock);
-  {
-    std::lock_guard lock(peers_mu_);  // another thread may have finished it meanwhile
-    auto it = endpoints_.find(key);
-    if (it != endpoints_.end()) {
-      auto p = agent_->GetPeer(it->second);
-      if (p.ok() && p->alive) return it->second;
-    }
-  }
-  httplib::Client cli(host, port);
-  cli.set_tcp_nodelay(true);
-  cli.set_connection_timeout(2, 0);
-  // A request whose handshake outlasts the watchdog would give up on its KV anyway.
-  const auto read_ms = std::clamp<int64_t>(options_.config.watchdog.count(), 1000, 10000);
-  cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
-  const std::string body = SelfInfo().ToJson().dump();
-  auto res = cli.Post("/kv/handshake", body, "application/json");
-  if (!res) {
-    return Unavailable("handshake with " + key + " failed: " + httplib::to_string(res.error()));
-  }
-  auto j = nlohmann::json::parse(res->body, nullptr, false);
-  if (res->status != 200) {
-    std::string msg = res->body;
-    if (!j.is_discarded() && j.contains("error") && j["error"].contains("message") &&
-        j["error"]["message"].is_string()) {
-      msg = j["error"]["message"].get<std::string>();
-    }
-    if (res->status == 409) return FailedPrecondition("peer " + key + " refused: " + msg);
-    return Unavailable("handshake with " + key + ": HTTP " + std::to_string(res->status) + ": " +
-                       msg);
-  }
-  if (j.is_discarded()) return Unavailable("handshake with " + key + ": answer is not JSON");
-  auto peer = HandshakeInfo::FromJson(j);
-  if (!peer.ok()) {
-    return Unavailable("handshake with " + key + ": " + peer.status().message());
-  }
-  KVP_RETURN_IF_ERROR(AdoptPeer(*peer));
-  std::lock_guard lock(peers_mu_);
-  endpoints_[key] = peer->engine_id;
-  return peer->engine_id;
+  return peers_->EnsurePeer(host, port);
 }
 
 Status PdConnector::ValidateRequest(const KvTransferParams& p,
@@ -283,13 +163,13 @@ Status PdConnector::ValidateRequest(const KvTransferParams& p,
                              std::to_string(p.remote_block_ids.size()) + " blocks; " +
                              std::to_string((n + bs - 1) / bs) + " expected");
     }
-    auto peer = FindPeer(p.remote_engine_id);
+    auto peer = peers_->Find(p.remote_engine_id);
     if (!peer) {
       return InvalidArgument("kv_transfer_params.remote_engine_id '" + p.remote_engine_id +
                              "' is not the instance at remote_host:remote_port");
     }
     for (int32_t b : p.remote_block_ids) {
-      if (b < 0 || b >= peer->info.layout.num_blocks) {
+      if (b < 0 || b >= peer->num_blocks) {
         return InvalidArgument("kv_transfer_params.remote_block_ids: block " + std::to_string(b) +
                                " is outside the peer's pool");
       }
@@ -300,15 +180,22 @@ Status PdConnector::ValidateRequest(const KvTransferParams& p,
 
 void PdConnector::AbortTransfer(const std::string& tid) {
   if (!IsValidTransferId(tid)) return;
-  Event ev;
-  ev.kind = Event::kAbortTransfer;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kAbortTransfer;
   ev.params.transfer_id = tid;
   Push(std::move(ev));
 }
 
 ConnectorStats PdConnector::stats() const {
-  std::lock_guard lock(stats_mu_);
-  return stats_;
+  ConnectorStats s;
+  {
+    std::lock_guard lock(stats_mu_);
+    s = published_;
+    s.descriptors_posted += engine_descriptors_;
+    s.transfer_ops_posted = transfer_ops_;
+  }
+  s.handshakes = peers_->handshakes();
+  return s;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -319,7 +206,7 @@ void PdConnector::BindEngine(std::function<void()> wake, std::function<void(int6
   abort_request_ = std::move(abort);
 }
 
-void PdConnector::Push(Event ev) {
+void PdConnector::Push(EngineEvent ev) {
   {
     std::lock_guard lock(mu_);
     inbox_.push_back(std::move(ev));
@@ -349,8 +236,8 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   const KvTransferParams& p = seq.request.kv_transfer;
   using Role = KvTransferParams::Role;
   if (p.role == Role::kProducer) {
-    Event ev;
-    ev.kind = Event::kProducerStart;
+    EngineEvent ev;
+    ev.kind = EngineEvent::kProducerStart;
     ev.seq_id = seq.seq_id;
     ev.params = p;
     ev.num_prompt_tokens = seq.num_prompt_tokens;
@@ -364,8 +251,8 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   const int32_t local = seq.num_computed;
   if (num_external == 0) {
     // Full prefix hit (or nothing to load): tell P it need not compute or send anything.
-    Event ev;
-    ev.kind = Event::kConsumerNotNeeded;
+    EngineEvent ev;
+    ev.kind = EngineEvent::kConsumerNotNeeded;
     ev.seq_id = seq.seq_id;
     ev.params = p;
     Push(std::move(ev));
@@ -373,8 +260,8 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   }
   ++engine_waiting_;
   consumers_engine_[seq.seq_id] = 1;
-  Event ev;
-  ev.kind = Event::kConsumerStart;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kConsumerStart;
   ev.seq_id = seq.seq_id;
   ev.params = p;
   ev.num_prompt_tokens = seq.num_prompt_tokens;
@@ -394,37 +281,10 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
     std::lock_guard lock(out_mu_);
     reads.swap(reads_to_post_);
   }
-  for (PendingRead& r : reads) {
-    // Finished (aborted) since the connector handed it over: its blocks are held until the
-    // connector thread sees the abort, which it handles as "never posted".
-    if (consumers_engine_.count(r.seq_id) == 0) continue;
-    Event ev;
-    ev.kind = Event::kReadPosted;
-    ev.seq_id = r.seq_id;
-    ev.params.transfer_id = r.tid;
-    auto spec = BuildRead(r.peer, r.local, r.remote);
-    if (!spec.ok()) {
-      ev.error = spec.status();
-    } else {
-      auto t = agent_->CreateTransfer(*spec);
-      if (!t.ok()) {
-        ev.error = t.status();
-      } else {
-        ev.transfer = *t;
-        const auto ops = agent_->TransferOpCount(*t);
-        ev.error = agent_->Post(*t);
-        if (ev.error.ok()) {
-          std::lock_guard lock(stats_mu_);
-          stats_.descriptors_posted += static_cast<int64_t>(spec->local_indices.size());
-          stats_.transfer_ops_posted += ops.ok() ? static_cast<int64_t>(*ops) : 0;
-        }
-      }
-    }
-    Push(std::move(ev));
-  }
+  for (PendingRead& r : reads) PostHandedRead(r);
   if (push_producers_.empty() || !options_.config.layerwise) return nullptr;
-  Event ev;
-  ev.kind = Event::kStep;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kStep;
   for (const SequenceChunk& c : batch) {
     if (push_producers_.count(c.seq_id) == 0) continue;
     ev.chunks.push_back(StepChunk{c.seq_id, c.start_pos + static_cast<int32_t>(c.tokens.size()),
@@ -436,9 +296,37 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
   return this;
 }
 
+void PdConnector::PostHandedRead(PendingRead& r) {
+  // Finished (aborted) since the connector handed it over: its blocks are held until the
+  // connector thread sees the abort, which it handles as "never posted".
+  if (consumers_engine_.count(r.seq_id) == 0) return;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kReadPosted;
+  ev.seq_id = r.seq_id;
+  ev.params.transfer_id = r.tid;
+  auto peer = peers_->Find(r.peer);
+  auto order = peer ? MakeReadOrder(options_.layout, r.peer, peer->num_blocks, r.local, r.remote)
+                    : Result<TransferOrder>(
+                          NotFound("no handshake with prefill instance '" + r.peer + "'"));
+  auto t = order.ok() ? CreateTransfer(*order) : Result<xfer::TransferHandle>(order.status());
+  if (!t.ok()) {
+    ev.error = t.status();
+  } else {
+    ev.transfer = t->packed();
+    const auto ops = agent_->TransferOpCount(*t);
+    ev.error = agent_->Post(*t);
+    if (ev.error.ok()) {
+      std::lock_guard lock(stats_mu_);
+      engine_descriptors_ += static_cast<int64_t>(order->local_indices.size());
+      transfer_ops_ += ops.ok() ? static_cast<int64_t>(*ops) : 0;
+    }
+  }
+  Push(std::move(ev));
+}
+
 void PdConnector::OnLayerDone(int32_t layer) {
-  Event ev;
-  ev.kind = Event::kLayer;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kLayer;
   ev.layer = layer;
   Push(std::move(ev));
 }
@@ -452,8 +340,8 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
     const bool ok = out.finish_reason == FinishReason::kStop ||
                     out.finish_reason == FinishReason::kLength;
     if (!seq.admitted_once) return false;  // never admitted: no blocks, nothing announced
-    Event ev;
-    ev.kind = Event::kProducerDone;
+    EngineEvent ev;
+    ev.kind = EngineEvent::kProducerDone;
     ev.seq_id = seq.seq_id;
     ev.params = p;
     ev.ok = ok;
@@ -492,8 +380,8 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
     // thread knows no WRITE can land any more.
     --engine_waiting_;
     ++engine_holds_;
-    Event ev;
-    ev.kind = Event::kConsumerAbort;
+    EngineEvent ev;
+    ev.kind = EngineEvent::kConsumerAbort;
     ev.seq_id = seq.seq_id;
     ev.params = p;
     Push(std::move(ev));
@@ -512,8 +400,8 @@ void PdConnector::OnRequestRejected(const GenerationRequest& request) {
     return;
   }
   if (p.role != KvTransferParams::Role::kConsumer) return;
-  Event ev;
-  ev.kind = Event::kConsumerRejected;
+  EngineEvent ev;
+  ev.kind = EngineEvent::kConsumerRejected;
   ev.params = p;
   Push(std::move(ev));
 }
@@ -545,347 +433,140 @@ bool PdConnector::HasPendingWork() const {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Connector thread
+// Connector thread: feeds the core, carries out its actions
 
 void PdConnector::Loop() {
-  std::vector<Event> events;
+  std::vector<EngineEvent> events;
   while (true) {
     bool agent_event = false;
     {
       std::unique_lock lock(mu_);
-      const bool busy = !producers_.empty() || !consumers_.empty() || !pending_targets_.empty();
+      const bool busy = core_->busy();
       cv_.wait_for(lock, busy ? 20ms : 1000ms,
                    [&] { return stopping_ || !inbox_.empty() || agent_event_; });
       if (stopping_) break;
       events.swap(inbox_);
       agent_event = std::exchange(agent_event_, false);
     }
-    for (Event& ev : events) HandleEvent(ev);
+    for (EngineEvent& ev : events) HandleEvent(ev);
     events.clear();
     if (agent_event) {
-      for (const xfer::Notification& n : agent_->TakeNotifications()) HandleMessage(n);
+      for (const xfer::Notification& n : agent_->TakeNotifications()) {
+        core_->HandleMessage(n.peer, n.payload);
+      }
       PollTransfers();
     }
-    Timers();
+    core_->Tick();
+    PublishStats();
     bool news = false;
     {
       std::lock_guard lock(out_mu_);
       news = !release_ids_.empty() || !loads_done_.empty() || !reads_to_post_.empty();
     }
     if (news && wake_engine_) wake_engine_();
-    {
-      std::lock_guard lock(stats_mu_);
-      stats_.producers_active = static_cast<int64_t>(producers_.size());
-      stats_.consumers_waiting = static_cast<int64_t>(consumers_.size());
-    }
   }
 }
 
-void PdConnector::HandleEvent(Event& ev) {
-  switch (ev.kind) {
-    case Event::kProducerStart:
-      OnProducerStart(ev);
-      break;
-    case Event::kStep:
-      OnStep(ev);
-      break;
-    case Event::kLayer:
-      OnLayer(ev.layer);
-      break;
-    case Event::kProducerDone:
-      OnProducerDone(ev);
-      break;
-    case Event::kConsumerStart:
-    case Event::kReadPosted:
-      OnConsumerStart(ev);
-      break;
-    case Event::kConsumerNotNeeded:
-    case Event::kConsumerRejected: {
-      // Nothing will be read or targeted: P may drop the prefill (push) or free the lease (pull).
-      const bool pull = ev.params.mode == KvTransferParams::Mode::kPull;
-      const bool rejected = ev.kind == Event::kConsumerRejected;
-      std::string peer = ev.params.remote_engine_id;
-      if (peer.empty()) {
-        std::lock_guard lock(peers_mu_);
-        auto it = endpoints_.find(ev.params.remote_host + ":" +
-                                  std::to_string(ev.params.remote_port));
-        if (it != endpoints_.end()) peer = it->second;
-      }
-      if (!peer.empty() && FindPeer(peer)) {
-        if (pull) {
-          SendSignal(peer, MsgTag::kRelease, ev.params.transfer_id);
-        } else if (rejected) {
-          SendFailure(peer, ev.params.transfer_id, StatusCode::kFailedPrecondition,
-                      "the decode instance refused the request");
-        } else {
-          SendSignal(peer, MsgTag::kNotNeeded, ev.params.transfer_id);
-        }
-      }
-      if (!rejected) {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.not_needed;
-      }
-      break;
-    }
-    case Event::kConsumerAbort:
-      OnConsumerAbort(ev);
-      break;
-    case Event::kAbortTransfer:
-      OnAbortTransfer(ev.params.transfer_id);
-      break;
+void PdConnector::HandleEvent(EngineEvent& ev) {
+  const bool read_posted = ev.kind == EngineEvent::kReadPosted;
+  if (read_posted && !ev.error.ok() && ev.transfer != 0) {
+    (void)agent_->ReleaseTransfer(HandleOf(ev.transfer));  // created, but its post failed
   }
+  core_->HandleEvent(ev);
+  if (read_posted) PollTransfers();  // the READ may already be done
 }
 
-void PdConnector::HandleMessage(const xfer::Notification& n) {
-  auto m = DecodeMessage(n.payload);
-  if (!m.ok()) {
-    spdlog::warn("kv connector: dropped a malformed message from '{}': {}", n.peer,
-                 m.status().message());
-    std::lock_guard lock(stats_mu_);
-    ++stats_.bad_messages;
-    return;
+void PdConnector::PollTransfers() {
+  std::vector<std::pair<TransferToken, xfer::TransferStatus>> done;
+  for (TransferToken token : core_->OutstandingTokens()) {
+    const xfer::TransferHandle h = HandleOf(token);
+    auto st = agent_->GetStatus(h);
+    if (st.ok() && st->state == xfer::TransferState::kInProgress) continue;
+    done.emplace_back(token, st.ok() ? *st
+                                     : xfer::TransferStatus{xfer::TransferState::kError,
+                                                            st.status()});
+    (void)agent_->ReleaseTransfer(h);
   }
-  switch (m->tag) {
-    case MsgTag::kPushTarget:
-    case MsgTag::kNotNeeded:
-    case MsgTag::kCancel:
-    case MsgTag::kRelease:
-    case MsgTag::kPin:
-      OnProducerMessage(n.peer, *m);
-      break;
-    case MsgTag::kKvReady:
-    case MsgTag::kCancelAck:
-    case MsgTag::kPinned:
-    case MsgTag::kLayerReady:
-      OnConsumerMessage(n.peer, *m);
-      break;
-    case MsgTag::kTransferFailed:
-      // Either side may send it: route by who knows the transfer id.
-      if (consumers_.count(m->transfer_id) != 0) {
-        OnConsumerMessage(n.peer, *m);
-      } else {
-        OnProducerMessage(n.peer, *m);
-      }
-      break;
-  }
+  for (const auto& [token, status] : done) core_->OnTransferDone(token, status);
 }
 
-bool PdConnector::PostTracked(const xfer::TransferSpec& spec, const std::string& tid,
-                              XferKind kind, uint64_t bytes, Status* error) {
-  auto t = agent_->CreateTransfer(spec);
-  if (!t.ok()) {
-    *error = t.status();
-    return false;
-  }
-  const auto ops = agent_->TransferOpCount(*t);
-  Status st = agent_->Post(*t);
-  if (!st.ok()) {
-    (void)agent_->ReleaseTransfer(*t);
-    *error = st;
-    return false;
-  }
-  outstanding_[t->packed()] = Outstanding{tid, kind, bytes};
-  if (kind == XferKind::kWrite || kind == XferKind::kRead) {
-    std::lock_guard lock(stats_mu_);
-    stats_.descriptors_posted += static_cast<int64_t>(spec.local_indices.size());
-    stats_.transfer_ops_posted += ops.ok() ? static_cast<int64_t>(*ops) : 0;
-  }
-  return true;
+void PdConnector::PublishStats() {
+  ConnectorStats s = core_->stats();
+  std::lock_guard lock(stats_mu_);
+  published_ = s;
 }
 
-void PdConnector::SendMessage(const std::string& peer, const PdMessage& m) {
-  if (!IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
+Result<xfer::TransferHandle> PdConnector::CreateTransfer(const TransferOrder& order) {
+  auto ps = peers_->Get(order.peer);
+  if (!ps) return NotFound("no handshake with '" + order.peer + "'");
+  xfer::TransferSpec spec;
+  spec.op = order.op;
+  spec.local = local_list_;
+  spec.local_indices = order.local_indices;
+  spec.remote = ps->remote_list;
+  spec.remote_indices = order.remote_indices;
+  spec.notification = order.notification;
+  return agent_->CreateTransfer(spec);
+}
+
+Result<TransferToken> PdConnector::PostTransfer(const TransferOrder& order) {
+  KVP_ASSIGN_OR_RETURN(xfer::TransferHandle t, CreateTransfer(order));
+  const auto ops = agent_->TransferOpCount(t);
+  if (Status st = agent_->Post(t); !st.ok()) {
+    (void)agent_->ReleaseTransfer(t);
+    return st;
+  }
+  std::lock_guard lock(stats_mu_);
+  transfer_ops_ += ops.ok() ? static_cast<int64_t>(*ops) : 0;
+  return t.packed();
+}
+
+Result<TransferToken> PdConnector::SendMessage(const std::string& peer, const PdMessage& m) {
   auto payload = EncodeMessage(m);
   if (!payload.ok()) {
     spdlog::error("kv connector: cannot encode a message for '{}': {}", peer,
                   payload.status().ToString());
-    return;
+    return payload.status();
   }
-  auto t = agent_->CreateNotification(peer, *payload);
-  if (!t.ok()) {
-    spdlog::warn("kv connector: cannot send to '{}': {}", peer, t.status().ToString());
-    return;
+  KVP_ASSIGN_OR_RETURN(xfer::TransferHandle t, agent_->CreateNotification(peer, *payload));
+  if (Status st = agent_->Post(t); !st.ok()) {
+    (void)agent_->ReleaseTransfer(t);
+    return st;
   }
-  if (Status st = agent_->Post(*t); !st.ok()) {
-    spdlog::warn("kv connector: cannot send to '{}': {}", peer, st.ToString());
-    (void)agent_->ReleaseTransfer(*t);
-    return;
-  }
-  outstanding_[t->packed()] = Outstanding{m.transfer_id, XferKind::kMessage, 0};
+  return t.packed();
 }
 
-void PdConnector::SendSignal(const std::string& peer, MsgTag tag, const std::string& tid) {
-  PdMessage m;
-  m.tag = tag;
-  m.transfer_id = tid;
-  SendMessage(peer, m);
+void PdConnector::Cancel(TransferToken token) { (void)agent_->Cancel(HandleOf(token)); }
+
+void PdConnector::ReleaseBlocks(int64_t seq_id) {
+  PublishStats();  // the engine may answer the request as soon as it sees this
+  std::lock_guard lock(out_mu_);
+  release_ids_.push_back(seq_id);
 }
 
-void PdConnector::SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
-                              const std::string& why) {
-  PdMessage m;
-  m.tag = MsgTag::kTransferFailed;
-  m.transfer_id = tid;
-  m.code = static_cast<uint8_t>(code);
-  m.message = why;
-  SendMessage(peer, m);
+void PdConnector::FinishLoad(KvLoadResult result) {
+  PublishStats();
+  std::lock_guard lock(out_mu_);
+  loads_done_.push_back(std::move(result));
 }
 
-void PdConnector::CancelOutstanding(const std::string& tid, XferKind kind) {
-  for (const auto& [h, o] : outstanding_) {
-    if (o.tid == tid && o.kind == kind) (void)agent_->Cancel(HandleOf(h));
-  }
+void PdConnector::AbortRequest(int64_t seq_id) {
+  if (abort_request_) abort_request_(seq_id);
+}
+
+void PdConnector::HandRead(PendingRead read) {
+  PublishStats();
+  std::lock_guard lock(out_mu_);
+  reads_to_post_.push_back(std::move(read));
+}
+
+void PdConnector::InvalidatePeer(const std::string& peer, const std::string& why) {
+  (void)agent_->InvalidatePeer(peer, why);
 }
 
 PullProfile PdConnector::ResolvePullProfile(const KvTransferParams& p) const {
   return p.pull_profile < 0 ? options_.config.pull_profile
                             : static_cast<PullProfile>(p.pull_profile);
-}
-
-void PdConnector::PollTransfers() {
-  std::vector<std::pair<Outstanding, xfer::TransferStatus>> done;
-  for (auto it = outstanding_.begin(); it != outstanding_.end();) {
-    const xfer::TransferHandle h = HandleOf(it->first);
-    auto st = agent_->GetStatus(h);
-    if (st.ok() && st->state == xfer::TransferState::kInProgress) {
-      ++it;
-      continue;
-    }
-    xfer::TransferStatus s =
-        st.ok() ? *st : xfer::TransferStatus{xfer::TransferState::kError, st.status()};
-    done.emplace_back(std::move(it->second), std::move(s));
-    (void)agent_->ReleaseTransfer(h);
-    it = outstanding_.erase(it);
-  }
-  for (auto& [o, s] : done) {
-    if (s.state != xfer::TransferState::kDone) {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.transfers_failed;
-    }
-    switch (o.kind) {
-      case XferKind::kWrite:
-      case XferKind::kReady:
-        OnProducerTransferDone(o, s);
-        break;
-      case XferKind::kRead:
-        OnConsumerTransferDone(o, s);
-        break;
-      case XferKind::kMessage:
-        if (s.state != xfer::TransferState::kDone) {
-          spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid,
-                       s.error.ToString());
-          // A PUSH_TARGET that could not be delivered fails its consumer at once.
-          auto c = consumers_.find(o.tid);
-          if (c != consumers_.end()) {
-            CompleteConsumer(c->second,
-                             PeerGone("could not reach the prefill instance: " + s.error.ToString()),
-                             std::nullopt);
-          }
-        }
-        break;
-    }
-  }
-}
-
-void PdConnector::Tombstone(const std::string& tid) {
-  const TimePoint until = SteadyClock::now() + std::max<std::chrono::milliseconds>(
-                                                   options_.config.lease * 2, 60s);
-  if (tombstones_.emplace(tid, until).second) tombstone_order_.emplace_back(until, tid);
-}
-
-bool PdConnector::IsTombstoned(const std::string& tid) const {
-  return tombstones_.count(tid) != 0;
-}
-
-void PdConnector::Timers() {
-  const TimePoint now = SteadyClock::now();
-  if (now < next_timer_check_) return;
-  next_timer_check_ = now + 10ms;
-  while (!tombstone_order_.empty() && tombstone_order_.front().first <= now) {
-    tombstones_.erase(tombstone_order_.front().second);
-    tombstone_order_.pop_front();
-  }
-  for (auto it = pending_targets_.begin(); it != pending_targets_.end();) {
-    if (it->second.expiry > now) {
-      ++it;
-      continue;
-    }
-    SendFailure(it->second.peer, it->first, StatusCode::kDeadlineExceeded,
-                "the prefill request for this transfer never arrived at P");
-    Tombstone(it->first);
-    it = pending_targets_.erase(it);
-  }
-  // Producers: leases.
-  std::vector<std::string> expired;
-  for (auto& [tid, p] : producers_) {
-    if (p.finished && !p.released && p.lease_deadline <= now && p.outstanding == 0) {
-      expired.push_back(tid);
-    }
-  }
-  for (const auto& tid : expired) {
-    Producer& p = producers_.at(tid);
-    spdlog::warn("kv connector: lease of transfer {} expired after {} ms; blocks freed", tid,
-                 options_.config.lease.count());
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.leases_expired;
-    }
-    DropProducer(p, DeadlineExceeded("lease expired"), p.has_target);
-  }
-  // Consumers: watchdog and peer liveness.
-  std::vector<std::string> ids;
-  for (auto& [tid, c] : consumers_) ids.push_back(tid);
-  for (const auto& tid : ids) {
-    auto it = consumers_.find(tid);
-    if (it == consumers_.end()) continue;
-    Consumer& c = it->second;
-    auto peer = agent_->GetPeer(c.peer);
-    const bool dead = !peer.ok() || !peer->alive;
-    if (dead) {
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.transfers_failed;
-      }
-      CompleteConsumer(c,
-                       PeerGone("prefill instance '" + c.peer + "' failed: " +
-                                (peer.ok() ? peer->failure.ToString() : peer.status().ToString())),
-                       std::nullopt);
-      continue;
-    }
-    if (!c.cancelling && now >= c.deadline) {
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.watchdog_expired;
-      }
-      spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
-                   options_.config.watchdog.count());
-      if (c.mode == KvTransferParams::Mode::kPush) {
-        SendSignal(c.peer, MsgTag::kCancel, tid);
-      } else if (!c.read_posted && !c.read_handed) {
-        // Pull, no READ yet (P never answered the PIN): nothing can land.
-        CompleteConsumer(c,
-                         DeadlineExceeded("the prefill instance did not confirm the lease within " +
-                                          std::to_string(options_.config.watchdog.count()) +
-                                          " ms"),
-                         std::nullopt);
-        continue;
-      } else {
-        CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
-      }
-      c.cancelling = true;
-      c.cancel_deadline = now + options_.config.cancel_ack;
-      continue;
-    }
-    if (c.cancelling && now >= c.cancel_deadline) {
-      // P did not acknowledge: drop the peer so no more of its WRITEs are accepted.
-      (void)agent_->InvalidatePeer(c.peer, "no CANCEL_ACK within cancel_ack_ms");
-      CompleteConsumer(c,
-                       DeadlineExceeded("KV did not arrive within " +
-                                        std::to_string(options_.config.watchdog.count()) +
-                                        " ms and the prefill instance did not answer the cancel"),
-                       std::nullopt);
-    }
-  }
 }
 
 }  // namespace kvpush::connector

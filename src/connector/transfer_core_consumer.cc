@@ -1,84 +1,90 @@
-// PdConnector, decode (D) side: push targets, KV_READY, pull READs, watchdog outcomes.
+// TransferCore, decode (D) side: push targets, KV_READY, pull PINs and READs, checksums,
+// watchdog outcomes.
 #include <spdlog/spdlog.h>
 
-#include "connector/pd_connector.h"
+#include "connector/transfer_core.h"
 #include "kv/block_checksum.h"
 
 namespace kvpush::connector {
 
 using Mode = KvTransferParams::Mode;
 
-Result<xfer::TransferSpec> PdConnector::BuildRead(const std::string& peer,
-                                                  std::span<const BlockId> local,
-                                                  std::span<const int32_t> remote) {
-  auto ps = FindPeer(peer);
-  if (!ps) return NotFound("no handshake with prefill instance '" + peer + "'");
+Result<TransferOrder> MakeReadOrder(const KvLayout& layout, const std::string& peer,
+                                    int32_t peer_num_blocks, std::span<const BlockId> local,
+                                    std::span<const int32_t> remote) {
   if (local.size() != remote.size() || local.empty()) {
     return InvalidArgument("READ: local and remote block counts differ");
   }
-  xfer::TransferSpec spec;
-  spec.op = xfer::Op::kRead;
-  spec.local = local_list_;
-  spec.remote = ps->remote_list;
-  const size_t n = local.size() * 2 * static_cast<size_t>(options_.layout.num_layers);
-  spec.local_indices.reserve(n);
-  spec.remote_indices.reserve(n);
-  for (int32_t layer = 0; layer < options_.layout.num_layers; ++layer) {
+  TransferOrder order;
+  order.op = xfer::Op::kRead;
+  order.peer = peer;
+  const size_t n = local.size() * 2 * static_cast<size_t>(layout.num_layers);
+  order.local_indices.reserve(n);
+  order.remote_indices.reserve(n);
+  for (int32_t layer = 0; layer < layout.num_layers; ++layer) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
       for (size_t i = 0; i < local.size(); ++i) {
-        if (remote[i] < 0 || remote[i] >= ps->info.layout.num_blocks) {
+        if (remote[i] < 0 || remote[i] >= peer_num_blocks) {
           return InvalidArgument("READ: remote block " + std::to_string(remote[i]) +
                                  " is outside the prefill pool");
         }
-        spec.local_indices.push_back(
-            EntryIndex(options_.layout.num_blocks, layer, kind, local[i]));
-        spec.remote_indices.push_back(
-            EntryIndex(ps->info.layout.num_blocks, layer, kind, remote[i]));
+        order.local_indices.push_back(
+            TransferCore::EntryIndex(layout.num_blocks, layer, kind, local[i]));
+        order.remote_indices.push_back(
+            TransferCore::EntryIndex(peer_num_blocks, layer, kind, remote[i]));
       }
     }
   }
-  return spec;
+  return order;
 }
 
-void PdConnector::OnConsumerStart(Event& ev) {
+Result<TransferOrder> TransferCore::BuildRead(const std::string& peer,
+                                              std::span<const BlockId> local,
+                                              std::span<const int32_t> remote) const {
+  auto ps = peers_.Find(peer);
+  if (!ps) return NotFound("no handshake with prefill instance '" + peer + "'");
+  return MakeReadOrder(layout_, peer, ps->num_blocks, local, remote);
+}
+
+void TransferCore::OnReadPosted(EngineEvent& ev) {
+  // vllm profile: the engine thread posted (or failed to post) the READ.
   const std::string& tid = ev.params.transfer_id;
-  if (ev.kind == Event::kReadPosted) {
-    // vllm profile: the engine thread posted (or failed to post) the READ.
-    auto it = consumers_.find(tid);
-    if (it == consumers_.end()) {
-      if (ev.error.ok()) (void)agent_->Cancel(ev.transfer);
-      return;
-    }
-    Consumer& c = it->second;
-    if (!ev.error.ok()) {
-      if (ev.transfer.generation != 0) (void)agent_->ReleaseTransfer(ev.transfer);
-      CompleteConsumer(c, Status(ev.error.code(), "posting the READ: " + ev.error.message()),
-                       std::nullopt);
-      return;
-    }
-    c.read_posted = true;
-    c.read_posted_ns = NowNs();
-    outstanding_[ev.transfer.packed()] = Outstanding{tid, XferKind::kRead, 0};
-    // The watchdog fired while the READ waited for the engine thread: end it at once (the
-    // consumer completes when it has ended, so nothing lands in reused blocks).
-    if (c.cancelling) (void)agent_->Cancel(ev.transfer);
-    PollTransfers();  // it may already be done
+  auto it = consumers_.find(tid);
+  if (it == consumers_.end()) {
+    if (ev.error.ok()) actions_.Cancel(ev.transfer);
     return;
   }
+  Consumer& c = it->second;
+  if (!ev.error.ok()) {
+    CompleteConsumer(c, Status(ev.error.code(), "posting the READ: " + ev.error.message()),
+                     std::nullopt);
+    return;
+  }
+  c.read_posted_ns = clock_.NowNanos();
+  outstanding_[ev.transfer] = Outstanding{tid, XferKind::kRead, 0};
+  if (c.state == ConsumerState::kCancelling) {
+    // The watchdog fired while the READ waited for the engine thread: end it at once (the
+    // consumer completes when it has ended, so nothing lands in reused blocks).
+    actions_.Cancel(ev.transfer);
+  } else {
+    c.state = ConsumerState::kReading;
+  }
+}
+
+void TransferCore::OnConsumerStart(EngineEvent& ev) {
+  const std::string& tid = ev.params.transfer_id;
   if (consumers_.count(tid) != 0) {
     // A duplicate transfer id (router bug or replay): never let two requests share targets.
-    Consumer dup;
-    dup.seq_id = ev.seq_id;
-    std::lock_guard lock(out_mu_);
-    loads_done_.push_back(KvLoadResult{
+    actions_.FinishLoad(KvLoadResult{
         ev.seq_id, AlreadyExists("transfer id " + tid + " is already in use on this instance"),
-        options_.config.failure_policy == FailurePolicy::kRecompute, std::nullopt});
+        config_.failure_policy == FailurePolicy::kRecompute, std::nullopt});
     return;
   }
   Consumer c;
   c.seq_id = ev.seq_id;
   c.tid = tid;
   c.mode = ev.params.mode;
+  c.state = c.mode == Mode::kPush ? ConsumerState::kAwaitingKv : ConsumerState::kPinSent;
   c.blocks = std::move(ev.blocks);
   c.local_tokens = ev.local_tokens;
   c.external_tokens = ev.external_tokens;
@@ -86,20 +92,15 @@ void PdConnector::OnConsumerStart(Event& ev) {
   c.prompt_hash = ev.prompt_hash;
   // The watchdog counts from the request's arrival: time spent in this instance's queue is
   // time P's lease was running too.
-  c.deadline = TimePoint(std::chrono::nanoseconds(ev.arrival_ns)) + options_.config.watchdog;
-  const int32_t bs = options_.layout.block_size;
+  c.deadline = TimePoint(std::chrono::nanoseconds(ev.arrival_ns)) + config_.watchdog;
+  const int32_t bs = layout_.block_size;
   c.first_block = static_cast<uint32_t>(c.local_tokens / bs);
-  c.num_blocks = static_cast<uint32_t>((c.local_tokens + c.external_tokens + bs - 1) / bs) -
-                 c.first_block;
+  c.num_blocks =
+      static_cast<uint32_t>((c.local_tokens + c.external_tokens + bs - 1) / bs) - c.first_block;
   c.profile = ResolvePullProfile(ev.params);
   c.take_first_token = c.mode == Mode::kPull && c.profile == PullProfile::kFast &&
                        c.local_tokens + c.external_tokens == c.n;
-  c.peer = ev.params.remote_engine_id;
-  if (c.peer.empty()) {
-    std::lock_guard lock(peers_mu_);
-    auto it = endpoints_.find(ev.params.remote_host + ":" + std::to_string(ev.params.remote_port));
-    if (it != endpoints_.end()) c.peer = it->second;
-  }
+  c.peer = PeerOf(ev.params);
   auto [it, inserted] = consumers_.emplace(tid, std::move(c));
   (void)inserted;
   Consumer& con = it->second;
@@ -108,25 +109,26 @@ void PdConnector::OnConsumerStart(Event& ev) {
                      std::nullopt);
     return;
   }
-  if (SteadyClock::now() >= con.deadline) {
+  if (clock_.Now() >= con.deadline) {
     // Waited out the whole watchdog in the queue. Nothing was announced, so nothing can land;
     // tell P to drop the transfer (push) or free its lease (pull: CompleteConsumer's RELEASE).
     if (con.mode == Mode::kPush) {
       SendFailure(con.peer, tid, StatusCode::kDeadlineExceeded, "decode gave up before admission");
     }
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.watchdog_expired;
-    }
+    ++stats_.watchdog_expired;
     CompleteConsumer(con,
                      DeadlineExceeded("the request waited longer than the KV watchdog (" +
-                                      std::to_string(options_.config.watchdog.count()) +
+                                      std::to_string(config_.watchdog.count()) +
                                       " ms) before its KV could be requested"),
                      std::nullopt);
     return;
   }
+  SendConsumerRequest(con);
+}
+
+void TransferCore::SendConsumerRequest(Consumer& con) {
   PdMessage m;
-  m.transfer_id = tid;
+  m.transfer_id = con.tid;
   m.first_block = con.first_block;
   if (con.mode == Mode::kPush) {
     m.tag = MsgTag::kPushTarget;
@@ -143,10 +145,9 @@ void PdConnector::OnConsumerStart(Event& ev) {
                        std::nullopt);
       return;
     }
-    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", tid, con.peer,
-                  m.block_ids.size(), m.first_block);
+    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", con.tid,
+                  con.peer, m.block_ids.size(), m.first_block);
     SendMessage(con.peer, m);
-    std::lock_guard lock(stats_mu_);
     ++stats_.push_targets_sent;
     return;
   }
@@ -161,25 +162,18 @@ void PdConnector::OnConsumerStart(Event& ev) {
   }
   m.tag = MsgTag::kPin;
   m.num_blocks = con.num_blocks;
-  con.pin_sent = true;
   SendMessage(con.peer, m);
-  std::lock_guard lock(stats_mu_);
   ++stats_.pins_sent;
 }
 
-void PdConnector::OnPinned(Consumer& c, PdMessage& m) {
-  if (c.mode != Mode::kPull || !c.pin_sent || c.read_handed || c.read_posted || c.cancelling) {
-    std::lock_guard lock(stats_mu_);
+void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
+  if (c.mode != Mode::kPull || c.state != ConsumerState::kPinSent) {
     ++stats_.bad_messages;
     return;
   }
-  c.pin_sent = false;
   if (m.first_block != c.first_block || m.block_ids.size() != c.num_blocks ||
       static_cast<int32_t>(m.num_prompt_tokens) != c.n || m.prompt_hash != c.prompt_hash) {
-    {
-      std::lock_guard lock(stats_mu_);
-      ++stats_.bad_messages;
-    }
+    ++stats_.bad_messages;
     CompleteConsumer(c, DataLoss("the prefill instance pinned a different prompt or block range"),
                      std::nullopt);
     return;
@@ -191,61 +185,57 @@ void PdConnector::OnPinned(Consumer& c, PdMessage& m) {
   std::vector<BlockId> local(c.blocks.begin() + c.first_block,
                              c.blocks.begin() + c.first_block + c.num_blocks);
   if (c.profile == PullProfile::kVllm) {
-    std::lock_guard lock(out_mu_);
-    reads_to_post_.push_back(PendingRead{c.seq_id, c.tid, c.peer, std::move(local),
-                                         std::move(m.block_ids)});
-    c.read_handed = true;
+    c.state = ConsumerState::kReadHanded;
+    actions_.HandRead(PendingRead{c.seq_id, c.tid, c.peer, std::move(local),
+                                  std::move(m.block_ids)});
     return;
   }
-  auto spec = BuildRead(c.peer, local, m.block_ids);
-  Status err = spec.status();
-  c.read_posted_ns = NowNs();
-  if (spec.ok() && PostTracked(*spec, c.tid, XferKind::kRead, 0, &err)) {
-    c.read_posted = true;
+  auto order = BuildRead(c.peer, local, m.block_ids);
+  Status err = order.status();
+  c.read_posted_ns = clock_.NowNanos();
+  if (order.ok() && PostTracked(*order, c.tid, XferKind::kRead, 0, &err)) {
+    c.state = ConsumerState::kReading;
     return;
   }
   CompleteConsumer(c, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
 }
 
-void PdConnector::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
-  const size_t per_block = 2 * static_cast<size_t>(options_.layout.num_layers);
+void TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
+  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
   if (c.chunk_sums.empty()) {
     c.chunk_sums.assign(c.num_blocks * per_block, 0);
     c.chunk_hashed.assign(c.num_blocks * per_block, 0);
   }
   const size_t k = i * per_block + static_cast<size_t>(layer) * 2 + static_cast<size_t>(kind);
   if (c.chunk_hashed[k] != 0) return;
-  c.chunk_sums[k] =
-      KvChunkHash(options_.layout, arena_, layer, kind, c.blocks[c.first_block + i]);
+  c.chunk_sums[k] = KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]);
   c.chunk_hashed[k] = 1;
 }
 
-void PdConnector::OnLayerReady(Consumer& c, const PdMessage& m) {
+void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
   const bool in_range = c.mode == Mode::kPush &&
-                        m.layer < static_cast<uint32_t>(options_.layout.num_layers) &&
+                        m.layer < static_cast<uint32_t>(layout_.num_layers) &&
                         m.first_block >= c.first_block &&
                         static_cast<uint64_t>(m.first_block) + m.num_blocks <=
                             static_cast<uint64_t>(c.first_block) + c.num_blocks;
   if (!in_range) {
-    std::lock_guard lock(stats_mu_);
     ++stats_.bad_messages;
     return;
   }
-  if (!options_.config.verify_checksums || c.cancelling) return;
-  const int64_t start = NowNs();
+  if (!config_.verify_checksums || c.state == ConsumerState::kCancelling) return;
+  const int64_t start = clock_.NowNanos();
   for (uint32_t b = m.first_block; b < m.first_block + m.num_blocks; ++b) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
       HashReceivedChunk(c, b - c.first_block, static_cast<int32_t>(m.layer), kind);
     }
   }
-  std::lock_guard lock(stats_mu_);
-  stats_.verify_early_ns_sum += NowNs() - start;
+  stats_.verify_early_ns_sum += clock_.NowNanos() - start;
 }
 
-Status PdConnector::VerifyReceived(Consumer& c) {
-  if (!options_.config.verify_checksums) return Status::Ok();
-  const int64_t start = NowNs();
-  const auto L = options_.layout.num_layers;
+Status TransferCore::VerifyReceived(Consumer& c) {
+  if (!config_.verify_checksums) return Status::Ok();
+  const int64_t start = clock_.NowNanos();
+  const auto L = layout_.num_layers;
   for (size_t i = 0; i < c.num_blocks; ++i) {
     for (int32_t layer = 0; layer < L; ++layer) {
       HashReceivedChunk(c, i, layer, KvKind::kKey);
@@ -254,44 +244,41 @@ Status PdConnector::VerifyReceived(Consumer& c) {
   }
   const uint64_t got = KvDigestFromChunks(c.chunk_sums, L);
   const bool ok = got == c.expected_digest;
-  {
-    std::lock_guard lock(stats_mu_);
-    stats_.blocks_verified += c.num_blocks;
-    stats_.verify_ns_sum += NowNs() - start;
-    if (!ok) ++stats_.checksum_mismatches;
-  }
+  stats_.blocks_verified += c.num_blocks;
+  stats_.verify_ns_sum += clock_.NowNanos() - start;
   if (ok) return Status::Ok();
+  ++stats_.checksum_mismatches;
   spdlog::error("kv connector: transfer {}: checksum mismatch over {} received blocks "
                 "(digest {:016x}, prefill sent {:016x}); the KV is discarded",
                 c.tid, c.num_blocks, got, c.expected_digest);
   return DataLoss("received KV failed its checksum");
 }
 
-void PdConnector::OnConsumerAbort(Event& ev) {
+void TransferCore::OnConsumerAbort(EngineEvent& ev) {
   auto it = consumers_.find(ev.params.transfer_id);
   if (it == consumers_.end() || it->second.seq_id != ev.seq_id) {
     // Its load already ended (the result crossed the abort): nothing can land any more.
-    std::lock_guard lock(out_mu_);
-    release_ids_.push_back(ev.seq_id);
+    actions_.ReleaseBlocks(ev.seq_id);
     return;
   }
   Consumer& c = it->second;
   c.aborted = true;
-  if (c.cancelling) return;
-  c.cancelling = true;
-  c.cancel_deadline = SteadyClock::now() + options_.config.cancel_ack;
+  if (c.state == ConsumerState::kCancelling) return;
+  const bool reading = c.state == ConsumerState::kReading;
+  c.state = ConsumerState::kCancelling;
+  c.cancel_deadline = clock_.Now() + config_.cancel_ack;
   if (c.mode == Mode::kPush) {
     SendSignal(c.peer, MsgTag::kCancel, c.tid);
     return;
   }
-  if (!c.read_posted) {
+  if (!reading) {
     CompleteConsumer(c, Aborted("aborted"), std::nullopt);
     return;
   }
   CancelOutstanding(c.tid, XferKind::kRead);
 }
 
-void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
+void TransferCore::OnConsumerMessage(const std::string& peer, PdMessage& m) {
   auto it = consumers_.find(m.transfer_id);
   if (it == consumers_.end() || it->second.peer != peer) {
     if (m.tag != MsgTag::kCancelAck) {
@@ -302,24 +289,9 @@ void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
   }
   Consumer& c = it->second;
   switch (m.tag) {
-    case MsgTag::kKvReady: {
-      if (c.mode != Mode::kPush) return;
-      {
-        std::lock_guard lock(stats_mu_);
-        ++stats_.kv_ready_received;
-      }
-      // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,
-      // unless something corrupted them on the way, which the digest tells.
-      c.expected_digest = m.kv_digest;
-      Status verified = VerifyReceived(c);
-      if (!verified.ok()) {
-        CompleteConsumer(c, std::move(verified), std::nullopt);
-        return;
-      }
-      TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
-      CompleteConsumer(c, Status::Ok(), std::move(t));
+    case MsgTag::kKvReady:
+      OnKvReady(c, m);
       return;
-    }
     case MsgTag::kPinned:
       OnPinned(c, m);
       return;
@@ -329,7 +301,7 @@ void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
     case MsgTag::kCancelAck:
       CompleteConsumer(c,
                        DeadlineExceeded("KV did not arrive within " +
-                                        std::to_string(options_.config.watchdog.count()) + " ms"),
+                                        std::to_string(config_.watchdog.count()) + " ms"),
                        std::nullopt);
       return;
     case MsgTag::kTransferFailed:
@@ -342,7 +314,22 @@ void PdConnector::OnConsumerMessage(const std::string& peer, PdMessage& m) {
   }
 }
 
-void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {
+void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
+  if (c.mode != Mode::kPush) return;
+  ++stats_.kv_ready_received;
+  // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,
+  // unless something corrupted them on the way, which the digest tells.
+  c.expected_digest = m.kv_digest;
+  Status verified = VerifyReceived(c);
+  if (!verified.ok()) {
+    CompleteConsumer(c, std::move(verified), std::nullopt);
+    return;
+  }
+  TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
+  CompleteConsumer(c, Status::Ok(), std::move(t));
+}
+
+void TransferCore::OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {
   auto it = consumers_.find(o.tid);
   if (it == consumers_.end()) return;
   Consumer& c = it->second;
@@ -351,37 +338,32 @@ void PdConnector::OnConsumerTransferDone(const Outstanding& o, const xfer::Trans
                      std::nullopt);
     return;
   }
-  {
-    std::lock_guard lock(stats_mu_);
-    ++stats_.reads_completed;
-    stats_.read_ns_sum += NowNs() - c.read_posted_ns;
-    ++stats_.read_count;
-  }
+  ++stats_.reads_completed;
+  stats_.read_ns_sum += clock_.NowNanos() - c.read_posted_ns;
+  ++stats_.read_count;
   Status verified = VerifyReceived(c);
   CompleteConsumer(c, verified, verified.ok() ? c.first_token : std::nullopt);
 }
 
-void PdConnector::CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token) {
+void TransferCore::CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token) {
   // Pull: P may free its leased blocks whatever happened here (READ done, failed, abandoned).
   if (c.mode == Mode::kPull && !c.peer.empty()) SendSignal(c.peer, MsgTag::kRelease, c.tid);
-  {
-    std::lock_guard lock(out_mu_);
-    if (c.aborted) {
-      release_ids_.push_back(c.seq_id);
-    } else {
-      KvLoadResult r;
-      r.seq_id = c.seq_id;
-      r.recompute = options_.config.failure_policy == FailurePolicy::kRecompute;
-      if (!status.ok()) {
-        spdlog::warn("kv connector: transfer {} failed: {} (policy {})", c.tid, status.ToString(),
-                     r.recompute ? "recompute" : "fail");
-      }
-      r.status = std::move(status);
-      r.first_token = std::move(token);
-      loads_done_.push_back(std::move(r));
+  if (c.aborted) {
+    actions_.ReleaseBlocks(c.seq_id);
+  } else {
+    KvLoadResult r;
+    r.seq_id = c.seq_id;
+    r.recompute = config_.failure_policy == FailurePolicy::kRecompute;
+    if (!status.ok()) {
+      spdlog::warn("kv connector: transfer {} failed: {} (policy {})", c.tid, status.ToString(),
+                   r.recompute ? "recompute" : "fail");
     }
+    r.status = std::move(status);
+    r.first_token = std::move(token);
+    actions_.FinishLoad(std::move(r));
   }
-  consumers_.erase(c.tid);  // c is dangling after this line
+  const std::string tid = c.tid;
+  consumers_.erase(tid);  // c is dangling after this line
 }
 
 }  // namespace kvpush::connector

@@ -1,0 +1,53 @@
+// ConnectorStats: the P/D connector's counters for /metrics (docs/pd_protocol.md, DESIGN.md §6).
+#pragma once
+
+#include <cstdint>
+
+namespace kvpush::connector {
+
+/// Counters for /metrics. Monotonic except the gauges marked.
+struct ConnectorStats {
+  int64_t handshakes = 0;
+  int64_t push_targets_sent = 0;
+  int64_t push_targets_received = 0;
+  int64_t writes_posted = 0;  ///< layer WRITE transfers
+  int64_t bytes_written = 0;
+  int64_t kv_ready_sent = 0;
+  int64_t kv_ready_received = 0;
+  int64_t reads_completed = 0;
+  int64_t bytes_read = 0;
+  int64_t transfers_failed = 0;
+  int64_t watchdog_expired = 0;
+  int64_t leases_expired = 0;
+  int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
+  int64_t pins_sent = 0;        ///< pull (D): PIN requests sent
+  int64_t pins_refused = 0;     ///< pull (P): PIN refused (lease expired, unknown, wrong state)
+  /// D: received blocks whose checksums were verified, and verifications that failed.
+  int64_t blocks_verified = 0;
+  int64_t checksum_mismatches = 0;
+  /// D: time spent verifying once the KV is complete (on the TTFT path; connector thread).
+  int64_t verify_ns_sum = 0;
+  /// D, push: time spent hashing chunks as LAYER_READY said they landed (off the TTFT path).
+  int64_t verify_early_ns_sum = 0;
+  int64_t checksum_ns_sum = 0;  ///< P: time spent hashing blocks (connector thread)
+  int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
+  int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
+  /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
+  /// KV_READY posted: the part of the handoff P adds after its compute (the last layer's WRITE
+  /// not yet complete, plus the connector thread's wake-up). The last layer's WRITE is posted as
+  /// soon as its K/V are stored, before that layer's attention and FFN, so it mostly overlaps.
+  int64_t push_tail_ns_sum = 0;
+  int64_t push_tail_count = 0;
+  /// Pull, D side: from posting the READ to its completion.
+  int64_t read_ns_sum = 0;
+  int64_t read_count = 0;
+  /// KV WRITEs (P, push) and READs (D, pull) posted: descriptors selected (one per (layer, K|V,
+  /// block) chunk) and backend ops after coalescing adjacent chunks (equal when nothing coalesces,
+  /// e.g. `--kv-block-allocation scattered`).
+  int64_t descriptors_posted = 0;
+  int64_t transfer_ops_posted = 0;
+  int64_t producers_active = 0;  ///< gauge
+  int64_t consumers_waiting = 0;  ///< gauge
+};
+
+}  // namespace kvpush::connector

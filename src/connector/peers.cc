@@ -1,0 +1,157 @@
+// PeerRegistry: handshakes, endpoints, liveness.
+#include "connector/peers.h"
+
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kvpush::connector {
+
+std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region) {
+  std::vector<xfer::Desc> descs;
+  descs.reserve(static_cast<size_t>(L.num_layers) * 2 * static_cast<size_t>(L.num_blocks));
+  for (int32_t layer = 0; layer < L.num_layers; ++layer) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (BlockId b = 0; b < L.num_blocks; ++b) {
+        descs.push_back(xfer::Desc{region, L.offset(layer, kind, b), L.chunk_bytes()});
+      }
+    }
+  }
+  return descs;
+}
+
+PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
+                           std::chrono::milliseconds watchdog)
+    : agent_(agent), self_(std::move(self)), watchdog_(watchdog) {}
+
+Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
+  KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
+  {
+    std::lock_guard lock(mu_);
+    auto it = peers_.find(peer.engine_id);
+    if (it != peers_.end() && it->second.info.incarnation == peer.incarnation) {
+      auto alive = agent_.GetPeer(peer.engine_id);
+      if (alive.ok() && alive->alive) return Status::Ok();  // already known and healthy
+    }
+  }
+  auto loaded = agent_.LoadRemoteMetadata(peer.agent_metadata);
+  if (!loaded.ok()) {
+    return Unavailable("loading the agent metadata of '" + peer.engine_id +
+                       "': " + loaded.status().ToString());
+  }
+  xfer::RegionId rid;
+  rid.index = peer.kv_region_index;
+  rid.generation = peer.kv_region_generation;
+  auto list = agent_.PrepareRemote(peer.engine_id, ArenaChunkDescs(peer.layout, rid));
+  if (!list.ok()) {
+    return Unavailable("preparing the KV region of '" + peer.engine_id +
+                       "': " + list.status().ToString());
+  }
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(peer.engine_id);
+  if (it != peers_.end()) (void)agent_.ReleaseList(it->second.remote_list);
+  peers_[peer.engine_id] = PeerState{peer, *list};
+  if (loaded->restarted) {
+    spdlog::warn("kv connector: peer '{}' restarted (incarnation {:016x} -> {:016x})",
+                 peer.engine_id, loaded->previous_incarnation, peer.incarnation);
+  } else {
+    spdlog::info("kv connector: handshake with '{}' ({}, incarnation {:016x})", peer.engine_id,
+                 peer.role, peer.incarnation);
+  }
+  ++handshakes_;
+  return Status::Ok();
+}
+
+Result<nlohmann::json> PeerRegistry::HandleHandshake(const nlohmann::json& body) {
+  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, HandshakeInfo::FromJson(body));
+  KVP_RETURN_IF_ERROR(Adopt(peer));
+  return self_.ToJson();
+}
+
+std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
+  std::lock_guard lock(mu_);
+  auto it = endpoints_.find(key);
+  if (it == endpoints_.end()) return {};
+  auto p = agent_.GetPeer(it->second);
+  return p.ok() && p->alive ? it->second : std::string();
+}
+
+Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port) {
+  const std::string key = host + ":" + std::to_string(port);
+  if (std::string id = AliveEndpoint(key); !id.empty()) return id;
+  std::shared_ptr<std::mutex> endpoint_lock;
+  {
+    std::lock_guard lock(mu_);
+    auto& l = handshake_locks_[key];
+    if (!l) l = std::make_shared<std::mutex>();
+    endpoint_lock = l;
+  }
+  std::lock_guard hs(*endpoint_lock);
+  // Another thread may have finished it meanwhile.
+  if (std::string id = AliveEndpoint(key); !id.empty()) return id;
+  httplib::Client cli(host, port);
+  cli.set_tcp_nodelay(true);
+  cli.set_connection_timeout(2, 0);
+  // A request whose handshake outlasts the watchdog would give up on its KV anyway.
+  const auto read_ms = std::clamp<int64_t>(watchdog_.count(), 1000, 10000);
+  cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
+  const std::string body = self_.ToJson().dump();
+  auto res = cli.Post("/kv/handshake", body, "application/json");
+  if (!res) {
+    return Unavailable("handshake with " + key + " failed: " + httplib::to_string(res.error()));
+  }
+  auto j = nlohmann::json::parse(res->body, nullptr, false);
+  if (res->status != 200) {
+    std::string msg = res->body;
+    if (!j.is_discarded() && j.contains("error") && j["error"].contains("message") &&
+        j["error"]["message"].is_string()) {
+      msg = j["error"]["message"].get<std::string>();
+    }
+    if (res->status == 409) return FailedPrecondition("peer " + key + " refused: " + msg);
+    return Unavailable("handshake with " + key + ": HTTP " + std::to_string(res->status) + ": " +
+                       msg);
+  }
+  if (j.is_discarded()) return Unavailable("handshake with " + key + ": answer is not JSON");
+  auto peer = HandshakeInfo::FromJson(j);
+  if (!peer.ok()) {
+    return Unavailable("handshake with " + key + ": " + peer.status().message());
+  }
+  KVP_RETURN_IF_ERROR(Adopt(*peer));
+  std::lock_guard lock(mu_);
+  endpoints_[key] = peer->engine_id;
+  return peer->engine_id;
+}
+
+std::optional<PeerState> PeerRegistry::Get(const std::string& engine_id) const {
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(engine_id);
+  if (it == peers_.end()) return std::nullopt;
+  return it->second;
+}
+
+int64_t PeerRegistry::handshakes() const {
+  std::lock_guard lock(mu_);
+  return handshakes_;
+}
+
+std::optional<PeerView> PeerRegistry::Find(const std::string& engine_id) const {
+  std::lock_guard lock(mu_);
+  auto it = peers_.find(engine_id);
+  if (it == peers_.end()) return std::nullopt;
+  return PeerView{it->second.info.layout.num_blocks};
+}
+
+std::string PeerRegistry::EngineIdAt(const std::string& host, int port) const {
+  std::lock_guard lock(mu_);
+  auto it = endpoints_.find(host + ":" + std::to_string(port));
+  return it == endpoints_.end() ? std::string() : it->second;
+}
+
+std::optional<std::string> PeerRegistry::Failure(const std::string& engine_id) const {
+  auto peer = agent_.GetPeer(engine_id);
+  if (peer.ok() && peer->alive) return std::nullopt;
+  return peer.ok() ? peer->failure.ToString() : peer.status().ToString();
+}
+
+}  // namespace kvpush::connector

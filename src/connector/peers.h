@@ -1,0 +1,88 @@
+// PeerRegistry: the instances a P/D connector exchanges KV with (docs/pd_protocol.md §2):
+// the handshake (server side HandleHandshake, client side EnsurePeer over HTTP), the compatibility
+// check, loading a peer's agent metadata and preparing the chunk list of its KV region, the
+// "host:port" -> engine id endpoints, and liveness / invalidation through the xfer::Agent.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "connector/handshake.h"
+#include "connector/transfer_core.h"
+#include "kv/layout.h"
+#include "xfer/agent.h"
+
+namespace kvpush::connector {
+
+/// One (layer, K|V, block) descriptor per chunk of an arena laid out as `layout` in `region`,
+/// in arena order, so that entry index = offset / chunk_bytes (TransferCore::EntryIndex).
+std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& layout, xfer::RegionId region);
+
+/// A handshaken peer: its document and the prepared list of every chunk of its KV arena.
+struct PeerState {
+  HandshakeInfo info;
+  xfer::ListHandle remote_list;
+};
+
+/// Thread-safe: HTTP threads (handshakes), the connector thread (lookups, liveness) and the
+/// engine thread (lookups) call it concurrently. Outgoing handshakes to one "host:port" are
+/// serialized; different endpoints do not wait for each other.
+class PeerRegistry final : public PeerDirectory {
+ public:
+  /// `agent` must outlive the registry. `self` is this instance's handshake document.
+  /// `watchdog` bounds how long an outgoing handshake waits for its answer
+  /// (clamp(watchdog, 1 s, 10 s); 2 s to connect).
+  PeerRegistry(xfer::Agent& agent, HandshakeInfo self, std::chrono::milliseconds watchdog);
+  PeerRegistry(const PeerRegistry&) = delete;
+  PeerRegistry& operator=(const PeerRegistry&) = delete;
+
+  const HandshakeInfo& self() const { return self_; }
+
+  /// Loads a peer's document: compatibility check, agent metadata, remote chunk list (cached
+  /// per (engine id, incarnation) while the peer is alive).
+  /// Errors: kFailedPrecondition (incompatible), kUnavailable (metadata or region refused).
+  Status Adopt(const HandshakeInfo& peer);
+
+  /// POST /kv/handshake: validates and adopts the peer's document; answers with self().
+  /// Errors: kInvalidArgument (malformed), kFailedPrecondition (incompatible), kUnavailable.
+  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body);
+
+  /// Makes sure the instance at host:port is handshaken (see PdConnector::EnsurePeer).
+  /// Returns its engine id. Errors: kUnavailable (unreachable, HTTP error, bad answer),
+  /// kFailedPrecondition (refused as incompatible).
+  Result<std::string> EnsurePeer(const std::string& host, int port);
+
+  /// A copy of the peer's state, or nullopt when it was never handshaken.
+  std::optional<PeerState> Get(const std::string& engine_id) const;
+
+  /// Handshakes completed (counter).
+  int64_t handshakes() const;
+
+  // PeerDirectory
+  std::optional<PeerView> Find(const std::string& engine_id) const override;
+  std::string EngineIdAt(const std::string& host, int port) const override;
+  std::optional<std::string> Failure(const std::string& engine_id) const override;
+
+ private:
+  /// The engine id known at `key` ("host:port") when its peer is alive, else "".
+  std::string AliveEndpoint(const std::string& key) const;
+
+  xfer::Agent& agent_;
+  const HandshakeInfo self_;
+  const std::chrono::milliseconds watchdog_;
+  mutable std::mutex mu_;
+  std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
+  std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
+  /// One lock per "host:port" (guarded by mu_).
+  std::map<std::string, std::shared_ptr<std::mutex>, std::less<>> handshake_locks_;
+  int64_t handshakes_ = 0;  ///< guarded by mu_
+};
+
+}  // namespace kvpush::connector

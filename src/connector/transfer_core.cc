@@ -1,0 +1,368 @@
+// TransferCore: dispatch of inputs, messages and transfers, tombstones and timers. The producer
+// and consumer tables live in transfer_core_producer.cc / transfer_core_consumer.cc.
+#include "connector/transfer_core.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+namespace kvpush::connector {
+
+using namespace std::chrono_literals;
+using Mode = KvTransferParams::Mode;
+
+const char* ProducerStateName(ProducerState s) {
+  switch (s) {
+    case ProducerState::kPrefilling:
+      return "prefilling";
+    case ProducerState::kHeld:
+      return "held";
+    case ProducerState::kPinned:
+      return "pinned";
+    case ProducerState::kReadyPosted:
+      return "ready_posted";
+    case ProducerState::kDropping:
+      return "dropping";
+  }
+  return "?";
+}
+
+const char* ConsumerStateName(ConsumerState s) {
+  switch (s) {
+    case ConsumerState::kAwaitingKv:
+      return "awaiting_kv";
+    case ConsumerState::kPinSent:
+      return "pin_sent";
+    case ConsumerState::kReadHanded:
+      return "read_handed";
+    case ConsumerState::kReading:
+      return "reading";
+    case ConsumerState::kCancelling:
+      return "cancelling";
+  }
+  return "?";
+}
+
+TransferCore::TransferCore(KvTransferConfig config, KvLayout layout,
+                           std::span<const std::byte> arena, const Clock& clock,
+                           const PeerDirectory& peers, CoreActions& actions)
+    : config_(std::move(config)),
+      layout_(layout),
+      arena_(arena),
+      clock_(clock),
+      peers_(peers),
+      actions_(actions) {}
+
+uint32_t TransferCore::EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind, BlockId block) {
+  return static_cast<uint32_t>((layer * 2 + static_cast<int32_t>(kind)) * num_blocks + block);
+}
+
+PullProfile TransferCore::ResolvePullProfile(const KvTransferParams& p) const {
+  return p.pull_profile < 0 ? config_.pull_profile : static_cast<PullProfile>(p.pull_profile);
+}
+
+bool TransferCore::busy() const {
+  return !producers_.empty() || !consumers_.empty() || !pending_targets_.empty();
+}
+
+std::vector<TransferToken> TransferCore::OutstandingTokens() const {
+  std::vector<TransferToken> out;
+  out.reserve(outstanding_.size());
+  for (const auto& [token, o] : outstanding_) out.push_back(token);
+  return out;
+}
+
+ConnectorStats TransferCore::stats() const {
+  ConnectorStats s = stats_;
+  s.producers_active = static_cast<int64_t>(producers_.size());
+  s.consumers_waiting = static_cast<int64_t>(consumers_.size());
+  return s;
+}
+
+std::optional<ProducerState> TransferCore::producer_state(const std::string& tid) const {
+  auto it = producers_.find(tid);
+  if (it == producers_.end()) return std::nullopt;
+  return it->second.state;
+}
+
+std::optional<ConsumerState> TransferCore::consumer_state(const std::string& tid) const {
+  auto it = consumers_.find(tid);
+  if (it == consumers_.end()) return std::nullopt;
+  return it->second.state;
+}
+
+std::string TransferCore::PeerOf(const KvTransferParams& p) const {
+  if (!p.remote_engine_id.empty()) return p.remote_engine_id;
+  return peers_.EngineIdAt(p.remote_host, p.remote_port);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Inputs
+
+void TransferCore::HandleEvent(EngineEvent& ev) {
+  switch (ev.kind) {
+    case EngineEvent::kProducerStart:
+      OnProducerStart(ev);
+      break;
+    case EngineEvent::kStep:
+      OnStep(ev);
+      break;
+    case EngineEvent::kLayer:
+      OnLayer(ev.layer);
+      break;
+    case EngineEvent::kProducerDone:
+      OnProducerDone(ev);
+      break;
+    case EngineEvent::kConsumerStart:
+      OnConsumerStart(ev);
+      break;
+    case EngineEvent::kReadPosted:
+      OnReadPosted(ev);
+      break;
+    case EngineEvent::kConsumerNotNeeded:
+    case EngineEvent::kConsumerRejected:
+      OnNotNeededOrRejected(ev);
+      break;
+    case EngineEvent::kConsumerAbort:
+      OnConsumerAbort(ev);
+      break;
+    case EngineEvent::kAbortTransfer:
+      OnAbortTransfer(ev.params.transfer_id);
+      break;
+  }
+}
+
+void TransferCore::OnNotNeededOrRejected(const EngineEvent& ev) {
+  // Nothing will be read or targeted: P may drop the prefill (push) or free the lease (pull).
+  const bool pull = ev.params.mode == Mode::kPull;
+  const bool rejected = ev.kind == EngineEvent::kConsumerRejected;
+  const std::string peer = PeerOf(ev.params);
+  if (!peer.empty() && peers_.Find(peer)) {
+    if (pull) {
+      SendSignal(peer, MsgTag::kRelease, ev.params.transfer_id);
+    } else if (rejected) {
+      SendFailure(peer, ev.params.transfer_id, StatusCode::kFailedPrecondition,
+                  "the decode instance refused the request");
+    } else {
+      SendSignal(peer, MsgTag::kNotNeeded, ev.params.transfer_id);
+    }
+  }
+  if (!rejected) ++stats_.not_needed;
+}
+
+void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_t> payload) {
+  auto m = DecodeMessage(payload);
+  if (!m.ok()) {
+    spdlog::warn("kv connector: dropped a malformed message from '{}': {}", peer,
+                 m.status().message());
+    ++stats_.bad_messages;
+    return;
+  }
+  HandleDecoded(peer, *m);
+}
+
+void TransferCore::HandleDecoded(const std::string& peer, PdMessage& m) {
+  switch (m.tag) {
+    case MsgTag::kPushTarget:
+    case MsgTag::kNotNeeded:
+    case MsgTag::kCancel:
+    case MsgTag::kRelease:
+    case MsgTag::kPin:
+      OnProducerMessage(peer, m);
+      break;
+    case MsgTag::kKvReady:
+    case MsgTag::kCancelAck:
+    case MsgTag::kPinned:
+    case MsgTag::kLayerReady:
+      OnConsumerMessage(peer, m);
+      break;
+    case MsgTag::kTransferFailed:
+      // Either side may send it: route by who knows the transfer id.
+      if (consumers_.count(m.transfer_id) != 0) {
+        OnConsumerMessage(peer, m);
+      } else {
+        OnProducerMessage(peer, m);
+      }
+      break;
+  }
+}
+
+void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatus& s) {
+  auto it = outstanding_.find(token);
+  if (it == outstanding_.end()) return;
+  const Outstanding o = std::move(it->second);
+  outstanding_.erase(it);
+  if (s.state != xfer::TransferState::kDone) ++stats_.transfers_failed;
+  switch (o.kind) {
+    case XferKind::kWrite:
+    case XferKind::kReady:
+      OnProducerTransferDone(o, s);
+      break;
+    case XferKind::kRead:
+      OnConsumerTransferDone(o, s);
+      break;
+    case XferKind::kMessage:
+      if (s.state != xfer::TransferState::kDone) {
+        spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid,
+                     s.error.ToString());
+        // A PUSH_TARGET that could not be delivered fails its consumer at once.
+        auto c = consumers_.find(o.tid);
+        if (c != consumers_.end()) {
+          CompleteConsumer(c->second,
+                           PeerGone("could not reach the prefill instance: " + s.error.ToString()),
+                           std::nullopt);
+        }
+      }
+      break;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Actions
+
+bool TransferCore::PostTracked(const TransferOrder& order, const std::string& tid, XferKind kind,
+                               uint64_t bytes, Status* error) {
+  auto t = actions_.PostTransfer(order);
+  if (!t.ok()) {
+    *error = t.status();
+    return false;
+  }
+  outstanding_[*t] = Outstanding{tid, kind, bytes};
+  stats_.descriptors_posted += static_cast<int64_t>(order.local_indices.size());
+  return true;
+}
+
+void TransferCore::SendMessage(const std::string& peer, const PdMessage& m) {
+  if (!IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
+  auto t = actions_.SendMessage(peer, m);
+  if (!t.ok()) {
+    spdlog::warn("kv connector: cannot send to '{}': {}", peer, t.status().ToString());
+    return;
+  }
+  outstanding_[*t] = Outstanding{m.transfer_id, XferKind::kMessage, 0};
+}
+
+void TransferCore::SendSignal(const std::string& peer, MsgTag tag, const std::string& tid) {
+  PdMessage m;
+  m.tag = tag;
+  m.transfer_id = tid;
+  SendMessage(peer, m);
+}
+
+void TransferCore::SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
+                               const std::string& why) {
+  PdMessage m;
+  m.tag = MsgTag::kTransferFailed;
+  m.transfer_id = tid;
+  m.code = static_cast<uint8_t>(code);
+  m.message = why;
+  SendMessage(peer, m);
+}
+
+void TransferCore::CancelOutstanding(const std::string& tid, XferKind kind) {
+  for (const auto& [token, o] : outstanding_) {
+    if (o.tid == tid && o.kind == kind) actions_.Cancel(token);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tombstones and timers
+
+void TransferCore::Tombstone(const std::string& tid) {
+  const TimePoint until =
+      clock_.Now() + std::max<std::chrono::milliseconds>(config_.lease * 2, 60s);
+  if (tombstones_.emplace(tid, until).second) tombstone_order_.emplace_back(until, tid);
+}
+
+bool TransferCore::IsTombstoned(const std::string& tid) const {
+  return tombstones_.count(tid) != 0;
+}
+
+void TransferCore::Tick() {
+  const TimePoint now = clock_.Now();
+  if (now < next_timer_check_) return;
+  next_timer_check_ = now + 10ms;
+  ExpireTimers(now);
+  CheckConsumerTimers(now);
+}
+
+void TransferCore::ExpireTimers(TimePoint now) {
+  while (!tombstone_order_.empty() && tombstone_order_.front().first <= now) {
+    tombstones_.erase(tombstone_order_.front().second);
+    tombstone_order_.pop_front();
+  }
+  for (auto it = pending_targets_.begin(); it != pending_targets_.end();) {
+    if (it->second.expiry > now) {
+      ++it;
+      continue;
+    }
+    SendFailure(it->second.peer, it->first, StatusCode::kDeadlineExceeded,
+                "the prefill request for this transfer never arrived at P");
+    Tombstone(it->first);
+    it = pending_targets_.erase(it);
+  }
+  // Producers: leases.
+  std::vector<std::string> expired;
+  for (auto& [tid, p] : producers_) {
+    if (p.engine_done && !p.released && p.lease_deadline <= now && p.outstanding == 0) {
+      expired.push_back(tid);
+    }
+  }
+  for (const auto& tid : expired) {
+    Producer& p = producers_.at(tid);
+    spdlog::warn("kv connector: lease of transfer {} expired after {} ms; blocks freed", tid,
+                 config_.lease.count());
+    ++stats_.leases_expired;
+    DropProducer(p, DeadlineExceeded("lease expired"), p.targeted());
+  }
+}
+
+void TransferCore::CheckConsumerTimers(TimePoint now) {
+  // Consumers: watchdog and peer liveness.
+  std::vector<std::string> ids;
+  ids.reserve(consumers_.size());
+  for (auto& [tid, c] : consumers_) ids.push_back(tid);
+  for (const auto& tid : ids) {
+    auto it = consumers_.find(tid);
+    if (it == consumers_.end()) continue;
+    Consumer& c = it->second;
+    if (auto failure = peers_.Failure(c.peer)) {
+      ++stats_.transfers_failed;
+      CompleteConsumer(c, PeerGone("prefill instance '" + c.peer + "' failed: " + *failure),
+                       std::nullopt);
+      continue;
+    }
+    const bool cancelling = c.state == ConsumerState::kCancelling;
+    if (!cancelling && now >= c.deadline) {
+      ++stats_.watchdog_expired;
+      spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
+                   config_.watchdog.count());
+      if (c.mode == Mode::kPush) {
+        SendSignal(c.peer, MsgTag::kCancel, tid);
+      } else if (c.state == ConsumerState::kPinSent) {
+        // Pull, no READ yet (P never answered the PIN): nothing can land.
+        CompleteConsumer(c,
+                         DeadlineExceeded("the prefill instance did not confirm the lease within " +
+                                          std::to_string(config_.watchdog.count()) + " ms"),
+                         std::nullopt);
+        continue;
+      } else {
+        CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
+      }
+      c.state = ConsumerState::kCancelling;
+      c.cancel_deadline = now + config_.cancel_ack;
+      continue;
+    }
+    if (cancelling && now >= c.cancel_deadline) {
+      // P did not acknowledge: drop the peer so no more of its WRITEs are accepted.
+      actions_.InvalidatePeer(c.peer, "no CANCEL_ACK within cancel_ack_ms");
+      CompleteConsumer(c,
+                       DeadlineExceeded("KV did not arrive within " +
+                                        std::to_string(config_.watchdog.count()) +
+                                        " ms and the prefill instance did not answer the cancel"),
+                       std::nullopt);
+    }
+  }
+}
+
+}  // namespace kvpush::connector

@@ -1,0 +1,354 @@
+// TransferCore: the P/D transfer protocol as a single-threaded state machine (DESIGN.md §3, §6;
+// docs/pd_protocol.md §3). It owns the producer table (P: push WRITEs, KV_READY, pull leases and
+// PINs) and the consumer table (D: push targets, PINs and READs, watchdog, checksums), the
+// tombstones and the outstanding transfers. It reads no wall clock, starts no thread and touches
+// no transfer engine: inputs are engine events, peer messages, transfer completions and ticks;
+// outputs are actions on a CoreActions (post a WRITE/READ, send a message, cancel, release blocks,
+// finish a load, abort a request, hand a READ to the engine thread, invalidate a peer).
+// PdConnector is the shell that feeds it from its connector thread and carries the actions out
+// with an xfer::Agent; tests drive it directly with a ManualClock and recording fakes.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "common/clock.h"
+#include "connector/connector_stats.h"
+#include "connector/kv_transfer_config.h"
+#include "connector/messages.h"
+#include "engine/kv_connector.h"
+#include "kv/layout.h"
+#include "xfer/types.h"
+
+namespace kvpush::connector {
+
+/// Names one posted transfer (WRITE, READ or notification) between the core and the shell; the
+/// shell picks it (PdConnector uses the xfer handle, packed) and reports its end with it.
+using TransferToken = uint64_t;
+
+/// What the core needs to know of a handshaken peer.
+struct PeerView {
+  int32_t num_blocks = 0;  ///< blocks in the peer's KV pool (its layout)
+};
+
+/// The peers the core may talk to: PeerRegistry in production, a fake in tests. Called only on
+/// the core's thread; implementations that other threads change must be thread-safe.
+class PeerDirectory {
+ public:
+  virtual ~PeerDirectory() = default;
+  /// The peer with agent name `engine_id` when it was handshaken, else nullopt.
+  virtual std::optional<PeerView> Find(const std::string& engine_id) const = 0;
+  /// The engine id handshaken at host:port, or "" when none was.
+  virtual std::string EngineIdAt(const std::string& host, int port) const = 0;
+  /// nullopt while the transfer engine considers `engine_id` alive; else why it is not
+  /// (unknown, failed, restarted).
+  virtual std::optional<std::string> Failure(const std::string& engine_id) const = 0;
+};
+
+/// A WRITE (push, P -> D) or READ (pull, D <- P) the core asks to post: entries of the local and
+/// the peer's chunk lists (one entry per (layer, K|V, block) chunk, index TransferCore::
+/// EntryIndex), pairwise; `notification` (may be empty) is delivered to the peer once the data
+/// is visible there.
+struct TransferOrder {
+  xfer::Op op = xfer::Op::kWrite;
+  std::string peer;
+  std::vector<uint32_t> local_indices;
+  std::vector<uint32_t> remote_indices;
+  std::vector<uint8_t> notification;
+};
+
+/// The READ (pull, D <- P) of P's blocks `remote` (in a pool of `peer_num_blocks` blocks) into
+/// D's blocks `local` (pairwise) of an arena laid out as `layout`: every layer, K and V.
+/// Errors: kInvalidArgument (counts differ or are zero, a remote block outside P's pool). Pure.
+Result<TransferOrder> MakeReadOrder(const KvLayout& layout, const std::string& peer,
+                                    int32_t peer_num_blocks, std::span<const BlockId> local,
+                                    std::span<const int32_t> remote);
+
+/// A pull READ in the vllm profile: posted by the engine thread before its next forward pass.
+struct PendingRead {
+  int64_t seq_id = 0;
+  std::string tid;
+  std::string peer;
+  std::vector<BlockId> local;    ///< D's blocks, in prompt order
+  std::vector<int32_t> remote;   ///< P's blocks (from PINNED), pairwise with `local`
+};
+
+/// The actions the core takes. PdConnector carries them out; tests record them. Every method
+/// is called on the core's thread, from inside a TransferCore input method.
+class CoreActions {
+ public:
+  virtual ~CoreActions() = default;
+  /// Posts a WRITE or READ. Returns the token its end will be reported with
+  /// (TransferCore::OnTransferDone), or why it could not be posted (then no end is reported).
+  virtual Result<TransferToken> PostTransfer(const TransferOrder& order) = 0;
+  /// Sends `m` to `peer` as a standalone notification. Returns its token (its end is reported
+  /// like a transfer's), or why it could not be sent (the core logs and goes on).
+  virtual Result<TransferToken> SendMessage(const std::string& peer, const PdMessage& m) = 0;
+  /// Cancels a posted transfer; its end is still reported.
+  virtual void Cancel(TransferToken token) = 0;
+  /// The engine may free the blocks of request `seq_id` (its KvConnector::GetFinished).
+  virtual void ReleaseBlocks(int64_t seq_id) = 0;
+  /// An asynchronous KV load ended (KvConnector::GetFinishedLoading).
+  virtual void FinishLoad(KvLoadResult result) = 0;
+  /// Asks the engine to abort request `seq_id` (a prefill nobody needs any more).
+  virtual void AbortRequest(int64_t seq_id) = 0;
+  /// Hands a READ to the engine thread (vllm pull profile); its post comes back as a
+  /// kReadPosted event.
+  virtual void HandRead(PendingRead read) = 0;
+  /// Makes the transfer engine drop `peer` (no more of its WRITEs are accepted).
+  virtual void InvalidatePeer(const std::string& peer, const std::string& why) = 0;
+};
+
+/// A layer's chunk of one request in the step being computed (push producers, layer-wise).
+struct StepChunk {
+  int64_t seq_id = 0;
+  int32_t end_pos = 0;  ///< tokens computed once this step's layer is done
+  std::vector<BlockId> blocks;
+};
+
+/// An input from the engine thread or an HTTP thread (queued by the shell, in order).
+struct EngineEvent {
+  enum Kind : uint8_t {
+    kProducerStart,      ///< P: a P/D request got its blocks (seq_id, params, blocks, prompt)
+    kStep,               ///< P: a step starts; `chunks` are the push producers in it
+    kLayer,              ///< P: layer `layer` of the current step is computed
+    kProducerDone,       ///< P: the engine finished the request (ok, token, error, blocks)
+    kConsumerStart,      ///< D: a request waits for remote KV (blocks, local/external tokens)
+    kConsumerNotNeeded,  ///< D: full prefix hit, nothing to load
+    kConsumerAbort,      ///< D: the engine finished a request still waiting for its KV
+    kReadPosted,         ///< D, vllm pull: the engine thread posted a READ (`transfer`/`error`)
+    kAbortTransfer,      ///< POST /kv/abort of params.transfer_id
+    kConsumerRejected,   ///< D: the engine refused a P/D request at admission
+  } kind = kStep;
+  int64_t seq_id = 0;
+  KvTransferParams params;
+  int32_t num_prompt_tokens = 0;
+  uint64_t prompt_hash = 0;
+  std::vector<BlockId> blocks;
+  int32_t local_tokens = 0;
+  int32_t external_tokens = 0;
+  int64_t arrival_ns = 0;  ///< the request's arrival at the engine, on the core clock's scale
+  std::vector<StepChunk> chunks;
+  int32_t layer = 0;
+  bool ok = false;
+  TokenOutput token;
+  Status error;
+  TransferToken transfer = 0;  ///< kReadPosted: the READ's token when error is ok
+};
+
+/// Per-transfer protocol state of a producer (P). See docs/pd_protocol.md §3.
+enum class ProducerState : uint8_t {
+  kPrefilling,   ///< the engine computes the prompt; push WRITEs go out layer by layer
+  kHeld,         ///< prefill done: blocks held under the lease (push: until every WRITE ended)
+  kPinned,       ///< pull: a D pinned the lease (PINNED sent); until RELEASE or the lease ends
+  kReadyPosted,  ///< push: every WRITE done, blocks released, KV_READY on its way
+  kDropping,     ///< no (more) WRITEs: waits for posted ones to end and the engine to finish
+};
+
+/// Per-transfer protocol state of a consumer (D).
+enum class ConsumerState : uint8_t {
+  kAwaitingKv,  ///< push: PUSH_TARGET sent, waiting for KV_READY
+  kPinSent,     ///< pull: PIN sent, waiting for PINNED or a refusal
+  kReadHanded,  ///< pull vllm: READ handed to the engine thread, not posted yet
+  kReading,     ///< pull: READ posted
+  kCancelling,  ///< watchdog or abort: CANCEL sent / READ cancelled, waiting for its end
+};
+
+/// "prefilling", "held", "pinned", "ready_posted", "dropping" (logs, tests).
+const char* ProducerStateName(ProducerState s);
+/// "awaiting_kv", "pin_sent", "read_handed", "reading", "cancelling" (logs, tests).
+const char* ConsumerStateName(ConsumerState s);
+
+/// The single-threaded protocol core. Not thread-safe: one thread (PdConnector's connector
+/// thread, or a test) calls every method. `clock`, `peers` and `actions` must outlive it;
+/// `arena` is the instance's KV memory (layout.total_bytes() bytes), read for checksums.
+class TransferCore {
+ public:
+  TransferCore(KvTransferConfig config, KvLayout layout, std::span<const std::byte> arena,
+               const Clock& clock, const PeerDirectory& peers, CoreActions& actions);
+
+  // ---- inputs ----
+  /// An engine or HTTP event (EngineEvent::Kind says which). May consume ev's vectors.
+  void HandleEvent(EngineEvent& ev);
+  /// A notification from `peer`: decoded and validated here; a malformed one is counted in
+  /// bad_messages and dropped.
+  void HandleMessage(const std::string& peer, std::span<const uint8_t> payload);
+  /// A decoded message from `peer`.
+  void HandleDecoded(const std::string& peer, PdMessage& m);
+  /// The transfer or message `token` ended (done, cancelled or failed). Unknown tokens are
+  /// ignored.
+  void OnTransferDone(TransferToken token, const xfer::TransferStatus& status);
+  /// Timers: tombstone expiry, unmatched targets, leases, watchdogs, peer liveness, cancel
+  /// deadlines. Runs at most every 10 ms of clock time; call it often.
+  void Tick();
+
+  // ---- queries ----
+  /// True while any transfer is tracked (the shell then wakes up more often).
+  bool busy() const;
+  /// Tokens of every posted transfer and message not yet reported ended.
+  std::vector<TransferToken> OutstandingTokens() const;
+  /// Counters (gauges producers_active / consumers_waiting filled in).
+  ConnectorStats stats() const;
+  std::optional<ProducerState> producer_state(const std::string& tid) const;
+  std::optional<ConsumerState> consumer_state(const std::string& tid) const;
+  bool IsTombstoned(const std::string& tid) const;
+  size_t num_producers() const { return producers_.size(); }
+  size_t num_consumers() const { return consumers_.size(); }
+  size_t num_pending_targets() const { return pending_targets_.size(); }
+  /// The request's pull profile, or the configured default when it names none. Pure.
+  PullProfile ResolvePullProfile(const KvTransferParams& p) const;
+  /// Index of chunk (layer, kind, block) in a chunk list of an arena with `num_blocks` blocks.
+  static uint32_t EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind, BlockId block);
+
+ private:
+  enum class XferKind : uint8_t { kWrite, kReady, kMessage, kRead };
+  struct Outstanding {
+    std::string tid;
+    XferKind kind = XferKind::kMessage;
+    uint64_t bytes = 0;
+  };
+  struct Producer {
+    int64_t seq_id = 0;
+    std::string tid;
+    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    ProducerState state = ProducerState::kPrefilling;
+    int32_t n = 0;  ///< prompt tokens
+    uint64_t prompt_hash = 0;
+    std::vector<BlockId> blocks;
+    std::vector<int32_t> layer_done;  ///< per layer: tokens whose K/V are computed
+    std::vector<int32_t> layer_sent;  ///< per layer: table index of the next block to send
+    bool engine_done = false;         ///< the engine finished the request (blocks held)
+    TokenOutput token;
+    /// The D of this transfer: push, the one whose target was attached; pull, the one that
+    /// pinned the lease. Empty until then.
+    std::string peer;
+    uint32_t first_block = 0;
+    std::vector<BlockId> dst;
+    bool cancel_ack_due = false;  ///< kDropping: answer CANCEL_ACK once no WRITE can land
+    bool fail_due = false;        ///< kDropping: send TRANSFER_FAILED once no WRITE can land
+    Status failure;
+    int outstanding = 0;  ///< WRITEs posted and not ended
+    bool released = false;
+    TimePoint lease_deadline = TimePoint::max();
+    int64_t finished_ns = 0;  ///< when the engine finished the request (first token sampled)
+    /// Push: h(layer, kind, block) of each block-table entry, [i * 2L + layer * 2 + kind].
+    std::vector<uint64_t> chunk_sums;
+    /// Pull: c(block) of each block-table entry, computed when the prefill finished.
+    std::vector<uint64_t> block_sums;
+    /// Pull: a PIN that arrived before the prefill's end was seen; answered then.
+    std::optional<std::pair<std::string, PdMessage>> early_pin;
+    bool targeted() const { return mode == KvTransferParams::Mode::kPush && !peer.empty(); }
+  };
+  struct Consumer {
+    int64_t seq_id = 0;
+    std::string tid;
+    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    ConsumerState state = ConsumerState::kAwaitingKv;
+    std::string peer;
+    std::vector<BlockId> blocks;
+    int32_t local_tokens = 0;
+    int32_t external_tokens = 0;
+    int32_t n = 0;
+    uint64_t prompt_hash = 0;
+    TimePoint deadline{};  ///< of the whole load, from the request's arrival
+    /// Blocks [first_block, first_block + num_blocks) of the block table receive remote KV.
+    uint32_t first_block = 0;
+    uint32_t num_blocks = 0;
+    PullProfile profile = PullProfile::kVllm;
+    bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
+    uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
+    /// h(layer, kind, block) of the received blocks, [(i - first_block) * 2L + layer * 2 + kind].
+    std::vector<uint64_t> chunk_sums;
+    std::vector<uint8_t> chunk_hashed;
+    TimePoint cancel_deadline{};
+    bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
+    int64_t read_posted_ns = 0;
+    std::optional<TokenOutput> first_token;  ///< pull fast profile
+  };
+  struct PendingTarget {
+    std::string peer;
+    PdMessage msg;
+    TimePoint expiry;
+  };
+
+  // transfer_core.cc
+  void OnNotNeededOrRejected(const EngineEvent& ev);
+  void SendMessage(const std::string& peer, const PdMessage& m);
+  void SendSignal(const std::string& peer, MsgTag tag, const std::string& tid);
+  void SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
+                   const std::string& why);
+  void CancelOutstanding(const std::string& tid, XferKind kind);
+  bool PostTracked(const TransferOrder& order, const std::string& tid, XferKind kind,
+                   uint64_t bytes, Status* error);
+  void Tombstone(const std::string& tid);
+  void ExpireTimers(TimePoint now);
+  void CheckConsumerTimers(TimePoint now);
+  std::string PeerOf(const KvTransferParams& p) const;
+
+  // producer.cc
+  void OnProducerStart(EngineEvent& ev);
+  void OnStep(EngineEvent& ev);
+  void OnLayer(int32_t layer);
+  void OnProducerDone(EngineEvent& ev);
+  void FinishProducer(Producer& p, EngineEvent& ev);
+  void OnProducerMessage(const std::string& peer, PdMessage& m);
+  void OnProducerCancel(const std::string& peer, const PdMessage& m);
+  void OnPushTarget(const std::string& peer, PdMessage& m);
+  void AttachTarget(Producer& p, const std::string& peer, PdMessage& m);
+  /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
+  /// (it may have been erased: the caller must not touch it any more).
+  bool TryPostAll(Producer& p);
+  bool TryPostLayer(Producer& p, int32_t layer);
+  void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);
+  void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
+  void DropProducer(Producer& p, Status why, bool tell_peer);
+  void ReleaseProducer(Producer& p);
+  void AdvanceProducer(Producer& p);
+  void PostKvReady(Producer& p);
+  void EraseProducer(Producer& p);
+  uint64_t PushDigest(const Producer& p) const;
+  void OnPin(const std::string& peer, const PdMessage& m);
+  void OnAbortTransfer(const std::string& tid);
+
+  // consumer.cc
+  void OnConsumerStart(EngineEvent& ev);
+  void OnReadPosted(EngineEvent& ev);
+  void SendConsumerRequest(Consumer& c);
+  void OnConsumerAbort(EngineEvent& ev);
+  void OnConsumerMessage(const std::string& peer, PdMessage& m);
+  void OnKvReady(Consumer& c, PdMessage& m);
+  void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
+  void OnPinned(Consumer& c, PdMessage& m);
+  void OnLayerReady(Consumer& c, const PdMessage& m);
+  void HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind);
+  Status VerifyReceived(Consumer& c);
+  void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);
+  Result<TransferOrder> BuildRead(const std::string& peer, std::span<const BlockId> local,
+                                  std::span<const int32_t> remote) const;
+
+  const KvTransferConfig config_;
+  const KvLayout layout_;
+  const std::span<const std::byte> arena_;
+  const Clock& clock_;
+  const PeerDirectory& peers_;
+  CoreActions& actions_;
+
+  std::unordered_map<std::string, Producer> producers_;  ///< by transfer id
+  std::unordered_map<int64_t, std::string> producer_by_seq_;
+  std::unordered_map<std::string, Consumer> consumers_;  ///< by transfer id
+  std::unordered_map<std::string, PendingTarget> pending_targets_;
+  std::unordered_map<TransferToken, Outstanding> outstanding_;
+  std::unordered_map<std::string, TimePoint> tombstones_;
+  std::deque<std::pair<TimePoint, std::string>> tombstone_order_;
+  std::vector<StepChunk> step_chunks_;
+  TimePoint next_timer_check_{};
+  ConnectorStats stats_;
+};
+
+}  // namespace kvpush::connector

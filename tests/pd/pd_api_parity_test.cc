@@ -13,7 +13,10 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <future>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -68,7 +71,20 @@ json Comparable(const Answer& a) {
     Normalize(j);
     events.push_back(std::move(j));
   }
-  return events;
+  // Choices of a list of prompts (or n > 1) interleave as their tokens come, colocated or not:
+  // compare each choice's events in order (a stable sort by choice index), then the usage chunk
+  // and [DONE].
+  auto key = [](const json& e) -> int64_t {
+    if (e.is_object() && e.contains("choices") && e["choices"].is_array() &&
+        !e["choices"].empty()) {
+      return e["choices"][0].value("index", int64_t{0});
+    }
+    return std::numeric_limits<int64_t>::max();
+  };
+  std::vector<json> sorted(events.begin(), events.end());
+  std::stable_sort(sorted.begin(), sorted.end(),
+                   [&](const json& x, const json& y) { return key(x) < key(y); });
+  return json(sorted);
 }
 
 /// Makes `body`'s prompt new to every instance (a preamble of ~40 tokens drawn from `salt`), so
@@ -91,12 +107,24 @@ json Uniquify(json body, uint32_t salt) {
   if (body.contains("messages")) {
     auto& m = body["messages"][0]["content"];
     m = pre + m.get<std::string>();
-  } else if (body["prompt"].is_string()) {
-    body["prompt"] = pre + body["prompt"].get<std::string>();
-  } else {  // token ids: BOS, the preamble, the rest
-    auto p = body["prompt"].get<std::vector<int32_t>>();
-    p.insert(p.begin() + 1, ids.begin(), ids.end());
-    body["prompt"] = p;
+    return body;
+  }
+  auto one = [&](json& prompt) {
+    if (prompt.is_string()) {
+      prompt = pre + prompt.get<std::string>();
+    } else {  // token ids: BOS, the preamble, the rest
+      auto p = prompt.get<std::vector<int32_t>>();
+      p.insert(p.begin() + 1, ids.begin(), ids.end());
+      prompt = p;
+    }
+  };
+  json& prompt = body["prompt"];
+  if (prompt.is_array() && !prompt.empty() && !prompt[0].is_number()) {
+    for (json& p : prompt) {  // a list: each prompt new (valid ones only)
+      if ((p.is_string() && !p.get<std::string>().empty()) || (p.is_array() && !p.empty())) one(p);
+    }
+  } else {
+    one(prompt);
   }
   return body;
 }
@@ -107,6 +135,9 @@ struct Row {
   std::string path;  ///< /v1/completions or /v1/chat/completions
   json body;
   int status = 200;  ///< what the colocated instance (and D) must answer
+  /// A list of prompts: one request only through the router (which splits it into P/D requests);
+  /// a single P/D leg takes one prompt.
+  bool router_only = false;
 };
 
 class PdApiParity : public PdFixture {
@@ -127,11 +158,17 @@ class PdApiParity : public PdFixture {
                     {"router", "--prefill", p_->url(), "--decode", d_->url(), "--host", host_,
                      "--port", std::to_string(pr), "--log-level", "warn"},
                     host_, pr);
-    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router_}));
+    const int prc = Port();
+    router_colo_ = Spawn("router-colocated",
+                         {"router", "--colocated", colo_->url(), "--host", host_, "--port",
+                          std::to_string(prc), "--log-level", "warn"},
+                         host_, prc);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router_, router_colo_}));
   }
 
   /// Runs `row` as a P/D request in `mode` (push | pull-fast | pull-vllm): D's answer.
   Answer RunPd(const Row& row, const std::string& mode) {
+    if (mode == "router-colocated") return Post(*router_colo_, row.path, row.body);
     if (mode.rfind("router-", 0) == 0) {  // the same request through `kvpush router`
       return Post(*router_, row.path, row.body, {{"x-kvpush-mode", mode.substr(7)}});
     }
@@ -184,6 +221,7 @@ class PdApiParity : public PdFixture {
   Proc* p_ = nullptr;
   Proc* d_ = nullptr;
   Proc* router_ = nullptr;
+  Proc* router_colo_ = nullptr;  ///< `kvpush router --colocated` over colo_
 };
 
 /// The table: ids = the colocated greedy tokens of "Once upon a time" (20 tokens), so rows can
@@ -248,9 +286,48 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"chat logit_bias min_p", H,
        with(chat, {{"temperature", 1.0}, {"seed", 3}, {"min_p", 0.1}, {"logit_bias", {{t0, 3}}}})},
       {"chat stop_token_ids", H, with(chat, {{"stop_token_ids", {ids[1], ids[4]}}})},
+      // n > 1: P prefills once, D forks the choices after the KV arrived (seed + j each).
+      {"n 3 seeded", C, with(seeded, {{"n", 3}})},
+      {"n 2 greedy + logprobs", C, with(base, {{"n", 2}, {"logprobs", 1}})},
+      {"n 3 + min_tokens + stop id + penalties", C,
+       with(seeded, {{"n", 3},
+                     {"min_tokens", 3},
+                     {"stop_token_ids", {ids[2]}},
+                     {"frequency_penalty", 0.5}})},
+      {"n 2 + echo + token ids", C,
+       with(seeded, {{"n", 2}, {"echo", true}, {"return_token_ids", true}})},
+      {"chat n 3", H, with(chat, {{"n", 3}, {"temperature", 0.8}, {"seed", 11}})},
+      {"chat echo after an assistant message", H,
+       with(chat, {{"echo", true},
+                   {"messages",
+                    {{{"role", "user"}, {"content", "Tell me a story."}},
+                     {{"role", "assistant"}, {"content", "Once upon a time"}}}}})},
   };
+  // Lists of prompts: the router runs one P/D request per prompt and merges the answers.
+  const json list = with(
+      base, {{"prompt", json::array({"Once upon a time", "The little dog", "Lily saw a bird"})},
+             {"max_tokens", 12}});
+  const json tok_a = json::array({1, ids[0], ids[1]}), tok_b = json::array({1, ids[2], ids[3]});
+  const std::vector<Row> lists = {
+      {"list of 3 prompts", C, list, 200, true},
+      {"list of token prompts", C, with(base, {{"prompt", json::array({tok_a, tok_b})}}), 200,
+       true},
+      {"mixed list seeded + logprobs", C,
+       with(seeded, {{"prompt", json::array({"Once upon a time", tok_b})}, {"logprobs", 2}}), 200,
+       true},
+      {"list + echo + stop", C, with(list, {{"echo", true}, {"stop", "."}}), 200, true},
+      {"list + min_tokens + penalties + token ids", C,
+       with(list, {{"min_tokens", 4}, {"presence_penalty", 0.7}, {"return_token_ids", true}}), 200,
+       true},
+      {"list of one prompt", C, with(base, {{"prompt", json::array({"Once upon a time"})}}), 200,
+       true},
+      {"list + n 2 seeded", C, with(list, {{"n", 2}, {"temperature", 0.9}, {"seed", 77}}), 200,
+       true},
+  };
+  std::vector<Row> ok_all = ok;
+  ok_all.insert(ok_all.end(), lists.begin(), lists.end());
   std::vector<Row> rows;
-  for (const Row& r : ok) {
+  for (const Row& r : ok_all) {
     rows.push_back(r);
     Row st = r;
     st.label += " (stream)";
@@ -274,8 +351,18 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"best_of 3", C, with(base, {{"best_of", 3}}), 400},
       {"stop_token_ids out of vocabulary", C, with(base, {{"stop_token_ids", {1000000}}}), 400},
       {"n 0", C, with(base, {{"n", 0}}), 400},
-      {"chat echo", H, with(chat, {{"echo", true}}), 400},
+      {"n 129", C, with(base, {{"n", 129}}), 400},
+      {"n 2.5 (stream)", C, with(base, {{"n", 2.5}, {"stream", true}}), 400},
+      {"chat echo not a boolean", H, with(chat, {{"echo", "yes"}}), 400},
       {"prompt_logprobs", C, with(base, {{"prompt_logprobs", 1}}), 400},
+      {"list with an empty prompt", C, with(base, {{"prompt", json::array({"Once", ""})}}), 400,
+       true},
+      {"list with a token out of vocabulary", C,
+       with(base, {{"prompt", json::array({"Once", json::array({1, 1000000})})}}), 400, true},
+      {"list with a number", C, with(base, {{"prompt", json::array({"Once", 5})}}), 400, true},
+      {"list + bad temperature", C, with(list, {{"temperature", -1}}), 400, true},
+      {"list + min_tokens > max_tokens (stream)", C,
+       with(list, {{"min_tokens", 13}, {"stream", true}}), 400, true},
   };
   rows.insert(rows.end(), bad.begin(), bad.end());
   return rows;
@@ -304,11 +391,19 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
 
   // The legs sent directly (as pd_protocol.md §1 says the router builds them), then the same
   // table through the router.
-  const std::vector<std::string> modes = {"push",        "pull-fast",        "pull-vllm",
-                                          "router-push", "router-pull-fast", "router-pull-vllm"};
+  const std::vector<std::string> modes = {"push",
+                                          "pull-fast",
+                                          "pull-vllm",
+                                          "router-push",
+                                          "router-pull-fast",
+                                          "router-pull-vllm",
+                                          "router-colocated"};
+  size_t compared = 0;
   for (size_t m = 0; m < modes.size(); ++m) {
     for (size_t i = 0; i < rows.size(); ++i) {
       Row row = rows[i];
+      if (row.router_only && modes[m].rfind("router-", 0) != 0) continue;
+      ++compared;
       row.body = Uniquify(row.body, static_cast<uint32_t>(m * 1000 + i));
       const std::string who = "[" + modes[m] + "] " + row.label;
       const Answer ref = Post(*colo_, row.path, row.body);
@@ -323,6 +418,9 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
           << who << "\n  colocated: " << ref.body << "\n  P/D:       " << got.body;
     }
   }
+  std::printf("API parity table: %zu rows, %zu P/D or router requests compared with colocated\n",
+              rows.size(), compared);
+  EXPECT_GE(compared, 6 * 60u);
   // The prompts reached D over the connector (not recomputed there): KV-ready messages in push,
   // READs in pull.
   EXPECT_GE(Metric(d_->host, d_->port, kReady), 50.0);
@@ -399,13 +497,15 @@ TEST_F(PdApiParity, ColocatedValuesFollowVllm) {
   json b = body_of(batch);
   ASSERT_EQ(b["choices"].size(), 4u);
   for (int k = 0; k < 4; ++k) EXPECT_EQ(b["choices"][k]["index"], k);
-  // n > 1 on a P/D leg is refused, naming n.
+  // n > 1 on a P leg: P prefills once and answers one choice (choice 0's first token); D forks
+  // the rest (the table checks D's choices against colocated).
   json leg = n3;
+  leg["max_tokens"] = 1;
   leg["kv_transfer_params"] = {
-      {"do_remote_decode", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()}};
-  Answer refused = Post(*p_, "/v1/completions", leg);
-  EXPECT_EQ(refused.status, 400);
-  EXPECT_EQ(json::parse(refused.body)["error"]["param"], "n");
+      {"do_remote_decode", true}, {"transfer_mode", "pull"}, {"transfer_id", NewTransferId()}};
+  Answer p_answer = Post(*p_, "/v1/completions", leg);
+  ASSERT_EQ(p_answer.status, 200) << p_answer.body;
+  EXPECT_EQ(json::parse(p_answer.body)["choices"].size(), 1u);
 }
 
 TEST_F(PdApiParity, CachedTokensCountOnlyTheInstancesOwnPrefixCache) {

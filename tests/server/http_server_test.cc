@@ -319,7 +319,7 @@ TEST_F(HttpServerTest, BadInputGetsOpenAiErrors) {
       {"/v1/chat/completions",
        R"({"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function"}]})", 400,
        "tools"},
-      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"echo":true})", 400,
+      {"/v1/chat/completions", R"({"messages":[{"role":"user","content":"x"}],"echo":"yes"})", 400,
        "echo"},
   };
   for (const auto& bc : cases) {

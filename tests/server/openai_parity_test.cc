@@ -172,6 +172,26 @@ TEST_F(OpenAiParityTest, EchoPrependsThePrompt) {
   EXPECT_EQ(all, echo["choices"][0]["text"]);
 }
 
+TEST_F(OpenAiParityTest, ChatEchoPrependsTheLastAssistantMessage) {
+  // vLLM: echo prepends the last message when it has the reply's role (assistant); else nothing.
+  const std::string asst =
+      R"({"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Once"}],)"
+      R"("max_tokens":5,"temperature":0)";
+  auto [s1, plain] = server_->Post("/v1/chat/completions", asst + "}");
+  auto [s2, echo] = server_->Post("/v1/chat/completions", asst + R"(,"echo":true})");
+  ASSERT_EQ(s1, 200) << plain;
+  ASSERT_EQ(s2, 200) << echo;
+  EXPECT_EQ(ParseJson(echo)["choices"][0]["message"]["content"].get<std::string>(),
+            "Once" + ParseJson(plain)["choices"][0]["message"]["content"].get<std::string>());
+  const std::string user =
+      R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"temperature":0)";
+  auto [s3, uplain] = server_->Post("/v1/chat/completions", user + "}");
+  auto [s4, uecho] = server_->Post("/v1/chat/completions", user + R"(,"echo":true})");
+  ASSERT_EQ(s4, 200) << uecho;
+  EXPECT_EQ(ParseJson(uecho)["choices"], ParseJson(uplain)["choices"]);
+  (void)s3;
+}
+
 TEST_F(OpenAiParityTest, LogitBiasAndPenaltiesChangeTheTokens) {
   const auto ids = GreedyIds();
   json body = {{"prompt", "the cat"},

@@ -121,7 +121,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {ApiKind::kCompletion, R"({"prompt":"a","truncate_prompt_tokens":3})",
        "truncate_prompt_tokens"},
       {ApiKind::kCompletion, R"({"prompt":"a","priority":1})", "priority"},
-      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"echo":true})", "echo"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"echo":1})", "echo"},
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"modalities":["audio"]})",
        "modalities"},
       {ApiKind::kChat,

@@ -1,0 +1,111 @@
+// The state one completion request shares between the router's threads (internal to the router
+// library): the client's answer when it is ready, the request's legs and who failed first, and a
+// streamed answer being relayed. Used by request_flow.cc and prompt_list_flow.cc.
+#pragma once
+
+#include <httplib.h>
+
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "router/decode_stream.h"
+#include "router/instance_pool.h"
+#include "router/leg.h"
+#include "router/pd_legs.h"
+#include "router/request_flow.h"
+
+namespace kvpush::router {
+
+/// A ready answer for the client: an instance's own answer forwarded as-is, or the router's.
+struct Reply {
+  int status = 0;
+  std::string body;
+  std::string content_type = "application/json";
+
+  void WriteTo(httplib::Response& res) const {
+    res.status = status;
+    res.set_content(body, content_type);
+  }
+  /// The same failure as one SSE event, for a stream whose 200 was already sent: the body when it
+  /// is an OpenAI error object, else an error quoting the status.
+  std::string AsSseEvent() const;
+};
+
+/// The router's own error answer (an OpenAI error body).
+inline Reply ErrorReply(int status, const std::string& message, const std::string& type,
+                        const std::string& code, const std::string& param = {}) {
+  return Reply{status, ErrorJson(message, type, code, param), "application/json"};
+}
+
+/// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
+/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled` and `prefill_failure`:
+/// whichever comes first of "P's leg failed" and "the handler decided the client's answer" wins.
+struct RequestFlow::Transfer {
+  enum class Stage { kOpen, kStreaming, kDone };
+
+  std::string request_id;
+  std::string transfer_id;
+  std::string path;
+  TransferMode mode = TransferMode::kPush;
+  bool stream = false;
+  Role d_role = Role::kDecode;  ///< the answering instance: D, or colocated (no P, no transfer)
+  InstanceAddress p_addr, d_addr;
+  std::shared_ptr<Leg> p_leg, d_leg;
+
+  std::mutex mu;
+  Stage stage = Stage::kOpen;
+  bool prefill_settled = false;          ///< push: P's leg ended without failing the request
+  std::optional<Reply> prefill_failure;  ///< push: P's leg failed while D's answer was open
+
+  /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
+  /// P's leg failed first, returns P's failure instead, which the client gets.
+  std::optional<Reply> Decide(bool streaming) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (prefill_failure) {
+      stage = Stage::kDone;
+      return prefill_failure;
+    }
+    stage = streaming ? Stage::kStreaming : Stage::kDone;
+    return std::nullopt;
+  }
+  void Finish() {
+    std::lock_guard<std::mutex> lock(mu);
+    stage = Stage::kDone;
+  }
+  /// Push: P's leg failed. Records `reply` unless D's answer is decided and complete; returns
+  /// whether it was recorded (the D leg must then be closed and D must abort).
+  bool RecordPrefillFailure(Reply reply) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (stage == Stage::kDone) return false;
+    prefill_failure = std::move(reply);
+    return true;
+  }
+  void SettlePrefill() {
+    std::lock_guard<std::mutex> lock(mu);
+    prefill_settled = true;
+  }
+  bool PrefillEnded() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prefill_settled || prefill_failure.has_value();
+  }
+  std::optional<Reply> PrefillFailure() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prefill_failure;
+  }
+};
+
+/// A streamed answer being relayed: owned by the content provider and the releaser.
+struct RequestFlow::StreamState {
+  std::shared_ptr<Transfer> t;
+  std::shared_ptr<DecodeStream> stream;
+  InstanceLease decode_lease;
+  std::vector<std::string> held;  ///< events taken before the client's stream started
+  bool terminal_sent = false;     ///< [DONE] or an error event was relayed
+  bool failed = false;
+  bool completed = false;  ///< sink.done() was called
+};
+
+}  // namespace kvpush::router

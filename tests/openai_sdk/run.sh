@@ -32,31 +32,38 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# start NAME LOG ARGS...: runs kvpush ARGS in the background; prints the URL it listens on.
+# start NAME ARGS...: runs kvpush ARGS in the background (log: $work/NAME.log) and sets `url` to
+# the URL it prints once listening. Runs in this shell (not a $(...) subshell), so that its pid
+# reaches `pids` and the EXIT trap stops it.
+url=""
 start() {
-  local name=$1 log=$2
-  shift 2
+  local name=$1 log="$work/$1.log"
+  shift
   "$kvpush" "$@" >"$log" 2>&1 &
   local pid=$!
   pids+=("$pid")
-  local url=""
+  url=""
   for _ in $(seq 1 600); do
     url=$(sed -n 's/^kvpush [a-z]*: listening on \(http:[^ ]*\)$/\1/p' "$log")
-    [ -n "$url" ] && break
+    [ -n "$url" ] && return 0
     kill -0 "$pid" 2>/dev/null || { echo "$name exited:" >&2; cat "$log" >&2; exit 1; }
     sleep 0.1
   done
-  [ -n "$url" ] || { echo "$name did not start:" >&2; cat "$log" >&2; exit 1; }
-  echo "$url"
+  echo "$name did not start:" >&2
+  cat "$log" >&2
+  exit 1
 }
 
 kv='{"kv_connector_extra_config":{"backend":"ucx:tcp"}}'
 serve=(serve --model "$model" --host 127.0.0.1 --port 0 --num-kv-blocks 1024 --log-level warn
        --kv-transfer-config "$kv")
-p_url=$(start prefill "$work/prefill.log" "${serve[@]}" --role prefill)
-d_url=$(start decode "$work/decode.log" "${serve[@]}" --role decode)
-r_url=$(start router "$work/router.log" router --prefill "$p_url" --decode "$d_url" \
-  --host 127.0.0.1 --port 0 --log-level warn)
+start prefill "${serve[@]}" --role prefill
+p_url=$url
+start decode "${serve[@]}" --role decode
+d_url=$url
+start router router --prefill "$p_url" --decode "$d_url" --host 127.0.0.1 --port 0 \
+  --log-level warn
+r_url=$url
 for _ in $(seq 1 100); do
   curl -sf "$r_url/health" >/dev/null && break
   sleep 0.1

@@ -248,6 +248,10 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
        with(base, {{"min_tokens", 6}, {"stop_token_ids", {ids[0], ids[3]}}})},
       {"min_tokens = max_tokens + stop '.'", C, with(base, {{"min_tokens", 20}, {"stop", "."}})},
       {"min_tokens 1 max_tokens 1", C, with(base, {{"min_tokens", 1}, {"max_tokens", 1}})},
+      // EOS (id 2) forced by logit_bias ends at once; min_tokens 5 holds it off for 5 tokens.
+      {"forced EOS", C, with(base, {{"logit_bias", {{"2", 100}}}})},
+      {"min_tokens holds off a forced EOS", C,
+       with(base, {{"logit_bias", {{"2", 100}}}, {"min_tokens", 5}, {"return_token_ids", true}})},
       {"min_p 0.99", C, with(seeded, {{"min_p", 0.99}, {"temperature", 1.0}})},
       {"min_p 0.2", C, with(seeded, {{"min_p", 0.2}, {"temperature", 1.2}})},
       {"presence_penalty", C, with(base, {{"presence_penalty", 1.5}})},
@@ -376,6 +380,26 @@ int64_t CachedTokens(const std::string& body) {
   return d.is_object() ? d.value("cached_tokens", int64_t{-1}) : -1;
 }
 
+/// Values vLLM defines, checked on the P/D (or router) answer itself: choice k has index k
+/// (n, lists: prompt x n + j); min_tokens holds off a forced EOS.
+void ExpectVllmValues(const Row& row, const Answer& got, const std::string& who) {
+  if (got.status != 200 || row.body.value("stream", false)) return;
+  const json j = json::parse(got.body, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << who;
+  const size_t prompts = row.body.contains("prompt") && row.body["prompt"].is_array() &&
+                                 !row.body["prompt"].empty() && !row.body["prompt"][0].is_number()
+                             ? row.body["prompt"].size()
+                             : 1;
+  EXPECT_EQ(j["choices"].size(), prompts * row.body.value("n", 1)) << who;
+  for (size_t k = 0; k < j["choices"].size(); ++k) EXPECT_EQ(j["choices"][k]["index"], k) << who;
+  if (row.label == "min_tokens holds off a forced EOS") {
+    const auto ids = j["choices"][0]["token_ids"].get<std::vector<int32_t>>();
+    ASSERT_EQ(ids.size(), 6u) << who;  // 5 held-off tokens, then the forced EOS
+    for (size_t i = 0; i < 5; ++i) EXPECT_NE(ids[i], 2) << who;
+    EXPECT_EQ(ids[5], 2) << who;
+  }
+}
+
 TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   Answer g = Post(*colo_, "/v1/completions",
                   {{"prompt", "Once upon a time"},
@@ -416,6 +440,7 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
       EXPECT_EQ(got.content_type, ref.content_type) << who;
       EXPECT_EQ(Comparable(got), Comparable(ref))
           << who << "\n  colocated: " << ref.body << "\n  P/D:       " << got.body;
+      ExpectVllmValues(row, got, who);
     }
   }
   std::printf("API parity table: %zu rows, %zu P/D or router requests compared with colocated\n",

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "connector/pd_connector.h"
+#include "test_util.h"
 
 namespace kvpush::connector {
 
@@ -30,7 +31,9 @@ class HandshakeServer {
     });
     port = srv_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { srv_.listen_after_bind(); });
-    while (!srv_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(::kvpush::testing::WaitUntil([this] { return srv_.is_running(); },
+                                             std::chrono::seconds(5), std::chrono::milliseconds(1)))
+        << "the handshake server did not start";
   }
   ~HandshakeServer() {
     srv_.stop();

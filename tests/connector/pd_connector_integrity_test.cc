@@ -13,6 +13,7 @@
 #include "connector/handshake_server.h"
 #include "connector/pd_connector.h"
 #include "kv/block_checksum.h"
+#include "test_util.h"
 
 namespace kvpush::connector {
 namespace {
@@ -62,12 +63,7 @@ bool SameBlock(PdConnector& a, BlockId ba, PdConnector& b, BlockId bb, const KvL
 
 template <typename F>
 bool WaitFor(F done, std::chrono::milliseconds limit = 5000ms) {
-  const auto end = SteadyClock::now() + limit;
-  while (SteadyClock::now() < end) {
-    if (done()) return true;
-    std::this_thread::sleep_for(1ms);
-  }
-  return done();
+  return ::kvpush::testing::WaitUntil(done, limit, 1ms);
 }
 
 class PullIntegrity : public ::testing::Test {

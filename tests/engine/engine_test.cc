@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "engine_test_util.h"
+#include "test_util.h"
 
 namespace kvpush::testing {
 namespace {
@@ -40,12 +41,12 @@ Collected Drain(OutputChannel& ch) {
 
 /// Waits until the published stats show every block back (10 s deadline).
 void WaitNoBlocksUsed(const Engine& e) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    auto s = e.stats();
-    if (s.kv.num_used == 0 && s.num_running == 0 && s.num_waiting == 0) break;
-    std::this_thread::sleep_for(milliseconds(5));
-  }
+  ::kvpush::testing::WaitUntil(
+      [&] {
+        auto s = e.stats();
+        return s.kv.num_used == 0 && s.num_running == 0 && s.num_waiting == 0;
+      },
+      std::chrono::seconds(10), milliseconds(5));
   auto s = e.stats();
   EXPECT_EQ(s.kv.num_used, 0);
   EXPECT_EQ(s.kv.num_free + s.kv.num_cached, s.num_kv_blocks_total);

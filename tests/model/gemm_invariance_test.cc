@@ -1,6 +1,6 @@
 // InvariantGemm: each output row is bitwise a function of its input row only, for every row
-// count 1..64 and every position, with 1 and 2 OpenBLAS threads. Also documents that plain sgemm
-// is not (the reason InvariantGemm exists) without asserting it, since that is OpenBLAS's business.
+// count 1..64 and every position, with 1 and 2 OpenBLAS threads. Plain sgemm need not be (the
+// reason InvariantGemm exists); it is checked to differ by rounding only.
 #include <cblas.h>
 #include <gtest/gtest.h>
 
@@ -85,7 +85,10 @@ TEST(GemmInvarianceTest, FixedOrderKernelsAgreeBitwiseAcrossIsas) {
   }
 }
 
-TEST(GemmInvarianceTest, ReportsWhetherPlainSgemmIsInvariant) {
+// Plain sgemm may change row 0's result with the row count (why InvariantGemm exists), but only
+// by rounding: every row count must agree with the M=1 result to float accuracy. How many row
+// counts differ bitwise is OpenBLAS's business; it is recorded as a test property, not asserted.
+TEST(GemmInvarianceTest, PlainSgemmRowCountChangesOnlyRounding) {
   SetBlasThreads(1);
   const int64_t k = 256, n = 256;
   std::mt19937 rng(1);
@@ -101,11 +104,15 @@ TEST(GemmInvarianceTest, ReportsWhetherPlainSgemmIsInvariant) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1, x.data(), k, w.data(), k, 0,
                 many.data(), n);
     differing += std::memcmp(one.data(), many.data(), static_cast<size_t>(n) * sizeof(float)) != 0;
+    for (int64_t j = 0; j < n; ++j) {
+      // |row . col| <= ~sqrt(k) * 4 here; float accumulation over k = 256 terms stays < 1e-3.
+      ASSERT_NEAR(many[static_cast<size_t>(j)], one[static_cast<size_t>(j)],
+                  1e-4 * (1 + std::fabs(one[static_cast<size_t>(j)])))
+          << "rows=" << m << " col=" << j;
+    }
   }
-  std::printf(
-      "OpenBLAS core %s: plain sgemm row 0 differs from the M=1 result for %d of 63 row counts\n",
-      BlasCoreName(), differing);
-  SUCCEED();
+  ::testing::Test::RecordProperty("openblas_core", BlasCoreName());
+  ::testing::Test::RecordProperty("row_counts_differing_bitwise", differing);
 }
 
 }  // namespace

@@ -27,14 +27,10 @@ inline double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-/// Polls `pred` every 50 ms until it holds or `timeout_ms` passed.
+/// Polls `pred` every 50 ms until it holds or `timeout_ms` passed (kvpush::testing::WaitUntil).
 inline bool WaitFor(const std::function<bool()>& pred, int timeout_ms) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (!pred()) {
-    if (Clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return true;
+  return ::kvpush::testing::WaitUntil(pred, std::chrono::milliseconds(timeout_ms),
+                                      std::chrono::milliseconds(50));
 }
 
 inline std::string IdsToString(const std::vector<int32_t>& v) {

@@ -21,20 +21,16 @@
 
 #include "common/clock.h"
 #include "router/router.h"
+#include "test_util.h"
 
 namespace kvpush::router::test {
 
 using nlohmann::json;
 using std::chrono::milliseconds;
 
-/// Polls `pred` every 2 ms until it holds or `timeout_ms` passed.
+/// Polls `pred` every 2 ms until it holds or `timeout_ms` passed (kvpush::testing::WaitUntil).
 inline bool WaitFor(const std::function<bool()>& pred, int timeout_ms = 3000) {
-  const int64_t deadline = NowNs() + int64_t{timeout_ms} * 1000000;
-  while (!pred()) {
-    if (NowNs() > deadline) return false;
-    std::this_thread::sleep_for(milliseconds(2));
-  }
-  return true;
+  return ::kvpush::testing::WaitUntil(pred, milliseconds(timeout_ms));
 }
 
 struct Received {

@@ -67,13 +67,13 @@ Out Drain(OutputChannel& ch) {
 /// The engine's stats once nothing runs or waits and no block is used (10 s deadline; stats are
 /// published after the step that sent the final outputs).
 EngineStats IdleStats(const Engine& e) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   EngineStats s = e.stats();
-  while ((s.kv.num_used != 0 || s.num_running != 0 || s.num_waiting != 0) &&
-         std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(milliseconds(2));
-    s = e.stats();
-  }
+  ::kvpush::testing::WaitUntil(
+      [&] {
+        s = e.stats();
+        return s.kv.num_used == 0 && s.num_running == 0 && s.num_waiting == 0;
+      },
+      std::chrono::seconds(10));
   return s;
 }
 

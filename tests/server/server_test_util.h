@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "server/http_server.h"
+#include "test_util.h"
 
 namespace kvpush::testing {
 
@@ -66,12 +67,13 @@ struct TestServer {
 
   /// Waits (10 s deadline) until no request is running or waiting and no KV block is used.
   void WaitIdle() const {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto s = engine->stats();
-      if (s.kv.num_used == 0 && s.num_running == 0 && s.num_waiting == 0) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
+    const bool idle = ::kvpush::testing::WaitUntil(
+        [&] {
+          auto s = engine->stats();
+          return s.kv.num_used == 0 && s.num_running == 0 && s.num_waiting == 0;
+        },
+        std::chrono::seconds(10), std::chrono::milliseconds(5));
+    if (idle) return;
     auto s = engine->stats();
     EXPECT_EQ(s.kv.num_used, 0);
     EXPECT_EQ(s.num_running, 0);

@@ -527,5 +527,28 @@ TEST_F(ConsumerTest, MessagesForUnknownTransfersAreIgnored) {
   EXPECT_FALSE(core_->busy());
 }
 
+TEST(MakeReadOrder, PairsEveryLayerKAndVAndRefusesBadBlockLists) {
+  KvLayout L;
+  L.num_layers = 2;
+  L.num_kv_heads = 1;
+  L.head_dim = 4;
+  L.block_size = 4;
+  L.num_blocks = 16;
+  const std::vector<BlockId> local = {3, 4};
+  auto ok = MakeReadOrder(L, kP, 8, local, std::vector<int32_t>{7, 0});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->op, xfer::Op::kRead);
+  ASSERT_EQ(ok->local_indices.size(), 8u);
+  EXPECT_EQ(ok->local_indices[7], TransferCore::EntryIndex(16, 1, KvKind::kValue, 4));
+  EXPECT_EQ(ok->remote_indices[7], TransferCore::EntryIndex(8, 1, KvKind::kValue, 0));
+  EXPECT_EQ(MakeReadOrder(L, kP, 8, local, std::vector<int32_t>{7}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeReadOrder(L, kP, 8, {}, {}).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeReadOrder(L, kP, 8, local, std::vector<int32_t>{7, 8}).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(MakeReadOrder(L, kP, 8, local, std::vector<int32_t>{-1, 0}).status().code(),
+            StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvpush::connector::test

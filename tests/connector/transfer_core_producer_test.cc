@@ -614,6 +614,33 @@ TEST_F(ProducerTest, MalformedMessagesAreCountedAndDropped) {
   EXPECT_TRUE(rec_.log.empty());
 }
 
+TEST_F(ProducerTest, DroppedLeaseFailedKvReadyAndUnsendableMessages) {
+  const std::string u = Tid(37);
+  StartProducer(1, u, Mode::kPull);
+  Deliver(kD, Signal(MsgTag::kRelease, u));  // released while the prefill still runs
+  EXPECT_EQ(core_->producer_state(u), ProducerState::kDropping);
+  Deliver(kD, Pin(u));
+  auto failed = rec_.Sent(MsgTag::kTransferFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_NE(failed[0].msg.message.find("dropped"), std::string::npos);
+  const std::string t = Tid(38);
+  StartProducer(2, t, Mode::kPush);
+  FinishProducer(2);
+  Deliver(kD, Target(t));
+  DrainPosts();
+  auto ready = rec_.Sent(MsgTag::kKvReady);
+  ASSERT_EQ(ready.size(), 1u);
+  Done(ready[0].token, false);  // KV_READY lost: D's watchdog decides; P is done either way
+  EXPECT_FALSE(core_->producer_state(t).has_value());
+  EXPECT_TRUE(core_->IsTombstoned(t));
+  rec_.Clear();
+  rec_.send_error = Unavailable("no route");
+  const size_t tracked = core_->OutstandingTokens().size();
+  Deliver(kD, Signal(MsgTag::kCancel, Tid(39)));  // the CANCEL_ACK cannot be sent: logged
+  EXPECT_TRUE(rec_.log.empty());
+  EXPECT_EQ(core_->OutstandingTokens().size(), tracked);  // nothing tracked for it
+}
+
 TEST(TransferCoreNames, StatesHaveNames) {
   EXPECT_STREQ(ProducerStateName(ProducerState::kPrefilling), "prefilling");
   EXPECT_STREQ(ProducerStateName(ProducerState::kHeld), "held");

@@ -128,7 +128,7 @@ TEST_F(RouterTest, ListOfPromptsStreamsEveryChoiceAndOneDone) {
   ASSERT_TRUE(s.ok);
   EXPECT_EQ(s.status, 200);
   for (const char* want : {"\"index\":0,\"text\":\"t0\"", "\"index\":1,\"text\":\"t2\"",
-                                  "\"index\":0,\"text\":\"t2\""}) {
+                           "\"index\":0,\"text\":\"t2\""}) {
     EXPECT_NE(s.body.find(want), std::string::npos) << want << " in " << s.body;
   }
   EXPECT_EQ(s.body.find("data: [DONE]"), s.body.rfind("data: [DONE]"));
@@ -143,6 +143,26 @@ TEST_F(RouterTest, ListOfPromptsAnswersTheFirstFailingPrompt) {
   ASSERT_TRUE(res);
   EXPECT_EQ(res->status, 400);
   EXPECT_EQ(json::parse(res->body)["error"]["message"], "bad prompt");
+}
+
+TEST_F(RouterTest, ClientLeavingAListStreamClosesEveryPromptsLegs) {
+  StartRouter(1, 1, TransferMode::kPush);
+  d_[0]->chunks = 500;
+  d_[0]->chunk_delay_ms = 10;
+  StreamSeen s = PostStream({{"prompt", {"a", "b", "c"}}}, /*cancel_after_first=*/true);
+  EXPECT_FALSE(s.ok);
+  // Every prompt's D leg is closed and every prompt's transfer aborted on P.
+  ASSERT_TRUE(WaitFor([&] { return d_[0]->write_failed.load(); }, 4000));
+  ASSERT_TRUE(WaitFor([&] { return p_[0]->aborts().size() == 3; }, 4000));
+  std::set<std::string> aborted;
+  for (const std::string& tid : p_[0]->aborts()) aborted.insert(tid);
+  EXPECT_EQ(aborted.size(), 3u);
+  ASSERT_TRUE(WaitFor([&] {
+    for (const auto& i : router_->Snapshot()) {
+      if (i.outstanding != 0) return false;
+    }
+    return true;
+  }));
 }
 
 TEST_F(RouterTest, MalformedListsAndChatAreNotSplit) {

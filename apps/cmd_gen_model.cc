@@ -33,8 +33,12 @@ int RunGenModel(GenModelArgs& a) {
     a.model.dtype = GgmlType::kBF16;
   } else if (a.dtype == "q8_0") {
     a.model.dtype = GgmlType::kQ8_0;
+  } else if (a.dtype == "q4_k") {
+    a.model.dtype = GgmlType::kQ4_K;
+  } else if (a.dtype == "q6_k") {
+    a.model.dtype = GgmlType::kQ6_K;
   } else {
-    std::fprintf(stderr, "kvpush gen-model: --dtype must be f32, f16, bf16 or q8_0\n");
+    std::fprintf(stderr, "kvpush gen-model: --dtype must be f32, f16, bf16, q8_0, q4_k or q6_k\n");
     return 2;
   }
   a.model.tied_output = a.tied;
@@ -108,7 +112,7 @@ void RegisterGenModelCommand(CLI::App& app) {
   cmd->add_option("--hidden-dim", m.hidden_dim, "FFN hidden size")->capture_default_str();
   cmd->add_option("--vocab", m.vocab, "vocabulary size (>= 355)")->capture_default_str();
   cmd->add_option("--context", m.context, "context length")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "weight storage: f32, f16, bf16, q8_0")
+  cmd->add_option("--dtype", args->dtype, "weight storage of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k (norms stay f32)")
       ->capture_default_str();
   cmd->add_option("--seed", m.seed, "random seed")->capture_default_str();
   cmd->add_option("--name", m.name, "general.name")->capture_default_str();

@@ -1,5 +1,7 @@
 #include "model/dtype.h"
 
+#include "model/quant.h"
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -8,7 +10,7 @@
 namespace kvpush {
 
 bool IsSupportedGgmlType(uint32_t type) {
-  return type == 0 || type == 1 || type == 8 || type == 30;
+  return type == 0 || type == 1 || type == 8 || type == 12 || type == 14 || type == 30;
 }
 
 std::string GgmlTypeName(uint32_t type) {
@@ -19,6 +21,10 @@ std::string GgmlTypeName(uint32_t type) {
       return "f16";
     case 8:
       return "q8_0";
+    case 12:
+      return "q4_k";
+    case 14:
+      return "q6_k";
     case 30:
       return "bf16";
     default:
@@ -39,6 +45,14 @@ Result<size_t> GgmlRowBytes(GgmlType type, int64_t n) {
         return DataLoss("q8_0 row of " + std::to_string(n) + " values is not a multiple of 32");
       }
       return static_cast<size_t>(n / kQ8BlockValues) * kQ8BlockBytes;
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ6_K:
+      if (n % kQkK != 0) {
+        return DataLoss(GgmlTypeName(static_cast<uint32_t>(type)) + " row of " +
+                        std::to_string(n) + " values is not a multiple of 256");
+      }
+      return static_cast<size_t>(n / kQkK) *
+             static_cast<size_t>(type == GgmlType::kQ4_K ? kQ4KBlockBytes : kQ6KBlockBytes);
   }
   return Unimplemented("unsupported tensor type " + GgmlTypeName(static_cast<uint32_t>(type)));
 }
@@ -90,9 +104,6 @@ uint16_t FloatToBf16(float f) {
 }
 
 namespace {
-uint16_t LoadU16(const uint8_t* p) {
-  return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
 void StoreU16(uint8_t* p, uint16_t v) {
   p[0] = static_cast<uint8_t>(v & 0xff);
   p[1] = static_cast<uint8_t>(v >> 8);
@@ -105,27 +116,7 @@ Status DequantizeToF32(GgmlType type, std::span<const uint8_t> src, std::span<fl
     return DataLoss("tensor data is " + std::to_string(src.size()) + " bytes, expected " +
                     std::to_string(need));
   }
-  const uint8_t* p = src.data();
-  switch (type) {
-    case GgmlType::kF32:
-      std::memcpy(out.data(), p, need);
-      break;
-    case GgmlType::kF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = HalfToFloat(LoadU16(p + 2 * i));
-      break;
-    case GgmlType::kBF16:
-      for (size_t i = 0; i < out.size(); ++i) out[i] = Bf16ToFloat(LoadU16(p + 2 * i));
-      break;
-    case GgmlType::kQ8_0:
-      for (size_t b = 0; b < out.size() / kQ8BlockValues; ++b) {
-        const uint8_t* blk = p + b * kQ8BlockBytes;
-        const float d = HalfToFloat(LoadU16(blk));
-        for (int64_t j = 0; j < kQ8BlockValues; ++j) {
-          out[b * kQ8BlockValues + j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
-        }
-      }
-      break;
-  }
+  DequantizeRowUnchecked(type, src.data(), static_cast<int64_t>(out.size()), out.data());
   return Status::Ok();
 }
 
@@ -156,6 +147,12 @@ Status QuantizeFromF32(GgmlType type, std::span<const float> src, std::span<uint
           blk[2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * inv)));
         }
       }
+      break;
+    case GgmlType::kQ4_K:
+      QuantizeRowQ4K(src.data(), static_cast<int64_t>(src.size()), p);
+      break;
+    case GgmlType::kQ6_K:
+      QuantizeRowQ6K(src.data(), static_cast<int64_t>(src.size()), p);
       break;
   }
   return Status::Ok();

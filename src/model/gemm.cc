@@ -61,20 +61,48 @@ std::string InvariantGemm::name() const {
 
 void InvariantGemm::Run(const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
                         float* y) {
+  RunStrided(x, rows, k, w, n, y, n);
+}
+
+int64_t InvariantGemm::WeightTileRows(int64_t k) {
+  constexpr int64_t kTileFloats = 32 * 1024;  // 128 KiB of f32
+  const int64_t rows = k > 0 ? kTileFloats / k : 64;
+  return std::clamp<int64_t>(rows / 8 * 8, 8, 64);
+}
+
+void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, float* y) {
+  const int64_t k = w.cols(), n = w.rows();
+  if (const float* f = w.f32(); f != nullptr) {
+    RunStrided(x, rows, k, f, n, y, n);
+    return;
+  }
+  if (rows <= 0) return;
+  const int64_t tile = WeightTileRows(k);
+  if (static_cast<int64_t>(tile_.size()) < tile * k) tile_.resize(static_cast<size_t>(tile * k));
+  for (int64_t n0 = 0; n0 < n; n0 += tile) {
+    const int64_t nn = std::min(tile, n - n0);
+    w.DequantizeRows(n0, nn, tile_.data());
+    RunStrided(x, rows, k, tile_.data(), nn, y + n0, n);
+  }
+}
+
+void InvariantGemm::RunStrided(const float* x, int64_t rows, int64_t k, const float* w, int64_t n,
+                               float* y, int64_t ldy) {
   if (rows <= 0) return;
   if (backend_ == GemmBackend::kFixedOrder || backend_ == GemmBackend::kFixedOrderScalar) {
     gemm_internal::GemmFn fn = gemm_internal::GemmScalar;
     if (backend_ == GemmBackend::kFixedOrder && isa_ == 2) fn = gemm_internal::GemmAvx512;
     if (backend_ == GemmBackend::kFixedOrder && isa_ == 1) fn = gemm_internal::GemmAvx2;
-    fn(x, rows, k, w, n, y, n);
+    fn(x, rows, k, w, n, y, ldy);
     return;
   }
   const auto kk = static_cast<blasint>(k), nn = static_cast<blasint>(n);
+  const auto ld = static_cast<blasint>(ldy);
   const auto tile = static_cast<blasint>(kTileRows);
   int64_t m = 0;
   for (; m + kTileRows <= rows; m += kTileRows) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tile, nn, kk, 1.0f, x + m * k, kk, w, kk,
-                0.0f, y + m * n, nn);
+                0.0f, y + m * ldy, ld);
   }
   const int64_t rest = rows - m;
   if (rest == 0) return;
@@ -83,7 +111,9 @@ void InvariantGemm::Run(const float* x, int64_t rows, int64_t k, const float* w,
   std::memcpy(pad_x_.data(), x + m * k, static_cast<size_t>(rest * k) * sizeof(float));
   cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, tile, nn, kk, 1.0f, pad_x_.data(), kk, w, kk,
               0.0f, pad_y_.data(), nn);
-  std::memcpy(y + m * n, pad_y_.data(), static_cast<size_t>(rest * n) * sizeof(float));
+  for (int64_t r = 0; r < rest; ++r) {
+    std::memcpy(y + (m + r) * ldy, pad_y_.data() + r * n, static_cast<size_t>(n) * sizeof(float));
+  }
 }
 
 int SetBlasThreads(int threads) {

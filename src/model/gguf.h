@@ -9,7 +9,7 @@
 //   A string is u64 length + bytes; an array is u32 element type + u64 count + elements.
 // Hostile input: every count and length is checked against the bytes that remain before anything
 // is allocated, so a malformed file yields kDataLoss (or kUnimplemented for a valid but unsupported
-// feature: GGUF v1, nested arrays, tensor types other than F32/F16/BF16/Q8_0) and never a crash.
+// feature: GGUF v1, nested arrays, tensor types other than F32/F16/BF16/Q8_0/Q4_K/Q6_K) and never a crash.
 // Thread-safety: a parsed GgufFile is immutable; concurrent const use is safe.
 #pragma once
 
@@ -100,6 +100,10 @@ class GgufFile {
   /// Like GetInt but returns `fallback` when absent.
   Result<int64_t> GetIntOr(const std::string& key, int64_t fallback) const;
   Result<double> GetFloatOr(const std::string& key, double fallback) const;
+
+  /// The file mapping the tensor bytes live in when opened with Open(), else nullptr (Parse: the
+  /// caller owns the bytes). Holding it keeps tensor data spans valid after this object is gone.
+  std::shared_ptr<const MappedFile> mapping() const { return mapping_; }
 
   /// Dequantizes a whole tensor into f32 (ne[0] innermost). Errors: as DequantizeToF32.
   Result<std::vector<float>> ReadTensorF32(const GgufTensorInfo& tensor) const;

@@ -92,20 +92,26 @@ Result<LlamaWeights> ParseLlama2cCheckpoint(std::span<const uint8_t> bytes) {
   }
   const size_t n = static_cast<size_t>(L);
   w.layers.resize(n);
-  KVP_RETURN_IF_ERROR(r.Floats(w.token_embd, V * d, "token embedding"));
+  auto matrix = [&r](WeightMatrix& m, uint64_t rows, uint64_t cols, const char* what) -> Status {
+    std::vector<float> v;
+    KVP_RETURN_IF_ERROR(r.Floats(v, rows * cols, what));
+    m = WeightMatrix::FromF32(std::move(v), static_cast<int64_t>(rows), static_cast<int64_t>(cols));
+    return Status::Ok();
+  };
+  KVP_RETURN_IF_ERROR(matrix(w.token_embd, V, d, "token embedding"));
   for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.attn_norm, d, "rms_att"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.wq, d * d, "wq"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.wk, kv * d, "wk"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.wv, kv * d, "wv"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.wo, d * d, "wo"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.wq, d, d, "wq"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.wk, kv, d, "wk"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.wv, kv, d, "wv"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.wo, d, d, "wo"));
   for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.ffn_norm, d, "rms_ffn"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.w_gate, hd * d, "w1"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.w_down, d * hd, "w2"));
-  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(r.Floats(l.w_up, hd * d, "w3"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.w_gate, hd, d, "w1"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.w_down, d, hd, "w2"));
+  for (auto& l : w.layers) KVP_RETURN_IF_ERROR(matrix(l.w_up, hd, d, "w3"));
   KVP_RETURN_IF_ERROR(r.Floats(w.output_norm, d, "rms_final"));
   KVP_RETURN_IF_ERROR(
       r.Skip(static_cast<size_t>(c.context_length) * c.head_dim * 4, "rope tables"));
-  if (!shared) KVP_RETURN_IF_ERROR(r.Floats(w.output, V * d, "classifier"));
+  if (!shared) KVP_RETURN_IF_ERROR(matrix(w.output, V, d, "classifier"));
   KVP_RETURN_IF_ERROR(ValidateLlamaWeights(w));
   w.ComputeFingerprint();
   return w;

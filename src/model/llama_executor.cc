@@ -178,8 +178,8 @@ void LlamaExecutor::Embed(std::span<const SequenceChunk> batch) {
         rope_cos_[static_cast<size_t>(row * pairs + i)] = std::cos(angle);
         rope_sin_[static_cast<size_t>(row * pairs + i)] = std::sin(angle);
       }
-      std::memcpy(x_.data() + row * d, weights_.token_embd.data() + int64_t{ch.tokens[t]} * d,
-                  static_cast<size_t>(d) * sizeof(float));
+      // One embedding row, dequantized from its stored type.
+      weights_.token_embd.DequantizeRows(ch.tokens[t], 1, x_.data() + row * d);
     }
   }
 }
@@ -192,9 +192,9 @@ void LlamaExecutor::Project(const LlamaLayerWeights& w, int64_t n_tok) {
   for (int64_t r = 0; r < n_tok; ++r) {
     RmsNorm(x_.data() + r * d, w.attn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
   }
-  gemm_.Run(xn_.data(), n_tok, d, w.wq.data(), qdim, q_.data());
-  gemm_.Run(xn_.data(), n_tok, d, w.wk.data(), kvdim, k_.data());
-  gemm_.Run(xn_.data(), n_tok, d, w.wv.data(), kvdim, v_.data());
+  gemm_.Run(xn_.data(), n_tok, w.wq, q_.data());
+  gemm_.Run(xn_.data(), n_tok, w.wk, k_.data());
+  gemm_.Run(xn_.data(), n_tok, w.wv, v_.data());
   auto add_bias = [n_tok](float* y, const std::vector<float>& b, int64_t width) {
     if (b.empty()) return;
     for (int64_t r = 0; r < n_tok; ++r) {
@@ -252,14 +252,14 @@ void LlamaExecutor::FeedForward(const LlamaLayerWeights& w, int64_t n_tok) {
   for (int64_t r = 0; r < n_tok; ++r) {
     RmsNorm(x_.data() + r * d, w.ffn_norm.data(), d, c.rms_eps, xn_.data() + r * d);
   }
-  gemm_.Run(xn_.data(), n_tok, d, w.w_gate.data(), hid, gate_.data());
-  gemm_.Run(xn_.data(), n_tok, d, w.w_up.data(), hid, up_.data());
+  gemm_.Run(xn_.data(), n_tok, w.w_gate, gate_.data());
+  gemm_.Run(xn_.data(), n_tok, w.w_up, up_.data());
   for (int64_t i = 0; i < n_tok * hid; ++i) {
     float g = gate_[static_cast<size_t>(i)];
     g *= 1.0f / (1.0f + std::exp(-g));
     gate_[static_cast<size_t>(i)] = g * up_[static_cast<size_t>(i)];
   }
-  gemm_.Run(gate_.data(), n_tok, hid, w.w_down.data(), d, xn_.data());
+  gemm_.Run(gate_.data(), n_tok, w.w_down, xn_.data());
   for (int64_t i = 0; i < n_tok * d; ++i) x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
 }
 
@@ -302,7 +302,7 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     // while the rest of the layer (attention, FFN) is computed.
     if (observer != nullptr) observer->OnLayerDone(l);
     Attention(l, batch, kv);
-    gemm_.Run(att_.data(), n_tok, qdim, w.wo.data(), d, xn_.data());
+    gemm_.Run(att_.data(), n_tok, w.wo, xn_.data());
     for (int64_t i = 0; i < n_tok * d; ++i)
       x_[static_cast<size_t>(i)] += xn_[static_cast<size_t>(i)];
     FeedForward(w, n_tok);
@@ -318,7 +318,7 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
             xn_.data() + out_row * d);
     ++out_row;
   }
-  gemm_.Run(xn_.data(), n_logits, d, weights_.classifier().data(), c.vocab_size, logits.data());
+  gemm_.Run(xn_.data(), n_logits, weights_.classifier(), logits.data());
   return Status::Ok();
 }
 

@@ -19,6 +19,8 @@
 // q has num_heads * head_dim columns, which may differ from dim (Qwen3); the attention scale is
 // 1 / sqrt(head_dim).
 //
+// Weights stay in their stored type (F32, F16, BF16, Q8_0, Q4_K, Q6_K): InvariantGemm dequantizes
+// them per tile, the embedding lookup per row (model/weight_matrix.h).
 // Batch invariance: GEMMs go through InvariantGemm (fixed summation order); RMSNorm, RoPE,
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
 // row's own data and position. A sequence's logits are therefore bit-identical whatever else is in

@@ -12,6 +12,19 @@ size_t Bytes(const std::vector<float>& v) {
   return v.size() * sizeof(float);
 }
 
+size_t Bytes(const WeightMatrix& m) {
+  return m.bytes();
+}
+
+Status CheckSize(const WeightMatrix& m, int64_t rows, int64_t cols, const std::string& name) {
+  if (m.rows() != rows || m.cols() != cols) {
+    return DataLoss("tensor '" + name + "' is " + std::to_string(m.rows()) + " x " +
+                    std::to_string(m.cols()) + ", expected " + std::to_string(rows) + " x " +
+                    std::to_string(cols));
+  }
+  return Status::Ok();
+}
+
 Status CheckSize(const std::vector<float>& v, int64_t rows, int64_t cols, const std::string& name) {
   if (static_cast<int64_t>(v.size()) != rows * cols) {
     return DataLoss("tensor '" + name + "' has " + std::to_string(v.size()) + " values, expected " +
@@ -20,9 +33,10 @@ Status CheckSize(const std::vector<float>& v, int64_t rows, int64_t cols, const 
   return Status::Ok();
 }
 
-/// Reads tensor `name` and checks its GGUF shape is [cols, rows] (ne0 = cols innermost).
-Result<std::vector<float>> ReadMatrix(const GgufFile& file, const std::string& name, int64_t rows,
-                                      int64_t cols) {
+/// Finds tensor `name` and checks its GGUF shape is [cols, rows] (ne0 = cols innermost; a 1-D
+/// [cols] when rows == 1).
+Result<const GgufTensorInfo*> FindShaped(const GgufFile& file, const std::string& name,
+                                         int64_t rows, int64_t cols) {
   const GgufTensorInfo* t = file.FindTensor(name);
   if (t == nullptr) return NotFound("tensor '" + name + "' is missing");
   const bool vector_ok = rows == 1 && t->ne.size() == 1 && t->ne[0] == cols;
@@ -33,7 +47,24 @@ Result<std::vector<float>> ReadMatrix(const GgufFile& file, const std::string& n
     return DataLoss("tensor '" + name + "' has shape [" + shape + "], expected [" +
                     std::to_string(cols) + (rows == 1 ? "" : ", " + std::to_string(rows)) + "]");
   }
+  return t;
+}
+
+/// Reads tensor `name` ([cols, rows] in GGUF order) as f32 values.
+Result<std::vector<float>> ReadMatrix(const GgufFile& file, const std::string& name, int64_t rows,
+                                      int64_t cols) {
+  KVP_ASSIGN_OR_RETURN(const GgufTensorInfo* t, FindShaped(file, name, rows, cols));
   return file.ReadTensorF32(*t);
+}
+
+/// Tensor `name` ([cols, rows] in GGUF order) as a matrix in its stored type, in place in the
+/// file's mapping when it has one.
+Result<WeightMatrix> ReadWeight(const GgufFile& file, const std::string& name, int64_t rows,
+                                int64_t cols) {
+  KVP_ASSIGN_OR_RETURN(const GgufTensorInfo* t, FindShaped(file, name, rows, cols));
+  auto m = WeightMatrix::FromStored(t->type, rows, cols, t->data, file.mapping());
+  if (!m.ok()) return m.status().WithContext("tensor '" + name + "'");
+  return m;
 }
 
 Result<int32_t> PositiveInt(const GgufFile& file, const std::string& key, int64_t fallback) {
@@ -116,13 +147,20 @@ Status ReadOptional(const GgufFile& file, const std::string& name, int64_t rows,
   return Status::Ok();
 }
 
+Status ReadOptional(const GgufFile& file, const std::string& name, int64_t rows, int64_t cols,
+                    WeightMatrix& out) {
+  if (file.FindTensor(name) == nullptr) return Status::Ok();
+  KVP_ASSIGN_OR_RETURN(out, ReadWeight(file, name, rows, cols));
+  return Status::Ok();
+}
+
 /// Every tensor of `w.config`'s architecture (llama.cpp names; see LoadLlamaWeightsFromGguf).
 Status ReadTensors(const GgufFile& file, LlamaWeights& w) {
   const ModelConfig& c = w.config;
   const std::string& arch = c.architecture;
   const int64_t d = c.dim, q = int64_t{c.num_heads} * c.head_dim, hd = c.head_dim;
   const int64_t kv = int64_t{c.num_kv_heads} * c.head_dim, h = c.hidden_dim;
-  KVP_ASSIGN_OR_RETURN(w.token_embd, ReadMatrix(file, "token_embd.weight", c.vocab_size, d));
+  KVP_ASSIGN_OR_RETURN(w.token_embd, ReadWeight(file, "token_embd.weight", c.vocab_size, d));
   KVP_ASSIGN_OR_RETURN(w.output_norm, ReadMatrix(file, "output_norm.weight", 1, d));
   KVP_RETURN_IF_ERROR(ReadOptional(file, "output.weight", c.vocab_size, d, w.output));
   if (arch == "llama") {
@@ -135,14 +173,14 @@ Status ReadTensors(const GgufFile& file, LlamaWeights& w) {
     auto& l = w.layers[static_cast<size_t>(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
     KVP_ASSIGN_OR_RETURN(l.attn_norm, ReadMatrix(file, p + "attn_norm.weight", 1, d));
-    KVP_ASSIGN_OR_RETURN(l.wq, ReadMatrix(file, p + "attn_q.weight", q, d));
-    KVP_ASSIGN_OR_RETURN(l.wk, ReadMatrix(file, p + "attn_k.weight", kv, d));
-    KVP_ASSIGN_OR_RETURN(l.wv, ReadMatrix(file, p + "attn_v.weight", kv, d));
-    KVP_ASSIGN_OR_RETURN(l.wo, ReadMatrix(file, p + "attn_output.weight", d, q));
+    KVP_ASSIGN_OR_RETURN(l.wq, ReadWeight(file, p + "attn_q.weight", q, d));
+    KVP_ASSIGN_OR_RETURN(l.wk, ReadWeight(file, p + "attn_k.weight", kv, d));
+    KVP_ASSIGN_OR_RETURN(l.wv, ReadWeight(file, p + "attn_v.weight", kv, d));
+    KVP_ASSIGN_OR_RETURN(l.wo, ReadWeight(file, p + "attn_output.weight", d, q));
     KVP_ASSIGN_OR_RETURN(l.ffn_norm, ReadMatrix(file, p + "ffn_norm.weight", 1, d));
-    KVP_ASSIGN_OR_RETURN(l.w_gate, ReadMatrix(file, p + "ffn_gate.weight", h, d));
-    KVP_ASSIGN_OR_RETURN(l.w_down, ReadMatrix(file, p + "ffn_down.weight", d, h));
-    KVP_ASSIGN_OR_RETURN(l.w_up, ReadMatrix(file, p + "ffn_up.weight", h, d));
+    KVP_ASSIGN_OR_RETURN(l.w_gate, ReadWeight(file, p + "ffn_gate.weight", h, d));
+    KVP_ASSIGN_OR_RETURN(l.w_down, ReadWeight(file, p + "ffn_down.weight", d, h));
+    KVP_ASSIGN_OR_RETURN(l.w_up, ReadWeight(file, p + "ffn_up.weight", h, d));
     if (arch == "qwen2") {  // Q/K/V biases (llama.cpp LLM_ARCH_QWEN2: bq, bk, bv required)
       KVP_ASSIGN_OR_RETURN(l.bq, ReadMatrix(file, p + "attn_q.bias", 1, q));
       KVP_ASSIGN_OR_RETURN(l.bk, ReadMatrix(file, p + "attn_k.bias", 1, kv));
@@ -187,15 +225,28 @@ void LlamaWeights::ComputeFingerprint() {
     XXH3_64bits_update(st, &style, sizeof(style));
   }
   auto add = [st](const std::vector<float>& v) { XXH3_64bits_update(st, v.data(), Bytes(v)); };
-  add(token_embd);
+  std::vector<float> row;
+  auto add_matrix = [st, &row](const WeightMatrix& m) {
+    if (m.type() == GgmlType::kF32) {
+      XXH3_64bits_update(st, m.row_data(0), m.bytes());
+      return;
+    }
+    row.resize(static_cast<size_t>(m.cols()));
+    for (int64_t r = 0; r < m.rows(); ++r) {
+      m.DequantizeRows(r, 1, row.data());
+      XXH3_64bits_update(st, row.data(), Bytes(row));
+    }
+  };
+  add_matrix(token_embd);
   add(output_norm);
-  add(classifier());
+  add_matrix(classifier());
   add(rope_freqs);
   for (const auto& l : layers) {
-    for (const auto* v : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.ffn_norm, &l.w_gate,
-                          &l.w_down, &l.w_up, &l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm}) {
-      add(*v);
-    }
+    add(l.attn_norm);
+    for (const auto* m : {&l.wq, &l.wk, &l.wv, &l.wo}) add_matrix(*m);
+    add(l.ffn_norm);
+    for (const auto* m : {&l.w_gate, &l.w_down, &l.w_up}) add_matrix(*m);
+    for (const auto* v : {&l.bq, &l.bk, &l.bv, &l.q_norm, &l.k_norm}) add(*v);
   }
   config.fingerprint = XXH3_64bits_digest(st);
   XXH3_freeState(st);

@@ -69,7 +69,11 @@ Result<LoadedModel> LoadModel(const ModelLoadOptions& options) {
   KVP_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> map, MappedFile::Open(options.path));
   const auto bytes = map->bytes();
   if (bytes.size() >= 4 && std::memcmp(bytes.data(), "GGUF", 4) == 0) {
-    auto m = LoadModelFromGgufBytes(bytes, options);
+    // Opened by path so that the weights use the mapping in place (and keep it alive).
+    map.reset();
+    auto file = GgufFile::Open(options.path);
+    if (!file.ok()) return file.status();
+    auto m = FromGguf(*file, options);
     if (!m.ok()) return m.status().WithContext(options.path);
     return m;
   }

@@ -94,6 +94,11 @@ Status RandomLlamaOptions::Validate() const {
       (dim % 32 != 0 || hidden_dim % 32 != 0 || (heads * effective_head_dim()) % 32 != 0)) {
     return InvalidArgument("q8_0 needs --dim, --hidden-dim and heads * head_dim multiples of 32");
   }
+  if ((dtype == GgmlType::kQ4_K || dtype == GgmlType::kQ6_K) &&
+      (dim % 256 != 0 || hidden_dim % 256 != 0 || (heads * effective_head_dim()) % 256 != 0)) {
+    return InvalidArgument(
+        "q4_k and q6_k need --dim, --hidden-dim and heads * head_dim multiples of 256");
+  }
   return Status::Ok();
 }
 

@@ -44,7 +44,8 @@ struct RandomLlamaOptions {
   std::string arch = "llama";
   int32_t head_dim = 0;             ///< 0 = dim / heads; else attention.key_length (any even value)
   float rope_freq_base = 10000.0f;  ///< A.rope.freq_base (Llama 3: 500000, Qwen: 1000000)
-  GgmlType dtype = GgmlType::kF32;  ///< storage type of the 2-D weights (norms stay f32)
+  GgmlType dtype = GgmlType::kF32;  ///< storage type of the 2-D weights (norms stay f32):
+                                    ///< f32, f16, bf16, q8_0, q4_k or q6_k
   uint64_t seed = 1;
   bool tied_output = false;  ///< omit output.weight (classifier tied to token_embd)
   std::string name = "kvpush-random-llama";
@@ -59,7 +60,8 @@ struct RandomLlamaOptions {
 
   /// Errors: kInvalidArgument naming the field (unknown arch, non-positive, dim % heads without
   /// head_dim, heads % kv_heads, odd head_dim, vocab < 355 without bpe_vocab, q8_0 with dim,
-  /// hidden_dim or heads * head_dim not a multiple of 32).
+  /// hidden_dim or heads * head_dim not a multiple of 32;
+  /// q4_k / q6_k with any of them not a multiple of 256).
   Status Validate() const;
 };
 

@@ -3,7 +3,9 @@
 // formulas). For a small random model of each architecture and prompts of 1, 17 and 300 tokens,
 // the logits of every position (fed one token per step, the decode path) and of the last
 // position of the whole prompt as one chunk (the prefill path) must agree with the reference to
-// 1e-4 relative: max |kvpush - reference| / max |reference| over the compared logits.
+// 1e-4 relative: max |kvpush - reference| / max |reference| over the compared logits. Models
+// stored as F16, BF16, Q8_0, Q4_K and Q6_K are compared with the reference running the same
+// stored weights (dequantized by the reference's own reader).
 // Skips with a message when /usr/bin/python3 or numpy is missing (Debian: python3-numpy).
 #include <gtest/gtest.h>
 
@@ -66,6 +68,32 @@ std::vector<ArchCase> Cases() {
   qwen2.tied_output = true;
   c.push_back({"qwen2", qwen2});
   c.push_back({"llama2", Base("llama", 14)});
+  // Weights kept in a stored type; the reference dequantizes them itself (its own reading of
+  // ggml's block formats) and runs the same quantized weights in float64.
+  RandomLlamaOptions qwen3_q4k = Base("qwen3", 15);
+  qwen3_q4k.dim = 256;  // K-quant rows are multiples of 256
+  qwen3_q4k.hidden_dim = 512;
+  qwen3_q4k.head_dim = 64;
+  qwen3_q4k.rope_freq_base = 1000000.0f;
+  qwen3_q4k.tied_output = true;
+  qwen3_q4k.dtype = GgmlType::kQ4_K;
+  c.push_back({"qwen3_q4_k", qwen3_q4k});
+  RandomLlamaOptions llama3_q6k = Base("llama3", 16);
+  llama3_q6k.dim = 256;
+  llama3_q6k.hidden_dim = 512;
+  llama3_q6k.kv_heads = 1;
+  llama3_q6k.rope_freq_base = 500000.0f;
+  llama3_q6k.dtype = GgmlType::kQ6_K;
+  c.push_back({"llama3_q6_k", llama3_q6k});
+  RandomLlamaOptions qwen2_q8 = qwen2;
+  qwen2_q8.dtype = GgmlType::kQ8_0;
+  c.push_back({"qwen2_q8_0", qwen2_q8});
+  RandomLlamaOptions qwen3_bf16 = qwen3;
+  qwen3_bf16.dtype = GgmlType::kBF16;
+  c.push_back({"qwen3_bf16", qwen3_bf16});
+  RandomLlamaOptions llama2_f16 = Base("llama", 17);
+  llama2_f16.dtype = GgmlType::kF16;
+  c.push_back({"llama2_f16", llama2_f16});
   return c;
 }
 

@@ -1,10 +1,12 @@
 // Batch invariance of LlamaExecutor: a sequence's logits (and its KV cache contents) are
 // bit-identical whether it runs alone or with 31 others, whatever its place in the batch, however
 // its prompt is chunked, and with 1 or 2 OpenBLAS threads; for every architecture (llama 2 shape,
-// llama3 with rope_freqs, qwen2 with biases, qwen3 with q/k norms and head_dim != dim / heads).
+// llama3 with rope_freqs, qwen2 with biases, qwen3 with q/k norms and head_dim != dim / heads),
+// and for weights kept in a stored type (f16, bf16, q8_0, q4_k, q6_k: dequantized per GEMM tile).
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <map>
 #include <random>
 #include <tuple>
 
@@ -20,7 +22,10 @@ namespace {
 constexpr int32_t kBlockSize = 16;
 constexpr int32_t kBlocksPerSeq = 8;  // 128 positions per sequence
 
-LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm, const std::string& arch) {
+/// `dtype` is the matrices' stored type ("f32", "f16", "bf16", "q8_0", "q4_k", "q6_k"); the
+/// quantized ones use dim 256 / hidden 512 / 8 x 32 heads (K-quant rows are multiples of 256).
+LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm, const std::string& arch,
+                             const std::string& dtype) {
   RandomLlamaOptions o;
   o.arch = arch;
   if (arch == "qwen3") o.head_dim = 24;  // heads * head_dim = 192 != dim
@@ -33,6 +38,17 @@ LoadedModel SmallRandomModel(int32_t blas_threads, GemmBackend gemm, const std::
   o.vocab = 400;
   o.context = 256;
   o.seed = 7;
+  if (dtype != "f32") {
+    const std::map<std::string, GgmlType> types = {{"f16", GgmlType::kF16},
+                                                   {"bf16", GgmlType::kBF16},
+                                                   {"q8_0", GgmlType::kQ8_0},
+                                                   {"q4_k", GgmlType::kQ4_K},
+                                                   {"q6_k", GgmlType::kQ6_K}};
+    o.dtype = types.at(dtype);
+    o.dim = 256;
+    o.hidden_dim = 512;
+    if (arch == "qwen3") o.head_dim = 32;
+  }
   auto w = BuildRandomLlamaGguf(o);
   EXPECT_TRUE(w.ok()) << w.status().ToString();
   const std::vector<uint8_t> bytes = w->Serialize();
@@ -64,11 +80,11 @@ std::vector<Seq> MakeSeqs(int n, int32_t vocab, uint32_t seed) {
 }
 
 class BatchInvarianceTest
-    : public ::testing::TestWithParam<std::tuple<GemmBackend, int32_t, const char*>> {
+    : public ::testing::TestWithParam<std::tuple<GemmBackend, int32_t, const char*, const char*>> {
  protected:
   void SetUp() override {
-    model_ =
-        SmallRandomModel(std::get<1>(GetParam()), std::get<0>(GetParam()), std::get<2>(GetParam()));
+    model_ = SmallRandomModel(std::get<1>(GetParam()), std::get<0>(GetParam()),
+                              std::get<2>(GetParam()), std::get<3>(GetParam()));
     vocab_ = model_.config.vocab_size;
     seqs_ = MakeSeqs(32, vocab_, 123);
   }
@@ -224,22 +240,31 @@ TEST_P(BatchInvarianceTest, MixedPrefillAndDecodeStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, BatchInvarianceTest,
-                         ::testing::Values(std::tuple{GemmBackend::kFixedOrder, 1, "llama"},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 1, "llama"},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama"},
-                                           std::tuple{GemmBackend::kFixedOrder, 1, "qwen3"},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen3"},
-                                           std::tuple{GemmBackend::kFixedOrder, 1, "qwen2"},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2"},
-                                           std::tuple{GemmBackend::kFixedOrder, 1, "llama3"},
-                                           std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama3"}),
+                         ::testing::Values(
+                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "f32"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 1, "llama", "f32"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama", "f32"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f32"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen3", "f32"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen2", "f32"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "f32"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "f32"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama3", "f32"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "q8_0"},
+                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "q8_0"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "q4_k"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "q6_k"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f16"},
+                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "bf16"}),
                          [](const auto& p) {
                            const std::string arch = std::get<2>(p.param);
+                           const std::string dtype = std::get<3>(p.param);
                            return std::string(std::get<0>(p.param) == GemmBackend::kFixedOrder
                                                   ? "FixedOrder"
                                                   : "OpenBlasTiles") +
                                   "Threads" + std::to_string(std::get<1>(p.param)) +
-                                  (arch == "llama" ? "" : "_" + arch);
+                                  (arch == "llama" ? "" : "_" + arch) +
+                                  (dtype == "f32" ? "" : "_" + dtype);
                          });
 
 TEST(BatchInvarianceStories, BatchOf32EqualsAlone) {

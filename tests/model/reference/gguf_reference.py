@@ -22,8 +22,15 @@ undoes that permutation and applies HF's formula, so it checks the executor's re
 file as well as its arithmetic. Llama 3.1 "llama3" RoPE scaling arrives as rope_freqs.weight
 (the converter's per-pair factors): inv_freq[i] /= rope_freqs[i].
 
+Weights are dequantized from their stored ggml type with the formats as ggml publishes them
+(ggml-common.h block_q8_0 / block_q4_K / block_q6_K, ggml-quants.c dequantize_row_*), written
+here from that description: the K-quant products are evaluated in float32 in ggml's order, so the
+dequantized values are exactly ggml's.
+
 Usage: gguf_reference.py MODEL.gguf TOKENS.i32 OUT.f64
   TOKENS.i32: little-endian int32 token ids; OUT.f64: little-endian float64 logits [n, vocab].
+       gguf_reference.py --dequant MODEL.gguf TENSOR OUT.f32
+  writes tensor TENSOR dequantized to little-endian float32 (ne[0] innermost).
 Exit status 3 when numpy is missing (the ctest skips on it).
 """
 import struct
@@ -35,8 +42,9 @@ except ImportError:  # pragma: no cover
     sys.stderr.write("gguf_reference.py: python3-numpy is not installed\n")
     sys.exit(3)
 
-# ggml types this reader dequantizes: F32, F16, Q8_0, BF16.
-F32, F16, Q8_0, BF16 = 0, 1, 8, 30
+# ggml types this reader dequantizes: F32, F16, Q8_0, Q4_K, Q6_K, BF16.
+F32, F16, Q8_0, Q4_K, Q6_K, BF16 = 0, 1, 8, 12, 14, 30
+QK_K = 256
 SCALAR = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q",
           11: "<q", 12: "<d"}
 
@@ -65,8 +73,67 @@ class Reader:
         return self.take(SCALAR[t])
 
 
-def read_gguf(path):
-    """Returns (metadata dict, {name: float64 array shaped [ne_{n-1}, ..., ne_0]})."""
+def dequant_q4_k(raw, nb):
+    """block_q4_K: f16 d, f16 dmin, 12 bytes of packed 6-bit scales/mins, 128 bytes of nibbles.
+    Sub-block j (32 values): j < 4: sc = s[j] & 63, m = s[j+4] & 63; j >= 4:
+    sc = (s[j+4] & 15) | (s[j-4] >> 6) << 4, m = (s[j+4] >> 4) | (s[j] >> 6) << 4.
+    Values 64i..64i+31 are the low nibbles of qs[32i..32i+31], the next 32 the high nibbles.
+    value = (d * sc) * q - dmin * m in float32."""
+    b = np.frombuffer(raw, np.uint8, nb * 144).reshape(nb, 144)
+    d = b[:, 0:2].copy().view("<f2").astype(np.float32)
+    dmin = b[:, 2:4].copy().view("<f2").astype(np.float32)
+    s = b[:, 4:16].astype(np.int32)
+    sc = np.concatenate([s[:, 0:4] & 63, (s[:, 8:12] & 15) | ((s[:, 0:4] >> 6) << 4)], axis=1)
+    mn = np.concatenate([s[:, 4:8] & 63, (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)], axis=1)
+    qs = b[:, 16:].reshape(nb, 4, 1, 32)
+    q = np.concatenate([qs & 15, qs >> 4], axis=2).reshape(nb, 8, 32).astype(np.float32)
+    scale = (d * sc.astype(np.float32))[:, :, None]
+    offset = (dmin * mn.astype(np.float32))[:, :, None]
+    return (scale * q - offset).reshape(-1)
+
+
+def dequant_q6_k(raw, nb):
+    """block_q6_K: ql[128] low nibbles, qh[64] high 2-bit pairs, int8 scales[16], f16 d.
+    Half h (128 values) uses ql[64h..], qh[32h..]; for l < 32 the codes of values l, l+32, l+64,
+    l+96 are ql[l] & 15, ql[l+32] & 15, ql[l] >> 4, ql[l+32] >> 4 with bits 0-1, 2-3, 4-5, 6-7 of
+    qh[l] as bits 4-5. value i = (d * scales[i // 16]) * (code - 32) in float32."""
+    b = np.frombuffer(raw, np.uint8, nb * 210).reshape(nb, 210)
+    ql = b[:, 0:128].reshape(nb, 2, 64).astype(np.int32)
+    qh = b[:, 128:192].reshape(nb, 2, 32).astype(np.int32)
+    sc = b[:, 192:208].copy().view(np.int8).astype(np.float32)
+    d = b[:, 208:210].copy().view("<f2").astype(np.float32)
+    lo, hi = ql[:, :, 0:32], ql[:, :, 32:64]
+    codes = np.concatenate([(lo & 15) | (((qh >> 0) & 3) << 4),
+                            (hi & 15) | (((qh >> 2) & 3) << 4),
+                            (lo >> 4) | (((qh >> 4) & 3) << 4),
+                            (hi >> 4) | (((qh >> 6) & 3) << 4)], axis=2).reshape(nb, 256)
+    scale = np.repeat(d * sc, 16, axis=1)
+    return (scale * (codes - 32).astype(np.float32)).reshape(-1)
+
+
+def dequantize(data, t, n, start, name):
+    """n values of ggml type t at data[start:] as float32 (exactly ggml's dequantized values)."""
+    if t == F32:
+        return np.frombuffer(data, "<f4", n, start).astype(np.float32)
+    if t == F16:
+        return np.frombuffer(data, "<f2", n, start).astype(np.float32)
+    if t == BF16:
+        u = np.frombuffer(data, "<u2", n, start).astype(np.uint32) << 16
+        return u.view(np.float32)
+    if t == Q8_0:  # blocks of 32: f16 scale d, 32 int8 q; value = d * q
+        blocks = np.frombuffer(data, np.uint8, n // 32 * 34, start).reshape(-1, 34)
+        d = blocks[:, :2].copy().view("<f2").astype(np.float32)
+        q = blocks[:, 2:].copy().view(np.int8).astype(np.float32)
+        return (d * q).reshape(-1)
+    if t == Q4_K:
+        return dequant_q4_k(data[start:start + n // QK_K * 144], n // QK_K)
+    if t == Q6_K:
+        return dequant_q6_k(data[start:start + n // QK_K * 210], n // QK_K)
+    raise ValueError("tensor %s: ggml type %d not supported by the reference" % (name, t))
+
+
+def read_gguf(path, dtype=np.float64):
+    """Returns (metadata dict, {name: array of `dtype` shaped [ne_{n-1}, ..., ne_0]})."""
     with open(path, "rb") as f:
         data = f.read()
     r = Reader(data)
@@ -89,22 +156,7 @@ def read_gguf(path):
     base = (r.pos + align - 1) // align * align
     tensors = {}
     for name, ne, t, off in infos:
-        n = int(np.prod(ne))
-        start = base + off
-        if t == F32:
-            a = np.frombuffer(data, "<f4", n, start).astype(np.float64)
-        elif t == F16:
-            a = np.frombuffer(data, "<f2", n, start).astype(np.float64)
-        elif t == BF16:
-            u = np.frombuffer(data, "<u2", n, start).astype(np.uint32) << 16
-            a = u.view(np.float32).astype(np.float64)
-        elif t == Q8_0:  # blocks of 32: f16 scale d, 32 int8 q; value = d * q
-            blocks = np.frombuffer(data, np.uint8, n // 32 * 34, start).reshape(-1, 34)
-            d = blocks[:, :2].copy().view("<f2").astype(np.float64)
-            q = blocks[:, 2:].copy().view(np.int8).astype(np.float64)
-            a = (d * q).reshape(-1)
-        else:
-            raise ValueError("tensor %s: ggml type %d not supported by the reference" % (name, t))
+        a = dequantize(data, t, int(np.prod(ne)), base + off, name).astype(dtype)
         tensors[name] = a.reshape(list(reversed(ne)))
     return meta, tensors
 
@@ -185,6 +237,10 @@ def forward(meta, t, tokens):
 
 
 def main(argv):
+    if len(argv) == 5 and argv[1] == "--dequant":
+        _, tensors = read_gguf(argv[2], np.float32)
+        tensors[argv[3]].astype("<f4").tofile(argv[4])
+        return 0
     if len(argv) != 4:
         sys.stderr.write(__doc__)
         return 2

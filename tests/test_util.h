@@ -40,8 +40,8 @@ bool WaitUntil(Pred&& pred, std::chrono::milliseconds timeout = std::chrono::sec
 /// Skips the current test with a clear message when a shared model file is missing.
 #define KVP_REQUIRE_SHARED_MODEL(var, file)                                                  \
   const std::string var = ::kvpush::testing::SharedModel(file);                              \
-  if (var.empty()) {                                                                          \
-    GTEST_SKIP() << "shared model file '" << file << "' not found in "                      \
+  if ((var).empty()) {                                                                        \
+    GTEST_SKIP() << "shared model file '" << (file) << "' not found in "                    \
                  << ::kvpush::testing::SharedModelsDir()                                      \
                  << " (see ../shared/models/README.md); skipping";                            \
   }

@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -40,6 +41,7 @@ struct ServeOptions {
   EngineConfig engine;
   bool no_prefix_caching = false;
   bool enable_prompt_tokens_details = false;
+  std::string chat_template_format = "auto";
   std::string executor = "llama";
   std::string sim_model = "qwen3-32b";
   std::string sim_hw = "h200";
@@ -60,6 +62,26 @@ Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
   mo.tokenizer_path = o.tokenizer;
   mo.blas_threads = o.blas_threads;
   return LoadModel(mo);
+}
+
+/// The chat template the server renders: the family detected in the model's template text, or
+/// the one --chat-template-format forces (its literals still read from the model's template when
+/// that is of the same family). An unrecognised template logs one warning and falls back to plain.
+server::ChatTemplate ResolveChatTemplate(std::optional<server::ChatTemplateFormat> forced,
+                                         const std::string& jinja) {
+  const server::DetectedChatTemplate d = server::DetectChatTemplate(jinja);
+  if (forced && (!d.recognised || d.chat_template.format != *forced)) {
+    server::ChatTemplate t;
+    t.format = *forced;
+    return t;
+  }
+  if (!d.recognised && !jinja.empty()) {
+    spdlog::warn(
+        "kvpush serve: the model's chat template is of no family kvpush renders (chatml, qwen3, "
+        "llama3, llama2, mistral); chat requests use kvpush's plain template "
+        "(\"User: ...\\nAssistant:\"). --chat-template-format chooses one (docs/server.md)");
+  }
+  return d.chat_template;
 }
 
 int RunServe(const ServeOptions& o) {
@@ -132,15 +154,18 @@ int RunServe(const ServeOptions& o) {
   so.port = o.port;
   so.connector = conn.get();
   so.enable_prompt_tokens_details = o.enable_prompt_tokens_details;
+  so.chat_template = ResolveChatTemplate(*server::ParseChatTemplateFormat(o.chat_template_format),
+                                         model.chat_template);
   so.served_model_name = !o.served_model_name.empty() ? o.served_model_name
                           : o.executor == "sim"         ? o.sim_model
                                                         : std::filesystem::path(o.model).filename().string();
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
-      "role={} served_model_name={} host={} port={} {}",
+      "role={} served_model_name={} host={} port={} chat_template={} {}",
       o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
       model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
-      so.served_model_name, so.host, so.port, (*engine)->config().ToString());
+      so.served_model_name, so.host, so.port,
+      server::ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
   server::HttpServer http(**engine, so);
   if (Status s = http.Start(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
@@ -220,6 +245,14 @@ void RegisterServeCommand(CLI::App& app) {
   cmd->add_flag("--enable-prompt-tokens-details", opts->enable_prompt_tokens_details,
                 "Add usage.prompt_tokens_details.cached_tokens (this instance's prefix-cache "
                 "hit; never KV that came from a peer) to responses, as vLLM does");
+  cmd->add_option("--chat-template-format", opts->chat_template_format,
+                  "Chat template family: auto (detected from the model's tokenizer.chat_template), "
+                  "plain, chatml, qwen3, llama3, llama2, mistral")
+      ->check([](const std::string& v) {
+        auto f = server::ParseChatTemplateFormat(v);
+        return f.ok() ? std::string() : f.status().message();
+      })
+      ->capture_default_str();
   cmd->add_option_function<std::string>(
          "--kv-block-allocation",
          [opts](const std::string& v) { opts->engine.scatter_kv_blocks = v == "scattered"; },

@@ -44,7 +44,9 @@ Result<LoadedModel> FromGguf(const GgufFile& file, const ModelLoadOptions& optio
   if (tok->bos_id() != weights.config.bos_id || tok->eos_id() != weights.config.eos_id) {
     return Internal("tokenizer and model disagree on BOS/EOS");
   }
-  return Finish(std::move(weights), std::move(tok), options);
+  KVP_ASSIGN_OR_RETURN(LoadedModel m, Finish(std::move(weights), std::move(tok), options));
+  if (auto t = file.GetString("tokenizer.chat_template"); t.ok()) m.chat_template = *t;
+  return m;
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ struct LoadedModel {
   ModelConfig config;
   std::unique_ptr<Executor> executor;
   std::unique_ptr<Tokenizer> tokenizer;
+  /// The model's Jinja chat template (GGUF tokenizer.chat_template); "" when it has none.
+  std::string chat_template;
 };
 
 /// Loads a Llama-family model. The format is picked from the file's first bytes ("GGUF" magic, else

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <optional>
 #include <regex>
+#include <utility>
 
 namespace kvpush::server {
 
@@ -334,6 +335,24 @@ ChatPromptTokenizer::ChatPromptTokenizer(const Tokenizer& tokenizer) : tokenizer
   // Longest first, so "<|im_start|>" wins over a shorter control text it starts with.
   std::stable_sort(specials_.begin(), specials_.end(),
                    [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+}
+
+ChatPromptBuilder::ChatPromptBuilder(ChatTemplate t, const Tokenizer& tokenizer)
+    : template_(std::move(t)), tokenizer_(tokenizer), special_(tokenizer) {
+  if (template_.bos_token.empty()) template_.bos_token = tokenizer.ControlText(tokenizer.bos_id());
+  if (template_.eos_token.empty()) template_.eos_token = tokenizer.ControlText(tokenizer.eos_id());
+}
+
+Result<std::vector<int32_t>> ChatPromptBuilder::Build(const std::vector<ChatMessage>& messages,
+                                                      const ChatTemplateOptions& options) const {
+  ChatRenderOptions o;
+  o.add_generation_prompt = options.add_generation_prompt;
+  o.enable_thinking = options.enable_thinking;
+  KVP_ASSIGN_OR_RETURN(std::string text, RenderChat(template_, messages, o));
+  if (template_.format == ChatTemplateFormat::kPlain) {
+    return TokenizePrompt(tokenizer_, text, /*add_special_tokens=*/true);
+  }
+  return special_.Encode(text);
 }
 
 Result<std::vector<int32_t>> ChatPromptTokenizer::Encode(std::string_view text) const {

@@ -100,6 +100,28 @@ class ChatPromptTokenizer {
   std::array<bool, 256> first_byte_{};                     ///< bytes a control text starts with
 };
 
+/// A model's chat prompts: its template and tokenizer together. Built once per server;
+/// thread-safe for concurrent const use.
+class ChatPromptBuilder {
+ public:
+  /// `t.bos_token` / `t.eos_token`, when empty, are taken from the vocabulary's control texts.
+  ChatPromptBuilder(ChatTemplate t, const Tokenizer& tokenizer);
+
+  /// The token ids the model receives for `messages`: plain renders kvpush's template and
+  /// prepends BOS (as a prompt); every other format renders the model's template, which writes
+  /// its own BOS, and tokenizes it with control texts parsed (ChatPromptTokenizer). Errors:
+  /// those of RenderChat and Tokenizer::Encode (kInvalidArgument).
+  Result<std::vector<int32_t>> Build(const std::vector<ChatMessage>& messages,
+                                     const ChatTemplateOptions& options) const;
+
+  const ChatTemplate& chat_template() const { return template_; }
+
+ private:
+  ChatTemplate template_;
+  const Tokenizer& tokenizer_;
+  ChatPromptTokenizer special_;
+};
+
 /// kvpush's plain template (format plain):
 ///   for each message: "<Role>: <content>\n"   (Role = System | User | Assistant)
 ///   then the generation prompt "Assistant:"

@@ -279,8 +279,12 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   // Tokenize every prompt (BOS + text; token-id prompts are used as given).
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int32_t> max_tokens;  ///< per prompt: the request's, or the default
-  if (kind == ApiKind::kChat) {
-    r.prompts.push_back(PromptInput{false, ApplyDefaultChatTemplate(r.messages), {}});
+  if (kind == ApiKind::kChat) {  // the model's chat template (server/chat_template.h)
+    auto chat_ids = srv.chat_.Build(r.messages, r.chat_template);
+    if (!chat_ids.ok()) {
+      return ReplyError(res, ApiError::Invalid(chat_ids.status().message(), "messages"));
+    }
+    r.prompts.push_back(PromptInput{true, "", std::move(*chat_ids)});
   }
   const ModelConfig& model = engine.model_config();
   const int32_t max_len = engine.config().max_model_len;

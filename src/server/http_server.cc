@@ -190,6 +190,7 @@ void TransferRequests::ExpireLocked(int64_t now_ns) {
 HttpServer::HttpServer(Engine& engine, ServerOptions options)
     : engine_(engine),
       options_(std::move(options)),
+      chat_(options_.chat_template, engine.tokenizer()),
       server_(std::make_unique<httplib::Server>()),
       rng_(std::random_device{}()) {}
 
@@ -263,7 +264,7 @@ void HttpServer::Route() {
   s.Post("/tokenize", [this](const httplib::Request& req, httplib::Response& res) {
     const JsonReply r =
         HandleTokenize(TokenizeTarget{engine_.tokenizer(), engine_.config().max_model_len,
-                                      options_.served_model_name},
+                                      options_.served_model_name, &chat_},
                        req.body);
     res.status = r.status;
     res.set_content(r.body, "application/json");

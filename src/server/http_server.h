@@ -17,6 +17,7 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "server/chat_template.h"
 #include "server/metrics.h"
 
 namespace httplib {
@@ -44,6 +45,9 @@ struct ServerOptions {
   size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
   /// vLLM's --enable-prompt-tokens-details: usage gets prompt_tokens_details.cached_tokens.
   bool enable_prompt_tokens_details = false;
+  /// How /v1/chat/completions and /tokenize render `messages` (the model's template family,
+  /// server/chat_template.h); default: kvpush's plain template.
+  ChatTemplate chat_template;
   /// P/D instances (--role prefill|decode): serves POST /kv/handshake and requests with
   /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive
   /// the server.
@@ -115,6 +119,7 @@ class HttpServer {
 
   Engine& engine_;
   ServerOptions options_;
+  ChatPromptBuilder chat_;  ///< options_.chat_template over the engine's tokenizer
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

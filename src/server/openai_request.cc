@@ -240,7 +240,6 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
                                               "cache_salt",
                                               "vllm_xargs",
                                               "chat_template",
-                                              "chat_template_kwargs",
                                               "documents",
                                               "audio",
                                               "prediction",
@@ -284,9 +283,6 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
     bool cont = false;
     if (auto e = GetBool(body, "continue_final_message", cont)) return e;
     if (cont) return NotSupported("continue_final_message");
-    bool gen = true;
-    if (auto e = GetBool(body, "add_generation_prompt", gen)) return e;
-    if (!gen) return NotSupported("add_generation_prompt", "only true");
     for (const char* f : {"tool_choice", "function_call"}) {
       auto t = body.find(f);
       if (t != body.end() && !IsEmptyValue(*t) &&
@@ -375,6 +371,7 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
     if (auto e = ParsePrompt(body, r)) return *e;
   } else {
     if (auto e = ParseMessages(body, r)) return *e;
+    if (auto e = ParseChatTemplateOptions(body, r.chat_template)) return *e;
   }
 
   std::optional<int64_t> v;
@@ -443,6 +440,27 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
 }
 
 }  // namespace
+
+std::optional<ApiError> ParseChatTemplateOptions(const json& body, ChatTemplateOptions& out) {
+  if (auto e = GetBool(body, "add_generation_prompt", out.add_generation_prompt)) return e;
+  auto kw = body.find("chat_template_kwargs");
+  if (kw == body.end() || kw->is_null()) return std::nullopt;
+  if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
+  for (const auto& [key, value] : kw->items()) {
+    if (key != "enable_thinking") {
+      return ApiError::Invalid("chat_template_kwargs: '" + key +
+                                   "' is not supported (no chat template here reads it; "
+                                   "supported: enable_thinking)",
+                               "chat_template_kwargs." + key);
+    }
+    if (value.is_null()) continue;
+    if (!value.is_boolean()) {
+      return WrongType("chat_template_kwargs.enable_thinking", "a boolean", value);
+    }
+    out.enable_thinking = value.get<bool>();
+  }
+  return std::nullopt;
+}
 
 std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body) {
   json parsed = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);

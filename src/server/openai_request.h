@@ -31,6 +31,19 @@ struct ChatMessage {
   std::string content;
 };
 
+/// How chat messages are rendered (vLLM's chat request fields `add_generation_prompt` and
+/// `chat_template_kwargs`; server/chat_template.h).
+struct ChatTemplateOptions {
+  bool add_generation_prompt = true;
+  std::optional<bool> enable_thinking;  ///< chat_template_kwargs.enable_thinking (Qwen3)
+};
+
+/// Reads `add_generation_prompt` (a boolean, default true) and `chat_template_kwargs` (null, {} or
+/// {"enable_thinking": bool}; any other key: 400 naming it, since no template here reads one) of
+/// a chat request body. Errors: ApiError 400 naming the field. Pure; thread-safe.
+std::optional<ApiError> ParseChatTemplateOptions(const nlohmann::json& body,
+                                                 ChatTemplateOptions& out);
+
 /// A validated request. Field semantics follow the OpenAI API and vLLM's extensions
 /// (top_k, ignore_eos, stop_token_ids). docs/server.md lists what is accepted and refused.
 struct OpenAiRequest {
@@ -38,6 +51,7 @@ struct OpenAiRequest {
   std::string model;                  ///< "" = not given
   std::vector<PromptInput> prompts;   ///< completions: >= 1 (a list = a batch, one choice each)
   std::vector<ChatMessage> messages;  ///< chat: >= 1
+  ChatTemplateOptions chat_template;  ///< chat: how `messages` are rendered
   std::optional<int32_t> max_tokens;  ///< >= 1; absent = server default
   float temperature = 1.0f;           ///< >= 0 (0 = greedy)
   float top_p = 1.0f;                 ///< (0, 1]

@@ -2,8 +2,10 @@
 #include "server/tokenize_handler.h"
 
 #include <nlohmann/json.hpp>
+#include <variant>
 
 #include "server/api_error.h"
+#include "server/openai_request.h"
 
 namespace kvpush::server {
 
@@ -31,6 +33,28 @@ JsonReply CheckModel(const nlohmann::json& j, std::string_view served) {
                    .ToJson()};
 }
 
+/// The ids of a /tokenize body's chat `messages`, parsed as a chat completion parses them;
+/// `bad` gets the 400 of a malformed body.
+Result<std::vector<int32_t>> TokenizeMessages(const TokenizeTarget& target, const nlohmann::json& j,
+                                              JsonReply& bad) {
+  if (target.chat == nullptr) {
+    bad = Error("'messages' is not supported here", "messages");
+    return std::vector<int32_t>{};
+  }
+  nlohmann::json body = {{"messages", j["messages"]}};
+  for (const char* f : {"add_generation_prompt", "chat_template_kwargs", "continue_final_message",
+                        "chat_template", "tools"}) {
+    if (j.contains(f)) body[f] = j[f];
+  }
+  auto parsed = ParseOpenAiRequest(ApiKind::kChat, body.dump());
+  if (const auto* e = std::get_if<ApiError>(&parsed)) {
+    bad = {e->http_status, e->ToJson()};
+    return std::vector<int32_t>{};
+  }
+  const auto& r = std::get<OpenAiRequest>(parsed);
+  return target.chat->Build(r.messages, r.chat_template);
+}
+
 }  // namespace
 
 JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
@@ -40,16 +64,12 @@ JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
     return Error("request body is not a JSON object (a JSON string must be valid UTF-8)", "");
   }
   if (JsonReply m = CheckModel(j, target.served_model_name); m.status != 0) return m;
-  if (j.contains("messages")) {
-    return Error(
-        "'messages' is not supported by /tokenize yet: kvpush renders no model chat "
-        "template; send the rendered text as 'prompt'",
-        "messages");
-  }
-  if (!j.contains("prompt") || !j["prompt"].is_string()) {
+  const bool chat = j.contains("messages");
+  if (chat && j.contains("prompt")) return Error("give 'prompt' or 'messages', not both", "prompt");
+  if (!chat && (!j.contains("prompt") || !j["prompt"].is_string())) {
     return Error("'prompt' must be a string", "prompt");
   }
-  bool add_special = true;
+  bool add_special = !chat;
   if (j.contains("add_special_tokens")) {
     if (!j["add_special_tokens"].is_boolean()) {
       return Error("'add_special_tokens' must be a boolean", "add_special_tokens");
@@ -63,8 +83,21 @@ JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
     }
     token_strs = j["return_token_strs"].get<bool>();
   }
-  auto ids = TokenizePrompt(tokenizer, j["prompt"].get<std::string>(), add_special);
-  if (!ids.ok()) return Error(ids.status().message(), "prompt");
+  Result<std::vector<int32_t>> ids = std::vector<int32_t>{};
+  if (chat) {
+    if (add_special) {
+      return Error(
+          "'add_special_tokens' is not supported for messages: only false (the chat "
+          "template writes the special tokens)",
+          "add_special_tokens");
+    }
+    JsonReply bad{0, ""};
+    ids = TokenizeMessages(target, j, bad);
+    if (bad.status != 0) return bad;
+  } else {
+    ids = TokenizePrompt(tokenizer, j["prompt"].get<std::string>(), add_special);
+  }
+  if (!ids.ok()) return Error(ids.status().message(), chat ? "messages" : "prompt");
   nlohmann::json out = {
       {"count", ids->size()}, {"max_model_len", target.max_model_len}, {"tokens", *ids}};
   if (token_strs) {

@@ -12,8 +12,12 @@
 // A "model" other than the served name -> 404 model_not_found, as the completion endpoints.
 // add_special_tokens (default true) prepends BOS when the vocabulary adds one
 // (Tokenizer::add_bos); added tokens written in the prompt (<|im_start|>) are always matched, as
-// in HF tokenizers. Chat "messages" are refused with 400: kvpush renders no model chat template
-// yet. /detokenize shows control tokens as their text (skip_special_tokens = false, as vLLM's
+// in HF tokenizers.
+//   POST /tokenize   {"messages": [...], "add_generation_prompt": true, "chat_template_kwargs":
+//                     {...}, "add_special_tokens": false, ...}
+//     -> the ids /v1/chat/completions gives the model for those messages (the model's chat
+//        template, server/chat_template.h; add_special_tokens: only false, as for chat).
+// /detokenize shows control tokens as their text (skip_special_tokens = false, as vLLM's
 // tokenizer.decode). Errors: 400 invalid_request_error naming the field.
 #pragma once
 
@@ -22,6 +26,7 @@
 #include <string_view>
 
 #include "model/tokenizer.h"
+#include "server/chat_template.h"
 
 namespace kvpush::server {
 
@@ -37,6 +42,7 @@ struct TokenizeTarget {
   const Tokenizer& tokenizer;
   int32_t max_model_len = 0;
   std::string_view served_model_name;
+  const ChatPromptBuilder* chat = nullptr;  ///< renders "messages" (null: messages get 400)
 };
 
 /// Serves one /tokenize body. Pure apart from reading the tokenizer; thread-safe.

@@ -74,6 +74,20 @@ TEST(OpenAiRequestTest, ChatFields) {
   auto plain = MustParse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
                                             "logprobs":true})");
   EXPECT_EQ(plain.logprobs, 0);
+  EXPECT_TRUE(plain.chat_template.add_generation_prompt);
+  EXPECT_FALSE(plain.chat_template.enable_thinking.has_value());
+}
+
+TEST(OpenAiRequestTest, ChatTemplateOptions) {
+  auto r = MustParse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
+                                        "add_generation_prompt":false,
+                                        "chat_template_kwargs":{"enable_thinking":false}})");
+  EXPECT_FALSE(r.chat_template.add_generation_prompt);
+  ASSERT_TRUE(r.chat_template.enable_thinking.has_value());
+  EXPECT_FALSE(*r.chat_template.enable_thinking);
+  auto empty = MustParse(ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],
+                                            "chat_template_kwargs":{}})");
+  EXPECT_FALSE(empty.chat_template.enable_thinking.has_value());
 }
 
 TEST(OpenAiRequestTest, RefusalsNameTheField) {
@@ -125,8 +139,17 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"modalities":["audio"]})",
        "modalities"},
       {ApiKind::kChat,
-       R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":false})",
+       R"({"messages":[{"role":"user","content":"x"}],"add_generation_prompt":"no"})",
        "add_generation_prompt"},
+      {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":3})",
+       "chat_template_kwargs"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],"chat_template_kwargs":{"foo":1}})",
+       "chat_template_kwargs.foo"},
+      {ApiKind::kChat,
+       R"({"messages":[{"role":"user","content":"x"}],
+           "chat_template_kwargs":{"enable_thinking":"no"}})",
+       "chat_template_kwargs.enable_thinking"},
       {ApiKind::kCompletion, R"({"prompt":"a","stop":["a",1]})", "stop"},
       {ApiKind::kCompletion, R"({"prompt":"a","stream":true,"stream_options":3})",
        "stream_options"},

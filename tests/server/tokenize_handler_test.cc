@@ -105,6 +105,62 @@ TEST(TokenizeHandler, RefusesWithFieldNames) {
   EXPECT_EQ(HandleTokenize(Target(*tok), "{\"prompt\": \"a\xFF\"}").status, 400);  // not UTF-8
 }
 
+TEST(TokenizeHandler, MessagesGiveWhatTheChatTemplateRenders) {
+  auto tok = Tiny(/*add_bos=*/true);
+  auto tokenize = [&](const ChatTemplate& t, const std::string& body) {
+    ChatPromptBuilder chat(t, *tok);
+    TokenizeTarget target{*tok, 2048, "tiny", &chat};
+    return HandleTokenize(target, body);
+  };
+  auto ids = [&](const std::string& prompt, bool special) {
+    const JsonReply r = HandleTokenize(
+        Target(*tok, 2048),
+        nlohmann::json{{"prompt", prompt}, {"add_special_tokens", special}}.dump());
+    return Body(r)["tokens"];
+  };
+  const std::string msgs = R"("messages": [{"role": "user", "content": "ab"}])";
+  // Plain: kvpush's template, BOS prepended as for a prompt.
+  JsonReply r = tokenize(ChatTemplate{}, "{" + msgs + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["tokens"], ids("User: ab\nAssistant:", true));
+  // ChatML: the model's template, no BOS added; add_generation_prompt honoured.
+  ChatTemplate chatml;
+  chatml.format = ChatTemplateFormat::kChatMl;
+  r = tokenize(chatml, "{" + msgs + R"(, "add_generation_prompt": false})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["tokens"], ids("<|im_start|>user\nab<|im_end|>\n", false));
+  // Llama 3 writes the vocabulary's BOS text, which becomes the BOS id (257).
+  ChatTemplate llama3;
+  llama3.format = ChatTemplateFormat::kLlama3;
+  r = tokenize(llama3, "{" + msgs + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["tokens"][0], 257);
+  EXPECT_EQ(Body(r)["count"], Body(r)["tokens"].size());
+}
+
+TEST(TokenizeHandler, MessagesRefusalsNameTheField) {
+  auto tok = Tiny(/*add_bos=*/true);
+  ChatTemplate llama2;
+  llama2.format = ChatTemplateFormat::kLlama2;
+  ChatPromptBuilder chat(llama2, *tok);
+  const TokenizeTarget target{*tok, 2048, "tiny", &chat};
+  const std::pair<const char*, const char*> cases[] = {
+      {R"({"messages": [{"role": "user", "content": "a"}], "add_special_tokens": true})",
+       "add_special_tokens"},
+      {R"({"messages": [{"role": "user", "content": "a"}], "prompt": "a"})", "prompt"},
+      {R"({"messages": [{"role": "user", "content": "a"}], "chat_template_kwargs": {"x": 1}})",
+       "chat_template_kwargs.x"},
+      {R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}]})",
+       "messages"},  // Llama 2's template: roles must alternate
+      {R"({"messages": []})", "messages"},
+  };
+  for (const auto& [body, param] : cases) {
+    const JsonReply r = HandleTokenize(target, body);
+    EXPECT_EQ(r.status, 400) << body;
+    EXPECT_EQ(Body(r)["error"]["param"], param) << body << " -> " << r.body;
+  }
+}
+
 TEST(TokenizeHandler, AnotherModelNameIsNotFound) {
   auto tok = Tiny(true);
   EXPECT_EQ(HandleTokenize(Target(*tok), R"({"model": "tiny", "prompt": "a"})").status, 200);

@@ -135,9 +135,7 @@ def main():
     want = without["tokens"] if args.expect_bos == "none" else [int(args.expect_bos)] + without["tokens"]
     if status != 200 or status2 != 200 or with_special["tokens"] != want:
         failures.append(f"add_special_tokens=true gave {with_special}, expected {want}")
-    status, msg = c.post_json("/tokenize", {"messages": [{"role": "user", "content": "hi"}]})
-    if status != 400:
-        failures.append(f"messages: HTTP {status} (expected 400 until chat templates render)")
+    # Chat messages are checked against the Jinja goldens by chat_compare.py.
 
     ok = not failures
     print(f"tokenizer oracle {args.name}: {stats['strings']} strings ({stats['tokens']} tokens), "

@@ -301,10 +301,10 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
         }
       }
     } else {
-      auto enc = tok.Encode(p.text);
+      // BOS when the vocabulary adds one (vLLM's add_special_tokens = true): Llama yes, Qwen no.
+      auto enc = TokenizePrompt(tok, p.text, /*add_special_tokens=*/true);
       if (!enc.ok()) return ReplyError(res, ApiError::Invalid(enc.status().message(), "prompt"));
-      ids.push_back(tok.bos_id());
-      ids.insert(ids.end(), enc->begin(), enc->end());
+      ids = std::move(*enc);
     }
     const int64_t n = static_cast<int64_t>(ids.size());
     const char* what = kind == ApiKind::kChat ? "messages" : "prompt";

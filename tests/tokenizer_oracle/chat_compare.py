@@ -9,6 +9,7 @@ error:
     oracle (compare.py) checks against the JS reference tokenizer;
   * POST /v1/chat/completions with the same messages (max_tokens 1) must report that many
     prompt tokens.
+And a /v1/completions text prompt must count what /tokenize gives with add_special_tokens.
 Exit 1 on any mismatch.
 
 Usage: chat_compare.py --url http://127.0.0.1:PORT --goldens GOLDENS.json --template qwen3|llama3
@@ -53,7 +54,16 @@ def main():
         elif s3 != 200 or comp["usage"]["prompt_tokens"] != len(text["tokens"]):
             bad += 1
             print(f"  MISMATCH {what}: chat completion {s3} {comp}")
-    print(f"chat_compare {a.template}: {len(rows)} conversations, {bad} mismatches")
+    # A completion's text prompt is what /tokenize gives with add_special_tokens (BOS only when the
+    # vocabulary adds one: Llama 3 yes, Qwen no).
+    for prompt in ["Hello world", "<|im_start|>user\nhi", " leading space"]:
+        s1, tok = post(a.url, "/tokenize", {"prompt": prompt, "add_special_tokens": True})
+        s2, comp = post(a.url, "/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0})
+        if s1 != 200 or s2 != 200 or comp["usage"]["prompt_tokens"] != tok["count"]:
+            bad += 1
+            print(f"  MISMATCH completion prompt {prompt!r}: /tokenize {tok} vs {s2} {comp}")
+    print(f"chat_compare {a.template}: {len(rows)} conversations + 3 completion prompts, "
+          f"{bad} mismatches")
     return 1 if bad or not rows else 0
 
 

@@ -64,6 +64,12 @@ void InvariantGemm::Run(const float* x, int64_t rows, int64_t k, const float* w,
   RunStrided(x, rows, k, w, n, y, n);
 }
 
+namespace {
+/// Row counts below this use the fused stored-type kernel (dequantizing per row of X); from it
+/// on, tiles dequantized once for all rows are cheaper.
+constexpr int64_t kFusedMaxRows = 4;
+}  // namespace
+
 int64_t InvariantGemm::WeightTileRows(int64_t k) {
   constexpr int64_t kTileFloats = 32 * 1024;  // 128 KiB of f32
   const int64_t rows = k > 0 ? kTileFloats / k : 64;
@@ -77,6 +83,17 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
     return;
   }
   if (rows <= 0) return;
+  // Decode-sized calls on AVX-512 read Q8_0 / F16 / BF16 directly (same bits as the tiles).
+  if (backend_ == GemmBackend::kFixedOrder && isa_ == 2 && rows < kFusedMaxRows && k % 32 == 0) {
+    const GgmlType t = w.type();
+    if (t == GgmlType::kQ8_0 || t == GgmlType::kF16 || t == GgmlType::kBF16) {
+      const auto st = t == GgmlType::kQ8_0  ? gemm_internal::StoredType::kQ8_0
+                      : t == GgmlType::kF16 ? gemm_internal::StoredType::kF16
+                                            : gemm_internal::StoredType::kBF16;
+      gemm_internal::GemmStoredAvx512(st, x, rows, k, w.row_data(0), w.row_bytes(), n, y, n);
+      return;
+    }
+  }
   const int64_t tile = WeightTileRows(k);
   if (static_cast<int64_t>(tile_.size()) < tile * k) tile_.resize(static_cast<size_t>(tile * k));
   for (int64_t n0 = 0; n0 < n; n0 += tile) {

@@ -2,7 +2,15 @@
 // only called after a CPUID check. No inline functions shared with other translation units.
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "model/gemm_kernels.h"
+
+// GCC 12 reports the intrinsics' internal _mm512_undefined_* operands as maybe-uninitialized once
+// the conversion intrinsics are inlined (a false positive).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace kvpush::gemm_internal {
 
@@ -55,7 +63,107 @@ inline void Row(const float* x, int64_t k, const float* w, int64_t n_rows, float
   for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * k, y + n, ldy);
 }
 
+/// binary16 -> binary32, exact (same bits as quant.cc's conversion, NaN payloads included).
+inline float HalfBits(const uint8_t* p) {
+  const auto h = static_cast<uint32_t>(p[0] | (p[1] << 8));
+  constexpr uint32_t kShiftedExp = 0x7c00u << 13;
+  uint32_t u = (h & 0x7fffu) << 13;
+  const uint32_t exp = u & kShiftedExp;
+  u += (127u - 15u) << 23;
+  float f;
+  if (exp == kShiftedExp) {
+    u += (128u - 16u) << 23;
+    std::memcpy(&f, &u, 4);
+  } else if (exp == 0) {
+    u += 1u << 23;
+    std::memcpy(&f, &u, 4);
+    f -= 6.103515625e-05f;  // 2^-14
+  } else {
+    std::memcpy(&f, &u, 4);
+  }
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  bits |= (h & 0x8000u) << 16;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+/// 16 values of W starting at value `kk` of a row stored as `type`, dequantized exactly as
+/// DequantizeRowUnchecked does (model/quant.h): Q8_0 d * q, F16 / BF16 widened.
+inline __m512 LoadW(StoredType type, const uint8_t* row, int64_t kk) {
+  switch (type) {
+    case StoredType::kQ8_0: {
+      const uint8_t* blk = row + (kk / 32) * 34;
+      const __m512 d = _mm512_set1_ps(HalfBits(blk));
+      const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2 + kk % 32));
+      return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)));
+    }
+    case StoredType::kF16:
+      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk)));
+    case StoredType::kBF16: {
+      const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * kk));
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+    }
+  }
+  return _mm512_setzero_ps();
+}
+
+/// One row of X against C rows of Q8_0 W (k a multiple of 32): one scale per block of 32.
+template <int C>
+inline void Q8Block(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y) {
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; kk += 32) {
+    const __m512 x0 = _mm512_loadu_ps(x + kk), x1 = _mm512_loadu_ps(x + kk + 16);
+#pragma GCC unroll 8  // keeps acc[] in registers
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* blk = w + c * row_bytes + (kk / 32) * 34;
+      const __m512 d = _mm512_set1_ps(HalfBits(blk));
+      const auto* q = reinterpret_cast<const __m128i*>(blk + 2);
+      const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+      const __m512 w1 =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
+      acc[c] = _mm512_fmadd_ps(x0, w0, acc[c]);
+      acc[c] = _mm512_fmadd_ps(x1, w1, acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
+}
+
+/// One row of X against C rows of a stored-type W (k a multiple of 16): the canonical order.
+template <int C>
+inline void StoredBlock(StoredType type, const float* x, int64_t k, const uint8_t* w,
+                        size_t row_bytes, float* y) {
+  if (type == StoredType::kQ8_0) {
+    Q8Block<C>(x, k, w, row_bytes, y);
+    return;
+  }
+  __m512 acc[C];
+  for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
+  for (int64_t kk = 0; kk < k; kk += 16) {
+    const __m512 xv = _mm512_loadu_ps(x + kk);
+#pragma GCC unroll 8
+    for (int c = 0; c < C; ++c) {
+      acc[c] = _mm512_fmadd_ps(xv, LoadW(type, w + c * row_bytes, kk), acc[c]);
+    }
+  }
+  for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
+}
+
 }  // namespace
+
+void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k,
+                      const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y, int64_t ldy) {
+  for (int64_t m = 0; m < m_rows; ++m) {
+    int64_t n = 0;
+    for (; n + 8 <= n_rows; n += 8) {
+      StoredBlock<8>(type, x + m * k, k, w + n * row_bytes, row_bytes, y + m * ldy + n);
+    }
+    for (; n < n_rows; ++n) {
+      StoredBlock<1>(type, x + m * k, k, w + n * row_bytes, row_bytes, y + m * ldy + n);
+    }
+  }
+}
 
 void GemmAvx512(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
                 int64_t ldy) {

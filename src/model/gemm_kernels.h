@@ -23,4 +23,14 @@ void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t
 void GemmAvx512(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
                 int64_t ldy);
 
+/// Stored weight types the fused AVX-512 kernel reads directly.
+enum class StoredType { kQ8_0, kF16, kBF16 };
+
+/// Fused kernel for a few rows of X (decode) against W stored as `type` (rows of `row_bytes`
+/// bytes; k a multiple of 16, and of 32 for Q8_0): W's values are dequantized in registers exactly
+/// as DequantizeRowUnchecked does and enter the canonical order above, so Y is bit-identical to
+/// GemmAvx512 on the dequantized matrix.
+void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k,
+                      const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y, int64_t ldy);
+
 }  // namespace kvpush::gemm_internal

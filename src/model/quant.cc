@@ -47,7 +47,7 @@ inline void Q4KScaleMin(const uint8_t* s, int j, int* sc, int* m) {
   }
 }
 
-void DequantizeQ4K(const uint8_t* blk, float* out) {
+void DequantizeQ4K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
   const float d = HalfToFloatFast(LoadU16(blk));
   const float dmin = HalfToFloatFast(LoadU16(blk + 2));
   const uint8_t* scales = blk + 4;
@@ -65,7 +65,7 @@ void DequantizeQ4K(const uint8_t* blk, float* out) {
   }
 }
 
-void DequantizeQ6K(const uint8_t* blk, float* out) {
+void DequantizeQ6K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
   const uint8_t* ql = blk;
   const uint8_t* qh = blk + 128;
   const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -178,7 +178,12 @@ void QuantizeQ6KBlock(const float* x, uint8_t* blk) {
 
 }  // namespace
 
-void DequantizeRowUnchecked(GgmlType type, const uint8_t* src, int64_t n, float* out) {
+// Compiled once per ISA (GCC function multi-versioning, dispatched at load) with the loops
+// vectorized (CMakeLists.txt: -ftree-vectorize). Element-wise IEEE operations without contraction
+// (-ffp-contract=off), so every version gives the same bits.
+// `src` and `out` never overlap (__restrict__: lets the byte loads and float stores vectorize).
+__attribute__((target_clones("avx512f", "avx2", "default"))) void DequantizeRowUnchecked(
+    GgmlType type, const uint8_t* __restrict__ src, int64_t n, float* __restrict__ out) {
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(out, src, static_cast<size_t>(n) * sizeof(float));

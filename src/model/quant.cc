@@ -47,7 +47,8 @@ inline void Q4KScaleMin(const uint8_t* s, int j, int* sc, int* m) {
   }
 }
 
-void DequantizeQ4K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
+[[gnu::always_inline]] inline void DequantizeQ4K(const uint8_t* __restrict__ blk,
+                                                 float* __restrict__ out) {
   const float d = HalfToFloatFast(LoadU16(blk));
   const float dmin = HalfToFloatFast(LoadU16(blk + 2));
   const uint8_t* scales = blk + 4;
@@ -65,7 +66,9 @@ void DequantizeQ4K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
   }
 }
 
-void DequantizeQ6K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
+/// Two passes per half (codes, then scaled values) so that both loops vectorize.
+[[gnu::always_inline]] inline void DequantizeQ6K(const uint8_t* __restrict__ blk,
+                                                 float* __restrict__ out) {
   const uint8_t* ql = blk;
   const uint8_t* qh = blk + 128;
   const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
@@ -73,18 +76,20 @@ void DequantizeQ6K(const uint8_t* __restrict__ blk, float* __restrict__ out) {
   for (int h = 0; h < 2; ++h) {
     const uint8_t* l4 = ql + 64 * h;
     const uint8_t* h2 = qh + 32 * h;
-    const int8_t* s = sc + 8 * h;
-    float* y = out + 128 * h;
+    uint8_t code[128];
     for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int q0 = ((l4[l] & 15) | (((h2[l] >> 0) & 3) << 4)) - 32;
-      const int q1 = ((l4[l + 32] & 15) | (((h2[l] >> 2) & 3) << 4)) - 32;
-      const int q2 = ((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4)) - 32;
-      const int q3 = ((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4)) - 32;
-      y[l] = d * static_cast<float>(s[is]) * static_cast<float>(q0);
-      y[l + 32] = d * static_cast<float>(s[is + 2]) * static_cast<float>(q1);
-      y[l + 64] = d * static_cast<float>(s[is + 4]) * static_cast<float>(q2);
-      y[l + 96] = d * static_cast<float>(s[is + 6]) * static_cast<float>(q3);
+      code[l] = static_cast<uint8_t>((l4[l] & 15) | ((h2[l] & 3) << 4));
+      code[l + 32] = static_cast<uint8_t>((l4[l + 32] & 15) | (((h2[l] >> 2) & 3) << 4));
+      code[l + 64] = static_cast<uint8_t>((l4[l] >> 4) | (((h2[l] >> 4) & 3) << 4));
+      code[l + 96] = static_cast<uint8_t>((l4[l + 32] >> 4) | (((h2[l] >> 6) & 3) << 4));
+    }
+    // Value p of the half has scale sc[8h + p / 16]: (d * scale) * (code - 32), as ggml.
+    for (int j = 0; j < 8; ++j) {
+      const float ds = d * static_cast<float>(sc[8 * h + j]);
+      float* y = out + 128 * h + 16 * j;
+      for (int i = 0; i < 16; ++i) {
+        y[i] = ds * static_cast<float>(static_cast<int>(code[16 * j + i]) - 32);
+      }
     }
   }
 }

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <thread>
 
+#include "test_util.h"
+
 namespace kvpush {
 namespace {
 
@@ -32,7 +34,9 @@ class ScriptedServer {
     });
     port_ = server_.bind_to_any_port("127.0.0.1");
     thread_ = std::thread([this] { server_.listen_after_bind(); });
-    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(::kvpush::testing::WaitUntil([this] { return server_.is_running(); },
+                                             std::chrono::seconds(5), std::chrono::milliseconds(1)))
+        << "the scripted server did not start";
   }
   ~ScriptedServer() {
     server_.stop();

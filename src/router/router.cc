@@ -36,7 +36,9 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/v1/chat/completions", "POST"},
                                  {"/v1/models", "GET"},
                                  {"/health", "GET"},
-                                 {"/metrics", "GET"}};
+                                 {"/metrics", "GET"},
+                                 {"/tokenize", "POST"},
+                                 {"/detokenize", "POST"}};
 
 /// Prometheus label value escaping (backslash, quote, newline).
 std::string LabelValue(const std::string& v) {
@@ -270,9 +272,11 @@ std::string Router::RenderMetrics() const {
 }
 
 void Router::RouteModels() {
-  server_->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+  // Answered by one decode (P/D) or colocated instance: every instance serves the same model,
+  // tokenizer and chat template, so any one's answer is the deployment's.
+  auto proxy = [this](const httplib::Request& req, httplib::Response& res) {
     std::string id = req.get_header_value("x-request-id");
-    if (!IsValidRequestId(id)) id = ids_.RequestId("models-");
+    if (!IsValidRequestId(id)) id = ids_.RequestId(req.path == "/v1/models" ? "models-" : "tok-");
     res.set_header("x-request-id", id);
     const Role role = options_.colocated() ? Role::kColocated : Role::kDecode;
     const std::string name = RoleName(role);
@@ -281,16 +285,20 @@ void Router::RouteModels() {
       return ReplyError(res, 503, "no healthy " + name + " instance", "server_error",
                         "no_healthy_instance");
     }
-    LegResult r = NewLeg(d->address(), role)->Get("/v1/models", id);
+    LegResult r = req.method == "GET" ? NewLeg(d->address(), role)->Get(req.path, id)
+                                      : NewLeg(d->address(), role)->Post(req.path, id, req.body);
     if (!r.answered) {
-      if (r.connect_failed) d->MarkUnhealthy("GET /v1/models: " + r.error);
+      if (r.connect_failed) d->MarkUnhealthy(req.method + " " + req.path + ": " + r.error);
       return ReplyError(res, 502,
                         name + " instance " + d->address().url + " unreachable: " + r.error,
                         "server_error", name + "_unreachable");
     }
     res.status = r.status;
     res.set_content(r.body, r.content_type.empty() ? "application/json" : r.content_type);
-  });
+  };
+  server_->Get("/v1/models", proxy);
+  server_->Post("/tokenize", proxy);
+  server_->Post("/detokenize", proxy);
 }
 
 void Router::RouteHealth() {

@@ -175,37 +175,59 @@ std::vector<Case> Cases() {
   };
 }
 
-class PdErrorVocabulary : public PdFixture {};
+/// A front door: an instance or router port and the extra request headers (the router's mode).
+struct Door {
+  std::string name;
+  Proc* proc;
+  std::string headers;
+};
+
+class PdErrorVocabulary : public PdFixture {
+ protected:
+  /// A colocated instance (the reference), and routers in push, pull and colocated mode.
+  void StartDoors() {
+    const std::string model = ModelOrGenerated();
+    ASSERT_FALSE(model.empty());
+    const std::string cfg = KvCfg("ucx:tcp");
+    const int pc = Port(), pp = Port(), pd = Port();
+    colo_ = Spawn("colocated", ServeArgs(model, "both", host_, pc, ""), host_, pc);
+    Proc* p = Spawn("prefill", ServeArgs(model, "prefill", host_, pp, cfg), host_, pp);
+    Proc* d = Spawn("decode", ServeArgs(model, "decode", host_, pd, cfg), host_, pd);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo_, p, d}));
+    const int rp = Port(), rc = Port();
+    Proc* router = Spawn("router",
+                         {"router", "--prefill", p->url(), "--decode", d->url(), "--host", host_,
+                          "--port", std::to_string(rp), "--log-level", "warn"},
+                         host_, rp);
+    Proc* router_colo = Spawn("router-colocated",
+                              {"router", "--colocated", colo_->url(), "--host", host_, "--port",
+                               std::to_string(rc), "--log-level", "warn"},
+                              host_, rc);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router, router_colo}));
+    doors_ = {{"router push", router, "x-kvpush-mode: push\r\n"},
+              {"router pull", router, "x-kvpush-mode: pull\r\n"},
+              {"router colocated", router_colo, ""}};
+  }
+
+  /// `request` as `door` receives it: its headers after the request line (not into a malformed
+  /// one).
+  static std::string ForDoor(const Door& door, std::string request) {
+    if (!door.headers.empty() && request.rfind("GARBAGE", 0) != 0) {
+      request.insert(request.find("\r\n") + 2, door.headers);
+    }
+    return request;
+  }
+
+  const std::string host_ = "127.0.0.1";
+  Proc* colo_ = nullptr;
+  std::vector<Door> doors_;
+};
 
 TEST_F(PdErrorVocabulary, RouterAndInstancesAnswerBadInputAlike) {
-  const std::string model = ModelOrGenerated();
-  ASSERT_FALSE(model.empty());
-  const std::string host = "127.0.0.1";
-  const std::string cfg = KvCfg("ucx:tcp");
-  const int pc = Port(), pp = Port(), pd = Port();
-  Proc* colo = Spawn("colocated", ServeArgs(model, "both", host, pc, ""), host, pc);
-  Proc* p = Spawn("prefill", ServeArgs(model, "prefill", host, pp, cfg), host, pp);
-  Proc* d = Spawn("decode", ServeArgs(model, "decode", host, pd, cfg), host, pd);
-  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, p, d}));
-  const int rp = Port(), rc = Port();
-  Proc* router = Spawn("router",
-                       {"router", "--prefill", p->url(), "--decode", d->url(), "--host", host,
-                        "--port", std::to_string(rp), "--log-level", "warn"},
-                       host, rp);
-  Proc* router_colo = Spawn("router-colocated",
-                            {"router", "--colocated", colo->url(), "--host", host, "--port",
-                             std::to_string(rc), "--log-level", "warn"},
-                            host, rc);
-  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router, router_colo}));
-
-  struct Door {
-    std::string name;
-    Proc* proc;
-    std::string headers;  ///< extra request headers (the router's mode)
-  };
-  const std::vector<Door> doors = {{"router push", router, "x-kvpush-mode: push\r\n"},
-                                   {"router pull", router, "x-kvpush-mode: pull\r\n"},
-                                   {"router colocated", router_colo, ""}};
+  ASSERT_NO_FATAL_FAILURE(StartDoors());
+  const std::string& host = host_;
+  Proc* colo = colo_;
+  const std::vector<Door>& doors = doors_;
   int compared = 0;
   for (const Case& c : Cases()) {
     const RawAnswer ref = SendRaw(host, colo->port, c.request);
@@ -216,13 +238,7 @@ TEST_F(PdErrorVocabulary, RouterAndInstancesAnswerBadInputAlike) {
     EXPECT_EQ(err["error"]["code"], c.code.empty() ? json(nullptr) : json(c.code)) << c.label;
     EXPECT_EQ(err["error"]["type"], "invalid_request_error") << c.label;
     for (const Door& door : doors) {
-      std::string request = c.request;
-      const size_t eol = request.find("\r\n");
-      // The mode header goes after the request line (not into a malformed one).
-      if (!door.headers.empty() && request.rfind("GARBAGE", 0) != 0) {
-        request.insert(eol + 2, door.headers);
-      }
-      const RawAnswer got = SendRaw(host, door.proc->port, request);
+      const RawAnswer got = SendRaw(host, door.proc->port, ForDoor(door, c.request));
       const std::string who = "[" + door.name + "] " + c.label;
       EXPECT_EQ(got.status, ref.status) << who << ": " << got.raw.substr(0, 400);
       EXPECT_EQ(got.content_type, ref.content_type) << who;
@@ -232,6 +248,38 @@ TEST_F(PdErrorVocabulary, RouterAndInstancesAnswerBadInputAlike) {
     }
   }
   EXPECT_EQ(compared, static_cast<int>(Cases().size() * doors.size()));
+}
+
+// POST /tokenize and /detokenize through the router are one instance's answer, byte for byte
+// (the router forwards them to a decode or colocated instance), good input and bad.
+TEST_F(PdErrorVocabulary, TokenizeThroughTheRouterIsTheInstancesAnswer) {
+  ASSERT_NO_FATAL_FAILURE(StartDoors());
+  const std::vector<std::pair<std::string, int>> cases = {
+      {PostRequest("/tokenize", R"({"prompt":"Once upon a time"})"), 200},
+      {PostRequest("/tokenize", R"({"prompt":"Once","add_special_tokens":false,)"
+                                R"("return_token_strs":true})"),
+       200},
+      {PostRequest("/tokenize", R"({"messages":[{"role":"system","content":"Be brief."},)"
+                                R"({"role":"user","content":"Hi"}]})"),
+       200},
+      {PostRequest("/detokenize", R"({"tokens":[1, 403, 407, 261]})"), 200},
+      {PostRequest("/tokenize", R"({"prompt":7})"), 400},
+      {PostRequest("/tokenize", R"({"messages":[]})"), 400},
+      {PostRequest("/detokenize", R"({"tokens":[-1]})"), 400},
+      {PostRequest("/tokenize", R"({"prompt":"a","model":"gpt-4"})"), 404},
+      {Bare("GET", "/tokenize"), 405},
+  };
+  for (const auto& [request, status] : cases) {
+    const RawAnswer ref = SendRaw(host_, colo_->port, request);
+    ASSERT_EQ(ref.status, status) << request << " -> " << ref.raw.substr(0, 400);
+    for (const Door& door : doors_) {
+      const RawAnswer got = SendRaw(host_, door.proc->port, ForDoor(door, request));
+      EXPECT_EQ(got.status, ref.status) << door.name << ": " << request;
+      EXPECT_EQ(got.content_type, ref.content_type) << door.name << ": " << request;
+      EXPECT_EQ(got.allow, ref.allow) << door.name << ": " << request;
+      EXPECT_EQ(got.body, ref.body) << door.name << ": " << request;
+    }
+  }
 }
 
 }  // namespace

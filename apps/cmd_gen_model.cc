@@ -112,7 +112,9 @@ void RegisterGenModelCommand(CLI::App& app) {
   cmd->add_option("--hidden-dim", m.hidden_dim, "FFN hidden size")->capture_default_str();
   cmd->add_option("--vocab", m.vocab, "vocabulary size (>= 355)")->capture_default_str();
   cmd->add_option("--context", m.context, "context length")->capture_default_str();
-  cmd->add_option("--dtype", args->dtype, "weight storage of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k (norms stay f32)")
+  cmd->add_option(
+         "--dtype", args->dtype,
+         "weight storage of the matrices: f32, f16, bf16, q8_0, q4_k, q6_k (norms stay f32)")
       ->capture_default_str();
   cmd->add_option("--seed", m.seed, "random seed")->capture_default_str();
   cmd->add_option("--name", m.name, "general.name")->capture_default_str();

@@ -238,9 +238,12 @@ int main(int argc, char** argv) {
     nlohmann::json j;
     j["model_path"] = path;
     j["dtype"] = dtype;
-    j["config"] = {{"dim", c.dim},          {"layers", c.num_layers},
-                   {"heads", c.num_heads},  {"kv_heads", c.num_kv_heads},
-                   {"hidden_dim", c.hidden_dim}, {"vocab", c.vocab_size}};
+    j["config"] = {{"dim", c.dim},
+                   {"layers", c.num_layers},
+                   {"heads", c.num_heads},
+                   {"kv_heads", c.num_kv_heads},
+                   {"hidden_dim", c.hidden_dim},
+                   {"vocab", c.vocab_size}};
     j["gemm"] = llama->gemm_name();
     j["file_bytes"] = file_bytes;
     j["vmrss_before_load_bytes"] = rss0;

@@ -1,11 +1,11 @@
 #include "model/dtype.h"
 
-#include "model/quant.h"
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
+
+#include "model/quant.h"
 
 namespace kvpush {
 
@@ -48,8 +48,8 @@ Result<size_t> GgmlRowBytes(GgmlType type, int64_t n) {
     case GgmlType::kQ4_K:
     case GgmlType::kQ6_K:
       if (n % kQkK != 0) {
-        return DataLoss(GgmlTypeName(static_cast<uint32_t>(type)) + " row of " +
-                        std::to_string(n) + " values is not a multiple of 256");
+        return DataLoss(GgmlTypeName(static_cast<uint32_t>(type)) + " row of " + std::to_string(n) +
+                        " values is not a multiple of 256");
       }
       return static_cast<size_t>(n / kQkK) *
              static_cast<size_t>(type == GgmlType::kQ4_K ? kQ4KBlockBytes : kQ6KBlockBytes);

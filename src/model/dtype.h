@@ -18,7 +18,14 @@
 namespace kvpush {
 
 /// ggml tensor type ids that kvpush reads and writes. Other ids are refused by name/number.
-enum class GgmlType : uint32_t { kF32 = 0, kF16 = 1, kQ8_0 = 8, kQ4_K = 12, kQ6_K = 14, kBF16 = 30 };
+enum class GgmlType : uint32_t {
+  kF32 = 0,
+  kF16 = 1,
+  kQ8_0 = 8,
+  kQ4_K = 12,
+  kQ6_K = 14,
+  kBF16 = 30
+};
 
 /// Values per Q8_0 block, and bytes per block.
 inline constexpr int64_t kQ8BlockValues = 32;

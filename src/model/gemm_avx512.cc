@@ -120,7 +120,8 @@ inline void Q8Block(const float* x, int64_t k, const uint8_t* w, size_t row_byte
       const uint8_t* blk = w + c * row_bytes + (kk / 32) * 34;
       const __m512 d = _mm512_set1_ps(HalfBits(blk));
       const auto* q = reinterpret_cast<const __m128i*>(blk + 2);
-      const __m512 w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
+      const __m512 w0 =
+          _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))));
       const __m512 w1 =
           _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))));
       acc[c] = _mm512_fmadd_ps(x0, w0, acc[c]);
@@ -152,8 +153,8 @@ inline void StoredBlock(StoredType type, const float* x, int64_t k, const uint8_
 
 }  // namespace
 
-void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k,
-                      const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y, int64_t ldy) {
+void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
+                      size_t row_bytes, int64_t n_rows, float* y, int64_t ldy) {
   for (int64_t m = 0; m < m_rows; ++m) {
     int64_t n = 0;
     for (; n + 8 <= n_rows; n += 8) {

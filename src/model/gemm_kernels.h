@@ -30,7 +30,7 @@ enum class StoredType { kQ8_0, kF16, kBF16 };
 /// bytes; k a multiple of 16, and of 32 for Q8_0): W's values are dequantized in registers exactly
 /// as DequantizeRowUnchecked does and enter the canonical order above, so Y is bit-identical to
 /// GemmAvx512 on the dequantized matrix.
-void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k,
-                      const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y, int64_t ldy);
+void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
+                      size_t row_bytes, int64_t n_rows, float* y, int64_t ldy);
 
 }  // namespace kvpush::gemm_internal

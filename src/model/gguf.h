@@ -9,8 +9,8 @@
 //   A string is u64 length + bytes; an array is u32 element type + u64 count + elements.
 // Hostile input: every count and length is checked against the bytes that remain before anything
 // is allocated, so a malformed file yields kDataLoss (or kUnimplemented for a valid but unsupported
-// feature: GGUF v1, nested arrays, tensor types other than F32/F16/BF16/Q8_0/Q4_K/Q6_K) and never a crash.
-// Thread-safety: a parsed GgufFile is immutable; concurrent const use is safe.
+// feature: GGUF v1, nested arrays, tensor types other than F32/F16/BF16/Q8_0/Q4_K/Q6_K) and never a
+// crash. Thread-safety: a parsed GgufFile is immutable; concurrent const use is safe.
 #pragma once
 
 #include <cstdint>

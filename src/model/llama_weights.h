@@ -24,26 +24,26 @@ class GgufFile;
 /// the architecture has none.
 struct LlamaLayerWeights {
   std::vector<float> attn_norm;  ///< [d]
-  WeightMatrix wq;         ///< [q, d]
-  WeightMatrix wk;         ///< [kv, d]
-  WeightMatrix wv;         ///< [kv, d]
+  WeightMatrix wq;               ///< [q, d]
+  WeightMatrix wk;               ///< [kv, d]
+  WeightMatrix wv;               ///< [kv, d]
   std::vector<float> bq;         ///< [q] or empty (qwen2 attn_q.bias)
   std::vector<float> bk;         ///< [kv] or empty (qwen2 attn_k.bias)
   std::vector<float> bv;         ///< [kv] or empty (qwen2 attn_v.bias)
   std::vector<float> q_norm;     ///< [hd] or empty (qwen3 attn_q_norm: per-head RMSNorm of q)
   std::vector<float> k_norm;     ///< [hd] or empty (qwen3 attn_k_norm: per-head RMSNorm of k)
-  WeightMatrix wo;         ///< [d, q]
+  WeightMatrix wo;               ///< [d, q]
   std::vector<float> ffn_norm;   ///< [d]
-  WeightMatrix w_gate;     ///< [h, d]  (llama2.c w1)
-  WeightMatrix w_down;     ///< [d, h]  (llama2.c w2)
-  WeightMatrix w_up;       ///< [h, d]  (llama2.c w3)
+  WeightMatrix w_gate;           ///< [h, d]  (llama2.c w1)
+  WeightMatrix w_down;           ///< [d, h]  (llama2.c w2)
+  WeightMatrix w_up;             ///< [h, d]  (llama2.c w3)
 };
 
 /// All weights plus the hyper-parameters. `output` is empty when the classifier is tied to
 /// `token_embd`.
 struct LlamaWeights {
   ModelConfig config;
-  WeightMatrix token_embd;   ///< [vocab, d]
+  WeightMatrix token_embd;         ///< [vocab, d]
   std::vector<float> output_norm;  ///< [d]
   WeightMatrix output;             ///< [vocab, d] or empty (tied)
   /// [rope_dim / 2] or empty: RoPE frequency factors (GGUF rope_freqs.weight, Llama 3.1+); pair

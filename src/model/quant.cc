@@ -33,7 +33,8 @@ inline float HalfToFloatFast(uint16_t h) {
   } else {
     f = std::bit_cast<float>(u);
   }
-  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) | (static_cast<uint32_t>(h & 0x8000u) << 16));
+  return std::bit_cast<float>(std::bit_cast<uint32_t>(f) |
+                              (static_cast<uint32_t>(h & 0x8000u) << 16));
 }
 
 /// Sub-block j's 6-bit scale and min of a Q4_K block (layout in quant.h).
@@ -212,10 +213,12 @@ __attribute__((target_clones("avx512f", "avx2", "default"))) void DequantizeRowU
       }
       return;
     case GgmlType::kQ4_K:
-      for (int64_t b = 0; b < n / kQkK; ++b) DequantizeQ4K(src + b * kQ4KBlockBytes, out + b * kQkK);
+      for (int64_t b = 0; b < n / kQkK; ++b)
+        DequantizeQ4K(src + b * kQ4KBlockBytes, out + b * kQkK);
       return;
     case GgmlType::kQ6_K:
-      for (int64_t b = 0; b < n / kQkK; ++b) DequantizeQ6K(src + b * kQ6KBlockBytes, out + b * kQkK);
+      for (int64_t b = 0; b < n / kQkK; ++b)
+        DequantizeQ6K(src + b * kQ6KBlockBytes, out + b * kQkK);
       return;
   }
 }

@@ -40,7 +40,8 @@ Result<WeightMatrix> WeightMatrix::FromStored(GgmlType type, int64_t rows, int64
     return m;
   }
   // Owned copy; a float vector keeps f32 rows aligned.
-  auto copy = std::make_shared<std::vector<float>>((data.size() + sizeof(float) - 1) / sizeof(float));
+  auto copy =
+      std::make_shared<std::vector<float>>((data.size() + sizeof(float) - 1) / sizeof(float));
   if (!data.empty()) std::memcpy(copy->data(), data.data(), data.size());
   m.data_ = reinterpret_cast<const uint8_t*>(copy->data());
   m.owner_ = std::move(copy);

@@ -239,33 +239,31 @@ TEST_P(BatchInvarianceTest, MixedPrefillAndDecodeStep) {
   EXPECT_TRUE(std::equal(logits.begin() + vocab_, logits.end(), ref_b.begin()));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, BatchInvarianceTest,
-                         ::testing::Values(
-                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "f32"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 1, "llama", "f32"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama", "f32"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f32"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen3", "f32"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen2", "f32"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "f32"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "f32"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama3", "f32"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "q8_0"},
-                             std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "q8_0"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "q4_k"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "q6_k"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f16"},
-                             std::tuple{GemmBackend::kFixedOrder, 1, "llama", "bf16"}),
-                         [](const auto& p) {
-                           const std::string arch = std::get<2>(p.param);
-                           const std::string dtype = std::get<3>(p.param);
-                           return std::string(std::get<0>(p.param) == GemmBackend::kFixedOrder
-                                                  ? "FixedOrder"
-                                                  : "OpenBlasTiles") +
-                                  "Threads" + std::to_string(std::get<1>(p.param)) +
-                                  (arch == "llama" ? "" : "_" + arch) +
-                                  (dtype == "f32" ? "" : "_" + dtype);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Backends, BatchInvarianceTest,
+    ::testing::Values(std::tuple{GemmBackend::kFixedOrder, 1, "llama", "f32"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 1, "llama", "f32"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama", "f32"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f32"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen3", "f32"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "qwen2", "f32"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "f32"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "f32"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 2, "llama3", "f32"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "llama", "q8_0"},
+                      std::tuple{GemmBackend::kOpenBlasTiles, 2, "qwen2", "q8_0"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "q4_k"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "llama3", "q6_k"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "qwen3", "f16"},
+                      std::tuple{GemmBackend::kFixedOrder, 1, "llama", "bf16"}),
+    [](const auto& p) {
+      const std::string arch = std::get<2>(p.param);
+      const std::string dtype = std::get<3>(p.param);
+      return std::string(std::get<0>(p.param) == GemmBackend::kFixedOrder ? "FixedOrder"
+                                                                          : "OpenBlasTiles") +
+             "Threads" + std::to_string(std::get<1>(p.param)) +
+             (arch == "llama" ? "" : "_" + arch) + (dtype == "f32" ? "" : "_" + dtype);
+    });
 
 TEST(BatchInvarianceStories, BatchOf32EqualsAlone) {
   KVP_REQUIRE_SHARED_MODEL(path, "stories260K.gguf");

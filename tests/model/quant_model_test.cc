@@ -33,8 +33,8 @@ struct DtypeCase {
 // Bounds about 1.6-3x the errors measured (deterministic: fixed seeds): f16 3.5e-4, bf16 3.6e-3,
 // q8_0 8.6e-3, q6_k 3.2e-2, q4_k 1.6e-1 (random uniform weights; docs/model.md).
 const DtypeCase kCases[] = {
-    {GgmlType::kF16, "f16", "qwen3", 1e-3},   {GgmlType::kBF16, "bf16", "llama3", 1e-2},
-    {GgmlType::kQ8_0, "q8_0", "qwen3", 2e-2}, {GgmlType::kQ6_K, "q6_k", "llama3", 6e-2},
+    {GgmlType::kF16, "f16", "qwen3", 1e-3},     {GgmlType::kBF16, "bf16", "llama3", 1e-2},
+    {GgmlType::kQ8_0, "q8_0", "qwen3", 2e-2},   {GgmlType::kQ6_K, "q6_k", "llama3", 6e-2},
     {GgmlType::kQ4_K, "q4_k", "qwen2", 2.5e-1},
 };
 
@@ -130,7 +130,8 @@ TEST_P(QuantModelTest, StoredTypeMatchesDequantizedF32BitwiseAndF32OriginalWithi
   auto original = Load(dir + "/f32.gguf");
 
   const std::vector<float> got = RunSteps(*stored);
-  EXPECT_EQ(got, RunSteps(**dequantized)) << c.name << ": stored type differs from its f32 dequantization";
+  EXPECT_EQ(got, RunSteps(**dequantized))
+      << c.name << ": stored type differs from its f32 dequantization";
   EXPECT_EQ(stored->config().fingerprint, (*dequantized)->config().fingerprint);
 
   // Compare the prompt's logits (same inputs for both models); decode steps may pick other tokens.

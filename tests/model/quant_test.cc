@@ -7,6 +7,8 @@
 //    in docs/model.md);
 //  * WeightMatrix borrows a mapped file's bytes in place and keeps the mapping alive.
 // The NumPy comparison skips when /usr/bin/python3 or numpy is missing (Debian: python3-numpy).
+#include "model/quant.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,7 +26,6 @@
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/llama_weights.h"
-#include "model/quant.h"
 #include "model/random_model.h"
 #include "model/weight_matrix.h"
 
@@ -88,7 +89,7 @@ std::vector<uint8_t> RandomBlocks(GgmlType type, int64_t rows, uint32_t seed) {
   const size_t bytes = *GgmlRowBytes(type, 512) * static_cast<size_t>(rows);
   std::vector<uint8_t> b(bytes);
   for (uint8_t& x : b) x = static_cast<uint8_t>(rng());
-  const int64_t block = type == GgmlType::kQ8_0 ? kQ8BlockBytes
+  const int64_t block = type == GgmlType::kQ8_0   ? kQ8BlockBytes
                         : type == GgmlType::kQ4_K ? kQ4KBlockBytes
                                                   : kQ6KBlockBytes;
   // fp16 fields: Q8_0 d at 0; Q4_K d, dmin at 0, 2; Q6_K d at 208. Exponent kept below 31.
@@ -224,9 +225,9 @@ TEST(QuantTest, WeightsBorrowTheMappingAndKeepItAlive) {
     ASSERT_NE(t, nullptr);
     EXPECT_EQ(weights.layers[0].wq.row_data(0), t->data.data());  // in place, no copy
     EXPECT_EQ(weights.layers[0].wq.type(), GgmlType::kQ8_0);
-    ASSERT_TRUE(DequantizeToF32(t->type, t->data.subspan(0, weights.layers[0].wq.row_bytes()),
-                                expected)
-                    .ok());
+    ASSERT_TRUE(
+        DequantizeToF32(t->type, t->data.subspan(0, weights.layers[0].wq.row_bytes()), expected)
+            .ok());
   }
   std::filesystem::remove_all(dir);  // the mapping outlives the file's name and the GgufFile
   std::vector<float> row(256);

@@ -252,7 +252,7 @@ int main(int argc, char** argv) {
   }
   const double bound = bw / weight_bytes;
   std::printf(
-      "model %s: dim %d, layers %d, heads %d/%d, hidden %d, vocab %d; f32 weights %.1f MiB\n",
+      "model %s: dim %d, layers %d, heads %d/%d, hidden %d, vocab %d; weights %.1f MiB as stored\n",
       a.label.c_str(), c.dim, c.num_layers, c.num_heads, c.num_kv_heads, c.hidden_dim, c.vocab_size,
       weight_bytes / (1 << 20));
   std::printf(

@@ -29,7 +29,8 @@ enum class StoredType { kQ8_0, kF16, kBF16 };
 /// Fused kernel for a few rows of X (decode) against W stored as `type` (rows of `row_bytes`
 /// bytes; k a multiple of 16, and of 32 for Q8_0): W's values are dequantized in registers exactly
 /// as DequantizeRowUnchecked does and enter the canonical order above, so Y is bit-identical to
-/// GemmAvx512 on the dequantized matrix.
+/// GemmAvx512 on the dequantized matrix (exception: an F16 signalling NaN comes out quiet here;
+/// weights holding NaN are garbage either way).
 void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
                       size_t row_bytes, int64_t n_rows, float* y, int64_t ldy);
 

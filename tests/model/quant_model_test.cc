@@ -182,7 +182,8 @@ TEST(QuantModelMemoryTest, Q8ModelResidentMemoryStaysNearItsFileSize) {
   auto m = LoadModel(lo);
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   auto kv = testing::MakeCache(m->config, 8);
-  const double kv_bytes = 8.0 * 16 * o.layers * 2 * o.kv_heads * (o.dim / o.heads) * 4;
+  const int32_t head_dim = o.dim / o.heads;  // 64, exact
+  const double kv_bytes = 8.0 * 16 * o.layers * 2 * o.kv_heads * head_dim * 4;
   std::vector<float> logits(static_cast<size_t>(o.vocab));
   std::vector<int32_t> prompt = {1, 5, 9, 13};
   SequenceChunk ch;

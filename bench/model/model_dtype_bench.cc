@@ -155,6 +155,58 @@ double StreamedBytes(const kvpush::LlamaWeights& w) {
   return b + static_cast<double>(w.token_embd.row_bytes());
 }
 
+/// Everything one run measured (see the file comment).
+struct Measured {
+  std::string path, dtype, gemm;
+  kvpush::ModelConfig config;
+  double rss0 = 0, rss_loaded = 0, hwm = 0, file_bytes = 0, kv_bytes = 0, streamed = 0;
+  double step_s = 0, read_bw = 0, copy_bw = 0;
+  int context = 0, steps = 0, reps = 0;
+};
+
+/// Prints the table row and, when `json_path` is not empty, writes the JSON.
+void Report(const Measured& r, const std::string& json_path) {
+  const double mib = 1 << 20;
+  const double decode_tok_s = 1.0 / r.step_s, bound = r.read_bw / r.streamed;
+  const double rss_ratio = r.rss_loaded / (r.file_bytes + r.kv_bytes);
+  std::printf(
+      "%-5s file %7.1f MiB  VmRSS %7.1f MiB (before load %5.1f, peak %7.1f)  KV %5.1f MiB  "
+      "RSS/(file+KV) %.3f  streamed %7.1f MiB/token  decode %7.2f tok/s  read %5.1f GB/s  "
+      "copy %5.1f GB/s  bound %7.2f tok/s  decode/bound %5.1f%%\n",
+      r.dtype.c_str(), r.file_bytes / mib, r.rss_loaded / mib, r.rss0 / mib, r.hwm / mib,
+      r.kv_bytes / mib, rss_ratio, r.streamed / mib, decode_tok_s, r.read_bw / 1e9, r.copy_bw / 1e9,
+      bound, 100.0 * decode_tok_s / bound);
+  if (json_path.empty()) return;
+  const kvpush::ModelConfig& c = r.config;
+  nlohmann::json j;
+  j["model_path"] = r.path;
+  j["dtype"] = r.dtype;
+  j["config"] = {{"dim", c.dim},
+                 {"layers", c.num_layers},
+                 {"heads", c.num_heads},
+                 {"kv_heads", c.num_kv_heads},
+                 {"hidden_dim", c.hidden_dim},
+                 {"vocab", c.vocab_size}};
+  j["gemm"] = r.gemm;
+  j["file_bytes"] = r.file_bytes;
+  j["vmrss_before_load_bytes"] = r.rss0;
+  j["vmrss_loaded_bytes"] = r.rss_loaded;
+  j["vmhwm_bytes"] = r.hwm;
+  j["kv_arena_bytes"] = r.kv_bytes;
+  j["rss_over_file_plus_kv"] = rss_ratio;
+  j["streamed_bytes_per_token"] = r.streamed;
+  j["decode_tok_s"] = decode_tok_s;
+  j["decode_step_median_s"] = r.step_s;
+  j["read_bandwidth_bytes_per_s"] = r.read_bw;
+  j["copy_bandwidth_bytes_per_s"] = r.copy_bw;
+  j["bound_tok_s"] = bound;
+  j["decode_over_bound"] = decode_tok_s / bound;
+  j["context"] = r.context;
+  j["decode_steps"] = r.steps;
+  j["reps"] = r.reps;
+  std::ofstream(json_path) << j.dump(2) << "\n";
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -218,50 +270,23 @@ int main(int argc, char** argv) {
     if (r == 0) rss_loaded = StatusBytes("VmRSS");
     for (int s = 0; s < steps; ++s) dt.push_back(step(tok, context + s));
   }
-  const double hwm = StatusBytes("VmHWM");
-  const double file_bytes = static_cast<double>(std::filesystem::file_size(path));
-  const double read_bw = ReadBandwidth(size_t{512} << 20);
-  const double copy_bw = CopyBandwidth(size_t{512} << 20);
-  const double decode_tok_s = 1.0 / Median(dt);
-  const double streamed = StreamedBytes(w);
-  const double bound = read_bw / streamed;
-  const std::string dtype = kvpush::GgmlTypeName(static_cast<uint32_t>(w.layers[0].wq.type()));
-  std::printf(
-      "%-5s file %7.1f MiB  VmRSS %7.1f MiB (before load %5.1f, peak %7.1f)  KV %5.1f MiB  "
-      "RSS/(file+KV) %.3f  streamed %7.1f MiB/token  decode %7.2f tok/s  read %5.1f GB/s  "
-      "copy %5.1f GB/s  bound %7.2f tok/s  decode/bound %5.1f%%\n",
-      dtype.c_str(), file_bytes / (1 << 20), rss_loaded / (1 << 20), rss0 / (1 << 20),
-      hwm / (1 << 20), kv_bytes / (1 << 20), rss_loaded / (file_bytes + kv_bytes),
-      streamed / (1 << 20), decode_tok_s, read_bw / 1e9, copy_bw / 1e9, bound,
-      100.0 * decode_tok_s / bound);
-  if (a.kv.count("json") != 0) {
-    nlohmann::json j;
-    j["model_path"] = path;
-    j["dtype"] = dtype;
-    j["config"] = {{"dim", c.dim},
-                   {"layers", c.num_layers},
-                   {"heads", c.num_heads},
-                   {"kv_heads", c.num_kv_heads},
-                   {"hidden_dim", c.hidden_dim},
-                   {"vocab", c.vocab_size}};
-    j["gemm"] = llama->gemm_name();
-    j["file_bytes"] = file_bytes;
-    j["vmrss_before_load_bytes"] = rss0;
-    j["vmrss_loaded_bytes"] = rss_loaded;
-    j["vmhwm_bytes"] = hwm;
-    j["kv_arena_bytes"] = kv_bytes;
-    j["rss_over_file_plus_kv"] = rss_loaded / (file_bytes + kv_bytes);
-    j["streamed_bytes_per_token"] = streamed;
-    j["decode_tok_s"] = decode_tok_s;
-    j["decode_step_median_s"] = Median(dt);
-    j["read_bandwidth_bytes_per_s"] = read_bw;
-    j["copy_bandwidth_bytes_per_s"] = copy_bw;
-    j["bound_tok_s"] = bound;
-    j["decode_over_bound"] = decode_tok_s / bound;
-    j["context"] = context;
-    j["decode_steps"] = steps;
-    j["reps"] = reps;
-    std::ofstream(a.Get("json", "")) << j.dump(2) << "\n";
-  }
+  Measured r;
+  r.path = path;
+  r.dtype = kvpush::GgmlTypeName(static_cast<uint32_t>(w.layers[0].wq.type()));
+  r.gemm = llama->gemm_name();
+  r.config = c;
+  r.rss0 = rss0;
+  r.rss_loaded = rss_loaded;
+  r.hwm = StatusBytes("VmHWM");
+  r.file_bytes = static_cast<double>(std::filesystem::file_size(path));
+  r.kv_bytes = kv_bytes;
+  r.streamed = StreamedBytes(w);
+  r.step_s = Median(dt);
+  r.read_bw = ReadBandwidth(size_t{512} << 20);
+  r.copy_bw = CopyBandwidth(size_t{512} << 20);
+  r.context = context;
+  r.steps = steps;
+  r.reps = reps;
+  Report(r, a.Get("json", ""));
   return 0;
 }

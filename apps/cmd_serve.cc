@@ -18,6 +18,7 @@
 #include "model/model.h"
 #include "model/sim_executor.h"
 #include "server/http_server.h"
+#include "xfer/backend_factory.h"
 
 namespace kvpush::apps {
 namespace {
@@ -34,6 +35,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   std::string advertise_host;
   std::string kv_transfer_config;
+  std::string xfer_fault_plan;
   int port = 8000;
   std::string served_model_name;
   std::string log_level = "info";
@@ -98,6 +100,17 @@ int RunServe(const ServeOptions& o) {
       return 2;
     }
     kc = *parsed;
+  }
+  if (!o.xfer_fault_plan.empty()) {
+    auto plan = xfer::ParseFaultPlan(o.xfer_fault_plan);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "kvpush serve: --xfer-fault-plan: %s\n",
+                   plan.status().message().c_str());
+      return 2;
+    }
+    spdlog::warn("kvpush serve: injecting KV transfer faults (testing only): {}",
+                 xfer::FaultPlanToString(*plan));
+    xfer::SetProcessFaultPlan(*plan);
   }
   if (o.port < 0 || o.port > 65535) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
@@ -264,6 +277,10 @@ void RegisterServeCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--blas-threads", opts->blas_threads, "OpenBLAS threads of the executor")
       ->capture_default_str();
+  cmd->add_option("--xfer-fault-plan", opts->xfer_fault_plan,
+                  "Testing only: inject KV transfer failures and delays (fault backend), e.g. "
+                  "post_failure_rate=0.02,completion_failure_rate=0.02,max_post_delay_us=2000,"
+                  "max_completion_delay_us=2000,seed=7 (docs/reliability.md)");
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   cmd->callback([opts] {

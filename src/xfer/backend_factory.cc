@@ -5,8 +5,14 @@
 #include "xfer/ucx_backend.h"
 
 namespace kvpush::xfer {
+namespace {
 
-Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec) {
+std::optional<FaultPlan>& ProcessFaultPlan() {
+  static std::optional<FaultPlan> plan;
+  return plan;
+}
+
+Result<std::unique_ptr<Backend>> MakePlainBackend(const std::string& spec) {
   if (spec == "loopback") return MakeLoopbackBackend();
   if (spec.rfind("ucx:", 0) == 0) {
     UcxOptions o;
@@ -20,6 +26,20 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec) {
   }
   return InvalidArgument("unknown backend spec '" + spec +
                          "' (loopback, ucx:tcp, ucx:shm, libfabric:tcp, libfabric:shm)");
+}
+
+}  // namespace
+
+void SetProcessFaultPlan(std::optional<FaultPlan> plan) {
+  ProcessFaultPlan() = std::move(plan);
+}
+
+Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec) {
+  KVP_ASSIGN_OR_RETURN(auto backend, MakePlainBackend(spec));
+  if (!ProcessFaultPlan()) return backend;
+  auto controls = std::make_shared<FaultControls>();
+  controls->Set(*ProcessFaultPlan());
+  return MakeFaultBackend(std::move(backend), std::move(controls));
 }
 
 std::vector<std::string> MultiProcessBackendSpecs() {

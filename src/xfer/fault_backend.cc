@@ -1,6 +1,8 @@
 #include "xfer/fault_backend.h"
 
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <random>
@@ -62,7 +64,10 @@ class FaultBackend final : public Backend, private BackendSink {
   Status Post(PostRequest req) override {
     FaultPlan plan = controls_->Get();
     std::lock_guard lock(mu_);
-    if (Chance(plan.post_failure_rate)) return Unavailable("injected post failure");
+    if (Chance(plan.post_failure_rate)) {
+      if (plan.log_injections) std::fputs("kvpush xfer fault: injected post failure\n", stderr);
+      return Unavailable("injected post failure");
+    }
     if (plan.peer_dead) {
       const BackendPeer* peer = req.peer.get();
       uint64_t token = req.token;
@@ -92,8 +97,12 @@ class FaultBackend final : public Backend, private BackendSink {
     {
       std::lock_guard lock(mu_);
       if (plan.swallow_completions) return;
-      if (status.ok() && Chance(plan.completion_failure_rate))
+      if (status.ok() && Chance(plan.completion_failure_rate)) {
+        if (plan.log_injections) {
+          std::fputs("kvpush xfer fault: injected completion failure\n", stderr);
+        }
         status = Internal("injected completion failure");
+      }
       auto delay = Uniform(plan.max_completion_delay);
       if (delay.count() != 0) {
         Schedule(SteadyClock::now() + delay,
@@ -149,6 +158,57 @@ class FaultBackend final : public Backend, private BackendSink {
 };
 
 }  // namespace
+
+Result<FaultPlan> ParseFaultPlan(const std::string& spec) {
+  FaultPlan plan;
+  plan.log_injections = true;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(',', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty()) continue;
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos)
+      return InvalidArgument("fault plan: '" + item + "' is not key=value");
+    const std::string key = item.substr(0, eq);
+    const std::string value = item.substr(eq + 1);
+    char* rest = nullptr;
+    if (key == "post_failure_rate" || key == "completion_failure_rate") {
+      const double v = std::strtod(value.c_str(), &rest);
+      if (value.empty() || *rest != '\0' || !(v >= 0 && v <= 1)) {
+        return InvalidArgument("fault plan: " + key + " must be a number in [0, 1]");
+      }
+      (key == "post_failure_rate" ? plan.post_failure_rate : plan.completion_failure_rate) = v;
+    } else if (key == "max_post_delay_us" || key == "max_completion_delay_us" || key == "seed") {
+      const unsigned long long v = std::strtoull(value.c_str(), &rest, 10);
+      if (value.empty() || *rest != '\0' || value[0] == '-' || (key != "seed" && v > 10000000ULL)) {
+        return InvalidArgument("fault plan: " + key + " must be an integer" +
+                               (key == "seed" ? "" : " in [0, 10000000]"));
+      }
+      if (key == "seed") {
+        plan.seed = v;
+      } else {
+        (key == "max_post_delay_us" ? plan.max_post_delay : plan.max_completion_delay) =
+            std::chrono::microseconds(static_cast<int64_t>(v));
+      }
+    } else {
+      return InvalidArgument("fault plan: unknown key '" + key +
+                             "' (post_failure_rate, completion_failure_rate, max_post_delay_us, "
+                             "max_completion_delay_us, seed)");
+    }
+  }
+  return plan;
+}
+
+std::string FaultPlanToString(const FaultPlan& plan) {
+  return "post_failure_rate=" + std::to_string(plan.post_failure_rate) +
+         ",completion_failure_rate=" + std::to_string(plan.completion_failure_rate) +
+         ",max_post_delay_us=" + std::to_string(plan.max_post_delay.count()) +
+         ",max_completion_delay_us=" + std::to_string(plan.max_completion_delay.count()) +
+         ",seed=" + std::to_string(plan.seed);
+}
 
 std::unique_ptr<Backend> MakeFaultBackend(std::unique_ptr<Backend> inner,
                                           std::shared_ptr<FaultControls> controls) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "xfer/backend.h"
 
@@ -24,7 +25,19 @@ struct FaultPlan {
   bool swallow_completions = false;  ///< completions never reported: the transfer stalls
   bool peer_dead = false;            ///< posts complete with kPeerGone; OnPeerError is reported
   uint64_t seed = 1;
+  /// One line on stderr per injected failure ("kvpush xfer fault: injected post failure"), so a
+  /// test driving whole processes can count what was injected (the chaos test).
+  bool log_injections = false;
 };
+
+/// Parses a plan from "key=value,key=value" (the `kvpush serve --xfer-fault-plan` flag):
+/// post_failure_rate, completion_failure_rate (in [0, 1]), max_post_delay_us,
+/// max_completion_delay_us (0..10,000,000), seed. Unknown keys and bad values are
+/// kInvalidArgument naming the key. log_injections is set.
+Result<FaultPlan> ParseFaultPlan(const std::string& spec);
+
+/// The plan as ParseFaultPlan reads it (for the start-up line).
+std::string FaultPlanToString(const FaultPlan& plan);
 
 /// Shared, mutable fault plan plus counters of what was injected.
 class FaultControls {

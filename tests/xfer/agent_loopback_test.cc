@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "xfer/agent.h"
+#include "xfer/backend_factory.h"
 #include "xfer/fault_backend.h"
 #include "xfer/loopback_backend.h"
 
@@ -337,6 +338,59 @@ TEST(AgentLoopbackTest, StandaloneNotificationAndConcurrentPostersFromManyThread
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].payload, payload);
   EXPECT_EQ(got[0].peer_incarnation, p.init->incarnation());
+}
+
+// `kvpush serve --xfer-fault-plan` (the chaos test): the plan's text form and the process-wide
+// wrapping of every backend MakeBackend creates.
+TEST(FaultPlanTest, ParsesEveryKeyAndRefusesBadOnesByName) {
+  auto plan = ParseFaultPlan(
+      "post_failure_rate=0.25,completion_failure_rate=1,max_post_delay_us=2000,"
+      "max_completion_delay_us=0,seed=99");
+  ASSERT_TRUE(plan.ok()) << plan.status().ToString();
+  EXPECT_EQ(plan->post_failure_rate, 0.25);
+  EXPECT_EQ(plan->completion_failure_rate, 1.0);
+  EXPECT_EQ(plan->max_post_delay, std::chrono::microseconds(2000));
+  EXPECT_EQ(plan->max_completion_delay, std::chrono::microseconds(0));
+  EXPECT_EQ(plan->seed, 99u);
+  EXPECT_TRUE(plan->log_injections);
+  auto again = ParseFaultPlan(FaultPlanToString(*plan));
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(again->post_failure_rate, 0.25);
+  EXPECT_EQ(again->max_post_delay, std::chrono::microseconds(2000));
+  EXPECT_EQ(again->seed, 99u);
+  EXPECT_TRUE(ParseFaultPlan("").ok());  // no faults
+  for (const char* bad : {"post_failure_rate=1.5", "post_failure_rate=-0.1",
+                          "post_failure_rate=", "completion_failure_rate=x", "max_post_delay_us=-1",
+                          "max_post_delay_us=10000001", "seed=1x", "bogus=1", "seed"}) {
+    auto r = ParseFaultPlan(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    const std::string key = std::string(bad).substr(0, std::string(bad).find('='));
+    EXPECT_NE(r.status().message().find(key), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(FaultPlanTest, ProcessPlanWrapsEveryBackendMakeBackendCreates) {
+  FaultPlan plan;
+  plan.post_failure_rate = 1;
+  SetProcessFaultPlan(plan);
+  auto wrapped = MakeBackend("loopback");
+  SetProcessFaultPlan(std::nullopt);
+  ASSERT_TRUE(wrapped.ok()) << wrapped.status().ToString();
+  EXPECT_EQ((*wrapped)->caps().name, MakeLoopbackBackend()->caps().name);  // peers still match
+  Pair p = MakePair(4096, std::move(wrapped).value());
+  auto ll = p.init->PrepareLocal(std::vector<Desc>{{p.src.id, 0, 4096}}).value();
+  auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, 0, 4096}}).value();
+  auto t = p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {}}).value();
+  EXPECT_EQ(p.init->Post(t).code(), StatusCode::kUnavailable);  // injected post failure
+
+  Pair plain = MakePair(4096, MakeBackend("loopback").value());  // plan cleared: no faults
+  auto ll2 = plain.init->PrepareLocal(std::vector<Desc>{{plain.src.id, 0, 4096}}).value();
+  auto rl2 =
+      plain.init->PrepareRemote("decode", std::vector<Desc>{{plain.dst.id, 0, 4096}}).value();
+  auto t2 = plain.init->CreateTransfer({Op::kWrite, ll2, {}, rl2, {}, {}}).value();
+  ASSERT_TRUE(plain.init->Post(t2).ok());
+  EXPECT_EQ(plain.init->Wait(t2, In(milliseconds(5000)))->state, TransferState::kDone);
 }
 
 }  // namespace

@@ -1,0 +1,893 @@
+#!/usr/bin/python3
+"""Chaos test of P/D serving (issue 11 item 5, docs/reliability.md).
+
+Router + 2 prefill (P) + 2 decode (D) instances (D0 failure_policy=recompute, D1 fail), plus one
+colocated instance that computes the reference tokens of every prompt first. Then >= N requests
+(push, pull-vllm, pull-fast; streamed and not; greedy and seeded) go through the router at
+concurrency C while a fault driver, at random:
+
+  * aborts clients mid-request (streamed: after the first event; not streamed: a short timeout),
+  * SIGKILLs P or D and restarts it on the same port,
+  * SIGSTOPs P or D past D's watchdog, then SIGCONTs it,
+  * cuts the link of one instance (veth down/up; the instances run in network namespaces; needs
+    root and `ip`, skipped with a message otherwise),
+  * leaves pull leases to expire (P legs sent straight to P, never followed by a D leg),
+and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
+completion failures and random post/completion delays on every KV WRITE/READ.
+
+Checked at the end (exit status 1 otherwise):
+  * every request returned tokens identical to colocated, or an explicit error (HTTP 4xx/5xx or an
+    SSE error event); zero HTTP 200 with wrong tokens, no stream cut without an error event, no
+    request outlasting its timeout (a hang);
+  * every surviving instance's block pool is back to its full free count once traffic stops and
+    leases expire (kvpush_kv_blocks_used == 0, free + cached == total, nothing waiting for KV, no
+    transfer in flight), and a final request of each mode returns the colocated tokens;
+  * no process died except the ones killed on purpose (exit statuses; no sanitizer report, abort
+    or `terminate called` in any log).
+Counts of every fault injected and every outcome are printed.
+
+Deterministic from --seed (printed; a random one when not given): the request plan (prompt,
+mode, stream, abort) and the fault sequence (kind, target, timing) are drawn from it. What the
+faults hit depends on timing, so a replay repeats the decisions, not the exact interleaving.
+
+Python 3 standard library only. Exit 77 (ctest: skipped) when the model is missing.
+"""
+
+import argparse
+import http.client
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+# ----------------------------------------------------------------------------------------------
+# Configuration of the instances. lease_ms must exceed watchdog_ms + 1000 (checked at the
+# handshake); the faults are sized from these.
+
+WATCHDOG_MS = 1000
+LEASE_MS = 3000
+CANCEL_ACK_MS = 500
+STALL_MS = 1000
+REQUEST_TIMEOUT_S = 60.0  # a request still unanswered after this is a hang
+
+CRASH_PATTERNS = [
+    "AddressSanitizer", "UndefinedBehaviorSanitizer", "runtime error:", "ThreadSanitizer",
+    "LeakSanitizer", "terminate called", "Segmentation fault", "Assertion `", "Check failed",
+    "*** stack smashing", "double free", "Aborted",
+]
+
+
+T0 = time.time()
+
+
+def log(msg):
+    sys.stdout.write("chaos: [%6.1f s] %s\n" % (time.time() - T0, msg))
+    sys.stdout.flush()
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sh(cmd):
+    r = subprocess.run(cmd, shell=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return r.returncode, r.stdout
+
+
+# ----------------------------------------------------------------------------------------------
+# Network namespaces: one per P/D instance, joined by a bridge in the root namespace (router and
+# colocated instance stay in the root namespace and reach the instances through the bridge).
+
+class Netns:
+    def __init__(self, tag):
+        self.tag = tag  # short, unique per run
+        self.k = 20 + os.getpid() % 200
+        self.bridge = "kvc%sb" % tag
+        self.created = []
+        self.links = []
+
+    def ip(self, i):
+        return "10.79.%d.%d" % (self.k, i + 2)
+
+    def ns(self, i):
+        return "kvc%sn%d" % (self.tag, i)
+
+    def host_dev(self, i):
+        return "kvc%sh%d" % (self.tag, i)
+
+    def dev(self, i):
+        return "kvc%sp%d" % (self.tag, i)
+
+    def create(self, n):
+        cmds = ["ip link add name %s type bridge" % self.bridge,
+                "ip addr add 10.79.%d.1/24 dev %s" % (self.k, self.bridge),
+                "ip link set %s up" % self.bridge]
+        for c in cmds:
+            rc, out = sh(c)
+            if rc != 0:
+                return "%s: %s" % (c, out.strip())
+        self.created.append(("link", self.bridge))
+        for i in range(n):
+            ns, h, p = self.ns(i), self.host_dev(i), self.dev(i)
+            steps = ["ip netns add %s" % ns,
+                     "ip link add %s type veth peer name %s" % (h, p),
+                     "ip link set %s netns %s" % (p, ns),
+                     "ip link set %s master %s" % (h, self.bridge),
+                     "ip link set %s up" % h,
+                     "ip netns exec %s ip addr add %s/24 dev %s" % (ns, self.ip(i), p),
+                     "ip netns exec %s ip link set %s up" % (ns, p),
+                     "ip netns exec %s ip link set lo up" % ns]
+            for j, c in enumerate(steps):
+                rc, out = sh(c)
+                if rc != 0:
+                    return "%s: %s" % (c, out.strip())
+                if j == 0:
+                    self.created.append(("ns", ns))
+                if j == 1:
+                    self.created.append(("link", h))
+        return ""
+
+    def set_link(self, i, up):
+        return sh("ip link set %s %s" % (self.host_dev(i), "up" if up else "down"))[0] == 0
+
+    def destroy(self):
+        for kind, name in reversed(self.created):
+            if kind == "ns":
+                sh("ip netns del %s" % name)
+            else:
+                sh("ip link del %s" % name)
+        self.created = []
+
+
+# ----------------------------------------------------------------------------------------------
+# Processes
+
+class Instance:
+    """One kvpush serve or router, restartable on the same port; every incarnation is kept."""
+
+    def __init__(self, name, args, host, port, logdir, bin_path, netns=None, env=None):
+        self.name, self.args, self.host, self.port = name, args, host, port
+        self.logdir, self.bin, self.netns, self.env = logdir, bin_path, netns, env or {}
+        self.incarnations = []  # [dict(proc, log, killed)]
+        self.lock = threading.Lock()
+        self.stopped = False  # SIGSTOPped now
+        self.last_metrics = {}  # incarnation index -> last scraped counters
+
+    @property
+    def url(self):
+        return "http://%s:%d" % (self.host, self.port)
+
+    @property
+    def proc(self):
+        return self.incarnations[-1]["proc"]
+
+    def start(self):
+        n = len(self.incarnations)
+        path = os.path.join(self.logdir, "%s.%d.log" % (self.name, n))
+        f = open(path, "w")
+        cmd = [self.bin] + self.args
+        if self.netns:
+            cmd = ["ip", "netns", "exec", self.netns] + cmd  # execs: same pid
+        env = dict(os.environ)
+        env.update(self.env)
+        p = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env)
+        f.close()
+        self.incarnations.append({"proc": p, "log": path, "killed": False})
+
+    def healthy(self, timeout=1.0):
+        try:
+            c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            c.request("GET", "/health")
+            r = c.getresponse()
+            r.read()
+            c.close()
+            return r.status == 200
+        except (OSError, http.client.HTTPException):
+            return False
+
+    def wait_healthy(self, timeout=60.0):
+        t0 = time.time()
+        while time.time() - t0 < timeout:
+            if self.proc.poll() is not None:
+                return False
+            if self.healthy():
+                return True
+            time.sleep(0.1)
+        return False
+
+    def kill(self):
+        with self.lock:
+            inc = self.incarnations[-1]
+            inc["killed"] = True
+            inc["proc"].send_signal(signal.SIGKILL)
+            inc["proc"].wait()
+            self.stopped = False
+
+    def metrics(self, timeout=3.0):
+        """Every sample of /metrics summed by name; None when unreachable."""
+        try:
+            c = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+            c.request("GET", "/metrics")
+            r = c.getresponse()
+            body = r.read().decode("utf-8", "replace")
+            c.close()
+            if r.status != 200:
+                return None
+        except (OSError, http.client.HTTPException):
+            return None
+        out = {}
+        for line in body.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name = re.split(r"[{ ]", line, 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                pass
+        return out
+
+    def scrape(self):
+        m = self.metrics()
+        if m is not None:
+            self.last_metrics[len(self.incarnations) - 1] = m
+        return m
+
+    def counter_total(self, name):
+        return sum(m.get(name, 0.0) for m in self.last_metrics.values())
+
+
+# ----------------------------------------------------------------------------------------------
+# Requests
+
+def body_for(entry, stream):
+    b = {"prompt": entry["prompt"], "max_tokens": entry["max_tokens"], "ignore_eos": True,
+         "return_token_ids": True, "stream": stream}
+    if entry["seed"] is not None:
+        b.update({"temperature": 0.8, "top_p": 0.95, "seed": entry["seed"]})
+    else:
+        b["temperature"] = 0.0
+    return b
+
+
+def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=None):
+    """Posts /v1/completions. Returns dict(kind, status, ids, error).
+
+    kind: ok (200, complete), http_error, sse_error, truncated (stream ended without [DONE] and
+    without an error event), transport (no HTTP answer), timeout, aborted (by us)."""
+    res = {"kind": None, "status": 0, "ids": [], "error": ""}
+    stream = body.get("stream", False)
+    t_abort = None
+    if abort_after is not None:
+        t_abort = abort_after
+    try:
+        c = http.client.HTTPConnection(host, port, timeout=timeout if t_abort is None or stream
+                                       else t_abort)
+        h = {"Content-Type": "application/json"}
+        h.update(headers or {})
+        c.request("POST", "/v1/completions", json.dumps(body), h)
+        r = c.getresponse()
+        res["status"] = r.status
+        if not stream or r.status != 200:
+            data = r.read()
+            c.close()
+            try:
+                j = json.loads(data)
+            except ValueError:
+                j = None
+            if r.status != 200:
+                res["kind"] = "http_error"
+                res["error"] = (j or {}).get("error", {}).get("message", "") if isinstance(j, dict) \
+                    and isinstance(j.get("error"), dict) else data[:200].decode("utf-8", "replace")
+                return res
+            if isinstance(j, dict) and "error" in j:
+                res["kind"] = "http_error"  # 200 with an error body: counted, flagged below
+                res["error"] = str(j["error"])
+                res["error_in_200"] = True
+                return res
+            try:
+                res["ids"] = j["choices"][0]["token_ids"]
+                res["kind"] = "ok"
+            except (TypeError, KeyError, IndexError):
+                res["kind"] = "truncated"
+                res["error"] = "200 without choices[0].token_ids: %r" % data[:200]
+            return res
+        # Streamed 200: read SSE events.
+        done = False
+        events = 0
+        while True:
+            line = r.fp.readline()
+            if not line:
+                break
+            line = line.decode("utf-8", "replace").strip()
+            if not line.startswith("data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == "[DONE]":
+                done = True
+                break
+            events += 1
+            try:
+                j = json.loads(payload)
+            except ValueError:
+                res["kind"] = "truncated"
+                res["error"] = "malformed SSE event %r" % payload[:200]
+                c.close()
+                return res
+            if "error" in j:
+                res["kind"] = "sse_error"
+                e = j["error"]
+                res["error"] = e.get("message", str(e)) if isinstance(e, dict) else str(e)
+                # keep reading to [DONE] or close
+                continue
+            try:
+                res["ids"].extend(j["choices"][0].get("token_ids") or [])
+            except (KeyError, IndexError, TypeError):
+                pass
+            if t_abort is not None and events >= 1:
+                c.close()
+                res["kind"] = "aborted"
+                return res
+        c.close()
+        if res["kind"] == "sse_error":
+            return res
+        res["kind"] = "ok" if done else "truncated"
+        if not done:
+            res["error"] = "stream ended without [DONE] and without an error event"
+        return res
+    except socket.timeout:
+        res["kind"] = "aborted" if t_abort is not None and not stream else "timeout"
+        return res
+    except (OSError, http.client.HTTPException) as e:
+        res["kind"] = "transport"
+        res["error"] = "%s: %s" % (type(e).__name__, e)
+        return res
+
+
+def make_pool(rng, n, vocab):
+    """Prompt/sampling entries: short, long, shared prefixes, repeats; greedy and seeded."""
+    pool = []
+    longs = []
+    for i in range(n):
+        kind = rng.random()
+        if kind < 0.35:
+            prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 16))]
+        elif kind < 0.75 or not longs:
+            prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(40, 200))]
+            longs.append(prompt)
+        else:  # a prefix (whole and partial blocks) of an earlier long prompt plus a new tail
+            base = rng.choice(longs)
+            cut = rng.randrange(8, len(base))
+            prompt = base[:cut] + [rng.randrange(3, vocab) for _ in range(rng.randrange(1, 40))]
+        seed = rng.randrange(1 << 40) if rng.random() < 0.5 else None
+        pool.append({"prompt": prompt, "max_tokens": rng.randrange(4, 17), "seed": seed})
+    return pool
+
+
+# ----------------------------------------------------------------------------------------------
+
+class Chaos:
+    def __init__(self, a):
+        self.a = a
+        self.rng = random.Random(a.seed)
+        self.counts_lock = threading.Lock()
+        self.outcomes = {}
+        self.faults = {}
+        self.errors = {}
+        self.modes = {}
+        self.router_metrics = None
+        self.violations = []
+        self.instances = []
+        self.traffic_done = threading.Event()
+        self.netns = None
+
+    def count(self, table, key, n=1):
+        with self.counts_lock:
+            table[key] = table.get(key, 0) + n
+
+    def violation(self, msg):
+        with self.counts_lock:
+            self.violations.append(msg)
+        log("VIOLATION: " + msg)
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def kv_cfg(self, policy):
+        x = {"backend": "ucx:tcp", "lease_ms": LEASE_MS, "watchdog_ms": WATCHDOG_MS,
+             "cancel_ack_ms": CANCEL_ACK_MS, "stall_ms": STALL_MS, "failure_policy": policy}
+        return json.dumps({"kv_connector_extra_config": x})
+
+    def fault_plan(self, salt):
+        a = self.a
+        return ("post_failure_rate=%g,completion_failure_rate=%g,max_post_delay_us=%d,"
+                "max_completion_delay_us=%d,seed=%d" % (a.post_failure_rate, a.completion_failure_rate,
+                                                       a.max_delay_us, a.max_delay_us,
+                                                       (a.seed * 7919 + salt) % (1 << 62)))
+
+    def serve_args(self, role, host, port, policy=None, fault_salt=None):
+        args = ["serve", "--model", self.a.model, "--role", role, "--host", host, "--port",
+                str(port), "--num-kv-blocks", str(self.a.kv_blocks), "--log-level", "info"]
+        if role != "both":
+            args += ["--kv-transfer-config", self.kv_cfg(policy or "recompute")]
+        if fault_salt is not None and self.fault_flag:
+            args += ["--xfer-fault-plan", self.fault_plan(fault_salt)]
+        return args
+
+    def setup(self):
+        a = self.a
+        self.dir = tempfile.mkdtemp(prefix="kvpush-chaos-", dir=a.work)
+        rc, helptext = sh("%s serve --help" % a.kvpush)
+        self.fault_flag = "--xfer-fault-plan" in helptext
+        if not self.fault_flag:
+            log("WARNING: this kvpush has no --xfer-fault-plan; transfer faults not injected")
+        use_netns = a.netns == "on" or (a.netns == "auto" and os.geteuid() == 0 and
+                                        shutil.which("ip") is not None)
+        if a.netns == "auto" and not use_netns:
+            log("SKIP link-cut faults: network namespaces need root and `ip` (euid=%d, ip=%s); "
+                "P and D run on 127.0.0.1" % (os.geteuid(), shutil.which("ip")))
+        if use_netns:
+            self.netns = Netns("%02d" % (os.getpid() % 100))
+            err = self.netns.create(4)
+            if err:
+                log("SKIP link-cut faults: cannot create network namespaces (%s); P and D run on "
+                    "127.0.0.1" % err)
+                self.netns.destroy()
+                self.netns = None
+        roles = [("P0", "prefill", None), ("P1", "prefill", None), ("D0", "decode", "recompute"),
+                 ("D1", "decode", "fail")]
+        self.colo = Instance("colocated", self.serve_args("both", "127.0.0.1", free_port()),
+                             "127.0.0.1", 0, self.dir, a.kvpush)
+        self.colo.port = int(self.colo.args[self.colo.args.index("--port") + 1])
+        self.pd = []
+        for i, (name, role, policy) in enumerate(roles):
+            if self.netns:
+                host, port = self.netns.ip(i), free_port()
+                inst = Instance(name, self.serve_args(role, host, port, policy, fault_salt=i), host,
+                                port, self.dir, a.kvpush, netns=self.netns.ns(i),
+                                env={"UCX_NET_DEVICES": self.netns.dev(i)})
+            else:
+                host, port = "127.0.0.1", free_port()
+                inst = Instance(name, self.serve_args(role, host, port, policy, fault_salt=i), host,
+                                port, self.dir, a.kvpush)
+            inst.salt = i
+            self.pd.append(inst)
+        self.P = self.pd[:2]
+        self.D = self.pd[2:]
+        rport = free_port()
+        rargs = ["router", "--prefill"] + [p.url for p in self.P] + ["--decode"] + \
+                [d.url for d in self.D] + ["--host", "127.0.0.1", "--port", str(rport),
+                                           "--health-interval-ms", "1000", "--request-timeout-s",
+                                           "30", "--log-level", "info"]
+        self.router = Instance("router", rargs, "127.0.0.1", rport, self.dir, a.kvpush)
+        self.instances = [self.colo] + self.pd + [self.router]
+        for inst in self.instances:
+            inst.start()
+        for inst in self.instances:
+            if not inst.wait_healthy(90):
+                raise RuntimeError("%s did not become healthy; log %s:\n%s" % (
+                    inst.name, inst.incarnations[-1]["log"], tail(inst.incarnations[-1]["log"])))
+        m = self.colo.metrics()
+        self.vocab = 512
+        log("instances up (%s): colocated %s, P %s, D %s (recompute, fail), router %s; logs in %s" % (
+            "network namespaces" if self.netns else "loopback", self.colo.url,
+            " ".join(p.url for p in self.P), " ".join(d.url for d in self.D), self.router.url,
+            self.dir))
+        return m is not None
+
+    # -- reference -------------------------------------------------------------------------------
+
+    def references(self):
+        self.pool = make_pool(self.rng, self.a.pool, self.vocab)
+        self.ref = [None] * len(self.pool)
+        nxt = [0]
+        lk = threading.Lock()
+
+        def worker():
+            while True:
+                with lk:
+                    i = nxt[0]
+                    nxt[0] += 1
+                if i >= len(self.pool):
+                    return
+                r = send(self.colo.host, self.colo.port, body_for(self.pool[i], False))
+                if r["kind"] != "ok":
+                    self.violation("colocated reference of entry %d failed: %s %s" % (
+                        i, r["kind"], r["error"]))
+                self.ref[i] = r["ids"]
+
+        ts = [threading.Thread(target=worker) for _ in range(8)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        log("colocated references: %d prompt/seed entries (%d seeded)" % (
+            len(self.pool), sum(1 for e in self.pool if e["seed"] is not None)))
+
+    # -- traffic ---------------------------------------------------------------------------------
+
+    def plan_request(self, i):
+        """Request i of the run, drawn from (seed, i) alone: the same seed replays the same plan."""
+        r = random.Random(self.a.seed * 1000003 + i)
+        abort = r.random() < self.a.abort_rate
+        return {"entry": r.randrange(len(self.pool)),
+                "mode": r.choice(["push", "pull-vllm", "pull-fast"]),
+                "stream": r.random() < 0.5,
+                "abort_after": r.uniform(0.02, 0.3) if abort else None}
+
+    def check(self, i, req, r):
+        mode = req["mode"] + (" stream" if req["stream"] else "")
+        kind = r["kind"]
+        ref = self.ref[req["entry"]]
+        what = "request %d (entry %d, %s)" % (i, req["entry"], mode)
+        if kind == "ok":
+            if r["ids"] == ref:
+                self.count(self.outcomes, "200 tokens identical to colocated")
+            else:
+                self.count(self.outcomes, "200 WRONG TOKENS")
+                self.violation("%s: HTTP 200 with tokens %s, colocated %s; %s" % (
+                    what, r["ids"], ref, self.probe(req["entry"])))
+        elif kind == "http_error":
+            if r.get("error_in_200"):
+                self.count(self.outcomes, "200 with an error body")
+                self.violation("%s: HTTP 200 with an error body: %s" % (what, r["error"]))
+            else:
+                self.count(self.outcomes, "HTTP %d" % r["status"])
+                self.count(self.errors, "HTTP %d: %s" % (r["status"], short(r["error"])))
+        elif kind == "sse_error":
+            self.count(self.outcomes, "SSE error event")
+            self.count(self.errors, "SSE: %s" % short(r["error"]))
+            if r["ids"] and r["ids"] != ref[:len(r["ids"])]:
+                self.count(self.outcomes, "SSE WRONG TOKENS before the error")
+                self.violation("%s: streamed tokens %s before the error differ from colocated %s" % (
+                    what, r["ids"], ref))
+        elif kind == "aborted":
+            self.count(self.outcomes, "aborted by the client (on purpose)")
+            if r["ids"] and r["ids"] != ref[:len(r["ids"])]:
+                self.violation("%s: streamed tokens %s before the abort differ from colocated %s" % (
+                    what, r["ids"], ref))
+        elif kind == "timeout":
+            self.count(self.outcomes, "HANG (no answer in %.0f s)" % REQUEST_TIMEOUT_S)
+            self.violation("%s: no answer within %.0f s" % (what, REQUEST_TIMEOUT_S))
+        elif kind == "truncated":
+            self.count(self.outcomes, "TRUNCATED without an error")
+            self.violation("%s: %s (tokens %s, colocated %s)" % (what, r["error"], r["ids"], ref))
+        else:
+            self.count(self.outcomes, "TRANSPORT error (no HTTP answer)")
+            self.violation("%s: %s" % (what, r["error"]))
+
+    def probe(self, entry):
+        """Evidence for a wrong answer: the same request sent straight to every instance (no
+        kv_transfer_params: each computes it alone, from its own prefix cache)."""
+        out = []
+        for inst in [self.colo] + self.pd:
+            r = send(inst.host, inst.port, body_for(self.pool[entry], False), timeout=10)
+            if r["kind"] != "ok":
+                out.append("%s#%d: %s %s" % (inst.name, len(inst.incarnations) - 1, r["kind"],
+                                             r["status"]))
+            else:
+                out.append("%s#%d: %s" % (inst.name, len(inst.incarnations) - 1,
+                                          "same as colocated" if r["ids"] == self.ref[entry]
+                                          else "WRONG %s" % r["ids"]))
+        return "the same request sent straight to each instance at t=%.1f s: %s" % (
+            time.time() - self.t_start, ", ".join(out))
+
+    def traffic(self):
+        """At least --requests requests and at least --min-traffic-s seconds of them (so that the
+        faults have time to happen), at most --max-traffic-s."""
+        nxt = [0]
+        lk = threading.Lock()
+        t0 = time.time()
+        self.t_start = t0
+        deadline = t0 + self.a.max_traffic_s
+
+        def worker():
+            while True:
+                with lk:
+                    i = nxt[0]
+                    now = time.time()
+                    if now > deadline or (i >= self.a.requests and
+                                          now - t0 >= self.a.min_traffic_s):
+                        return
+                    nxt[0] += 1
+                req = self.plan_request(i)
+                body = body_for(self.pool[req["entry"]], req["stream"])
+                r = send(self.router.host, self.router.port, body,
+                         {"x-kvpush-mode": req["mode"]}, abort_after=req["abort_after"])
+                self.count(self.outcomes, "sent")
+                self.count(self.modes, req["mode"] + (" streamed" if req["stream"] else ""))
+                self.check(i, req, r)
+                if req["abort_after"] is not None:
+                    self.count(self.faults, "client abort planned (%s)" % (
+                        "streamed: after the first event" if req["stream"] else
+                        "not streamed: timeout 20..300 ms"))
+
+        ts = [threading.Thread(target=worker) for _ in range(self.a.concurrency)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.traffic_s = time.time() - t0
+        self.traffic_done.set()
+        if nxt[0] < self.a.requests:
+            self.violation("only %d of %d requests were sent within --max-traffic-s %d" % (
+                nxt[0], self.a.requests, self.a.max_traffic_s))
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def restart(self, inst):
+        inst.kill()
+        inst.start()
+        if not inst.wait_healthy(60):
+            self.violation("%s did not come back after a restart: %s" % (
+                inst.name, tail(inst.incarnations[-1]["log"])))
+
+    def orphan_pull_legs(self, p, n):
+        """P legs of pull requests never followed by a D leg: P leases the blocks until lease_ms."""
+        for _ in range(n):
+            e = self.pool[self.frng.randrange(len(self.pool))]
+            b = body_for(e, False)
+            b["max_tokens"] = 1
+            b["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
+                                       "transfer_mode": "pull",
+                                       "transfer_id": "%032x" % self.frng.getrandbits(128)}
+            r = send(p.host, p.port, b, timeout=10)
+            self.count(self.faults, "lease left to expire (orphan pull P leg, %s)" % (
+                "answered" if r["kind"] == "ok" else "refused: " + r["kind"]))
+
+    def fault_loop(self):
+        self.frng = random.Random(self.a.seed ^ 0x5EED)
+        kinds = ["kill_restart_P", "kill_restart_D", "sigstop", "orphan_leases"]
+        if self.netns:
+            kinds.append("link_cut")
+        while not self.traffic_done.wait(self.frng.uniform(self.a.fault_gap_s * 0.5,
+                                                             self.a.fault_gap_s * 1.5)):
+            for inst in self.pd:
+                inst.scrape()
+            kind = self.frng.choice(kinds)
+            if kind == "kill_restart_P" or kind == "kill_restart_D":
+                inst = self.frng.choice(self.P if kind.endswith("P") else self.D)
+                inst.scrape()
+                self.count(self.faults, "SIGKILL + restart on the same port (%s)" % inst.name[0])
+                log("fault: SIGKILL %s, restart on port %d" % (inst.name, inst.port))
+                self.restart(inst)
+            elif kind == "sigstop":
+                inst = self.frng.choice(self.pd)
+                pause = (WATCHDOG_MS + self.frng.randrange(300, 2000)) / 1000.0
+                self.count(self.faults, "SIGSTOP past the watchdog (%s)" % inst.name[0])
+                log("fault: SIGSTOP %s for %.1f s" % (inst.name, pause))
+                inst.proc.send_signal(signal.SIGSTOP)
+                time.sleep(pause)
+                inst.proc.send_signal(signal.SIGCONT)
+            elif kind == "orphan_leases":
+                p = self.frng.choice(self.P)
+                n = self.frng.randrange(2, 8)
+                log("fault: %d pull P legs to %s left to expire" % (n, p.name))
+                self.orphan_pull_legs(p, n)
+            elif kind == "link_cut":
+                i = self.frng.randrange(len(self.pd))
+                down = self.frng.uniform(0.5, 3.0)
+                self.count(self.faults, "link cut (veth down/up, %s)" % self.pd[i].name[0])
+                log("fault: link of %s down for %.1f s" % (self.pd[i].name, down))
+                self.netns.set_link(i, False)
+                time.sleep(down)
+                self.netns.set_link(i, True)
+            for inst in self.instances:
+                if inst.proc.poll() is not None:
+                    self.violation("%s exited unexpectedly with status %s: %s" % (
+                        inst.name, inst.proc.returncode, tail(inst.incarnations[-1]["log"])))
+                    return
+
+    # -- end checks ------------------------------------------------------------------------------
+
+    def settle_and_check_pools(self):
+        # Leases run out lease_ms after the last P leg; give them that plus a margin.
+        t_end = time.time() + LEASE_MS / 1000.0 + self.a.settle_s
+        pending = list(self.pd) + [self.colo]
+        state = {}
+        while pending and time.time() < t_end:
+            time.sleep(0.25)
+            for inst in list(pending):
+                m = inst.scrape()
+                if m is None:
+                    continue
+                used = m.get("kvpush_kv_blocks_used", -1)
+                total = m.get("kvpush_kv_blocks_total", -1)
+                free = m.get("kvpush_kv_blocks_free", -1) + m.get("kvpush_kv_blocks_cached", 0)
+                waiting = m.get("kvpush_num_requests_waiting_for_kv", 0)
+                active = m.get("kvpush_kv_transfer_producers_active", 0) + \
+                    m.get("kvpush_kv_transfer_consumers_waiting", 0)
+                running = m.get("kvpush_num_requests_running", 0) + \
+                    m.get("kvpush_num_requests_waiting", 0)
+                state[inst.name] = (used, free, total, waiting, active, running)
+                if used == 0 and free == total and waiting == 0 and active == 0 and running == 0:
+                    pending.remove(inst)
+        for inst in self.pd + [self.colo]:
+            s = state.get(inst.name)
+            desc = ("blocks used=%g free+cached=%g total=%g waiting_for_kv=%g transfers=%g "
+                    "requests=%g" % s) if s else "unreachable"
+            log("pool %s: %s" % (inst.name, desc))
+            if inst in pending:
+                self.violation("%s: block pool not back to its full free count %.1f s after "
+                               "traffic stopped: %s" % (inst.name, LEASE_MS / 1000.0 +
+                                                        self.a.settle_s, desc))
+
+    def final_requests(self):
+        """After the chaos, every mode works again and returns colocated tokens."""
+        for mode in ["push", "pull-vllm", "pull-fast"]:
+            for stream in (False, True):
+                i = self.rng.randrange(len(self.pool))
+                r = send(self.router.host, self.router.port, body_for(self.pool[i], stream),
+                         {"x-kvpush-mode": mode})
+                ok = r["kind"] == "ok" and r["ids"] == self.ref[i]
+                if not ok:
+                    # The router's health view may lag a restart by one round; retry once.
+                    time.sleep(1.0)
+                    r = send(self.router.host, self.router.port, body_for(self.pool[i], stream),
+                             {"x-kvpush-mode": mode})
+                    ok = r["kind"] == "ok" and r["ids"] == self.ref[i]
+                if not ok:
+                    self.violation("after the chaos, %s%s: %s %s %s (colocated %s)" % (
+                        mode, " stream" if stream else "", r["kind"], r["status"], r["error"],
+                        self.ref[i]))
+
+    def stop_all_and_check_exits(self):
+        for inst in reversed(self.instances):
+            inst.proc.send_signal(signal.SIGCONT)
+            inst.proc.send_signal(signal.SIGTERM)
+        for inst in reversed(self.instances):
+            try:
+                inst.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.violation("%s did not stop within 20 s of SIGTERM" % inst.name)
+                inst.proc.kill()
+                inst.proc.wait()
+        for inst in self.instances:
+            for n, inc in enumerate(inst.incarnations):
+                rc = inc["proc"].returncode
+                if inc["killed"]:
+                    if rc != -signal.SIGKILL:
+                        self.violation("%s incarnation %d: killed on purpose but exit status %s" % (
+                            inst.name, n, rc))
+                elif rc != 0:
+                    self.violation("%s incarnation %d: exit status %s (expected 0 after SIGTERM): "
+                                   "%s" % (inst.name, n, rc, tail(inc["log"])))
+                with open(inc["log"], errors="replace") as f:
+                    text = f.read()
+                for pat in CRASH_PATTERNS:
+                    if pat in text:
+                        self.violation("%s incarnation %d: log contains '%s' (%s)" % (
+                            inst.name, n, pat, inc["log"]))
+                        break
+                for what in ("injected post failure", "injected completion failure"):
+                    c = text.count("kvpush xfer fault: " + what)
+                    if c:
+                        self.count(self.faults, "transfer fault: %s (%s)" % (what, inst.name[0]))
+                        self.faults["transfer fault: %s (%s)" % (what, inst.name[0])] += c - 1
+
+    def report(self):
+        def table(title, d):
+            log(title)
+            for k in sorted(d):
+                log("  %8d  %s" % (d[k], k))
+
+        if self.fault_flag:
+            self.faults["transfer delays: every P/D post and completion delayed 0..%d us" %
+                        self.a.max_delay_us] = 1
+        table("faults injected:", self.faults)
+        table("requests by mode:", self.modes)
+        table("outcomes:", self.outcomes)
+        table("errors the clients got (message, shortened):", self.errors)
+        sums = {}
+        for name in ["kvpush_kv_transfer_leases_expired_total",
+                     "kvpush_kv_transfer_watchdog_expired_total",
+                     "kvpush_kv_transfer_failed_total", "kvpush_kv_load_recomputes_total",
+                     "kvpush_kv_transfer_checksum_mismatches_total",
+                     "kvpush_kv_transfer_pins_refused_total",
+                     "kvpush_kv_transfer_aborted_total", "kvpush_kv_transfer_bad_messages_total"]:
+            sums[name] = int(sum(i.counter_total(name) for i in self.pd))
+        rm = self.router_metrics or {}
+        for name in ["kvpush_router_leg_failures_total", "kvpush_router_legs_cut_total",
+                     "kvpush_router_transfer_aborts_total"]:
+            sums[name] = int(rm.get(name, 0))
+        table("recoveries seen by the instances (counters, summed over incarnations, last scrape):",
+              sums)
+
+    def run(self):
+        a = self.a
+        t0 = time.time()
+        log("seed %d (replay: --seed %d); >= %d requests and >= %g s of traffic at concurrency %d"
+            % (a.seed, a.seed, a.requests, a.min_traffic_s, a.concurrency))
+        try:
+            self.setup()
+            self.references()
+            ft = threading.Thread(target=self.fault_loop)
+            ft.start()
+            self.traffic()
+            ft.join()
+            for inst in self.pd:
+                inst.proc.send_signal(signal.SIGCONT)
+            log("traffic: %d requests in %.1f s" % (self.outcomes.get("sent", 0), self.traffic_s))
+            self.settle_and_check_pools()
+            self.final_requests()
+            self.router_metrics = self.router.metrics()
+            self.stop_all_and_check_exits()
+        finally:
+            for inst in self.instances:
+                for inc in inst.incarnations:
+                    if inc["proc"].poll() is None:
+                        inc["proc"].send_signal(signal.SIGCONT)
+                        inc["proc"].kill()
+                        inc["proc"].wait()
+            if self.netns:
+                self.netns.destroy()
+        self.report()
+        log("%.1f s in all; seed %d" % (time.time() - t0, a.seed))
+        if self.violations:
+            log("FAILED: %d violation(s); seed %d; logs kept in %s" % (
+                len(self.violations), a.seed, self.dir))
+            for v in self.violations[:50]:
+                log("  " + v)
+            return 1
+        if not a.keep_logs:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        log("PASSED (seed %d)" % a.seed)
+        return 0
+
+
+def short(msg):
+    msg = re.sub(r"[0-9a-f]{32}", "<id>", msg or "")
+    msg = re.sub(r"\d+", "N", msg)
+    return msg[:110]
+
+
+def tail(path, n=25):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return "(no log)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvpush", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--work", default=tempfile.gettempdir())
+    ap.add_argument("--seed", type=int, default=None)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--concurrency", type=int, default=24)
+    ap.add_argument("--pool", type=int, default=160, help="distinct prompt/seed entries")
+    ap.add_argument("--kv-blocks", type=int, default=512)
+    ap.add_argument("--abort-rate", type=float, default=0.05)
+    ap.add_argument("--fault-gap-s", type=float, default=2.5, help="mean time between faults")
+    ap.add_argument("--post-failure-rate", type=float, default=0.01)
+    ap.add_argument("--completion-failure-rate", type=float, default=0.01)
+    ap.add_argument("--max-delay-us", type=int, default=3000)
+    ap.add_argument("--min-traffic-s", type=float, default=150)
+    ap.add_argument("--max-traffic-s", type=int, default=270)
+    ap.add_argument("--settle-s", type=float, default=10.0)
+    ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
+    ap.add_argument("--keep-logs", action="store_true")
+    a = ap.parse_args()
+    if a.seed is None:
+        a.seed = int(os.environ.get("KVPUSH_CHAOS_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31)
+    if not os.path.exists(a.model):
+        print("chaos: SKIP: model %s not found" % a.model)
+        return 77
+    if not 16 <= a.concurrency <= 32:
+        log("note: concurrency %d is outside the 16..32 the issue asks for" % a.concurrency)
+    os.makedirs(a.work, exist_ok=True)
+    return Chaos(a).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

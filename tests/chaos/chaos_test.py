@@ -519,7 +519,7 @@ class Chaos:
         r = random.Random(self.a.seed * 1000003 + i)
         abort = r.random() < self.a.abort_rate
         return {"entry": r.randrange(len(self.pool)),
-                "mode": r.choice(["push", "pull-vllm", "pull-fast"]),
+                "mode": r.choice(self.a.modes.split(",")),
                 "stream": r.random() < 0.5,
                 "abort_after": r.uniform(0.02, 0.3) if abort else None}
 
@@ -645,9 +645,7 @@ class Chaos:
 
     def fault_loop(self):
         self.frng = random.Random(self.a.seed ^ 0x5EED)
-        kinds = ["kill_restart_P", "kill_restart_D", "sigstop", "orphan_leases"]
-        if self.netns:
-            kinds.append("link_cut")
+        kinds = [k for k in self.a.faults.split(",") if k != "link_cut" or self.netns]
         while not self.traffic_done.wait(self.frng.uniform(self.a.fault_gap_s * 0.5,
                                                              self.a.fault_gap_s * 1.5)):
             for inst in self.pd:
@@ -659,8 +657,9 @@ class Chaos:
                 self.count(self.faults, "SIGKILL + restart on the same port (%s)" % inst.name[0])
                 log("fault: SIGKILL %s, restart on port %d" % (inst.name, inst.port))
                 self.restart(inst)
-            elif kind == "sigstop":
-                inst = self.frng.choice(self.pd)
+            elif kind in ("sigstop", "sigstop_P", "sigstop_D"):
+                inst = self.frng.choice(self.pd if kind == "sigstop" else
+                                        self.P if kind.endswith("P") else self.D)
                 pause = (WATCHDOG_MS + self.frng.randrange(300, 2000)) / 1000.0
                 self.count(self.faults, "SIGSTOP past the watchdog (%s)" % inst.name[0])
                 log("fault: SIGSTOP %s for %.1f s" % (inst.name, pause))
@@ -875,6 +874,9 @@ def main():
     ap.add_argument("--min-traffic-s", type=float, default=150)
     ap.add_argument("--max-traffic-s", type=int, default=270)
     ap.add_argument("--settle-s", type=float, default=10.0)
+    ap.add_argument("--faults", default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut",
+                    help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
+    ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--keep-logs", action="store_true")
     a = ap.parse_args()

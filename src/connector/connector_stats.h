@@ -1,6 +1,7 @@
 // ConnectorStats: the P/D connector's counters for /metrics (docs/pd_protocol.md, DESIGN.md §6).
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 namespace kvpush::connector {
@@ -46,6 +47,10 @@ struct ConnectorStats {
   /// e.g. `--kv-block-allocation scattered`).
   int64_t descriptors_posted = 0;
   int64_t transfer_ops_posted = 0;
+  /// --kv-auth-key-file set; refusals of unauthenticated or forged handshakes and messages,
+  /// indexed by AuthFailure (peer_auth.h).
+  bool auth_enabled = false;
+  std::array<int64_t, 7> auth_failures{};
   int64_t producers_active = 0;  ///< gauge
   int64_t consumers_waiting = 0;  ///< gauge
 };

@@ -86,9 +86,14 @@ Status PdConnector::Init() {
   const KvLayout& L = options_.layout;
   KVP_ASSIGN_OR_RETURN(local_list_, agent_->PrepareLocal(ArenaChunkDescs(L, arena_region_)));
   KVP_ASSIGN_OR_RETURN(agent_metadata_, agent_->ExportMetadata());
-  peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog);
+  if (!options_.auth_key_file.empty()) {
+    KVP_ASSIGN_OR_RETURN(auth_, PeerAuth::FromKeyFile(options_.auth_key_file));
+    auth_->set_self(agent_->name());
+  }
+  peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog, auth_.get());
   core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
                                          static_cast<CoreActions&>(*this));
+  core_->set_auth(auth_.get());
   thread_ = std::thread([this] { Loop(); });
   spdlog::info("kv connector: engine_id={} incarnation={:016x} {} layout: {}", agent_->name(),
                agent_->incarnation(), cfg.ToString(), L.ToString());
@@ -125,8 +130,9 @@ HandshakeInfo PdConnector::SelfInfo() const {
   return h;
 }
 
-Result<nlohmann::json> PdConnector::HandleHandshake(const nlohmann::json& body) {
-  return peers_->HandleHandshake(body);
+Result<nlohmann::json> PdConnector::HandleHandshake(const nlohmann::json& body,
+                                                    const std::string& peer_addr) {
+  return peers_->HandleHandshake(body, peer_addr);
 }
 
 Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
@@ -195,6 +201,8 @@ ConnectorStats PdConnector::stats() const {
     s.transfer_ops_posted = transfer_ops_;
   }
   s.handshakes = peers_->handshakes();
+  s.auth_enabled = auth_ != nullptr;
+  if (auth_) s.auth_failures = auth_->failures();
   return s;
 }
 
@@ -451,6 +459,7 @@ void PdConnector::Loop() {
     for (EngineEvent& ev : events) HandleEvent(ev);
     events.clear();
     if (agent_event) {
+      // The core authenticates them first when --kv-auth-key-file is set (set_auth).
       for (const xfer::Notification& n : agent_->TakeNotifications()) {
         core_->HandleMessage(n.peer, n.payload);
       }
@@ -466,6 +475,8 @@ void PdConnector::Loop() {
     if (news && wake_engine_) wake_engine_();
   }
 }
+
+static_assert(std::tuple_size_v<decltype(ConnectorStats::auth_failures)> == kNumAuthFailures);
 
 void PdConnector::HandleEvent(EngineEvent& ev) {
   const bool read_posted = ev.kind == EngineEvent::kReadPosted;
@@ -505,7 +516,11 @@ Result<xfer::TransferHandle> PdConnector::CreateTransfer(const TransferOrder& or
   spec.local_indices = order.local_indices;
   spec.remote = ps->remote_list;
   spec.remote_indices = order.remote_indices;
-  spec.notification = order.notification;
+  if (auth_ != nullptr && !order.notification.empty()) {
+    KVP_ASSIGN_OR_RETURN(spec.notification, auth_->Seal(order.peer, order.notification));
+  } else {
+    spec.notification = order.notification;
+  }
   return agent_->CreateTransfer(spec);
 }
 
@@ -527,6 +542,9 @@ Result<TransferToken> PdConnector::SendMessage(const std::string& peer, const Pd
     spdlog::error("kv connector: cannot encode a message for '{}': {}", peer,
                   payload.status().ToString());
     return payload.status();
+  }
+  if (auth_ != nullptr) {
+    KVP_ASSIGN_OR_RETURN(*payload, auth_->Seal(peer, *payload));
   }
   KVP_ASSIGN_OR_RETURN(xfer::TransferHandle t, agent_->CreateNotification(peer, *payload));
   if (Status st = agent_->Post(t); !st.ok()) {

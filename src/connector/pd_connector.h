@@ -54,6 +54,9 @@ struct ConnectorOptions {
   std::string role_name = "both";  ///< "prefill", "decode", "both"
   std::string advertise_host = "127.0.0.1";  ///< how peers reach this instance's HTTP port
   int advertise_port = 0;                    ///< may be set later (set_advertised_port)
+  /// `serve --kv-auth-key-file`: when set, peers are authenticated with the shared key it holds
+  /// (peer_auth.h); empty: no authentication.
+  std::string auth_key_file;
 };
 
 /// The shell of the P/D connector: owns the xfer::Agent, the KV arena it registers, the
@@ -80,9 +83,12 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   void set_advertised_port(int port) { advertise_port_.store(port); }
 
   /// POST /kv/handshake: validates the peer's document, loads its agent metadata and answers
-  /// with this instance's document. Thread-safe. Errors: kInvalidArgument (malformed: HTTP 400),
-  /// kFailedPrecondition (incompatible: HTTP 409, names the difference), kUnavailable.
-  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body);
+  /// with this instance's document (with --kv-auth-key-file: one step of the authenticated
+  /// exchange, peer_auth.h). `peer_addr` ("ip:port" of the caller) names it in refusal logs.
+  /// Thread-safe. Errors: kInvalidArgument (malformed: HTTP 400), kFailedPrecondition
+  /// (incompatible or not authenticated: HTTP 409, names the reason), kUnavailable.
+  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body,
+                                         const std::string& peer_addr = "");
 
   /// Makes sure the instance at host:port is handshaken (cached per peer; a peer that failed
   /// or restarted is handshaken again). Returns its engine id. Thread-safe; blocks on HTTP (at
@@ -163,6 +169,7 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::vector<uint8_t> agent_metadata_;
   std::atomic<int> advertise_port_{0};
   SystemClock clock_;
+  std::unique_ptr<PeerAuth> auth_;       ///< null without --kv-auth-key-file; thread-safe
   std::unique_ptr<PeerRegistry> peers_;  ///< thread-safe
   std::unique_ptr<TransferCore> core_;   ///< connector thread only
 

@@ -22,8 +22,8 @@ std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region
 }
 
 PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
-                           std::chrono::milliseconds watchdog)
-    : agent_(agent), self_(std::move(self)), watchdog_(watchdog) {}
+                           std::chrono::milliseconds watchdog, PeerAuth* auth)
+    : agent_(agent), self_(std::move(self)), watchdog_(watchdog), auth_(auth) {}
 
 Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
@@ -63,10 +63,36 @@ Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   return Status::Ok();
 }
 
-Result<nlohmann::json> PeerRegistry::HandleHandshake(const nlohmann::json& body) {
+Result<nlohmann::json> PeerRegistry::HandleHandshake(const nlohmann::json& body,
+                                                     const std::string& peer_addr) {
+  if (auth_ != nullptr) {
+    if (!PeerAuth::IsAuthStep(body)) return auth_->RefuseUnauthenticated(peer_addr);
+    return HandleAuthStep(body, peer_addr);
+  }
+  if (PeerAuth::IsAuthStep(body)) {
+    return FailedPrecondition(
+        "the peer sent an authenticated handshake but this instance has no "
+        "--kv-auth-key-file: start both with the same key file");
+  }
   KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, HandshakeInfo::FromJson(body));
   KVP_RETURN_IF_ERROR(Adopt(peer));
   return self_.ToJson();
+}
+
+Result<nlohmann::json> PeerRegistry::HandleAuthStep(const nlohmann::json& body,
+                                                    const std::string& peer_addr) {
+  const auto& a = body["kv_auth"];
+  const std::string step = a.is_object() && a.contains("step") && a["step"].is_string()
+                               ? a["step"].get<std::string>()
+                               : std::string();
+  if (step == "hello") return auth_->AnswerHello(body);
+  if (step != "proof") return InvalidArgument("kv_auth: 'step' must be hello or proof");
+  KVP_ASSIGN_OR_RETURN(PeerAuth::Proof proof, auth_->CheckProof(body, peer_addr));
+  // Only now, the client having proved the key, are its metadata loaded and ours sent.
+  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, HandshakeInfo::FromJson(proof.document));
+  KVP_RETURN_IF_ERROR(Adopt(peer));
+  auth_->AddSession(peer.engine_id, proof.nc, proof.ns);
+  return auth_->SignServerDocument(self_.ToJson(), proof.nc, proof.ns);
 }
 
 std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
@@ -90,14 +116,21 @@ Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port) 
   std::lock_guard hs(*endpoint_lock);
   // Another thread may have finished it meanwhile.
   if (std::string id = AliveEndpoint(key); !id.empty()) return id;
-  httplib::Client cli(host, port);
-  cli.set_tcp_nodelay(true);
-  cli.set_connection_timeout(2, 0);
-  // A request whose handshake outlasts the watchdog would give up on its KV anyway.
-  const auto read_ms = std::clamp<int64_t>(watchdog_.count(), 1000, 10000);
-  cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
-  const std::string body = self_.ToJson().dump();
-  auto res = cli.Post("/kv/handshake", body, "application/json");
+  std::string nc, ns;
+  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, Exchange(host, port, key, nc, ns));
+  KVP_RETURN_IF_ERROR(Adopt(peer));
+  if (auth_ != nullptr) auth_->AddSession(peer.engine_id, nc, ns);
+  std::lock_guard lock(mu_);
+  endpoints_[key] = peer.engine_id;
+  return peer.engine_id;
+}
+
+namespace {
+
+/// POSTs `body` to /kv/handshake; the answer's JSON when HTTP 200.
+Result<nlohmann::json> PostHandshake(httplib::Client& cli, const std::string& key,
+                                     const nlohmann::json& body) {
+  auto res = cli.Post("/kv/handshake", body.dump(), "application/json");
   if (!res) {
     return Unavailable("handshake with " + key + " failed: " + httplib::to_string(res.error()));
   }
@@ -113,14 +146,41 @@ Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port) 
                        msg);
   }
   if (j.is_discarded()) return Unavailable("handshake with " + key + ": answer is not JSON");
-  auto peer = HandshakeInfo::FromJson(j);
+  return j;
+}
+
+}  // namespace
+
+Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
+                                             const std::string& key, std::string& nc,
+                                             std::string& ns) {
+  httplib::Client cli(host, port);
+  cli.set_tcp_nodelay(true);
+  cli.set_connection_timeout(2, 0);
+  // A request whose handshake outlasts the watchdog would give up on its KV anyway.
+  const auto read_ms = std::clamp<int64_t>(watchdog_.count(), 1000, 10000);
+  cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
+  nlohmann::json doc;
+  if (auth_ == nullptr) {
+    KVP_ASSIGN_OR_RETURN(doc, PostHandshake(cli, key, self_.ToJson()));
+    if (PeerAuth::IsAuthStep(doc)) {
+      return FailedPrecondition("peer " + key +
+                                " answered an authenticated handshake but this instance has no "
+                                "--kv-auth-key-file: start both with the same key file");
+    }
+  } else {
+    // Our document (the keys of our memory) goes out only after the peer proved the key.
+    KVP_ASSIGN_OR_RETURN(nlohmann::json challenge, PostHandshake(cli, key, auth_->ClientHello(nc)));
+    KVP_ASSIGN_OR_RETURN(ns, auth_->CheckChallenge(challenge, nc, key));
+    KVP_ASSIGN_OR_RETURN(nlohmann::json answer,
+                         PostHandshake(cli, key, auth_->ClientProof(self_.ToJson(), nc, ns)));
+    KVP_ASSIGN_OR_RETURN(doc, auth_->CheckServerDocument(answer, nc, ns, key));
+  }
+  auto peer = HandshakeInfo::FromJson(doc);
   if (!peer.ok()) {
     return Unavailable("handshake with " + key + ": " + peer.status().message());
   }
-  KVP_RETURN_IF_ERROR(Adopt(*peer));
-  std::lock_guard lock(mu_);
-  endpoints_[key] = peer->engine_id;
-  return peer->engine_id;
+  return *peer;
 }
 
 std::optional<PeerState> PeerRegistry::Get(const std::string& engine_id) const {

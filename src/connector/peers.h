@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "connector/handshake.h"
+#include "connector/peer_auth.h"
 #include "connector/transfer_core.h"
 #include "kv/layout.h"
 #include "xfer/agent.h"
@@ -38,8 +39,11 @@ class PeerRegistry final : public PeerDirectory {
  public:
   /// `agent` must outlive the registry. `self` is this instance's handshake document.
   /// `watchdog` bounds how long an outgoing handshake waits for its answer
-  /// (clamp(watchdog, 1 s, 10 s); 2 s to connect).
-  PeerRegistry(xfer::Agent& agent, HandshakeInfo self, std::chrono::milliseconds watchdog);
+  /// (clamp(watchdog, 1 s, 10 s); 2 s to connect). `auth` (may be null: no authentication;
+  /// must outlive the registry) makes both handshake directions the authenticated two-step
+  /// exchange of peer_auth.h and refuses unauthenticated peers.
+  PeerRegistry(xfer::Agent& agent, HandshakeInfo self, std::chrono::milliseconds watchdog,
+               PeerAuth* auth = nullptr);
   PeerRegistry(const PeerRegistry&) = delete;
   PeerRegistry& operator=(const PeerRegistry&) = delete;
 
@@ -50,9 +54,13 @@ class PeerRegistry final : public PeerDirectory {
   /// Errors: kFailedPrecondition (incompatible), kUnavailable (metadata or region refused).
   Status Adopt(const HandshakeInfo& peer);
 
-  /// POST /kv/handshake: validates and adopts the peer's document; answers with self().
-  /// Errors: kInvalidArgument (malformed), kFailedPrecondition (incompatible), kUnavailable.
-  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body);
+  /// POST /kv/handshake: validates and adopts the peer's document; answers with self(). With
+  /// authentication: answers a hello with a challenge, and a verified proof with self() signed;
+  /// an unauthenticated body is refused. `peer_addr` ("ip:port") names the caller in logs.
+  /// Errors: kInvalidArgument (malformed), kFailedPrecondition (incompatible, or refused by
+  /// authentication either way round), kUnavailable.
+  Result<nlohmann::json> HandleHandshake(const nlohmann::json& body,
+                                         const std::string& peer_addr = "");
 
   /// Makes sure the instance at host:port is handshaken (see PdConnector::EnsurePeer).
   /// Returns its engine id. Errors: kUnavailable (unreachable, HTTP error, bad answer),
@@ -73,10 +81,16 @@ class PeerRegistry final : public PeerDirectory {
  private:
   /// The engine id known at `key` ("host:port") when its peer is alive, else "".
   std::string AliveEndpoint(const std::string& key) const;
+  /// The authenticated handshake, server side (auth_ set).
+  Result<nlohmann::json> HandleAuthStep(const nlohmann::json& body, const std::string& peer_addr);
+  /// Client side: the peer's document, plain or through the authenticated exchange.
+  Result<HandshakeInfo> Exchange(const std::string& host, int port, const std::string& key,
+                                 std::string& nc, std::string& ns);
 
   xfer::Agent& agent_;
   const HandshakeInfo self_;
   const std::chrono::milliseconds watchdog_;
+  PeerAuth* const auth_;
   mutable std::mutex mu_;
   std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
   std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id

@@ -151,6 +151,11 @@ void TransferCore::OnNotNeededOrRejected(const EngineEvent& ev) {
 }
 
 void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_t> payload) {
+  if (auth_ != nullptr) {
+    auto opened = auth_->Open(peer, payload);  // a refusal is counted and logged there
+    if (!opened.ok()) return;
+    payload = *opened;
+  }
   auto m = DecodeMessage(payload);
   if (!m.ok()) {
     spdlog::warn("kv connector: dropped a malformed message from '{}': {}", peer,

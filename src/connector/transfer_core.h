@@ -22,6 +22,7 @@
 #include "connector/connector_stats.h"
 #include "connector/kv_transfer_config.h"
 #include "connector/messages.h"
+#include "connector/peer_auth.h"
 #include "engine/kv_connector.h"
 #include "kv/layout.h"
 #include "xfer/types.h"
@@ -176,9 +177,13 @@ class TransferCore {
   // ---- inputs ----
   /// An engine or HTTP event (EngineEvent::Kind says which). May consume ev's vectors.
   void HandleEvent(EngineEvent& ev);
-  /// A notification from `peer`: decoded and validated here; a malformed one is counted in
-  /// bad_messages and dropped.
+  /// A notification from `peer`: authenticated (when set_auth gave a PeerAuth: a payload whose
+  /// MAC trailer does not verify, is missing or replayed is counted there and dropped, changing
+  /// nothing here), then decoded and validated; a malformed one is counted in bad_messages and
+  /// dropped.
   void HandleMessage(const std::string& peer, std::span<const uint8_t> payload);
+  /// Authenticates every later HandleMessage with `auth` (must outlive the core; null: none).
+  void set_auth(PeerAuth* auth) { auth_ = auth; }
   /// A decoded message from `peer`.
   void HandleDecoded(const std::string& peer, PdMessage& m);
   /// The transfer or message `token` ended (done, cancelled or failed). Unknown tokens are
@@ -338,6 +343,7 @@ class TransferCore {
   const Clock& clock_;
   const PeerDirectory& peers_;
   CoreActions& actions_;
+  PeerAuth* auth_ = nullptr;  ///< thread-safe itself; null without --kv-auth-key-file
 
   std::unordered_map<std::string, Producer> producers_;  ///< by transfer id
   std::unordered_map<int64_t, std::string> producer_by_seq_;

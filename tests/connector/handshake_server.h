@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <vector>
 
 #include "connector/pd_connector.h"
 #include "test_util.h"
@@ -20,8 +21,10 @@ class HandshakeServer {
       auto body = nlohmann::json::parse(req.body, nullptr, false);
       auto r = c_.HandleHandshake(body);
       last_request = body;
+      requests.push_back(body);
       if (r.ok()) {
         last_answer = *r;
+        answers.push_back(*r);
         res.set_content(r->dump(), "application/json");
       } else {
         res.status = r.status().code() == StatusCode::kFailedPrecondition ? 409 : 400;
@@ -41,6 +44,7 @@ class HandshakeServer {
   }
   int port = 0;
   nlohmann::json last_request, last_answer;
+  std::vector<nlohmann::json> requests, answers;  ///< every request; every 200 answer
 
  private:
   PdConnector& c_;

@@ -3,9 +3,13 @@
 // for the transfer id (whatever kv_transfer_params claim), takes P's first token, refuses KV whose
 // checksum does not match, and is refused a lease that expired (DESIGN.md §3 pull, §6).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <functional>
 #include <thread>
 
@@ -68,11 +72,17 @@ bool WaitFor(F done, std::chrono::milliseconds limit = 5000ms) {
 
 class PullIntegrity : public ::testing::Test {
  protected:
-  void Start(const std::string& p_extra, const std::string& d_extra) {
-    auto p = PdConnector::Create(Options("prefill", "p-int", p_extra));
+  /// `key_file`: both connectors authenticate peers with it (--kv-auth-key-file).
+  void Start(const std::string& p_extra, const std::string& d_extra,
+             const std::string& key_file = "") {
+    auto popts = Options("prefill", "p-int", p_extra);
+    popts.auth_key_file = key_file;
+    auto p = PdConnector::Create(popts);
     ASSERT_TRUE(p.ok()) << p.status().ToString();
     p_ = std::move(*p);
-    auto d = PdConnector::Create(Options("decode", "d-int", d_extra));
+    auto dopts = Options("decode", "d-int", d_extra);
+    dopts.auth_key_file = key_file;
+    auto d = PdConnector::Create(dopts);
     ASSERT_TRUE(d.ok()) << d.status().ToString();
     d_ = std::move(*d);
     p_->BindEngine([] {}, [](int64_t) {});
@@ -199,6 +209,34 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
     d_.reset();
     p_.reset();
   }
+}
+
+// The same pinned READ with authenticated peers: PIN, PINNED and RELEASE travel sealed (the
+// shell seals, the core opens) and none is refused.
+TEST_F(PullIntegrity, WithAuthenticatedPeersThePinnedReadWorksAndNoMessageIsRefused) {
+  const std::string key =
+      ::testing::TempDir() + "kvpush_integrity_key_" + std::to_string(::getpid());
+  {
+    std::ofstream f(key, std::ios::binary);
+    f << std::string(48, 'z');
+  }
+  ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+  Start("", R"(, "pull_profile": "fast")", key);
+  RunProducer();
+  KvLoadResult r = RunConsumer(HonestParams());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_TRUE(r.first_token.has_value());
+  EXPECT_EQ(r.first_token->id, 7);  // from the sealed PINNED
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(SameBlock(*p_, p_blocks_[i], *d_, d_blocks_[i], layout_)) << "block " << i;
+  }
+  EXPECT_TRUE(ProducerReleased());  // the sealed RELEASE was accepted
+  for (const ConnectorStats& s : {p_->stats(), d_->stats()}) {
+    EXPECT_TRUE(s.auth_enabled);
+    EXPECT_EQ(s.bad_messages, 0);
+    for (int64_t n : s.auth_failures) EXPECT_EQ(n, 0);
+  }
+  std::remove(key.c_str());
 }
 
 // D's PIN can overtake the engine's "prefill finished" event on P (P's HTTP answer leaves first):

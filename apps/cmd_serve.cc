@@ -35,6 +35,7 @@ struct ServeOptions {
   std::string host = "127.0.0.1";
   std::string advertise_host;
   std::string kv_transfer_config;
+  std::string kv_auth_key_file;
   std::string xfer_fault_plan;
   int port = 8000;
   std::string served_model_name;
@@ -92,6 +93,12 @@ int RunServe(const ServeOptions& o) {
     return 2;
   }
   const bool pd = o.role != "both" || !o.kv_transfer_config.empty();
+  if (!pd && !o.kv_auth_key_file.empty()) {
+    std::fprintf(stderr,
+                 "kvpush serve: --kv-auth-key-file needs P/D serving (--role prefill|decode or "
+                 "--kv-transfer-config)\n");
+    return 2;
+  }
   connector::KvTransferConfig kc;
   if (pd) {
     auto parsed = connector::KvTransferConfig::Parse(o.kv_transfer_config, o.role);
@@ -149,6 +156,7 @@ int RunServe(const ServeOptions& o) {
                         : (o.host == "0.0.0.0" || o.host == "::") ? "127.0.0.1"
                                                                    : o.host;
     co.advertise_port = o.port;
+    co.auth_key_file = o.kv_auth_key_file;
     auto c = connector::PdConnector::Create(co);
     if (!c.ok()) {
       std::fprintf(stderr, "kvpush serve: KV connector: %s\n", c.status().ToString().c_str());
@@ -234,6 +242,10 @@ void RegisterServeCommand(CLI::App& app) {
                   "\"kv_connector_extra_config\": {\"backend\": \"ucx:tcp\", \"lease_ms\": ..., "
                   "\"watchdog_ms\": ..., \"failure_policy\": \"recompute\"|\"fail\", "
                   "\"pull_profile\": \"vllm\"|\"fast\"}} (docs/configuration.md)");
+  cmd->add_option("--kv-auth-key-file", opts->kv_auth_key_file,
+                  "P/D: authenticate peers with the shared key in this file (>= 32 bytes, mode "
+                  "0600): HMAC-SHA256 over the handshake and every control message; peers "
+                  "without the same key are refused (docs/pd_protocol.md §5)");
   cmd->add_option("--advertise-host", opts->advertise_host,
                   "Address peers use to reach this instance (default: --host)");
   cmd->add_option("--host", opts->host, "Address to bind")->capture_default_str();

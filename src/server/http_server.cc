@@ -350,7 +350,8 @@ void HttpServer::RouteKv() {
       ReplyError(res, ApiError::Invalid("handshake body is not JSON"));
       return;
     }
-    auto r = options_.connector->HandleHandshake(body);
+    auto r = options_.connector->HandleHandshake(
+        body, req.remote_addr + ":" + std::to_string(req.remote_port));
     if (!r.ok()) {
       const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
                        : r.status().code() == StatusCode::kInvalidArgument  ? 400

@@ -187,6 +187,16 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
            static_cast<double>(c.checksum_ns_sum) * 1e-9);
   counter("kvpush_kv_transfer_bad_messages_total", "Malformed or unexpected peer messages.",
           c.bad_messages);
+  if (c.auth_enabled) {
+    w.Header("kvpush_kv_auth_failures_total", "counter",
+             "Peers refused by --kv-auth-key-file authentication, by kind.");
+    for (size_t k = 0; k < c.auth_failures.size(); ++k) {
+      w.Sample("kvpush_kv_auth_failures_total", static_cast<double>(c.auth_failures[k]),
+               "kind=\"" +
+                   std::string(connector::AuthFailureName(static_cast<connector::AuthFailure>(k))) +
+                   "\"");
+    }
+  }
   w.Scalar("kvpush_kv_transfer_push_tail_seconds_sum", "counter",
            "Push (P): prefill finished (first token sampled) -> KV_READY posted, summed.",
            static_cast<double>(c.push_tail_ns_sum) * 1e-9);

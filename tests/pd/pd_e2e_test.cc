@@ -8,8 +8,10 @@
 //
 // Children's logs go to a temp dir; on failure their tails are printed and the dir is kept.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -59,18 +61,23 @@ struct Phase {
 
 class PdE2E : public PdFixture {
  protected:
-  /// `serve_extra` goes to every instance (e.g. the sim executor's flags).
+  /// `serve_extra` goes to every instance (e.g. the sim executor's flags), `pd_extra` to P and D
+  /// only (e.g. --kv-auth-key-file).
   void StartLoopback(const std::string& model, const std::string& label, int vocab,
                      const std::string& backend, Cluster* c,
-                     const std::vector<std::string>& serve_extra = {}) {
+                     const std::vector<std::string>& serve_extra = {},
+                     const std::vector<std::string>& pd_extra = {}) {
     const std::string h = "127.0.0.1";
     const std::string cfg = KvCfg(backend);
     std::vector<std::string> chunked = {"--max-num-batched-tokens", "32"};
     chunked.insert(chunked.end(), serve_extra.begin(), serve_extra.end());
+    std::vector<std::string> p_args = chunked, d_args = serve_extra;
+    p_args.insert(p_args.end(), pd_extra.begin(), pd_extra.end());
+    d_args.insert(d_args.end(), pd_extra.begin(), pd_extra.end());
     int pc = Port(), pp = Port(), pd = Port();
     c->colo = Spawn("colocated", ServeArgs(model, "both", h, pc, "", chunked), h, pc);
-    c->p = Spawn("prefill", ServeArgs(model, "prefill", h, pp, cfg, chunked), h, pp);
-    c->d = Spawn("decode", ServeArgs(model, "decode", h, pd, cfg, serve_extra), h, pd);
+    c->p = Spawn("prefill", ServeArgs(model, "prefill", h, pp, cfg, p_args), h, pp);
+    c->d = Spawn("decode", ServeArgs(model, "decode", h, pd, cfg, d_args), h, pd);
     ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c->colo, c->p, c->d}));
     int pr = Port();
     c->router = Spawn("router",
@@ -241,6 +248,65 @@ TEST_F(PdE2E, GeneratedModelUcxTcpRouterBitIdentical) {
       ph.max_tokens = 12;
       RunPhase(c, ph);
     }
+  }
+}
+
+// Authenticated peers (--kv-auth-key-file on P and D, a 0600 key in the temp dir): push and both
+// pulls still give the colocated tokens with no refusal counted; a handshake without the key is
+// refused and counted on P; a world-readable or short key file stops `serve` with a clear error.
+TEST_F(PdE2E, GeneratedModelUcxTcpAuthenticatedPeersRouterBitIdentical) {
+  const std::string model = GenModel();
+  ASSERT_FALSE(model.empty());
+  const std::string key = dir_ + "/kv-auth.key";
+  auto write_key = [](const std::string& path, const std::string& content, mode_t mode) {
+    FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs(content.c_str(), f);
+    std::fclose(f);
+    ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+  };
+  ASSERT_NO_FATAL_FAILURE(
+      write_key(key, "0123456789abcdef0123456789abcdef0123456789abcdef\n", 0600));
+  Cluster c;
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopback(model, "gen-model auth", 512, "ucx:tcp", &c, {}, {"--kv-auth-key-file", key}));
+  const std::string kAuthFailures = "kvpush_kv_auth_failures_total";
+  uint32_t seed = 700;
+  for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
+    for (bool seeded : {false, true}) {
+      Phase ph;
+      ph.mode = mode;
+      ph.seeded = seeded;
+      ph.concurrency = seeded ? 12 : 1;
+      ph.prompt_seed = seed++;
+      ph.n_short = ph.n_long = ph.n_prefix = ph.n_repeat = 3;
+      ph.max_tokens = 12;
+      RunPhase(c, ph);
+    }
+  }
+  EXPECT_EQ(Metric(c.p->host, c.p->port, kAuthFailures), 0);
+  EXPECT_EQ(Metric(c.d->host, c.d->port, kAuthFailures), 0);
+  EXPECT_GE(Metric(c.d->host, c.d->port, "kvpush_kv_transfer_handshakes_total"), 1);
+
+  // A peer without the key: its plain handshake is refused (409) and counted on P.
+  httplib::Client cli(c.p->host, c.p->port);
+  auto r = cli.Post("/kv/handshake", R"({"engine_id": "intruder"})", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 409) << r->body;
+  EXPECT_NE(r->body.find("requires authenticated peers"), std::string::npos) << r->body;
+  EXPECT_EQ(Metric(c.p->host, c.p->port, kAuthFailures), 1);
+
+  // Key files that must not be used.
+  const std::string loose = dir_ + "/loose.key", short_key = dir_ + "/short.key";
+  ASSERT_NO_FATAL_FAILURE(write_key(loose, std::string(40, 'k'), 0644));
+  ASSERT_NO_FATAL_FAILURE(write_key(short_key, std::string(20, 'k'), 0600));
+  for (const auto& [file, says] :
+       {std::pair<std::string, std::string>{loose, "chmod 600"}, {short_key, "at least 32"}}) {
+    auto [rc, text] = Sh("timeout 60 " + KvpushBin() + " serve --model " + model +
+                         " --role prefill --port 0 --kv-transfer-config '" + KvCfg("ucx:tcp") +
+                         "' --kv-auth-key-file " + file + " 2>&1");
+    EXPECT_NE(rc, 0) << text;
+    EXPECT_NE(text.find(says), std::string::npos) << text;
   }
 }
 

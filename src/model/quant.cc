@@ -188,7 +188,15 @@ void QuantizeQ6KBlock(const float* x, uint8_t* blk) {
 // vectorized (CMakeLists.txt: -ftree-vectorize). Element-wise IEEE operations without contraction
 // (-ffp-contract=off), so every version gives the same bits.
 // `src` and `out` never overlap (__restrict__: lets the byte loads and float stores vectorize).
-__attribute__((target_clones("avx512f", "avx2", "default"))) void DequantizeRowUnchecked(
+// Under ThreadSanitizer only the default version is built: TSan instruments the ifunc resolver
+// that target_clones emits, which runs at load before TSan is initialised and crashed every TSan
+// test binary linking this library.
+#if defined(__SANITIZE_THREAD__)
+#define KVP_ISA_CLONES
+#else
+#define KVP_ISA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+KVP_ISA_CLONES void DequantizeRowUnchecked(
     GgmlType type, const uint8_t* __restrict__ src, int64_t n, float* __restrict__ out) {
   switch (type) {
     case GgmlType::kF32:

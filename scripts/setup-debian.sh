@@ -8,7 +8,7 @@ PACKAGES=(
   clang clang-tidy clang-format libclang-rt-14-dev
   libucx-dev ucx-utils libfabric-dev libfabric-bin
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
-  libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev
+  libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
   iproute2 procps curl python3 python3-numpy
 )
 # node and npm (the tokenizer oracle): Debian's packages, unless a node that brings its own npm

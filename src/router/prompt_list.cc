@@ -1,5 +1,7 @@
 #include "router/prompt_list.h"
 
+#include <limits>
+
 namespace kvpush::router {
 namespace {
 
@@ -16,6 +18,13 @@ bool IsTokenIds(const json& p) {
     }
   }
   return true;
+}
+
+/// a + b, clamped to int64's range (the instances' numbers are not trusted not to overflow).
+int64_t SaturatingAdd(int64_t a, int64_t b) {
+  int64_t sum = 0;
+  if (!__builtin_add_overflow(a, b, &sum)) return sum;
+  return b > 0 ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::min();
 }
 
 int64_t IntOr(const json& j, const char* key, int64_t fallback) {
@@ -52,13 +61,13 @@ int64_t ChoicesPerPrompt(const json& body) {
 
 void UsageSum::Add(const json& usage) {
   if (!usage.is_object()) return;
-  prompt_ += IntOr(usage, "prompt_tokens", 0);
-  completion_ += IntOr(usage, "completion_tokens", 0);
-  total_ += IntOr(usage, "total_tokens", 0);
+  prompt_ = SaturatingAdd(prompt_, IntOr(usage, "prompt_tokens", 0));
+  completion_ = SaturatingAdd(completion_, IntOr(usage, "completion_tokens", 0));
+  total_ = SaturatingAdd(total_, IntOr(usage, "total_tokens", 0));
   const auto d = usage.find("prompt_tokens_details");
   if (d != usage.end() && d->is_object()) {
     has_cached_ = true;
-    cached_ += IntOr(*d, "cached_tokens", 0);
+    cached_ = SaturatingAdd(cached_, IntOr(*d, "cached_tokens", 0));
   }
 }
 
@@ -100,7 +109,9 @@ void RewriteChunk(json& chunk, const std::string& id, int64_t prompt, int64_t n)
   const auto c = chunk.find("choices");
   if (c == chunk.end() || !c->is_array()) return;
   for (json& choice : *c) {
-    if (choice.is_object()) choice["index"] = prompt * n + IntOr(choice, "index", 0);
+    if (choice.is_object()) {
+      choice["index"] = SaturatingAdd(prompt * n, IntOr(choice, "index", 0));
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "server/kv_transfer_params.h"
 
+#include <cmath>
+#include <cstdint>
 #include <string>
 
 #include "connector/handshake.h"
@@ -37,6 +39,10 @@ std::variant<KvTransferParams, ApiError> ParseKvTransferParams(const nlohmann::j
   auto integer = [&](const char* k, int64_t lo, int64_t hi, int64_t& out) -> std::optional<ApiError> {
     if (!j.contains(k) || j[k].is_null()) return std::nullopt;
     if (!j[k].is_number_integer()) return Bad(k, "must be an integer");
+    // An unsigned number beyond int64 would wrap (2^64 - 1 -> -1, a valid first_token_id).
+    if (j[k].is_number_unsigned() && j[k].get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+      return Bad(k, "is out of range");
+    }
     out = j[k].get<int64_t>();
     if (out < lo || out > hi) return Bad(k, "is out of range");
     return std::nullopt;
@@ -102,6 +108,8 @@ std::variant<KvTransferParams, ApiError> ParseKvTransferParams(const nlohmann::j
   if (j.contains("first_token_logprob") && !j["first_token_logprob"].is_null()) {
     if (!j["first_token_logprob"].is_number()) return Bad("first_token_logprob", "must be a number");
     p.first_token_logprob = j["first_token_logprob"].get<float>();
+    // A double beyond float's range (1e300) would become an infinite logprob.
+    if (!std::isfinite(p.first_token_logprob)) return Bad("first_token_logprob", "is out of range");
   }
   std::string profile;
   if (auto e = str("pull_profile", profile, 16)) return *e;

@@ -3,6 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
+
 namespace kvpush::server {
 namespace {
 
@@ -288,6 +291,28 @@ TEST(KvTransferParams, FirstTokenId) {
   EXPECT_EQ(Ok(j).first_token_id, 0);
   j["first_token_logprob"] = 0;  // integers are numbers too
   EXPECT_EQ(Ok(j).first_token_logprob, 0.0f);
+}
+
+// Found by fuzz/kv_transfer_params_fuzz.cc: 2^64 - 1 was read as int64 -1, a valid first_token_id.
+TEST(KvTransferParams, IntegersBeyondInt64AreOutOfRange) {
+  auto j = ConsumerPull();
+  j["first_token_id"] = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_id");
+  j["first_token_id"] = uint64_t{1} << 63;
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_id");
+  j["first_token_id"] = uint64_t{0x7fffffff};  // an unsigned JSON number in range is fine
+  EXPECT_EQ(Ok(j).first_token_id, 0x7fffffff);
+}
+
+// A logprob beyond float's range would have become infinite (the fuzz target's finiteness check).
+TEST(KvTransferParams, FirstTokenLogprobMustFitAFloat) {
+  auto j = ConsumerPull();
+  j["first_token_logprob"] = 1e300;
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_logprob");
+  j["first_token_logprob"] = -1e39;
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_logprob");
+  j["first_token_logprob"] = -3.0e38;
+  EXPECT_FLOAT_EQ(Ok(j).first_token_logprob, -3.0e38f);
 }
 
 TEST(KvTransferParams, PromptHashIsHex) {

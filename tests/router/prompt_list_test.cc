@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -92,6 +94,29 @@ TEST(PromptListTest, StreamChunksAreRewrittenAndUsageChunksRecognized) {
       "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n")));
   EXPECT_TRUE(ParseSseData("data: [DONE]\n\n").is_discarded());
   EXPECT_TRUE(ParseSseData(": comment\n\n").is_discarded());
+}
+
+// Found by fuzz/prompt_list_fuzz.cc (UBSan: signed overflow): the instances' usage counts and
+// choice indexes are summed saturating, not wrapped.
+TEST(PromptListTest, InstanceNumbersNearInt64MaxSaturate) {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  UsageSum usage;
+  const json big = {{"prompt_tokens", kMax},
+                    {"completion_tokens", 2},
+                    {"total_tokens", kMax},
+                    {"prompt_tokens_details", {{"cached_tokens", kMax}}}};
+  usage.Add(big);
+  usage.Add(big);
+  const json sum = usage.ToJson();
+  EXPECT_EQ(sum["prompt_tokens"], kMax);
+  EXPECT_EQ(sum["completion_tokens"], 4);
+  EXPECT_EQ(sum["total_tokens"], kMax);
+  EXPECT_EQ(sum["prompt_tokens_details"]["cached_tokens"], kMax);
+
+  json chunk = {{"id", "x"}, {"choices", {{{"index", kMax}}, {{"index", 1}}}}};
+  RewriteChunk(chunk, "cmpl-list", 2, 3);
+  EXPECT_EQ(chunk["choices"][0]["index"], kMax);
+  EXPECT_EQ(chunk["choices"][1]["index"], 7);
 }
 
 TEST_F(RouterTest, ListOfPromptsRunsOnePdRequestPerPromptAndMergesInOrder) {

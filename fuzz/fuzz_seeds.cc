@@ -1,5 +1,6 @@
 // Writes seed inputs for the fuzz targets (small valid files the fuzzer mutates):
-//   fuzz_seeds <out_dir>  ->  <out_dir>/gguf_fuzz/*.gguf, <out_dir>/spm_encode_fuzz/*.txt
+//   fuzz_seeds <out_dir>  ->  <out_dir>/gguf_fuzz/*.gguf, <out_dir>/spm_encode_fuzz/*.txt, and
+//   the peer-input targets' seeds (peer_seeds.h)
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -7,6 +8,7 @@
 
 #include "model/gguf_writer.h"
 #include "model/random_model.h"
+#include "peer_seeds.h"
 
 int main(int argc, char** argv) {
   using namespace kvpush;
@@ -58,6 +60,10 @@ int main(int argc, char** argv) {
     std::ofstream(out / "spm_encode_fuzz" / ("text" + std::to_string(t++) + ".txt"),
                   std::ios::binary)
         << s;
+  }
+  if (!WritePeerSeeds(out)) {
+    std::fprintf(stderr, "cannot write the peer-input seeds\n");
+    return 1;
   }
   return 0;
 }

@@ -3,6 +3,7 @@
 # only what is missing. Run as root (or with sudo available).
 set -euo pipefail
 
+# libclang-rt-14-dev: clang's sanitizer and libFuzzer runtimes (scripts/sanitize.sh, scripts/fuzz.sh).
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   clang clang-tidy clang-format libclang-rt-14-dev

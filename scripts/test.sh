@@ -18,6 +18,7 @@ for f in /dev/shm/[0-9]*:[0-9]*:[0-9]*; do
   owner=${owner%%:*}
   kill -0 "$owner" 2>/dev/null || rm -f "$f"
 done
+ROOT=$(pwd)
 cd "${BUILD_DIR:-build}"
 # The chaos tests (label chaos) are left out of this gate while they fail: they found HTTP 200s
 # with wrong tokens under SIGSTOPped/killed peers (docs/reliability.md, *Known violations*), an
@@ -27,4 +28,12 @@ if [ "${KVPUSH_CHAOS:-0}" = 1 ]; then
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}"
 else
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}" -LE chaos
+fi
+cd "$ROOT"
+# Every libFuzzer target for a bounded time (docs/fuzzing.md): clang + ASan/UBSan in its own build
+# dir; a finding fails the run and prints the input (base64) and where it was saved.
+# FUZZ_SECONDS=0 skips this step.
+if [ "${FUZZ_SECONDS:-15}" != 0 ]; then
+  BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}" FUZZ_SECONDS="${FUZZ_SECONDS:-15}" \
+    FUZZ_PARALLEL="${FUZZ_PARALLEL:-2}" scripts/fuzz.sh all
 fi

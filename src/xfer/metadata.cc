@@ -92,8 +92,10 @@ Result<AgentMetadata> DecodeMetadata(std::span<const uint8_t> blob) {
   if (!b.Bytes(n32, &md.address)) return truncated("address");
   if (!b.U32(&n32)) return truncated("region count");
   if (n32 > kMaxRegions) return InvalidArgument("metadata: region count " + std::to_string(n32));
-  if (md.name.empty()) return InvalidArgument("metadata: empty agent name");
-  if (md.backend.empty()) return InvalidArgument("metadata: empty backend name");
+  if (md.name.empty() || md.name.size() > 255)
+    return InvalidArgument("metadata: agent name must be 1..255 bytes");
+  if (md.backend.empty() || md.backend.size() > 255)
+    return InvalidArgument("metadata: backend name must be 1..255 bytes");
   if (md.incarnation == 0) return InvalidArgument("metadata: zero incarnation");
   std::set<uint32_t> seen;
   md.regions.resize(n32);

@@ -3,6 +3,11 @@
 #include "xfer/metadata.h"
 
 #include <gtest/gtest.h>
+#include <xxhash.h>
+
+#include <cstddef>
+#include <string>
+#include <vector>
 
 #include "xfer/notification_frame.h"
 
@@ -93,6 +98,29 @@ TEST(MetadataTest, InconsistentTablesAreRefusedWithReason) {
   md.regions[0].memory_type = static_cast<MemoryType>(9);
   r = DecodeMetadata(EncodeMetadata(md).value());
   EXPECT_NE(r.status().message().find("memory type"), std::string::npos);
+}
+
+// Found by fuzz/xfer_metadata_fuzz.cc: the u16 name lengths let a blob carry a 256..65535-byte
+// agent or backend name, which the encoder (and the notification frame) never allow.
+TEST(MetadataTest, NamesOver255BytesAreRefused) {
+  for (const bool backend : {false, true}) {
+    auto md = Sample();
+    (backend ? md.backend : md.name) = std::string(255, 'x');
+    std::vector<uint8_t> blob = EncodeMetadata(md).value();
+    // Lengthen the name to 300 bytes by hand: its u16 length, the total length, the checksum.
+    const size_t len_at = 24 + (backend ? 2 + md.name.size() : 0);
+    blob[len_at] = 300 & 0xff;
+    blob[len_at + 1] = 300 >> 8;
+    blob.insert(blob.begin() + static_cast<std::ptrdiff_t>(len_at + 2), 45, 'x');
+    blob.resize(blob.size() - 8);
+    const size_t total = blob.size() + 8;
+    for (int i = 0; i < 4; ++i) blob[12 + i] = static_cast<uint8_t>(total >> (8 * i));
+    const uint64_t sum = XXH64(blob.data(), blob.size(), 0);
+    for (int i = 0; i < 8; ++i) blob.push_back(static_cast<uint8_t>(sum >> (8 * i)));
+    auto r = DecodeMetadata(blob);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << backend;
+    EXPECT_NE(r.status().message().find("1..255 bytes"), std::string::npos) << r.status().ToString();
+  }
 }
 
 TEST(MetadataTest, UnknownVersionIsUnimplemented) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "fuzz_check.h"
 #include "connector/handshake.h"
 #include "json_boundary.h"
 
@@ -24,15 +25,6 @@ using namespace kvpush;
 using namespace kvpush::connector;
 
 namespace {
-
-/// Aborts (a libFuzzer finding) naming the property that failed.
-#define Check(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)
 
 bool Same(const HandshakeInfo& a, const HandshakeInfo& b) {
   return a.engine_id == b.engine_id && a.incarnation == b.incarnation && a.role == b.role &&

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "fuzz_check.h"
 #include "connector/handshake.h"
 #include "connector/messages.h"
 #include "json_boundary.h"
@@ -25,15 +26,6 @@ using namespace kvpush;
 using nlohmann::json;
 
 namespace {
-
-/// Aborts (a libFuzzer finding) naming the property that failed.
-#define Check(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)
 
 bool Given(const json& j, const char* k) {
   return j.contains(k) && !j[k].is_null();

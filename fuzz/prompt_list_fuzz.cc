@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "json_boundary.h"
 #include "router/prompt_list.h"
 
@@ -24,15 +25,6 @@ using namespace kvpush::router;
 using nlohmann::json;
 
 namespace {
-
-/// Aborts (a libFuzzer finding) naming the property that failed.
-#define Check(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)
 
 void Run(const json& j, int64_t prompt, int64_t n) {
   Check(ChoicesPerPrompt(j) >= 1);

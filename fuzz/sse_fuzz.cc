@@ -16,21 +16,13 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "router/prompt_list.h"
 #include "router/sse_splitter.h"
 
 using namespace kvpush::router;
 
 namespace {
-
-/// Aborts (a libFuzzer finding) naming the property that failed.
-#define Check(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)
 
 /// Position just past the first blank line of `s`, or npos.
 size_t FirstEventEnd(const std::string& s) {

@@ -24,6 +24,7 @@
 #include <span>
 #include <vector>
 
+#include "fuzz_check.h"
 #include "xfer/agent.h"
 #include "xfer/backend_factory.h"
 #include "xfer/metadata.h"
@@ -32,15 +33,6 @@ using namespace kvpush;
 using namespace kvpush::xfer;
 
 namespace {
-
-/// Aborts (a libFuzzer finding) naming the property that failed.
-#define Check(cond)                                                                     \
-  do {                                                                                  \
-    if (!(cond)) {                                                                      \
-      std::fprintf(stderr, "property failed: %s (%s:%d)\n", #cond, __FILE__, __LINE__); \
-      std::abort();                                                                     \
-    }                                                                                   \
-  } while (0)
 
 bool SameMetadata(const AgentMetadata& a, const AgentMetadata& b) {
   if (a.name != b.name || a.incarnation != b.incarnation || a.backend != b.backend ||

@@ -17,8 +17,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "fuzz_check.h"
 #include "connector/handshake.h"
+#include "fuzz_check.h"
 #include "json_boundary.h"
 
 using namespace kvpush;

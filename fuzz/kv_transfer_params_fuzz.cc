@@ -16,9 +16,9 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "fuzz_check.h"
 #include "connector/handshake.h"
 #include "connector/messages.h"
+#include "fuzz_check.h"
 #include "json_boundary.h"
 #include "server/kv_transfer_params.h"
 

@@ -20,9 +20,9 @@ struct ConnectorStats {
   int64_t transfers_failed = 0;
   int64_t watchdog_expired = 0;
   int64_t leases_expired = 0;
-  int64_t not_needed = 0;       ///< full prefix hits on D (no KV moved)
-  int64_t pins_sent = 0;        ///< pull (D): PIN requests sent
-  int64_t pins_refused = 0;     ///< pull (P): PIN refused (lease expired, unknown, wrong state)
+  int64_t not_needed = 0;    ///< full prefix hits on D (no KV moved)
+  int64_t pins_sent = 0;     ///< pull (D): PIN requests sent
+  int64_t pins_refused = 0;  ///< pull (P): PIN refused (lease expired, unknown, wrong state)
   /// D: received blocks whose checksums were verified, and verifications that failed.
   int64_t blocks_verified = 0;
   int64_t checksum_mismatches = 0;
@@ -30,9 +30,9 @@ struct ConnectorStats {
   int64_t verify_ns_sum = 0;
   /// D, push: time spent hashing chunks as LAYER_READY said they landed (off the TTFT path).
   int64_t verify_early_ns_sum = 0;
-  int64_t checksum_ns_sum = 0;  ///< P: time spent hashing blocks (connector thread)
+  int64_t checksum_ns_sum = 0;    ///< P: time spent hashing blocks (connector thread)
   int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
-  int64_t bad_messages = 0;     ///< malformed or unexpected peer messages dropped
+  int64_t bad_messages = 0;       ///< malformed or unexpected peer messages dropped
   /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
   /// KV_READY posted: the part of the handoff P adds after its compute (the last layer's WRITE
   /// not yet complete, plus the connector thread's wake-up). The last layer's WRITE is posted as
@@ -51,8 +51,16 @@ struct ConnectorStats {
   /// indexed by AuthFailure (peer_auth.h).
   bool auth_enabled = false;
   std::array<int64_t, 7> auth_failures{};
-  int64_t producers_active = 0;  ///< gauge
-  int64_t consumers_waiting = 0;  ///< gauge
+  /// D: loads given up (the request recomputed or failed) while a WRITE or READ could still
+  /// land in their blocks, which were kept out of use (quarantined) until it could not; and the
+  /// quarantines that ended (P's CANCEL_ACK / TRANSFER_FAILED / late KV_READY, the READ settled,
+  /// P dead or restarted).
+  int64_t quarantines = 0;
+  int64_t quarantines_released = 0;
+  int64_t producers_active = 0;       ///< gauge
+  int64_t consumers_waiting = 0;      ///< gauge: every consumer, quarantined ones included
+  int64_t consumers_quarantined = 0;  ///< gauge
+  int64_t blocks_quarantined = 0;     ///< gauge: announced/read-into blocks held out of use
 };
 
 }  // namespace kvpush::connector

@@ -251,7 +251,8 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     ev.num_prompt_tokens = seq.num_prompt_tokens;
     ev.prompt_hash = PromptHashOf(seq);
     ev.blocks.assign(blocks.begin(), blocks.end());
-    if (p.mode == KvTransferParams::Mode::kPush) push_producers_[seq.seq_id] = seq.num_prompt_tokens;
+    if (p.mode == KvTransferParams::Mode::kPush)
+      push_producers_[seq.seq_id] = seq.num_prompt_tokens;
     Push(std::move(ev));
     return;
   }
@@ -295,9 +296,9 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
   ev.kind = EngineEvent::kStep;
   for (const SequenceChunk& c : batch) {
     if (push_producers_.count(c.seq_id) == 0) continue;
-    ev.chunks.push_back(StepChunk{c.seq_id, c.start_pos + static_cast<int32_t>(c.tokens.size()),
-                                  std::vector<BlockId>(c.block_table.begin(),
-                                                       c.block_table.end())});
+    ev.chunks.push_back(
+        StepChunk{c.seq_id, c.start_pos + static_cast<int32_t>(c.tokens.size()),
+                  std::vector<BlockId>(c.block_table.begin(), c.block_table.end())});
   }
   if (ev.chunks.empty()) return nullptr;
   Push(std::move(ev));
@@ -313,9 +314,9 @@ void PdConnector::PostHandedRead(PendingRead& r) {
   ev.seq_id = r.seq_id;
   ev.params.transfer_id = r.tid;
   auto peer = peers_->Find(r.peer);
-  auto order = peer ? MakeReadOrder(options_.layout, r.peer, peer->num_blocks, r.local, r.remote)
-                    : Result<TransferOrder>(
-                          NotFound("no handshake with prefill instance '" + r.peer + "'"));
+  auto order =
+      peer ? MakeReadOrder(options_.layout, r.peer, peer->num_blocks, r.local, r.remote)
+           : Result<TransferOrder>(NotFound("no handshake with prefill instance '" + r.peer + "'"));
   auto t = order.ok() ? CreateTransfer(*order) : Result<xfer::TransferHandle>(order.status());
   if (!t.ok()) {
     ev.error = t.status();
@@ -345,8 +346,8 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
   using Role = KvTransferParams::Role;
   if (p.role == Role::kProducer) {
     push_producers_.erase(seq.seq_id);
-    const bool ok = out.finish_reason == FinishReason::kStop ||
-                    out.finish_reason == FinishReason::kLength;
+    const bool ok =
+        out.finish_reason == FinishReason::kStop || out.finish_reason == FinishReason::kLength;
     if (!seq.admitted_once) return false;  // never admitted: no blocks, nothing announced
     EngineEvent ev;
     ev.kind = EngineEvent::kProducerDone;
@@ -431,7 +432,9 @@ std::vector<KvLoadResult> PdConnector::GetFinishedLoading() {
     out.swap(loads_done_);
   }
   for (const auto& r : out) {
-    if (consumers_engine_.erase(r.seq_id) != 0) --engine_waiting_;
+    if (consumers_engine_.erase(r.seq_id) == 0) continue;  // finished meanwhile: held already
+    --engine_waiting_;
+    if (r.quarantined) ++engine_holds_;  // the engine keeps the blocks until GetFinished
   }
   return out;
 }
@@ -492,10 +495,11 @@ void PdConnector::PollTransfers() {
   for (TransferToken token : core_->OutstandingTokens()) {
     const xfer::TransferHandle h = HandleOf(token);
     auto st = agent_->GetStatus(h);
-    if (st.ok() && st->state == xfer::TransferState::kInProgress) continue;
-    done.emplace_back(token, st.ok() ? *st
-                                     : xfer::TransferStatus{xfer::TransferState::kError,
-                                                            st.status()});
+    // A transfer ended early (cancelled, past the stall deadline, its peer dropped) is over for
+    // the core only once the backend settled it: until then its bytes may still land.
+    if (st.ok() && (st->state == xfer::TransferState::kInProgress || !st->settled)) continue;
+    done.emplace_back(
+        token, st.ok() ? *st : xfer::TransferStatus{xfer::TransferState::kError, st.status()});
     (void)agent_->ReleaseTransfer(h);
   }
   for (const auto& [token, status] : done) core_->OnTransferDone(token, status);
@@ -554,7 +558,9 @@ Result<TransferToken> PdConnector::SendMessage(const std::string& peer, const Pd
   return t.packed();
 }
 
-void PdConnector::Cancel(TransferToken token) { (void)agent_->Cancel(HandleOf(token)); }
+void PdConnector::Cancel(TransferToken token) {
+  (void)agent_->Cancel(HandleOf(token));
+}
 
 void PdConnector::ReleaseBlocks(int64_t seq_id) {
   PublishStats();  // the engine may answer the request as soon as it sees this

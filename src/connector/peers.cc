@@ -27,6 +27,8 @@ PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
 
 Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
+  // Before anything is built per block: a peer's num_blocks sizes the descriptor lists below.
+  KVP_RETURN_IF_ERROR(CheckPeerPool(peer));
   {
     std::lock_guard lock(mu_);
     auto it = peers_.find(peer.engine_id);
@@ -199,7 +201,7 @@ std::optional<PeerView> PeerRegistry::Find(const std::string& engine_id) const {
   std::lock_guard lock(mu_);
   auto it = peers_.find(engine_id);
   if (it == peers_.end()) return std::nullopt;
-  return PeerView{it->second.info.layout.num_blocks};
+  return PeerView{it->second.info.layout.num_blocks, it->second.info.incarnation};
 }
 
 std::string PeerRegistry::EngineIdAt(const std::string& host, int port) const {

@@ -39,6 +39,8 @@ const char* ConsumerStateName(ConsumerState s) {
       return "reading";
     case ConsumerState::kCancelling:
       return "cancelling";
+    case ConsumerState::kQuarantined:
+      return "quarantined";
   }
   return "?";
 }
@@ -76,6 +78,11 @@ ConnectorStats TransferCore::stats() const {
   ConnectorStats s = stats_;
   s.producers_active = static_cast<int64_t>(producers_.size());
   s.consumers_waiting = static_cast<int64_t>(consumers_.size());
+  for (const auto& [tid, c] : consumers_) {
+    if (c.state != ConsumerState::kQuarantined) continue;
+    ++s.consumers_quarantined;
+    s.blocks_quarantined += c.num_blocks;
+  }
   return s;
 }
 
@@ -208,8 +215,7 @@ void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatu
       break;
     case XferKind::kMessage:
       if (s.state != xfer::TransferState::kDone) {
-        spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid,
-                     s.error.ToString());
+        spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid, s.error.ToString());
         // A PUSH_TARGET that could not be delivered fails its consumer at once.
         auto c = consumers_.find(o.tid);
         if (c != consumers_.end()) {
@@ -322,8 +328,19 @@ void TransferCore::ExpireTimers(TimePoint now) {
   }
 }
 
+std::optional<std::string> TransferCore::PeerGoneReason(const Consumer& c) const {
+  if (auto failure = peers_.Failure(c.peer)) return failure;
+  if (c.peer_incarnation == 0) return std::nullopt;
+  auto view = peers_.Find(c.peer);
+  if (view && view->incarnation != c.peer_incarnation) {
+    return "restarted (incarnation " + std::to_string(c.peer_incarnation) + " -> " +
+           std::to_string(view->incarnation) + ")";
+  }
+  return std::nullopt;
+}
+
 void TransferCore::CheckConsumerTimers(TimePoint now) {
-  // Consumers: watchdog and peer liveness.
+  // Consumers: watchdog, peer liveness, cancel deadlines, quarantines.
   std::vector<std::string> ids;
   ids.reserve(consumers_.size());
   for (auto& [tid, c] : consumers_) ids.push_back(tid);
@@ -331,43 +348,80 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
     auto it = consumers_.find(tid);
     if (it == consumers_.end()) continue;
     Consumer& c = it->second;
-    if (auto failure = peers_.Failure(c.peer)) {
+    if (auto gone = PeerGoneReason(c)) {
+      // The process that could write into the blocks is gone (its connection broke, it exited
+      // or it restarted): nothing of it can land any more.
       ++stats_.transfers_failed;
-      CompleteConsumer(c, PeerGone("prefill instance '" + c.peer + "' failed: " + *failure),
+      CompleteConsumer(c, PeerGone("prefill instance '" + c.peer + "' failed: " + *gone),
                        std::nullopt);
       continue;
     }
-    const bool cancelling = c.state == ConsumerState::kCancelling;
-    if (!cancelling && now >= c.deadline) {
-      ++stats_.watchdog_expired;
-      spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
-                   config_.watchdog.count());
-      if (c.mode == Mode::kPush) {
-        SendSignal(c.peer, MsgTag::kCancel, tid);
-      } else if (c.state == ConsumerState::kPinSent) {
-        // Pull, no READ yet (P never answered the PIN): nothing can land.
-        CompleteConsumer(c,
-                         DeadlineExceeded("the prefill instance did not confirm the lease within " +
-                                          std::to_string(config_.watchdog.count()) + " ms"),
-                         std::nullopt);
-        continue;
-      } else {
-        CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
+    if (c.state == ConsumerState::kQuarantined) {
+      if (c.mode == Mode::kPush && now >= c.next_cancel) {
+        SendSignal(c.peer, MsgTag::kCancel, tid);  // the first may have been lost: ask again
+        c.cancel_backoff = std::min<std::chrono::milliseconds>(c.cancel_backoff * 2, 30s);
+        c.next_cancel = now + c.cancel_backoff;
       }
-      c.state = ConsumerState::kCancelling;
-      c.cancel_deadline = now + config_.cancel_ack;
       continue;
     }
-    if (cancelling && now >= c.cancel_deadline) {
-      // P did not acknowledge: drop the peer so no more of its WRITEs are accepted.
-      actions_.InvalidatePeer(c.peer, "no CANCEL_ACK within cancel_ack_ms");
-      CompleteConsumer(c,
-                       DeadlineExceeded("KV did not arrive within " +
-                                        std::to_string(config_.watchdog.count()) +
-                                        " ms and the prefill instance did not answer the cancel"),
-                       std::nullopt);
+    if (c.state == ConsumerState::kCancelling) {
+      CheckCancelling(c, now);
+      continue;
     }
+    if (now < c.deadline) continue;
+    ++stats_.watchdog_expired;
+    spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
+                 config_.watchdog.count());
+    if (c.mode == Mode::kPush) {
+      SendSignal(c.peer, MsgTag::kCancel, tid);
+    } else if (c.state == ConsumerState::kPinSent) {
+      // Pull, no READ yet (P never answered the PIN): nothing can land.
+      CompleteConsumer(c,
+                       DeadlineExceeded("the prefill instance did not confirm the lease within " +
+                                        std::to_string(config_.watchdog.count()) + " ms"),
+                       std::nullopt);
+      continue;
+    } else {
+      CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
+    }
+    c.state = ConsumerState::kCancelling;
+    c.cancel_deadline = now + config_.cancel_ack;
   }
+}
+
+void TransferCore::CheckCancelling(Consumer& c, TimePoint now) {
+  if (now < c.cancel_deadline) return;
+  // P did not acknowledge (push) or the READ has not settled (pull) in time. Invalidating the
+  // peer would not stop WRITEs it already issued (they land whatever this side does), so the
+  // request goes on without these blocks and they stay out of use until nothing can land.
+  Quarantine(c, now);
+}
+
+void TransferCore::Quarantine(Consumer& c, TimePoint now) {
+  ++stats_.quarantines;
+  c.state = ConsumerState::kQuarantined;
+  c.cancel_backoff = config_.cancel_ack;
+  c.next_cancel = now + c.cancel_backoff;
+  spdlog::warn(
+      "kv connector: transfer {}: {} within {} ms; its {} blocks are quarantined until "
+      "nothing can land in them",
+      c.tid,
+      c.mode == Mode::kPush ? "no CANCEL_ACK from '" + c.peer + "'"
+                            : std::string("the cancelled READ did not end"),
+      config_.cancel_ack.count(), c.num_blocks);
+  if (c.aborted) return;  // the engine already finished the request and holds its blocks
+  c.aborted = true;       // from now on the end releases the blocks the engine keeps for us
+  KvLoadResult r;
+  r.seq_id = c.seq_id;
+  r.recompute = config_.failure_policy == FailurePolicy::kRecompute;
+  r.quarantined = true;
+  r.status = c.mode == Mode::kPush
+                 ? DeadlineExceeded("KV did not arrive within " +
+                                    std::to_string(config_.watchdog.count()) +
+                                    " ms and the prefill instance did not answer the cancel")
+                 : DeadlineExceeded("the READ did not complete within " +
+                                    std::to_string(config_.watchdog.count()) + " ms");
+  actions_.FinishLoad(std::move(r));
 }
 
 }  // namespace kvpush::connector

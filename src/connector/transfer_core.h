@@ -35,7 +35,8 @@ using TransferToken = uint64_t;
 
 /// What the core needs to know of a handshaken peer.
 struct PeerView {
-  int32_t num_blocks = 0;  ///< blocks in the peer's KV pool (its layout)
+  int32_t num_blocks = 0;    ///< blocks in the peer's KV pool (its layout)
+  uint64_t incarnation = 0;  ///< the handshaken process (a restart gives a new one)
 };
 
 /// The peers the core may talk to: PeerRegistry in production, a fake in tests. Called only on
@@ -48,7 +49,9 @@ class PeerDirectory {
   /// The engine id handshaken at host:port, or "" when none was.
   virtual std::string EngineIdAt(const std::string& host, int port) const = 0;
   /// nullopt while the transfer engine considers `engine_id` alive; else why it is not
-  /// (unknown, failed, restarted).
+  /// (unknown, failed: its connection broke or its process exited, restarted). The core treats
+  /// a failure as proof that the peer's process can write nothing more into this instance's
+  /// memory (docs/reliability.md, *Quarantine*).
   virtual std::optional<std::string> Failure(const std::string& engine_id) const = 0;
 };
 
@@ -76,8 +79,8 @@ struct PendingRead {
   int64_t seq_id = 0;
   std::string tid;
   std::string peer;
-  std::vector<BlockId> local;    ///< D's blocks, in prompt order
-  std::vector<int32_t> remote;   ///< P's blocks (from PINNED), pairwise with `local`
+  std::vector<BlockId> local;   ///< D's blocks, in prompt order
+  std::vector<int32_t> remote;  ///< P's blocks (from PINNED), pairwise with `local`
 };
 
 /// The actions the core takes. PdConnector carries them out; tests record them. Every method
@@ -102,7 +105,9 @@ class CoreActions {
   /// Hands a READ to the engine thread (vllm pull profile); its post comes back as a
   /// kReadPosted event.
   virtual void HandRead(PendingRead read) = 0;
-  /// Makes the transfer engine drop `peer` (no more of its WRITEs are accepted).
+  /// Makes the transfer engine drop `peer`: its connection is closed and later transfers to it
+  /// fail. It does NOT stop WRITEs the peer already issued from landing here (a one-sided WRITE
+  /// is applied by this side's transport without asking): never a reason to reuse blocks.
   virtual void InvalidatePeer(const std::string& peer, const std::string& why) = 0;
 };
 
@@ -159,11 +164,18 @@ enum class ConsumerState : uint8_t {
   kReadHanded,  ///< pull vllm: READ handed to the engine thread, not posted yet
   kReading,     ///< pull: READ posted
   kCancelling,  ///< watchdog or abort: CANCEL sent / READ cancelled, waiting for its end
+  /// No CANCEL_ACK (push) or READ end (pull) within cancel_ack_ms: the request was told its load
+  /// failed (recompute into fresh blocks, or fail) and the announced blocks are held out of use
+  /// until nothing can land in them: P's CANCEL_ACK, TRANSFER_FAILED or late KV_READY (sent only
+  /// once its WRITEs settled), the READ settled, or P dead or restarted. CANCEL is re-sent with
+  /// backoff meanwhile.
+  kQuarantined,
 };
 
 /// "prefilling", "held", "pinned", "ready_posted", "dropping" (logs, tests).
 const char* ProducerStateName(ProducerState s);
-/// "awaiting_kv", "pin_sent", "read_handed", "reading", "cancelling" (logs, tests).
+/// "awaiting_kv", "pin_sent", "read_handed", "reading", "cancelling", "quarantined" (logs,
+/// tests).
 const char* ConsumerStateName(ConsumerState s);
 
 /// The single-threaded protocol core. Not thread-safe: one thread (PdConnector's connector
@@ -272,7 +284,13 @@ class TransferCore {
     std::vector<uint64_t> chunk_sums;
     std::vector<uint8_t> chunk_hashed;
     TimePoint cancel_deadline{};
-    bool aborted = false;  ///< the engine finished it while waiting: release, don't resume
+    /// kQuarantined: when CANCEL is sent again (push), doubling from cancel_ack_ms up to 30 s.
+    TimePoint next_cancel{};
+    std::chrono::milliseconds cancel_backoff{0};
+    uint64_t peer_incarnation = 0;  ///< of `peer` when the request started (0: unknown)
+    /// The engine no longer waits for this load (it finished the request, or was told the load
+    /// failed at quarantine): the end releases the held blocks instead of finishing a load.
+    bool aborted = false;
     int64_t read_posted_ns = 0;
     std::optional<TokenOutput> first_token;  ///< pull fast profile
   };
@@ -294,6 +312,10 @@ class TransferCore {
   void Tombstone(const std::string& tid);
   void ExpireTimers(TimePoint now);
   void CheckConsumerTimers(TimePoint now);
+  void CheckCancelling(Consumer& c, TimePoint now);
+  void Quarantine(Consumer& c, TimePoint now);
+  /// True when `c`'s peer process is known to be gone (failed or restarted since c started).
+  std::optional<std::string> PeerGoneReason(const Consumer& c) const;
   std::string PeerOf(const KvTransferParams& p) const;
 
   // producer.cc

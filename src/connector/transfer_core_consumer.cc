@@ -62,7 +62,7 @@ void TransferCore::OnReadPosted(EngineEvent& ev) {
   }
   c.read_posted_ns = clock_.NowNanos();
   outstanding_[ev.transfer] = Outstanding{tid, XferKind::kRead, 0};
-  if (c.state == ConsumerState::kCancelling) {
+  if (c.state == ConsumerState::kCancelling || c.state == ConsumerState::kQuarantined) {
     // The watchdog fired while the READ waited for the engine thread: end it at once (the
     // consumer completes when it has ended, so nothing lands in reused blocks).
     actions_.Cancel(ev.transfer);
@@ -101,6 +101,7 @@ void TransferCore::OnConsumerStart(EngineEvent& ev) {
   c.take_first_token = c.mode == Mode::kPull && c.profile == PullProfile::kFast &&
                        c.local_tokens + c.external_tokens == c.n;
   c.peer = PeerOf(ev.params);
+  if (auto view = peers_.Find(c.peer)) c.peer_incarnation = view->incarnation;
   auto [it, inserted] = consumers_.emplace(tid, std::move(c));
   (void)inserted;
   Consumer& con = it->second;
@@ -186,8 +187,8 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
                              c.blocks.begin() + c.first_block + c.num_blocks);
   if (c.profile == PullProfile::kVllm) {
     c.state = ConsumerState::kReadHanded;
-    actions_.HandRead(PendingRead{c.seq_id, c.tid, c.peer, std::move(local),
-                                  std::move(m.block_ids)});
+    actions_.HandRead(
+        PendingRead{c.seq_id, c.tid, c.peer, std::move(local), std::move(m.block_ids)});
     return;
   }
   auto order = BuildRead(c.peer, local, m.block_ids);
@@ -222,7 +223,10 @@ void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
     ++stats_.bad_messages;
     return;
   }
-  if (!config_.verify_checksums || c.state == ConsumerState::kCancelling) return;
+  if (!config_.verify_checksums || c.state == ConsumerState::kCancelling ||
+      c.state == ConsumerState::kQuarantined) {
+    return;
+  }
   const int64_t start = clock_.NowNanos();
   for (uint32_t b = m.first_block; b < m.first_block + m.num_blocks; ++b) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
@@ -248,9 +252,10 @@ Status TransferCore::VerifyReceived(Consumer& c) {
   stats_.verify_ns_sum += clock_.NowNanos() - start;
   if (ok) return Status::Ok();
   ++stats_.checksum_mismatches;
-  spdlog::error("kv connector: transfer {}: checksum mismatch over {} received blocks "
-                "(digest {:016x}, prefill sent {:016x}); the KV is discarded",
-                c.tid, c.num_blocks, got, c.expected_digest);
+  spdlog::error(
+      "kv connector: transfer {}: checksum mismatch over {} received blocks "
+      "(digest {:016x}, prefill sent {:016x}); the KV is discarded",
+      c.tid, c.num_blocks, got, c.expected_digest);
   return DataLoss("received KV failed its checksum");
 }
 
@@ -263,7 +268,7 @@ void TransferCore::OnConsumerAbort(EngineEvent& ev) {
   }
   Consumer& c = it->second;
   c.aborted = true;
-  if (c.state == ConsumerState::kCancelling) return;
+  if (c.state == ConsumerState::kCancelling || c.state == ConsumerState::kQuarantined) return;
   const bool reading = c.state == ConsumerState::kReading;
   c.state = ConsumerState::kCancelling;
   c.cancel_deadline = clock_.Now() + config_.cancel_ack;
@@ -317,6 +322,12 @@ void TransferCore::OnConsumerMessage(const std::string& peer, PdMessage& m) {
 void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
   if (c.mode != Mode::kPush) return;
   ++stats_.kv_ready_received;
+  if (c.state == ConsumerState::kQuarantined) {
+    // Late: every WRITE of P settled before it was sent, so the blocks can be reused; the
+    // request went on without them.
+    CompleteConsumer(c, Aborted("KV arrived after the load was given up"), std::nullopt);
+    return;
+  }
   // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,
   // unless something corrupted them on the way, which the digest tells.
   c.expected_digest = m.kv_digest;
@@ -346,6 +357,11 @@ void TransferCore::OnConsumerTransferDone(const Outstanding& o, const xfer::Tran
 }
 
 void TransferCore::CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token) {
+  if (c.state == ConsumerState::kQuarantined) {
+    ++stats_.quarantines_released;
+    spdlog::info("kv connector: transfer {}: quarantine of {} blocks ends ({})", c.tid,
+                 c.num_blocks, status.ok() ? "ok" : status.ToString());
+  }
   // Pull: P may free its leased blocks whatever happened here (READ done, failed, abandoned).
   if (c.mode == Mode::kPull && !c.peer.empty()) SendSignal(c.peer, MsgTag::kRelease, c.tid);
   if (c.aborted) {

@@ -167,6 +167,7 @@ void EngineCore::ApplyKvLoads() {
       r.status = DataLoss("the prefill instance sent first token id " +
                           std::to_string(r.first_token->id) + ", outside the vocabulary");
     }
+    if (!r.status.ok() && r.quarantined) QuarantineLoadBlocks(seq);
     if (!r.status.ok() && !r.recompute) {
       Finish(seq, FinishReason::kError, r.status, {}, {});
       continue;
@@ -184,6 +185,19 @@ void EngineCore::ApplyKvLoads() {
       ProcessSampled(seq, std::move(*r.first_token));
     }
   }
+}
+
+void EngineCore::QuarantineLoadBlocks(Sequence& seq) {
+  // The blocks after the local prefix-cache hit were announced to the peer (or read into) and
+  // may still be written: they leave the request, uncommitted, and wait for the connector's
+  // GetFinished. The request keeps its cached prefix; the scheduler allocates fresh blocks for
+  // the rest when it computes it.
+  const auto keep = static_cast<size_t>(seq.num_computed / pool_.block_size());
+  if (seq.blocks.size() <= keep) return;
+  std::vector<BlockId>& held = held_blocks_[seq.seq_id];
+  held.insert(held.end(), seq.blocks.begin() + static_cast<std::ptrdiff_t>(keep), seq.blocks.end());
+  seq.blocks.resize(keep);
+  ++stats_.kv_load_quarantines;
 }
 
 void EngineCore::ReleaseHeldBlocks() {

@@ -113,6 +113,10 @@ class EngineCore {
   void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
               std::string stop_reason, RequestOutput* partial = nullptr);
   void ReleaseHeldBlocks();
+  /// A load given up while remote writes may still land (KvLoadResult::quarantined): moves the
+  /// request's blocks after its local prefix hit to held_blocks_ until the connector releases
+  /// them.
+  void QuarantineLoadBlocks(Sequence& seq);
   void Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out);
 
   EngineConfig config_;
@@ -125,10 +129,10 @@ class EngineCore {
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
   std::unordered_map<int64_t, std::vector<BlockId>> held_blocks_;  ///< kept for the connector
   EngineStats stats_;
-  std::vector<SequenceChunk> batch_;  ///< reused per step
+  std::vector<SequenceChunk> batch_;   ///< reused per step
   std::vector<Sequence*> batch_seqs_;  ///< the sequence of each batch_ entry
-  std::vector<float> logits_;         ///< reused per step
-  std::vector<int32_t> suppressed_;   ///< ids suppressed for one sample (min_tokens), reused
+  std::vector<float> logits_;          ///< reused per step
+  std::vector<int32_t> suppressed_;    ///< ids suppressed for one sample (min_tokens), reused
   bool defer_outputs_ = false;
   std::vector<std::pair<std::shared_ptr<OutputChannel>, RequestOutput>> pending_outputs_;
 };

@@ -31,6 +31,9 @@ struct EngineStats {
   int64_t num_steps = 0;
   int64_t kv_loads = 0;            ///< asynchronous KV loads that succeeded (P/D decode side)
   int64_t kv_load_recomputes = 0;  ///< failed loads recomputed locally (policy recompute)
+  /// failed loads whose blocks were quarantined (a WRITE could still land): the request went on
+  /// in fresh blocks
+  int64_t kv_load_quarantines = 0;
 
   // Latencies in seconds (recorded when a request finishes, or per token for ITL).
   Histogram ttft{Histogram::LatencyBounds()};        ///< arrival -> first token

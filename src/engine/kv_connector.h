@@ -30,15 +30,21 @@ struct KvMatch {
 /// The end of an asynchronous KV load (DESIGN.md §3 push step 5, pull step 3, §6 watchdog).
 struct KvLoadResult {
   int64_t seq_id = 0;
-  /// ok: the external tokens' K/V are in the blocks. Otherwise the load failed, and it is
-  /// guaranteed that no remote WRITE can land in the blocks any more; `recompute` says whether
-  /// the engine computes the prompt locally (policy `recompute`) or fails the request with
-  /// `status` (policy `fail`).
+  /// ok: the external tokens' K/V are in the blocks. Otherwise the load failed, and (unless
+  /// `quarantined`) it is guaranteed that no remote WRITE can land in the blocks any more;
+  /// `recompute` says whether the engine computes the prompt locally (policy `recompute`) or fails
+  /// the request with `status` (policy `fail`).
   Status status;
   bool recompute = false;
   /// The first output token sampled by P (push, pull "fast" profile), appended without
   /// recomputation. Absent: the engine computes whatever is left of the prompt.
   std::optional<TokenOutput> first_token;
+  /// Only with a failed status: the load was given up while a remote WRITE or READ may still
+  /// land in the request's blocks after its local prefix-cache hit (P never acknowledged the
+  /// cancel). The engine then takes those blocks out of the request and keeps them, untouched and
+  /// never cached, until GetFinished() reports seq_id; the request recomputes into fresh blocks
+  /// (or fails) at once. The guarantee above does not hold for them until then.
+  bool quarantined = false;
 };
 
 /// All methods are called on the engine thread and must not block (hand work to the connector's

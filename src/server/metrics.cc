@@ -1,9 +1,9 @@
 #include "server/metrics.h"
 
-#include "connector/pd_connector.h"
-
 #include <cstdio>
 #include <sstream>
+
+#include "connector/pd_connector.h"
 
 namespace kvpush::server {
 namespace {
@@ -71,13 +71,15 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
   w.Scalar("kvpush_num_requests_waiting", "gauge", "Requests waiting to be scheduled.",
            s.num_waiting);
   w.Scalar("kvpush_num_requests_waiting_for_kv", "gauge",
-           "Requests whose KV is being transferred from a prefill instance.",
-           s.num_waiting_for_kv);
+           "Requests whose KV is being transferred from a prefill instance.", s.num_waiting_for_kv);
   w.Scalar("kvpush_kv_loads_total", "counter", "Asynchronous KV loads that succeeded.",
            static_cast<double>(s.kv_loads));
   w.Scalar("kvpush_kv_load_recomputes_total", "counter",
            "Failed KV loads recomputed locally (failure policy recompute).",
            static_cast<double>(s.kv_load_recomputes));
+  w.Scalar("kvpush_kv_load_quarantines_total", "counter",
+           "Failed KV loads whose blocks were held out of use because a WRITE could still land.",
+           static_cast<double>(s.kv_load_quarantines));
   w.Scalar("kvpush_kv_blocks_total", "gauge", "KV cache blocks in the pool.",
            s.num_kv_blocks_total);
   w.Scalar("kvpush_kv_blocks_used", "gauge", "KV blocks referenced by requests.", s.kv.num_used);
@@ -217,6 +219,18 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
            static_cast<double>(c.producers_active));
   w.Scalar("kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight.",
            static_cast<double>(c.consumers_waiting));
+  counter("kvpush_kv_transfer_quarantines_total",
+          "Decode loads given up while a WRITE or READ could still land (blocks quarantined).",
+          c.quarantines);
+  counter("kvpush_kv_transfer_quarantines_released_total",
+          "Quarantines that ended (nothing can land any more; blocks back in the pool).",
+          c.quarantines_released);
+  w.Scalar("kvpush_kv_transfer_consumers_quarantined", "gauge",
+           "Decode-side transfers whose blocks are quarantined now.",
+           static_cast<double>(c.consumers_quarantined));
+  w.Scalar("kvpush_kv_blocks_quarantined", "gauge",
+           "KV blocks held out of use until no WRITE or READ can land in them.",
+           static_cast<double>(c.blocks_quarantined));
   return w.str();
 }
 

@@ -264,6 +264,14 @@ void Agent::OnPostDone(uint64_t token, Status status) {
   std::lock_guard lock(mu_);
   Transfer* t = transfers_.AtIndex(h.index);
   if (t == nullptr || t->seq != seq) return;  // released or re-posted since: stale completion
+  if (!t->settled && t->state != TransferState::kInProgress) {
+    // Ended early (cancel, stall deadline, peer dropped): now nothing of it can land any more.
+    t->settled = true;
+    cv_.notify_all();
+    if (options_.on_event) options_.on_event();
+    return;
+  }
+  t->settled = true;
   FinishLocked(*t, std::move(status));
 }
 

@@ -145,14 +145,17 @@ class Agent final : private BackendSink {
   /// Number of backend ops a transfer posts (after coalescing). Errors: kNotFound.
   Result<size_t> TransferOpCount(TransferHandle t);
   /// Posts a transfer that is not in progress. Starts its stall deadline. Errors: kNotFound,
-  /// kFailedPrecondition (in progress), kPeerGone (peer failed/restarted/invalidated), or the
+  /// kFailedPrecondition (in progress, or its previous post ended early and is not settled yet:
+  /// TransferStatus::settled), kPeerGone (peer failed/restarted/invalidated), or the
   /// backend's post error (the transfer is then in kError with it).
   Status Post(TransferHandle t);
+  /// The transfer's state, error and whether the backend has settled it. Errors: kNotFound.
   Result<TransferStatus> GetStatus(TransferHandle t);
   /// Waits until the transfer is not in progress or `deadline` passes (then returns kInProgress).
   Result<TransferStatus> Wait(TransferHandle t, TimePoint deadline);
   /// Cancels an in-progress transfer: it ends in kError(kCancelled) and its notification is
-  /// guaranteed not to be sent. Data ops already handed to the network may still land.
+  /// guaranteed not to be sent. Data ops already handed to the network may still land until
+  /// GetStatus reports it settled (TransferStatus::settled).
   /// Errors: kNotFound, kFailedPrecondition (not in progress, or too late: notification already
   /// committed to the network; the transfer then completes normally).
   Status Cancel(TransferHandle t);
@@ -213,7 +216,8 @@ class Agent final : private BackendSink {
     std::vector<uint8_t> notification_frame;
     TransferState state = TransferState::kIdle;
     Status error;
-    uint32_t seq = 0;  // bumps on every post and release: stale completions are ignored
+    uint32_t seq = 0;     // bumps on every post and release: stale completions are ignored
+    bool settled = true;  // false from Post until the backend reports the post's end
     TimePoint deadline{};
     std::shared_ptr<PostControl> control;
   };

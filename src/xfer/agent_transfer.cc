@@ -226,6 +226,8 @@ Status Agent::Post(TransferHandle h) {
     if (t == nullptr) return NotFound("Post: no transfer " + std::to_string(h.index));
     if (t->state == TransferState::kInProgress)
       return FailedPrecondition("Post: transfer already in progress");
+    if (!t->settled)
+      return FailedPrecondition("Post: the previous post of this transfer may still land");
     auto pit = peers_.find(t->peer);
     if (pit == peers_.end() || pit->second.generation != t->peer_generation || !pit->second.alive) {
       Status why = (pit != peers_.end() && !pit->second.failure.ok())
@@ -237,6 +239,7 @@ Status Agent::Post(TransferHandle h) {
     t->seq = post_seq_;
     t->state = TransferState::kInProgress;
     t->error = Status::Ok();
+    t->settled = false;
     t->deadline = SteadyClock::now() + options_.stall_timeout;
     // Reuse the control block when no earlier post still holds it (saves an allocation on the
     // small-post path); copies are only made here, under mu_, so a count of 1 cannot grow.
@@ -263,14 +266,20 @@ Status Agent::Post(TransferHandle h) {
   if (taken == InlinePost::kDone) {
     std::lock_guard lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token) FinishLocked(*t, inline_status);
+    if (t != nullptr && Token(h, t->seq) == token) {
+      t->settled = true;
+      FinishLocked(*t, inline_status);
+    }
     return Status::Ok();  // the transfer's status carries any error, as for a later failure
   }
   Status s = backend_->Post(std::move(req));
   if (!s.ok()) {
     std::lock_guard lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token) FinishLocked(*t, s);
+    if (t != nullptr && Token(h, t->seq) == token) {
+      t->settled = true;  // never started: the backend reports nothing
+      FinishLocked(*t, s);
+    }
   }
   return s;
 }
@@ -279,7 +288,7 @@ Result<TransferStatus> Agent::GetStatus(TransferHandle h) {
   std::lock_guard lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("GetStatus: no transfer " + std::to_string(h.index));
-  return TransferStatus{t->state, t->error};
+  return TransferStatus{t->state, t->error, t->settled};
 }
 
 Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
@@ -289,7 +298,8 @@ Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
       std::lock_guard lock(mu_);
       Transfer* t = transfers_.Find(h);
       if (t == nullptr) return NotFound("Wait: no transfer " + std::to_string(h.index));
-      if (t->state != TransferState::kInProgress) return TransferStatus{t->state, t->error};
+      if (t->state != TransferState::kInProgress)
+        return TransferStatus{t->state, t->error, t->settled};
     }
     const int64_t spin_end = NowNs() + int64_t{options_.wait_spin_us} * 1000;
     while (finished_.load(std::memory_order_acquire) == seen && NowNs() < spin_end) {
@@ -304,7 +314,7 @@ Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
     return t == nullptr || t->state != TransferState::kInProgress;
   });
   if (t == nullptr) return NotFound("Wait: transfer released while waiting");
-  return TransferStatus{t->state, t->error};
+  return TransferStatus{t->state, t->error, t->settled};
 }
 
 Status Agent::Cancel(TransferHandle h) {

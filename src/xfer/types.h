@@ -65,6 +65,12 @@ const char* TransferStateName(TransferState s);
 struct TransferStatus {
   TransferState state = TransferState::kIdle;
   Status error;
+  /// True once the backend reported the post's end: none of its data ops can land any more and
+  /// its notification will not be sent later. A transfer the agent ended early (Agent::Cancel,
+  /// the stall deadline, its peer dropped) is kError with settled false until then; memory the
+  /// post writes into (a READ's local blocks, a WRITE's remote ones) is safe to reuse only once it
+  /// is true. Always true for kIdle and kDone.
+  bool settled = true;
 };
 
 /// A notification received from a peer: who sent it (name and incarnation) and its payload.

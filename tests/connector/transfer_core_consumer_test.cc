@@ -141,24 +141,128 @@ TEST_F(ConsumerTest, KvReadyThatCrossesTheCancelStillLoads) {
   EXPECT_EQ(Loads().size(), 1u);
 }
 
-TEST_F(ConsumerTest, NoCancelAckInvalidatesThePeerBeforeTheBlocksAreReused) {
-  const std::string t = Tid(5);
-  StartConsumer(1, t, Mode::kPush);
-  Advance(milliseconds(510));
-  Advance(milliseconds(190));
-  EXPECT_EQ(rec_.Count(Action::kInvalidate), 0u);
-  Advance(milliseconds(20));
-  ASSERT_EQ(rec_.Of(Action::kInvalidate).size(), 1u);
-  EXPECT_EQ(rec_.Of(Action::kInvalidate)[0].peer, kP);
-  // The invalidation comes before the load's end, so no WRITE can land in reused blocks.
-  size_t inv = 0;
-  size_t fin = 0;
-  for (size_t i = 0; i < rec_.log.size(); ++i) {
-    if (rec_.log[i].kind == Action::kInvalidate) inv = i;
-    if (rec_.log[i].kind == Action::kFinishLoad) fin = i;
+TEST_F(ConsumerTest, NoCancelAckQuarantinesTheBlocksUntilNothingCanLand) {
+  // P stopped with WRITEs queued: D cannot stop them (invalidating P does not), so at the cancel
+  // deadline the request goes on without its target blocks (recompute into fresh ones), which
+  // stay out of use until P says none of its WRITEs can land any more.
+  struct Case {
+    const char* name;
+    int end;  // 0: late CANCEL_ACK, 1: TRANSFER_FAILED, 2: late KV_READY, 3: P dies, 4: P restarts
+  };
+  const Case cases[] = {{"CANCEL_ACK", 0},
+                        {"TRANSFER_FAILED", 1},
+                        {"late KV_READY", 2},
+                        {"P dies", 3},
+                        {"P restarts", 4}};
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    peers_.failures.clear();
+    peers_.peers[kP] = PeerView{16, 7};
+    Rebuild();
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, Mode::kPush);
+    Advance(milliseconds(510));
+    Advance(milliseconds(190));
+    EXPECT_TRUE(Loads().empty());
+    Advance(milliseconds(20));
+    EXPECT_EQ(rec_.Count(Action::kInvalidate), 0u);
+    auto loads = Loads();
+    ASSERT_EQ(loads.size(), 1u);
+    EXPECT_EQ(loads[0].status.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(loads[0].quarantined);
+    EXPECT_TRUE(loads[0].recompute);
+    EXPECT_EQ(core_->consumer_state(t), ConsumerState::kQuarantined);
+    EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+    auto s = core_->stats();
+    EXPECT_EQ(s.quarantines, 1);
+    EXPECT_EQ(s.consumers_quarantined, 1);
+    EXPECT_EQ(s.blocks_quarantined, 3);
+    // The CANCEL is asked again with backoff (200 ms, then 400 ms) in case the first was lost.
+    const size_t cancels = rec_.Sent(MsgTag::kCancel).size();
+    Advance(milliseconds(210));
+    EXPECT_EQ(rec_.Sent(MsgTag::kCancel).size(), cancels + 1);
+    Advance(milliseconds(210));
+    EXPECT_EQ(rec_.Sent(MsgTag::kCancel).size(), cancels + 1);
+    Advance(milliseconds(210));
+    EXPECT_EQ(rec_.Sent(MsgTag::kCancel).size(), cancels + 2);
+    // A late LAYER_READY changes nothing; a CANCEL_ACK from another instance neither.
+    PdMessage landed = Signal(MsgTag::kLayerReady, t);
+    landed.num_blocks = 1;
+    Deliver(kP, landed);
+    Deliver(kD, Signal(MsgTag::kCancelAck, t));
+    EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+    switch (c.end) {
+      case 0:
+        Deliver(kP, Signal(MsgTag::kCancelAck, t));
+        break;
+      case 1:
+        Deliver(kP, Signal(MsgTag::kTransferFailed, t));
+        break;
+      case 2:
+        Deliver(kP, KvReady(t));
+        break;
+      case 3:
+        peers_.failures[kP] = "connection reset";
+        Advance(milliseconds(20));
+        break;
+      default:
+        peers_.peers[kP] = PeerView{16, 8};
+        Advance(milliseconds(20));
+    }
+    ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
+    EXPECT_EQ(rec_.Of(Action::kRelease)[0].seq_id, n);
+    EXPECT_EQ(Loads().size(), 1u);  // no second load result: the engine moved on long ago
+    EXPECT_EQ(core_->num_consumers(), 0u);
+    s = core_->stats();
+    EXPECT_EQ(s.quarantines_released, 1);
+    EXPECT_EQ(s.consumers_quarantined, 0);
+    EXPECT_EQ(s.blocks_quarantined, 0);
   }
-  EXPECT_LT(inv, fin);
-  EXPECT_EQ(Loads()[0].status.code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(ConsumerTest, AnAbortedRequestsBlocksStayHeldWithoutAnAck) {
+  // The engine finished the request while its KV was on the way (client gone): CANCEL, no ack:
+  // the blocks the engine holds for it are released only once P acknowledges.
+  const std::string t = Tid(6);
+  StartConsumer(6, t, Mode::kPush);
+  EngineEvent ab;
+  ab.kind = EngineEvent::kConsumerAbort;
+  ab.seq_id = 6;
+  ab.params.transfer_id = t;
+  core_->HandleEvent(ab);
+  ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  Advance(milliseconds(300));
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kQuarantined);
+  EXPECT_TRUE(Loads().empty());
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+  core_->HandleEvent(ab);  // a second abort changes nothing
+  Deliver(kP, Signal(MsgTag::kCancelAck, t));
+  ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
+  EXPECT_TRUE(Loads().empty());
+}
+
+TEST_F(ConsumerTest, AnUnsettledPullReadQuarantinesItsBlocksUntilItEnds) {
+  // D's own READ was cancelled but the transfer engine has not settled it (its data could still
+  // arrive): the request goes on, the blocks wait for the READ's end.
+  const std::string t = Tid(7);
+  StartConsumer(7, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, 1);
+  Deliver(kP, Pinned(t));
+  const TransferToken read = rec_.Of(Action::kPost)[0].token;
+  Advance(milliseconds(510));
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+  Advance(milliseconds(210));
+  ASSERT_EQ(Loads().size(), 1u);
+  EXPECT_TRUE(Loads()[0].quarantined);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kQuarantined);
+  EXPECT_TRUE(rec_.Sent(MsgTag::kRelease).empty());
+  Advance(milliseconds(1000));
+  EXPECT_TRUE(rec_.Sent(MsgTag::kCancel).empty());  // pull: nothing to ask P
+  Done(read, false);
+  ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
+  EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), 1u);  // P's lease goes too
+  EXPECT_EQ(core_->num_consumers(), 0u);
 }
 
 TEST_F(ConsumerTest, FailuresEndTheLoadAtOnce) {
@@ -286,7 +390,7 @@ TEST_F(ConsumerTest, AbortWhileWaitingReleasesTheBlocksOnlyWhenNothingCanLand) {
   ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
   EXPECT_EQ(rec_.Of(Action::kRelease)[0].seq_id, 1);
   EXPECT_TRUE(Loads().empty());  // an aborted request gets no load result
-  AbortConsumer(2, Tid(51));  // its load already ended: released at once
+  AbortConsumer(2, Tid(51));     // its load already ended: released at once
   EXPECT_EQ(rec_.Count(Action::kRelease), 2u);
 }
 
@@ -302,14 +406,14 @@ TEST_F(ConsumerTest, NotNeededAndRejectedTellTheProducer) {
   const Case cases[] = {
       {"full prefix hit, push", EngineEvent::kConsumerNotNeeded, Mode::kPush, kP,
        MsgTag::kNotNeeded, true},
-      {"full prefix hit, pull", EngineEvent::kConsumerNotNeeded, Mode::kPull, kP,
-       MsgTag::kRelease, true},
+      {"full prefix hit, pull", EngineEvent::kConsumerNotNeeded, Mode::kPull, kP, MsgTag::kRelease,
+       true},
       {"refused at admission, push", EngineEvent::kConsumerRejected, Mode::kPush, kP,
        MsgTag::kTransferFailed, true},
       {"refused at admission, pull", EngineEvent::kConsumerRejected, Mode::kPull, kP,
        MsgTag::kRelease, true},
-      {"never handshaken: nobody to tell", EngineEvent::kConsumerRejected, Mode::kPush,
-       "nobody", MsgTag::kTransferFailed, false},
+      {"never handshaken: nobody to tell", EngineEvent::kConsumerRejected, Mode::kPush, "nobody",
+       MsgTag::kTransferFailed, false},
   };
   int n = 60;
   for (const Case& c : cases) {
@@ -443,7 +547,7 @@ TEST_F(ConsumerTest, UnexpectedPinnedIsABadMessage) {
   const std::string u = Tid(91);
   StartConsumer(2, u, Mode::kPull);
   Deliver(kP, Pinned(u));
-  Deliver(kP, Pinned(u));  // a second one while reading
+  Deliver(kP, Pinned(u));   // a second one while reading
   Deliver(kP, KvReady(u));  // KV_READY for a pull consumer: ignored
   EXPECT_EQ(core_->stats().bad_messages, 2);
   EXPECT_EQ(core_->consumer_state(u), ConsumerState::kReading);

@@ -519,5 +519,64 @@ TEST(EngineCoreTest, FailedAsyncKvLoadIsRecomputedOrFailed) {
   }
 }
 
+// A load given up while P's WRITEs may still land (KvLoadResult::quarantined): the blocks after
+// the local prefix hit leave the request and stay allocated, uncached, until the connector
+// releases them; the request recomputes into fresh blocks, so writes that land in the old ones
+// meanwhile (scribbled here every step) cannot change its tokens.
+TEST(EngineCoreTest, QuarantinedLoadRecomputesInFreshBlocksAndHoldsTheOldOnes) {
+  FakeTokenizer tok;
+  for (bool prefix_hit : {false, true}) {
+    SCOPED_TRACE(prefix_hit ? "after a local prefix hit" : "no local hit");
+    RecordingConnector conn;
+    conn.hold = false;
+    auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+    const auto prompt = MakePrompt(21, 3);
+    if (prefix_hit) {  // the same prompt once, locally: its full blocks go to the prefix cache
+      RunAll(*core, {MakeRequest(prompt, 1)}, 1);
+    }
+    conn.async_load = true;
+    auto ch = std::make_shared<OutputChannel>();
+    core->AddRequest(2, MakeRequest(prompt, 4), ch, NowNs());
+    core->Step();
+    ASSERT_EQ(core->stats().num_waiting_for_kv, 1);
+    const int32_t bs = core->kv_cache().layout().block_size;
+    const size_t local_blocks = prefix_hit ? (prompt.size() - 1) / static_cast<size_t>(bs) : 0;
+    const std::vector<BlockId> announced(conn.blocks.begin() + static_cast<long>(local_blocks),
+                                         conn.blocks.end());
+    ASSERT_FALSE(announced.empty());
+    KvLoadResult r;
+    r.seq_id = 2;
+    r.status = DeadlineExceeded("no CANCEL_ACK");
+    r.recompute = true;
+    r.quarantined = true;
+    conn.loads.push_back(r);
+    std::vector<int32_t> got;
+    for (int i = 0; i < 20 && got.size() < 4; ++i) {
+      KvCache& kv = core->kv_cache();
+      for (BlockId b : announced) {  // late WRITEs landing in the quarantined blocks
+        for (int32_t layer = 0; layer < kv.layout().num_layers; ++layer) {
+          for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+            float* chunk = kv.chunk_f32(layer, kind, b);
+            for (int32_t k = 0; k < bs * 2; ++k) chunk[k] = 1e6f + static_cast<float>(i);
+          }
+        }
+      }
+      core->Step();
+      for (auto& o : ch->TakeAll()) {
+        for (auto& t : o.tokens) got.push_back(t.id);
+      }
+    }
+    EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+    EXPECT_EQ(core->stats().kv_load_quarantines, 1);
+    EXPECT_EQ(core->stats().kv_load_recomputes, 1);
+    // The request is done; its quarantined blocks are still held (used, not cached).
+    for (BlockId b : announced) EXPECT_EQ(core->block_pool().ref_count(b), 1) << b;
+    EXPECT_EQ(core->block_pool().stats().num_used, static_cast<int32_t>(announced.size()));
+    conn.release = {2};
+    core->Step();
+    ExpectNoLeak(*core);
+  }
+}
+
 }  // namespace
 }  // namespace kvpush::testing

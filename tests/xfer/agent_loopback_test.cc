@@ -7,6 +7,7 @@
 #include <random>
 #include <thread>
 
+#include "test_util.h"
 #include "xfer/agent.h"
 #include "xfer/backend_factory.h"
 #include "xfer/fault_backend.h"
@@ -227,8 +228,45 @@ TEST(AgentLoopbackTest, StalledTransferEndsInDeadlineExceededWithoutNotification
   ASSERT_EQ(st.state, TransferState::kError);
   EXPECT_EQ(st.error.code(), StatusCode::kDeadlineExceeded);
   EXPECT_NE(st.error.message().find("stall deadline"), std::string::npos);
-  // Re-post works once completions flow again.
+  // The backend never reported the post's end: it may still land, so it is not settled and
+  // cannot be posted again.
+  EXPECT_FALSE(st.settled);
+  EXPECT_EQ(p.init->Post(t).code(), StatusCode::kFailedPrecondition);
+  // A fresh transfer works once completions flow again.
   plan.swallow_completions = false;
+  controls->Set(plan);
+  auto t2 = p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {1}}).value();
+  ASSERT_TRUE(p.init->Post(t2).ok());
+  auto st2 = p.init->Wait(t2, In(milliseconds(5000))).value();
+  EXPECT_EQ(st2.state, TransferState::kDone);
+  EXPECT_TRUE(st2.settled);
+}
+
+TEST(AgentLoopbackTest, AnEarlyEndIsSettledOnlyWhenTheBackendReportsThePost) {
+  // The stall deadline ends the transfer while the backend still holds its post (delayed):
+  // it is kError at once but settled only when the backend reports, and only then can it be
+  // posted again (its bytes could land until then).
+  auto controls = std::make_shared<FaultControls>();
+  FaultPlan plan;
+  plan.max_post_delay = std::chrono::microseconds(400000);
+  plan.seed = 3;  // its first draw is above 1/3 of the maximum (see the test above): > 50 ms
+  controls->Set(plan);
+  Pair p = MakePair(4096, MakeFaultBackend(MakeLoopbackBackend(), controls), milliseconds(50));
+  auto ll = p.init->PrepareLocal(std::vector<Desc>{{p.src.id, 0, 4096}}).value();
+  auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, 0, 4096}}).value();
+  auto t = p.init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {}}).value();
+  ASSERT_TRUE(p.init->Post(t).ok());
+  auto st = p.init->Wait(t, In(milliseconds(5000))).value();
+  ASSERT_EQ(st.state, TransferState::kError);
+  EXPECT_EQ(st.error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(st.settled);
+  EXPECT_EQ(p.init->Post(t).code(), StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(::kvpush::testing::WaitUntil([&] { return p.init->GetStatus(t)->settled; },
+                                           milliseconds(5000)));
+  auto after = p.init->GetStatus(t).value();
+  EXPECT_EQ(after.state, TransferState::kError);  // the early end's cause stays
+  EXPECT_EQ(after.error.code(), StatusCode::kDeadlineExceeded);
+  plan.max_post_delay = std::chrono::microseconds(0);
   controls->Set(plan);
   ASSERT_TRUE(p.init->Post(t).ok());
   EXPECT_EQ(p.init->Wait(t, In(milliseconds(5000)))->state, TransferState::kDone);

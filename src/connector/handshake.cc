@@ -2,7 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstdio>
+
+#include "xfer/metadata.h"
 
 namespace kvpush::connector {
 namespace {
@@ -122,12 +125,9 @@ nlohmann::json HandshakeInfo::ToJson() const {
   j["connector_version"] = connector_version;
   j["transfer_backend"] = transfer_backend;
   j["model_fingerprint"] = Hex64(model_fingerprint);
-  j["layout"] = {{"num_layers", layout.num_layers},
-                 {"num_kv_heads", layout.num_kv_heads},
-                 {"head_dim", layout.head_dim},
-                 {"block_size", layout.block_size},
-                 {"num_blocks", layout.num_blocks},
-                 {"dtype", DtypeName(layout.dtype)}};
+  j["layout"] = {{"num_layers", layout.num_layers}, {"num_kv_heads", layout.num_kv_heads},
+                 {"head_dim", layout.head_dim},     {"block_size", layout.block_size},
+                 {"num_blocks", layout.num_blocks}, {"dtype", DtypeName(layout.dtype)}};
   j["kv_region"] = {{"index", kv_region_index}, {"generation", kv_region_generation}};
   j["compat_hash"] = Hex64(CompatHash());
   j["lease_ms"] = lease_ms;
@@ -223,16 +223,15 @@ Result<HandshakeInfo> HandshakeInfo::FromJson(const nlohmann::json& j) {
 
 Status CheckCompatible(const HandshakeInfo& self, const HandshakeInfo& peer) {
   auto diff = [&](const char* field, const std::string& here, const std::string& there) {
-    return FailedPrecondition(std::string(field) + ": " + here + " here, " + there +
-                              " on peer '" + peer.engine_id + "'");
+    return FailedPrecondition(std::string(field) + ": " + here + " here, " + there + " on peer '" +
+                              peer.engine_id + "'");
   };
   if (self.connector_version != peer.connector_version) {
     return diff("connector_version", std::to_string(self.connector_version),
                 std::to_string(peer.connector_version));
   }
   if (self.model_fingerprint != peer.model_fingerprint) {
-    return diff("model_fingerprint", Hex64(self.model_fingerprint),
-                Hex64(peer.model_fingerprint));
+    return diff("model_fingerprint", Hex64(self.model_fingerprint), Hex64(peer.model_fingerprint));
   }
   const KvLayout& a = self.layout;
   const KvLayout& b = peer.layout;
@@ -264,6 +263,32 @@ Status CheckCompatible(const HandshakeInfo& self, const HandshakeInfo& peer) {
                 std::to_string(peer.lease_ms));
   }
   return Status::Ok();
+}
+
+Status CheckPeerPool(const HandshakeInfo& peer) {
+  const KvLayout& l = peer.layout;
+  const uint64_t per_block = 2 * static_cast<uint64_t>(std::max(l.num_layers, 1));
+  if (l.num_blocks < 1 || static_cast<uint64_t>(l.num_blocks) * per_block > kMaxPeerChunks) {
+    return InvalidArgument("num_blocks: peer '" + peer.engine_id + "' declares " +
+                           std::to_string(l.num_blocks) + " KV blocks; at most " +
+                           std::to_string(kMaxPeerChunks / per_block) +
+                           " (one descriptor per layer, K|V and block) are accepted");
+  }
+  auto md = xfer::DecodeMetadata(peer.agent_metadata);
+  if (!md.ok()) return md.status().WithContext("peer '" + peer.engine_id + "' agent metadata");
+  for (const xfer::RegionInfo& r : md->regions) {
+    if (r.id.index != peer.kv_region_index || r.id.generation != peer.kv_region_generation) {
+      continue;
+    }
+    if (r.length < l.total_bytes()) {
+      return InvalidArgument("num_blocks: peer '" + peer.engine_id + "' declares a " +
+                             std::to_string(l.total_bytes()) + "-byte KV arena in a " +
+                             std::to_string(r.length) + "-byte region");
+    }
+    return Status::Ok();
+  }
+  return InvalidArgument("kv_region: peer '" + peer.engine_id +
+                         "' exports no region with the KV arena's index and generation");
 }
 
 }  // namespace kvpush::connector

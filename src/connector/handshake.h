@@ -4,10 +4,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 #include "kv/layout.h"
@@ -44,6 +43,17 @@ struct HandshakeInfo {
 /// Checks that `peer` can exchange KV with `self`. Errors: kFailedPrecondition whose message
 /// names the first differing field ("block_size: 16 here, 32 on peer 'decode-0'").
 Status CheckCompatible(const HandshakeInfo& self, const HandshakeInfo& peer);
+
+/// At most this many (layer, K|V, block) chunk descriptors are built for one peer's KV arena
+/// (2^26: 1.5 GiB of descriptors; a 140 GiB pool of 16-token blocks of a 24-layer model with
+/// 4 KiB chunks needs 3.6e7).
+inline constexpr uint64_t kMaxPeerChunks = uint64_t{1} << 26;
+
+/// Checks a peer's declared pool before any per-block state is built for it: 1 <= num_blocks,
+/// num_layers * 2 * num_blocks <= kMaxPeerChunks, and its agent metadata exports the KV region
+/// (kv_region_index / generation) with at least layout.total_bytes() bytes. Errors:
+/// kInvalidArgument naming the field (num_blocks, kv_region), or DecodeMetadata's. Pure.
+Status CheckPeerPool(const HandshakeInfo& peer);
 
 std::string Base64Encode(const std::vector<uint8_t>& in);
 Result<std::vector<uint8_t>> Base64Decode(const std::string& in);

@@ -5,6 +5,8 @@
 
 #include <random>
 
+#include "xfer/metadata.h"
+
 namespace kvpush::connector {
 namespace {
 
@@ -134,9 +136,9 @@ TEST(Handshake, FromJsonRefusesNonObject) {
 
 TEST(Handshake, FromJsonRefusesMissingFields) {
   const auto good = Info().ToJson();
-  for (const char* k : {"engine_id", "incarnation", "role", "connector_version",
-                        "transfer_backend", "model_fingerprint", "layout", "compat_hash",
-                        "lease_ms", "watchdog_ms", "agent_metadata", "kv_region"}) {
+  for (const char* k : {"engine_id", "incarnation", "role", "connector_version", "transfer_backend",
+                        "model_fingerprint", "layout", "compat_hash", "lease_ms", "watchdog_ms",
+                        "agent_metadata", "kv_region"}) {
     auto j = good;
     j.erase(k);
     auto r = HandshakeInfo::FromJson(j);
@@ -145,8 +147,8 @@ TEST(Handshake, FromJsonRefusesMissingFields) {
     EXPECT_NE(r.status().message().find(k), std::string::npos)
         << "missing " << k << ": " << r.status().message();
   }
-  for (const char* k : {"num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks",
-                        "dtype"}) {
+  for (const char* k :
+       {"num_layers", "num_kv_heads", "head_dim", "block_size", "num_blocks", "dtype"}) {
     auto j = good;
     j["layout"].erase(k);
     auto r = HandshakeInfo::FromJson(j);
@@ -169,11 +171,20 @@ TEST(Handshake, FromJsonRefusesWrongTypes) {
     nlohmann::json value;
   };
   const std::vector<Case> cases = {
-      {"engine_id", 5},           {"incarnation", 12},          {"role", true},
-      {"connector_version", "1"}, {"connector_version", 1.5},   {"transfer_backend", nullptr},
-      {"model_fingerprint", 1},   {"compat_hash", 3},           {"lease_ms", "30000"},
-      {"lease_ms", 3.0e4},        {"watchdog_ms", false},       {"agent_metadata", {1, 2}},
-      {"layout", "5"},            {"kv_region", 0},
+      {"engine_id", 5},
+      {"incarnation", 12},
+      {"role", true},
+      {"connector_version", "1"},
+      {"connector_version", 1.5},
+      {"transfer_backend", nullptr},
+      {"model_fingerprint", 1},
+      {"compat_hash", 3},
+      {"lease_ms", "30000"},
+      {"lease_ms", 3.0e4},
+      {"watchdog_ms", false},
+      {"agent_metadata", {1, 2}},
+      {"layout", "5"},
+      {"kv_region", 0},
   };
   for (const auto& c : cases) {
     auto j = good;
@@ -308,6 +319,51 @@ TEST(Handshake, CheckCompatibleAcceptsSameShapeDifferentPool) {
   EXPECT_TRUE(CheckCompatible(d, p).ok()) << CheckCompatible(d, p).ToString();
 }
 
+// A peer's num_blocks sizes the descriptor lists built for it: checked against a bound and its
+// own exported region before anything per block is allocated (a forged 2^31 would be ~240 GiB).
+TEST(Handshake, CheckPeerPoolBoundsTheDeclaredPoolByItsRegion) {
+  auto with_region = [](HandshakeInfo h, uint64_t length, uint32_t index, uint32_t generation) {
+    xfer::AgentMetadata md;
+    md.name = h.engine_id;
+    md.incarnation = 1;
+    md.backend = "ucx:tcp";
+    xfer::RegionInfo r;
+    r.id.index = index;
+    r.id.generation = generation;
+    r.length = length;
+    md.regions.push_back(r);
+    h.agent_metadata = xfer::EncodeMetadata(md).value();
+    return h;
+  };
+  HandshakeInfo p = Info();
+  const uint64_t arena = p.layout.total_bytes();
+  EXPECT_TRUE(CheckPeerPool(with_region(p, arena, 3, 7)).ok());
+  EXPECT_TRUE(CheckPeerPool(with_region(p, arena + 4096, 3, 7)).ok());
+  struct Case {
+    const char* name;
+    HandshakeInfo h;
+    const char* field;
+  };
+  HandshakeInfo huge = p;
+  huge.layout.num_blocks = 2147483647;
+  HandshakeInfo zero = p;
+  zero.layout.num_blocks = 0;
+  const Case cases[] = {
+      {"arena larger than its region", with_region(p, arena - 1, 3, 7), "num_blocks"},
+      {"2^31 blocks", with_region(huge, UINT64_MAX, 3, 7), "num_blocks"},
+      {"no blocks", with_region(zero, arena, 3, 7), "num_blocks"},
+      {"no such region", with_region(p, arena, 4, 7), "kv_region"},
+      {"stale generation", with_region(p, arena, 3, 6), "kv_region"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Status st = CheckPeerPool(c.h);
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument) << st.ToString();
+    EXPECT_EQ(st.message().rfind(c.field, 0), 0u) << st.message();
+  }
+  EXPECT_FALSE(CheckPeerPool(p).ok());  // metadata that does not decode
+}
+
 TEST(Handshake, CheckCompatibleNamesTheFirstDifference) {
   struct Case {
     const char* field;
@@ -317,8 +373,8 @@ TEST(Handshake, CheckCompatibleNamesTheFirstDifference) {
   };
   const std::vector<Case> cases = {
       {"connector_version", [](HandshakeInfo& h) { h.connector_version = 2; }, "1", "2"},
-      {"model_fingerprint", [](HandshakeInfo& h) { h.model_fingerprint = 1; },
-       "fedcba9876543210", "0000000000000001"},
+      {"model_fingerprint", [](HandshakeInfo& h) { h.model_fingerprint = 1; }, "fedcba9876543210",
+       "0000000000000001"},
       {"num_layers", [](HandshakeInfo& h) { h.layout.num_layers = 6; }, "5", "6"},
       {"num_kv_heads", [](HandshakeInfo& h) { h.layout.num_kv_heads = 2; }, "4", "2"},
       {"head_dim", [](HandshakeInfo& h) { h.layout.head_dim = 64; }, "8", "64"},
@@ -334,8 +390,8 @@ TEST(Handshake, CheckCompatibleNamesTheFirstDifference) {
     const Status s = CheckCompatible(self, peer);
     ASSERT_FALSE(s.ok()) << c.field;
     EXPECT_EQ(s.code(), StatusCode::kFailedPrecondition);
-    EXPECT_EQ(s.message(), std::string(c.field) + ": " + c.here + " here, " + c.there +
-                               " on peer 'prefill-0'");
+    EXPECT_EQ(s.message(),
+              std::string(c.field) + ": " + c.here + " here, " + c.there + " on peer 'prefill-0'");
   }
   // Several differences: the first in protocol order is named.
   HandshakeInfo peer = Info("prefill-0", "prefill");
@@ -425,8 +481,8 @@ TEST(Handshake, Base64RoundTripsEveryLength) {
 }
 
 TEST(Handshake, Base64RefusesBadInput) {
-  for (const char* bad : {"A", "AB", "ABC", "ABCDE", "AB=", "A===", "====", "=AAA", "AB=C",
-                          "A=BC", "AB*D", "AB-_", "AB\nC", "Zg==Zg==", "Zm9v Zm9v"}) {
+  for (const char* bad : {"A", "AB", "ABC", "ABCDE", "AB=", "A===", "====", "=AAA", "AB=C", "A=BC",
+                          "AB*D", "AB-_", "AB\nC", "Zg==Zg==", "Zm9v Zm9v"}) {
     auto r = Base64Decode(bad);
     EXPECT_FALSE(r.ok()) << "'" << bad << "'";
     if (!r.ok()) {

@@ -2,6 +2,8 @@
 
 #include <limits>
 
+#include "router/sse_splitter.h"
+
 namespace kvpush::router {
 namespace {
 
@@ -116,11 +118,9 @@ void RewriteChunk(json& chunk, const std::string& id, int64_t prompt, int64_t n)
 }
 
 json ParseSseData(const std::string& event) {
-  if (event.rfind("data: ", 0) != 0) return json(json::value_t::discarded);
-  size_t end = event.size();
-  while (end > 6 && (event[end - 1] == '\n' || event[end - 1] == '\r')) --end;
-  return json::parse(event.begin() + 6, event.begin() + static_cast<std::ptrdiff_t>(end), nullptr,
-                     /*allow_exceptions=*/false);
+  const auto data = SseEventData(event);
+  if (!data) return json(json::value_t::discarded);
+  return json::parse(*data, nullptr, /*allow_exceptions=*/false);
 }
 
 std::string SseEvent(const json& data) {

@@ -53,7 +53,8 @@ bool IsUsageChunk(const nlohmann::json& chunk);
 /// offset by prompt * n.
 void RewriteChunk(nlohmann::json& chunk, const std::string& id, int64_t prompt, int64_t n);
 
-/// The JSON of an SSE event (`data: {...}`), or a discarded value when it carries none.
+/// The JSON of an SSE event's data (SseEventData: its `data:` lines joined), or a discarded value
+/// when it has none or it is not JSON.
 nlohmann::json ParseSseData(const std::string& event);
 
 /// `data: <json>` + blank line, dumped as the instances dump (invalid UTF-8 replaced).

@@ -1,6 +1,7 @@
 #include "router/sse_splitter.h"
 
 #include <nlohmann/json.hpp>
+#include <string_view>
 
 namespace kvpush::router {
 
@@ -33,24 +34,6 @@ std::string SseSplitter::TakeRest() {
 
 namespace {
 
-/// The payloads of an event's `data:` lines, in order.
-std::vector<std::string> DataPayloads(const std::string& event) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos < event.size()) {
-    size_t eol = event.find('\n', pos);
-    if (eol == std::string::npos) eol = event.size();
-    std::string line = event.substr(pos, eol - pos);
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    pos = eol + 1;
-    if (line.rfind("data:", 0) != 0) continue;
-    std::string payload = line.substr(5);
-    if (!payload.empty() && payload.front() == ' ') payload.erase(0, 1);
-    out.push_back(std::move(payload));
-  }
-  return out;
-}
-
 /// A choice of a stream chunk without output: no text, token ids or finish reason, and a delta
 /// holding nothing but `role` and an empty `content`.
 bool IsEmptyChoice(const nlohmann::json& c) {
@@ -71,26 +54,48 @@ bool IsEmptyChoice(const nlohmann::json& c) {
 
 }  // namespace
 
-bool IsPreambleEvent(const std::string& event) {
-  for (const std::string& payload : DataPayloads(event)) {
-    auto j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
-    if (!j.is_object() || j.contains("error")) return false;
-    const auto choices = j.find("choices");
-    if (choices == j.end() || !choices->is_array() || choices->empty()) return false;
-    for (const auto& c : *choices) {
-      if (!IsEmptyChoice(c)) return false;
+std::optional<std::string> SseEventData(const std::string& event) {
+  std::optional<std::string> data;
+  size_t pos = 0;
+  while (pos < event.size()) {
+    // A line ends at CRLF, LF or CR (WHATWG HTML, "Interpreting an event stream").
+    size_t eol = event.find_first_of("\r\n", pos);
+    if (eol == std::string::npos) eol = event.size();
+    const std::string_view line(event.data() + pos, eol - pos);
+    pos = eol + (event.compare(eol, 2, "\r\n") == 0 ? 2 : 1);
+    if (line.substr(0, 5) != "data:") continue;  // other fields and comments carry no data
+    std::string_view payload = line.substr(5);
+    if (!payload.empty() && payload.front() == ' ') payload.remove_prefix(1);
+    if (data) {
+      *data += '\n';
+      *data += payload;
+    } else {
+      data.emplace(payload);
     }
+  }
+  return data;
+}
+
+bool IsPreambleEvent(const std::string& event) {
+  const auto data = SseEventData(event);
+  if (!data) return true;  // a comment
+  auto j = nlohmann::json::parse(*data, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.contains("error")) return false;
+  const auto choices = j.find("choices");
+  if (choices == j.end() || !choices->is_array() || choices->empty()) return false;
+  for (const auto& c : *choices) {
+    if (!IsEmptyChoice(c)) return false;
   }
   return true;
 }
 
 SseEventKind ClassifySseEvent(const std::string& event) {
-  for (const std::string& payload : DataPayloads(event)) {
-    if (payload == "[DONE]") return SseEventKind::kDone;
-    if (payload.find("\"error\"") != std::string::npos) {
-      auto j = nlohmann::json::parse(payload, nullptr, /*allow_exceptions=*/false);
-      if (j.is_object() && j.contains("error")) return SseEventKind::kError;
-    }
+  const auto data = SseEventData(event);
+  if (!data) return SseEventKind::kData;
+  if (*data == "[DONE]") return SseEventKind::kDone;
+  if (data->find("\"error\"") != std::string::npos) {
+    auto j = nlohmann::json::parse(*data, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("error")) return SseEventKind::kError;
   }
   return SseEventKind::kData;
 }

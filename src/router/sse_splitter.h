@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,13 @@ class SseSplitter {
   std::string buffer_;
 };
 
-/// Classifies one event (as returned by SseSplitter::Feed).
+/// The event's data as the SSE spec defines it (WHATWG HTML, "Interpreting an event stream"):
+/// the payloads of its `data:` lines (one leading space dropped), joined with "\n"; lines end at
+/// CRLF, LF or CR. nullopt when it has no `data:` line (a comment, other fields only). Pure.
+std::optional<std::string> SseEventData(const std::string& event);
+
+/// Classifies one event (as returned by SseSplitter::Feed) by its data (SseEventData): exactly
+/// `[DONE]` → kDone, a JSON object with an `error` member → kError, anything else kData.
 SseEventKind ClassifySseEvent(const std::string& event);
 
 /// True for an event that carries no generated output yet: a comment (no `data:` line) or a

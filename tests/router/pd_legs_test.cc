@@ -8,6 +8,7 @@
 #include <set>
 
 #include "router/instance_pool.h"
+#include "router/prompt_list.h"
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
@@ -52,7 +53,7 @@ TEST(LegBodies, PrefillLegCarriesOneTokenNoStreamAndTransferParams) {
   json client = {{"model", "m"},     {"prompt", "hi"},
                  {"max_tokens", 20}, {"max_completion_tokens", 20},
                  {"stream", true},   {"stream_options", {{"include_usage", true}}},
-                 {"seed", 7},       {"min_tokens", 5}};
+                 {"seed", 7},        {"min_tokens", 5}};
   json p = MakePrefillBody(client, TransferMode::kPull, "ab");
   EXPECT_EQ(p["max_tokens"], 1);
   EXPECT_EQ(p["min_tokens"], 5);  // P clamps it: no EOS or stop id as the first token
@@ -134,6 +135,31 @@ TEST(SseSplitter, CutsWholeEventsAcrossPieces) {
   EXPECT_EQ(ClassifySseEvent("data: {\"text\": \"\\\"error\\\"\"}\n\n"), SseEventKind::kData);
   feed("data: x");
   EXPECT_EQ(s.TakeRest(), "data: x");
+}
+
+// An event's data is its `data:` lines joined with "\n" (the SSE spec), for the kind and the JSON
+// alike: a multi-line event is one value, not one per line (sse_fuzz found them disagreeing).
+TEST(SseSplitterTest, AnEventsDataIsItsDataLinesJoined) {
+  EXPECT_EQ(SseEventData("data: a\ndata:b\r\n: comment\nid: 3\rdata:  c\n\n"), "a\nb\n c");
+  EXPECT_EQ(SseEventData(": only a comment\n\n"), std::nullopt);
+  EXPECT_EQ(SseEventData("data\n\n"), std::nullopt);  // a field named "data" needs its colon here
+  EXPECT_EQ(SseEventData("data:\n\n"), "");
+  // Two lines that are JSON only together: one object, classified by it.
+  const std::string split = "data: {\"error\":\ndata: {\"message\":\"x\"}}\n\n";
+  EXPECT_EQ(ClassifySseEvent(split), SseEventKind::kError);
+  EXPECT_EQ(ParseSseData(split), nlohmann::json::parse(R"({"error":{"message":"x"}})"));
+  // [DONE] followed by another line is not [DONE]; its JSON is not an object either.
+  EXPECT_EQ(ClassifySseEvent("data: [DONE]\ndata: 1\n\n"), SseEventKind::kData);
+  EXPECT_TRUE(ParseSseData("data: [DONE]\ndata: 1\n\n").is_discarded());
+  // A comment before the data does not hide it.
+  EXPECT_EQ(ParseSseData(": keep-alive\ndata: {\"a\":1}\n\n"), nlohmann::json::parse(R"({"a":1})"));
+  // Whatever is read back, written out by SseEvent reads the same, with the same kind.
+  for (const std::string& e : {split, std::string("data: {\"a\":\r\ndata: [1,2]}\r\n\r\n")}) {
+    const nlohmann::json j = ParseSseData(e);
+    ASSERT_FALSE(j.is_discarded()) << e;
+    EXPECT_EQ(ParseSseData(SseEvent(j)), j);
+    EXPECT_EQ(ClassifySseEvent(SseEvent(j)), ClassifySseEvent(e));
+  }
 }
 
 }  // namespace

@@ -168,6 +168,15 @@ Status ReadTensors(const GgufFile& file, LlamaWeights& w) {
   } else if (file.FindTensor("rope_freqs.weight") != nullptr) {
     return Unimplemented("rope_freqs in a '" + arch + "' model is not supported");
   }
+  // Each block has at least 9 tensors: a block count the file cannot hold is refused before
+  // anything is allocated per block (a forged count would otherwise allocate without bound).
+  constexpr size_t kTensorsPerBlock = 9;
+  if (c.num_layers <= 0 ||
+      static_cast<size_t>(c.num_layers) > file.tensors().size() / kTensorsPerBlock) {
+    return DataLoss("model: " + std::to_string(c.num_layers) + " blocks declared, but the file " +
+                    "holds " + std::to_string(file.tensors().size()) + " tensors (" +
+                    std::to_string(kTensorsPerBlock) + " per block at least)");
+  }
   w.layers.resize(static_cast<size_t>(c.num_layers));
   for (int32_t i = 0; i < c.num_layers; ++i) {
     auto& l = w.layers[static_cast<size_t>(i)];

@@ -3,6 +3,9 @@
 // reference in arch_reference_test.cc.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include "model/gguf.h"
 #include "model/llama_weights.h"
 #include "model/model.h"
@@ -135,6 +138,28 @@ TEST(ArchConfigTest, RefusesWhatTheExecutorDoesNotImplement) {
     ASSERT_TRUE(w->AddTensor("rope_freqs.weight", {8}, GgmlType::kF32, factors).ok());
     EXPECT_EQ(LoadModelFromGgufBytes(w->Serialize(), {}).status().code(), StatusCode::kDataLoss);
   }
+}
+
+// gguf_fuzz found a small file whose block count made the loader allocate without bound: a
+// count the file's tensors cannot hold is refused before anything is allocated per block.
+TEST(ArchConfigTest, ABlockCountTheFileCannotHoldIsRefused) {
+  auto w = BuildRandomLlamaGguf(Small("llama"));
+  ASSERT_TRUE(w.ok());
+  std::vector<uint8_t> bytes = w->Serialize();
+  const std::string key = "llama.block_count";
+  auto at = std::search(bytes.begin(), bytes.end(), key.begin(), key.end());
+  ASSERT_NE(at, bytes.end());
+  const size_t value = static_cast<size_t>(at - bytes.begin()) + key.size() + 4;  // after type
+  uint32_t count = 0;
+  std::memcpy(&count, &bytes[value], 4);
+  ASSERT_EQ(count, 2u);
+  count = 1u << 30;
+  std::memcpy(&bytes[value], &count, 4);
+  auto f = GgufFile::Parse(bytes);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  auto s = LoadLlamaWeightsFromGguf(*f).status();
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss);
+  EXPECT_NE(s.message().find("1073741824 blocks declared"), std::string::npos) << s.message();
 }
 
 }  // namespace

@@ -27,8 +27,6 @@ PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
 
 Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
-  // Before anything is built per block: a peer's num_blocks sizes the descriptor lists below.
-  KVP_RETURN_IF_ERROR(CheckPeerPool(peer));
   {
     std::lock_guard lock(mu_);
     auto it = peers_.find(peer.engine_id);
@@ -42,6 +40,8 @@ Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
     return Unavailable("loading the agent metadata of '" + peer.engine_id +
                        "': " + loaded.status().ToString());
   }
+  // Before anything is built per block: a peer's num_blocks sizes the descriptor list below.
+  KVP_RETURN_IF_ERROR(CheckPeerPool(peer));
   xfer::RegionId rid;
   rid.index = peer.kv_region_index;
   rid.generation = peer.kv_region_generation;

@@ -226,8 +226,6 @@ Status Agent::Post(TransferHandle h) {
     if (t == nullptr) return NotFound("Post: no transfer " + std::to_string(h.index));
     if (t->state == TransferState::kInProgress)
       return FailedPrecondition("Post: transfer already in progress");
-    if (!t->settled)
-      return FailedPrecondition("Post: the previous post of this transfer may still land");
     auto pit = peers_.find(t->peer);
     if (pit == peers_.end() || pit->second.generation != t->peer_generation || !pit->second.alive) {
       Status why = (pit != peers_.end() && !pit->second.failure.ok())
@@ -235,6 +233,8 @@ Status Agent::Post(TransferHandle h) {
                        : PeerGone("Post: peer '" + t->peer + "' restarted or was invalidated");
       return why;
     }
+    if (!t->settled)
+      return FailedPrecondition("Post: the previous post of this transfer may still land");
     if (++post_seq_ == 0) ++post_seq_;
     t->seq = post_seq_;
     t->state = TransferState::kInProgress;

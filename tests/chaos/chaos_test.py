@@ -791,7 +791,9 @@ class Chaos:
                      "kvpush_kv_transfer_failed_total", "kvpush_kv_load_recomputes_total",
                      "kvpush_kv_transfer_checksum_mismatches_total",
                      "kvpush_kv_transfer_pins_refused_total",
-                     "kvpush_kv_transfer_aborted_total", "kvpush_kv_transfer_bad_messages_total"]:
+                     "kvpush_kv_transfer_aborted_total", "kvpush_kv_transfer_bad_messages_total",
+                     "kvpush_kv_transfer_quarantines_total",
+                     "kvpush_kv_transfer_quarantines_released_total"]:
             sums[name] = int(sum(i.counter_total(name) for i in self.pd))
         rm = self.router_metrics or {}
         for name in ["kvpush_router_leg_failures_total", "kvpush_router_legs_cut_total",

@@ -365,7 +365,11 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
       continue;
     }
     if (c.state == ConsumerState::kCancelling) {
-      CheckCancelling(c, now);
+      // P did not acknowledge (push) or the READ has not settled (pull) in time. Invalidating
+      // the peer would not stop WRITEs it already issued (they land whatever this side does),
+      // so the request goes on without these blocks and they stay out of use until nothing can
+      // land.
+      if (now >= c.cancel_deadline) Quarantine(c, now);
       continue;
     }
     if (now < c.deadline) continue;
@@ -387,14 +391,6 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
     c.state = ConsumerState::kCancelling;
     c.cancel_deadline = now + config_.cancel_ack;
   }
-}
-
-void TransferCore::CheckCancelling(Consumer& c, TimePoint now) {
-  if (now < c.cancel_deadline) return;
-  // P did not acknowledge (push) or the READ has not settled (pull) in time. Invalidating the
-  // peer would not stop WRITEs it already issued (they land whatever this side does), so the
-  // request goes on without these blocks and they stay out of use until nothing can land.
-  Quarantine(c, now);
 }
 
 void TransferCore::Quarantine(Consumer& c, TimePoint now) {

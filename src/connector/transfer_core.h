@@ -312,7 +312,6 @@ class TransferCore {
   void Tombstone(const std::string& tid);
   void ExpireTimers(TimePoint now);
   void CheckConsumerTimers(TimePoint now);
-  void CheckCancelling(Consumer& c, TimePoint now);
   void Quarantine(Consumer& c, TimePoint now);
   /// True when `c`'s peer process is known to be gone (failed or restarted since c started).
   std::optional<std::string> PeerGoneReason(const Consumer& c) const;

@@ -149,6 +149,14 @@ void Agent::FinishLocked(Transfer& t, Status status) {
   if (options_.on_event) options_.on_event();
 }
 
+void Agent::SettleLocked(Transfer& t, Status status) {
+  t.settled = true;
+  if (t.state == TransferState::kInProgress) return FinishLocked(t, std::move(status));
+  // Ended early (cancel, stall deadline, peer dropped): now nothing of it can land any more.
+  cv_.notify_all();
+  if (options_.on_event) options_.on_event();
+}
+
 void Agent::FailPeerTransfersLocked(const std::string& peer, const Status& why) {
   std::vector<uint64_t> aborted;
   transfers_.ForEach([&](HandleBits h, Transfer& t) {
@@ -264,15 +272,7 @@ void Agent::OnPostDone(uint64_t token, Status status) {
   std::lock_guard lock(mu_);
   Transfer* t = transfers_.AtIndex(h.index);
   if (t == nullptr || t->seq != seq) return;  // released or re-posted since: stale completion
-  if (!t->settled && t->state != TransferState::kInProgress) {
-    // Ended early (cancel, stall deadline, peer dropped): now nothing of it can land any more.
-    t->settled = true;
-    cv_.notify_all();
-    if (options_.on_event) options_.on_event();
-    return;
-  }
-  t->settled = true;
-  FinishLocked(*t, std::move(status));
+  SettleLocked(*t, std::move(status));
 }
 
 void Agent::OnMessage(std::span<const uint8_t> frame) {

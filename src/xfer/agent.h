@@ -232,6 +232,9 @@ class Agent final : private BackendSink {
   void FailPeerTransfersLocked(const std::string& peer, const Status& why);
   void DropPeerLocked(const std::string& name, Peer& peer, const Status& why);
   void FinishLocked(Transfer& t, Status status);
+  /// The backend is done with t's post (or never took it): settled, and finished with `status`
+  /// unless the agent ended it early (then its first status stays and waiters are woken).
+  void SettleLocked(Transfer& t, Status status);
   Result<std::vector<Entry>> SelectRunsLocked(const List& list, const std::vector<uint32_t>& idx,
                                               const char* side);
   void WatchdogLoop();

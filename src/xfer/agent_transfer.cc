@@ -266,20 +266,15 @@ Status Agent::Post(TransferHandle h) {
   if (taken == InlinePost::kDone) {
     std::lock_guard lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token) {
-      t->settled = true;
-      FinishLocked(*t, inline_status);
-    }
+    if (t != nullptr && Token(h, t->seq) == token) SettleLocked(*t, inline_status);
     return Status::Ok();  // the transfer's status carries any error, as for a later failure
   }
   Status s = backend_->Post(std::move(req));
   if (!s.ok()) {
     std::lock_guard lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token) {
-      t->settled = true;  // never started: the backend reports nothing
-      FinishLocked(*t, s);
-    }
+    // Never started: the backend reports nothing.
+    if (t != nullptr && Token(h, t->seq) == token) SettleLocked(*t, s);
   }
   return s;
 }

@@ -28,7 +28,8 @@ constexpr const char* kBlocksFree = "kvpush_kv_blocks_free";
 constexpr const char* kBlocksCached = "kvpush_kv_blocks_cached";
 
 /// POST `path` with a raw body; {status, body} (status 0 on a transport failure).
-std::pair<int, std::string> PostTo(const Proc& p, const std::string& path, const std::string& body) {
+std::pair<int, std::string> PostTo(const Proc& p, const std::string& path,
+                                   const std::string& body) {
   httplib::Client cli(p.host, p.port);
   cli.set_connection_timeout(2, 0);
   cli.set_read_timeout(10, 0);
@@ -40,8 +41,12 @@ std::pair<int, std::string> PostTo(const Proc& p, const std::string& path, const
 /// The push D leg of `r` for transfer `tid`, naming `p` as the prefill instance.
 json PushDExtra(const std::string& tid, const Proc& p) {
   return {{"kv_transfer_params",
-           {{"do_remote_prefill", true}, {"do_remote_decode", false}, {"transfer_mode", "push"},
-            {"transfer_id", tid}, {"remote_host", p.host}, {"remote_port", p.port}}}};
+           {{"do_remote_prefill", true},
+            {"do_remote_decode", false},
+            {"transfer_mode", "push"},
+            {"transfer_id", tid},
+            {"remote_host", p.host},
+            {"remote_port", p.port}}}};
 }
 
 /// Seconds one GET /health on `p` takes; -1 when it fails.
@@ -78,8 +83,8 @@ json ErrorOf(const std::string& body) {
 class PdLegs : public PdFixture {
  protected:
   /// A serve process of `role` with `extra` flags; P/D instances use ucx:tcp and `kv`.
-  Proc* Serve(const std::string& name, const std::string& role, const std::vector<std::string>& extra,
-              json kv = json::object()) {
+  Proc* Serve(const std::string& name, const std::string& role,
+              const std::vector<std::string>& extra, json kv = json::object()) {
     const int port = Port();
     const std::string cfg = role == "both" ? "" : KvCfg("ucx:tcp", std::move(kv));
     return Spawn(name, ServeArgs(model_, role, host_, port, cfg, extra), host_, port);
@@ -212,14 +217,28 @@ TEST_F(PdLegs, StoppedPrefillFailsTheRequestWithinAHealthInterval) {
     EXPECT_NE(got.error.find(p->url()), std::string::npos) << mode << ": " << got.raw;
     EXPECT_TRUE(got.ids.empty());
     double used = -1;
-    EXPECT_TRUE(BlocksBack(d, 5000, &used)) << mode << ": D still uses " << used << " blocks";
+    const bool push = std::string(mode) == "push";
+    if (push) {
+      // D announced its blocks to P, and a stopped P may still write into them when it resumes:
+      // D keeps them quarantined (out of use) until P acknowledges the cancel, never before.
+      ASSERT_TRUE(WaitFor(
+          [&] { return Metric(d->host, d->port, "kvpush_kv_blocks_quarantined") > 0; }, 5000))
+          << "push: D did not quarantine the blocks announced to the stopped P";
+      EXPECT_EQ(Metric(d->host, d->port, "kvpush_kv_blocks_used"),
+                Metric(d->host, d->port, "kvpush_kv_blocks_quarantined"))
+          << "push: D uses blocks other than the quarantined ones";
+    } else {
+      EXPECT_TRUE(BlocksBack(d, 5000, &used)) << mode << ": D still uses " << used << " blocks";
+    }
 
     ASSERT_EQ(::kill(p->child.pid(), SIGCONT), 0);
+    if (push) {
+      EXPECT_TRUE(BlocksBack(d, 5000, &used))
+          << "push: D still uses " << used << " blocks after P resumed and acknowledged";
+      EXPECT_EQ(Metric(d->host, d->port, "kvpush_kv_blocks_quarantined"), 0);
+    }
     ASSERT_TRUE(WaitFor(
-        [&] {
-          return PostTo(*router, "/v1/completions", r.Body().dump()).first == 200;
-        },
-        5000))
+        [&] { return PostTo(*router, "/v1/completions", r.Body().dump()).first == 200; }, 5000))
         << mode << ": the router did not take P back after SIGCONT";
     const Res again = Send(router->host, router->port, r, {{"x-kvpush-mode", mode}});
     EXPECT_EQ(again.status, 200) << mode << " after SIGCONT: " << again.raw;

@@ -20,10 +20,10 @@ for f in /dev/shm/[0-9]*:[0-9]*:[0-9]*; do
 done
 ROOT=$(pwd)
 cd "${BUILD_DIR:-build}"
-# The chaos tests (label chaos) are left out of this gate while they fail: they found HTTP 200s
-# with wrong tokens under SIGSTOPped/killed peers (docs/reliability.md, *Known violations*), an
-# open bug of the connector. Run them with `ctest -L chaos` (about 7 minutes); they come back
-# here once the fix lands. KVPUSH_CHAOS=1 includes them.
+# The chaos tests (label chaos) are left out of this gate: they found HTTP 200s with wrong tokens
+# under SIGSTOPped/killed peers; the fix (docs/reliability.md, *Quarantine*) has landed but has not
+# been run against them yet. Run them with `ctest -L chaos` (about 7 minutes); they come back here
+# once they pass. KVPUSH_CHAOS=1 includes them.
 if [ "${KVPUSH_CHAOS:-0}" = 1 ]; then
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}"
 else
@@ -33,7 +33,7 @@ cd "$ROOT"
 # Every libFuzzer target over the same 30,000 inputs (libFuzzer seed 1; docs/fuzzing.md): clang +
 # ASan/UBSan in its own build dir; a finding fails the run and prints the input (base64) and where
 # it was saved. Fixed inputs rather than a time budget, so the gate never fails at random: timed
-# runs here found two open findings (docs/fuzzing.md) that these inputs do not reach.
+# runs here found two findings (docs/fuzzing.md, fixed since) that these inputs did not reach.
 # FUZZ_RUNS=0 skips this step; `FUZZ_SECONDS=60 scripts/fuzz.sh all` fuzzes for real.
 if [ "${FUZZ_RUNS:-30000}" != 0 ]; then
   BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}" FUZZ_RUNS="${FUZZ_RUNS:-30000}" \

@@ -216,13 +216,8 @@ void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatu
     case XferKind::kMessage:
       if (s.state != xfer::TransferState::kDone) {
         spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid, s.error.ToString());
-        // A PUSH_TARGET that could not be delivered fails its consumer at once.
         auto c = consumers_.find(o.tid);
-        if (c != consumers_.end()) {
-          CompleteConsumer(c->second,
-                           PeerGone("could not reach the prefill instance: " + s.error.ToString()),
-                           std::nullopt);
-        }
+        if (c != consumers_.end()) OnConsumerMessageFailed(c->second, s.error);
       }
       break;
   }
@@ -377,20 +372,27 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
     spdlog::warn("kv connector: KV of transfer {} did not arrive within {} ms", tid,
                  config_.watchdog.count());
     if (c.mode == Mode::kPush) {
-      SendSignal(c.peer, MsgTag::kCancel, tid);
-    } else if (c.state == ConsumerState::kPinSent) {
+      BeginPushCancel(c, now);
+      continue;
+    }
+    if (c.state == ConsumerState::kPinSent) {
       // Pull, no READ yet (P never answered the PIN): nothing can land.
       CompleteConsumer(c,
                        DeadlineExceeded("the prefill instance did not confirm the lease within " +
                                         std::to_string(config_.watchdog.count()) + " ms"),
                        std::nullopt);
       continue;
-    } else {
-      CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
     }
+    CancelOutstanding(tid, XferKind::kRead);  // pull: the READ is ours to end
     c.state = ConsumerState::kCancelling;
     c.cancel_deadline = now + config_.cancel_ack;
   }
+}
+
+void TransferCore::BeginPushCancel(Consumer& c, TimePoint now) {
+  SendSignal(c.peer, MsgTag::kCancel, c.tid);
+  c.state = ConsumerState::kCancelling;
+  c.cancel_deadline = now + config_.cancel_ack;
 }
 
 void TransferCore::Quarantine(Consumer& c, TimePoint now) {
@@ -411,12 +413,17 @@ void TransferCore::Quarantine(Consumer& c, TimePoint now) {
   r.seq_id = c.seq_id;
   r.recompute = config_.failure_policy == FailurePolicy::kRecompute;
   r.quarantined = true;
-  r.status = c.mode == Mode::kPush
-                 ? DeadlineExceeded("KV did not arrive within " +
-                                    std::to_string(config_.watchdog.count()) +
-                                    " ms and the prefill instance did not answer the cancel")
-                 : DeadlineExceeded("the READ did not complete within " +
-                                    std::to_string(config_.watchdog.count()) + " ms");
+  if (!c.cancel_reason.ok()) {
+    r.status = Status(c.cancel_reason.code(),
+                      c.cancel_reason.message() + "; the prefill instance did not answer the cancel");
+  } else {
+    r.status = c.mode == Mode::kPush
+                   ? DeadlineExceeded("KV did not arrive within " +
+                                      std::to_string(config_.watchdog.count()) +
+                                      " ms and the prefill instance did not answer the cancel")
+                   : DeadlineExceeded("the READ did not complete within " +
+                                      std::to_string(config_.watchdog.count()) + " ms");
+  }
   actions_.FinishLoad(std::move(r));
 }
 

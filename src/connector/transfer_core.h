@@ -293,6 +293,9 @@ class TransferCore {
     bool aborted = false;
     int64_t read_posted_ns = 0;
     std::optional<TokenOutput> first_token;  ///< pull fast profile
+    /// Why a cancel began when not the watchdog's (a PUSH_TARGET of unknown fate): what the
+    /// request is told when the cancel ends. OK: the watchdog's message.
+    Status cancel_reason;
   };
   struct PendingTarget {
     std::string peer;
@@ -313,6 +316,14 @@ class TransferCore {
   void ExpireTimers(TimePoint now);
   void CheckConsumerTimers(TimePoint now);
   void Quarantine(Consumer& c, TimePoint now);
+  /// Push: CANCEL sent, kCancelling until CANCEL_ACK, TRANSFER_FAILED, KV_READY, P gone or the
+  /// cancel deadline (then kQuarantined).
+  void BeginPushCancel(Consumer& c, TimePoint now);
+  /// A message of `c` (PUSH_TARGET, PIN, CANCEL) completed with an error: it may or may not have
+  /// been delivered.
+  void OnConsumerMessageFailed(Consumer& c, const Status& error);
+  /// What a consumer whose cancel ended is told (`cancel_reason`, else the watchdog's message).
+  Status CancelledLoadStatus(const Consumer& c) const;
   /// True when `c`'s peer process is known to be gone (failed or restarted since c started).
   std::optional<std::string> PeerGoneReason(const Consumer& c) const;
   std::string PeerOf(const KvTransferParams& p) const;

@@ -304,10 +304,7 @@ void TransferCore::OnConsumerMessage(const std::string& peer, PdMessage& m) {
       OnLayerReady(c, m);
       return;
     case MsgTag::kCancelAck:
-      CompleteConsumer(c,
-                       DeadlineExceeded("KV did not arrive within " +
-                                        std::to_string(config_.watchdog.count()) + " ms"),
-                       std::nullopt);
+      CompleteConsumer(c, CancelledLoadStatus(c), std::nullopt);
       return;
     case MsgTag::kTransferFailed:
       // P sends it only once none of its WRITEs can land any more.
@@ -315,6 +312,38 @@ void TransferCore::OnConsumerMessage(const std::string& peer, PdMessage& m) {
                        std::nullopt);
       return;
     default:
+      return;
+  }
+}
+
+Status TransferCore::CancelledLoadStatus(const Consumer& c) const {
+  if (!c.cancel_reason.ok()) return c.cancel_reason;
+  return DeadlineExceeded("KV did not arrive within " + std::to_string(config_.watchdog.count()) +
+                          " ms");
+}
+
+void TransferCore::OnConsumerMessageFailed(Consumer& c, const Status& error) {
+  switch (c.state) {
+    case ConsumerState::kAwaitingKv:
+      // A failed completion does not say the PUSH_TARGET was not delivered: P may hold the
+      // targets and WRITE into them. Releasing the blocks now let a late WRITE land in another
+      // request's KV (chaos_test: HTTP 200 with wrong tokens). Cancel as the watchdog does; the
+      // blocks come back only once nothing of P can land.
+      c.cancel_reason = PeerGone("could not reach the prefill instance: " + error.ToString());
+      BeginPushCancel(c, clock_.Now());
+      return;
+    case ConsumerState::kPinSent:
+      // Pull, no READ posted: D's blocks are written only by its own READ, so nothing can land.
+      CompleteConsumer(c, PeerGone("could not reach the prefill instance: " + error.ToString()),
+                       std::nullopt);
+      return;
+    case ConsumerState::kReadHanded:
+    case ConsumerState::kReading:
+    case ConsumerState::kCancelling:
+    case ConsumerState::kQuarantined:
+      // A lost CANCEL or a message beside a READ in flight: the cancel deadline, the CANCEL
+      // re-sends of the quarantine and the READ's own end decide; releasing here would not wait
+      // for P's WRITEs (the same hole).
       return;
   }
 }

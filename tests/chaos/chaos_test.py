@@ -294,6 +294,8 @@ def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=
                 res["error"] = str(j["error"])
                 res["error_in_200"] = True
                 return res
+            if isinstance(j, dict) and isinstance(j.get("id"), str):
+                res["id"] = j["id"]
             try:
                 res["ids"] = j["choices"][0]["token_ids"]
                 res["kind"] = "ok"
@@ -329,6 +331,8 @@ def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=
                 res["error"] = e.get("message", str(e)) if isinstance(e, dict) else str(e)
                 # keep reading to [DONE] or close
                 continue
+            if "id" not in res and isinstance(j.get("id"), str):
+                res["id"] = j["id"]
             try:
                 res["ids"].extend(j["choices"][0].get("token_ids") or [])
             except (KeyError, IndexError, TypeError):
@@ -415,7 +419,7 @@ class Chaos:
 
     def serve_args(self, role, host, port, policy=None, fault_salt=None):
         args = ["serve", "--model", self.a.model, "--role", role, "--host", host, "--port",
-                str(port), "--num-kv-blocks", str(self.a.kv_blocks), "--log-level", "info"]
+                str(port), "--num-kv-blocks", str(self.a.kv_blocks), "--log-level", self.a.log_level]
         if role != "both":
             args += ["--kv-transfer-config", self.kv_cfg(policy or "recompute")]
         if fault_salt is not None and self.fault_flag:
@@ -466,7 +470,7 @@ class Chaos:
         rargs = ["router", "--prefill"] + [p.url for p in self.P] + ["--decode"] + \
                 [d.url for d in self.D] + ["--host", "127.0.0.1", "--port", str(rport),
                                            "--health-interval-ms", "1000", "--request-timeout-s",
-                                           "30", "--log-level", "info"]
+                                           "30", "--log-level", self.a.log_level]
         self.router = Instance("router", rargs, "127.0.0.1", rport, self.dir, a.kvpush)
         self.instances = [self.colo] + self.pd + [self.router]
         for inst in self.instances:
@@ -527,7 +531,8 @@ class Chaos:
         mode = req["mode"] + (" stream" if req["stream"] else "")
         kind = r["kind"]
         ref = self.ref[req["entry"]]
-        what = "request %d (entry %d, %s)" % (i, req["entry"], mode)
+        what = "request %d (entry %d, %s%s)" % (i, req["entry"], mode,
+                                                 ", id %s" % r["id"] if r.get("id") else "")
         if kind == "ok":
             if r["ids"] == ref:
                 self.count(self.outcomes, "200 tokens identical to colocated")
@@ -881,6 +886,9 @@ def main():
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--keep-logs", action="store_true")
+    ap.add_argument("--log-level", default="info",
+                    help="of every process; debug logs each transfer (router: request -> "
+                         "transfer id, P and D; connector: targets, WRITEs, KV_READY)")
     a = ap.parse_args()
     if a.seed is None:
         a.seed = int(os.environ.get("KVPUSH_CHAOS_SEED", "0")) or random.SystemRandom().randrange(1, 1 << 31)

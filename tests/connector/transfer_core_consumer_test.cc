@@ -269,7 +269,7 @@ TEST_F(ConsumerTest, FailuresEndTheLoadAtOnce) {
   struct Case {
     const char* name;
     Mode mode;
-    int what;  // 0: TRANSFER_FAILED from P, 1: P dies, 2: the target message is not delivered
+    int what;  // 0: TRANSFER_FAILED from P, 1: P dies, 2: the PIN's completion failed
     StatusCode code;
   };
   const Case cases[] = {
@@ -277,7 +277,7 @@ TEST_F(ConsumerTest, FailuresEndTheLoadAtOnce) {
       {"pull: P refused the PIN", Mode::kPull, 0, StatusCode::kUnavailable},
       {"push: P died", Mode::kPush, 1, StatusCode::kPeerGone},
       {"pull: P died", Mode::kPull, 1, StatusCode::kPeerGone},
-      {"push: target undeliverable", Mode::kPush, 2, StatusCode::kPeerGone},
+      {"pull: PIN undeliverable", Mode::kPull, 2, StatusCode::kPeerGone},
   };
   int n = 10;
   for (const Case& c : cases) {
@@ -294,12 +294,67 @@ TEST_F(ConsumerTest, FailuresEndTheLoadAtOnce) {
       peers_.failures[kP] = "connection reset";
       Advance(milliseconds(20));
     } else {
-      Done(rec_.Sent(MsgTag::kPushTarget)[0].token, false);
+      // Pull: D's blocks are written only by its own READ, not posted yet: nothing can land.
+      Done(rec_.Sent(MsgTag::kPin)[0].token, false);
     }
     auto loads = Loads();
     ASSERT_EQ(loads.size(), 1u);
     EXPECT_EQ(loads[0].status.code(), c.code);
     EXPECT_EQ(rec_.Sent(MsgTag::kRelease).size(), c.mode == Mode::kPull ? 1u : 0u);
+    EXPECT_EQ(core_->num_consumers(), 0u);
+  }
+}
+
+TEST_F(ConsumerTest, APushTargetOfUnknownFateIsCancelledNotReleased) {
+  // The PUSH_TARGET's completion failed, but a failed completion does not mean the message did
+  // not arrive: P may WRITE into the targets. Found by chaos_test (link cuts and injected
+  // completion failures): the blocks went back to the pool at once, P's WRITEs landed in the next
+  // request's KV, HTTP 200 with wrong tokens. The consumer cancels as the watchdog does.
+  struct Case {
+    const char* name;
+    int end;  // 0: CANCEL_ACK, 1: KV_READY crossed the cancel, 2: no answer (quarantine), then ack
+  };
+  const Case cases[] = {{"CANCEL_ACK", 0}, {"KV_READY crossed the cancel", 1}, {"no answer", 2}};
+  int n = 40;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    rec_.Clear();
+    const std::string t = Tid(++n);
+    StartConsumer(n, t, Mode::kPush);
+    Done(rec_.Sent(MsgTag::kPushTarget)[0].token, false);
+    EXPECT_TRUE(Loads().empty());
+    EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+    EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+    ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+    // The CANCEL's own completion failing releases nothing either.
+    Done(rec_.Sent(MsgTag::kCancel)[0].token, false);
+    EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+    EXPECT_TRUE(Loads().empty());
+    if (c.end == 0) {
+      Deliver(kP, Signal(MsgTag::kCancelAck, t));
+      auto loads = Loads();
+      ASSERT_EQ(loads.size(), 1u);
+      EXPECT_EQ(loads[0].status.code(), StatusCode::kPeerGone);
+      EXPECT_NE(loads[0].status.message().find("could not reach the prefill instance"),
+                std::string::npos);
+      EXPECT_FALSE(loads[0].quarantined);
+    } else if (c.end == 1) {
+      Deliver(kP, KvReady(t));  // P got the target and finished: the KV is whole and verified
+      auto loads = Loads();
+      ASSERT_EQ(loads.size(), 1u);
+      EXPECT_TRUE(loads[0].status.ok());
+    } else {
+      Advance(milliseconds(210));
+      auto loads = Loads();
+      ASSERT_EQ(loads.size(), 1u);
+      EXPECT_TRUE(loads[0].quarantined);
+      EXPECT_EQ(loads[0].status.code(), StatusCode::kPeerGone);
+      EXPECT_EQ(core_->consumer_state(t), ConsumerState::kQuarantined);
+      EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+      Deliver(kP, Signal(MsgTag::kCancelAck, t));
+      ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
+      EXPECT_EQ(Loads().size(), 1u);
+    }
     EXPECT_EQ(core_->num_consumers(), 0u);
   }
 }

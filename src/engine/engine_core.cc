@@ -393,8 +393,8 @@ void EngineCore::RecordPromptLogprobs(Sequence& seq, const SequenceChunk& chunk,
   for (size_t r = 0; r < chunk.tokens.size(); ++r) {
     const size_t pos = static_cast<size_t>(chunk.start_pos) + r;
     if (pos >= seq.prompt_logprobs.size()) break;  // the last prompt position samples instead
-    SampleResult lp = TokenLogprobs(logits.subspan(r * vocab, vocab),
-                                    seq.tokens[pos + 1], seq.request.prompt_logprobs);
+    SampleResult lp = TokenLogprobs(logits.subspan(r * vocab, vocab), seq.tokens[pos + 1],
+                                    seq.request.prompt_logprobs);
     seq.prompt_logprobs[pos] = TokenOutput{lp.token, lp.logprob, std::move(lp.top_logprobs)};
   }
 }

@@ -32,9 +32,10 @@ struct ScheduledChunk {
 ///     max_prompt_logit_rows;
 ///  3. if nothing was preempted, waiting sequences are admitted in FIFO order while budget and
 ///     blocks last: the prefix cache is matched first (never the whole sequence: at least one
-///     token is computed so there are logits; not at all for prompt logprobs), then blocks for the chunk are allocated. A request
-///     whose connector loads its K/V asynchronously gets blocks for its whole prompt and waits
-///     (kWaitingForRemoteKv) without using the step's token budget, until OnKvLoaded.
+///     token is computed so there are logits; not at all for prompt logprobs), then blocks for the
+///     chunk are allocated. A request whose connector loads its K/V asynchronously gets blocks for
+///     its whole prompt and waits (kWaitingForRemoteKv) without using the step's token budget,
+///     until OnKvLoaded.
 /// Not thread-safe: owned by the engine thread. Does not own the sequences.
 class Scheduler {
  public:
@@ -80,7 +81,7 @@ class Scheduler {
   KvConnector* connector_;
   int32_t max_prompt_logit_rows_;
   std::deque<Sequence*> waiting_;
-  std::vector<Sequence*> running_;  ///< admission order; back = lowest priority
+  std::vector<Sequence*> running_;         ///< admission order; back = lowest priority
   std::vector<Sequence*> waiting_for_kv_;  ///< kWaitingForRemoteKv, admission order
   int64_t num_preemptions_ = 0;
 };

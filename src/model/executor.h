@@ -81,8 +81,9 @@ class Executor {
   virtual const ModelConfig& config() const = 0;
 
   /// Runs one step. `logits` receives [sum of the chunks' logit_rows(), vocab_size] floats, in
-  /// chunk order (a chunk's rows in token order). Errors: kInvalidArgument (bad token id, position beyond context, block table too
-  /// short, logits span too small). Not thread-safe: one engine thread calls it.
+  /// chunk order (a chunk's rows in token order). Errors: kInvalidArgument (bad token id, position
+  /// beyond context, block table too short, logits span too small). Not thread-safe: one engine
+  /// thread calls it.
   virtual Status Execute(std::span<const SequenceChunk> batch, KvCache& kv, std::span<float> logits,
                          LayerObserver* observer) = 0;
 };

@@ -65,9 +65,9 @@ struct RequestFlow::Transfer {
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set
   Stage stage = Stage::kOpen;
-  bool prefill_settled = false;          ///< push: P's leg ended without failing the request
-  std::optional<Reply> prefill_failure;  ///< push: P's leg failed while D's answer was open
-  bool prefill_done = false;             ///< P's leg is over, whatever its outcome
+  bool prefill_settled = false;           ///< push: P's leg ended without failing the request
+  std::optional<Reply> prefill_failure;   ///< push: P's leg failed while D's answer was open
+  bool prefill_done = false;              ///< P's leg is over, whatever its outcome
   std::optional<PromptEcho> prompt_echo;  ///< P's answer's prompt_echo (echo_logprobs only)
 
   /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
@@ -135,7 +135,7 @@ struct RequestFlow::StreamState {
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
   std::optional<PromptEcho> prompt_echo;
   std::set<int64_t> echoed;
-  bool terminal_sent = false;     ///< [DONE] or an error event was relayed
+  bool terminal_sent = false;  ///< [DONE] or an error event was relayed
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
 };

@@ -14,8 +14,8 @@ bool WantsPromptEcho(const std::string& path, const json& body) {
   if (path != "/v1/completions" || !body.is_object()) return false;
   const auto echo = body.find("echo");
   const auto logprobs = body.find("logprobs");
-  return echo != body.end() && echo->is_boolean() && echo->get<bool>() &&
-         logprobs != body.end() && logprobs->is_number();
+  return echo != body.end() && echo->is_boolean() && echo->get<bool>() && logprobs != body.end() &&
+         logprobs->is_number();
 }
 
 Result<PromptEcho> ParsePromptEcho(const json& prefill_answer) {
@@ -23,8 +23,8 @@ Result<PromptEcho> ParsePromptEcho(const json& prefill_answer) {
     return InvalidArgument("prefill instance returned no prompt_echo");
   }
   const json& e = prefill_answer["prompt_echo"];
-  if (!e.is_object() || !e.contains("text") || !e["text"].is_string() ||
-      !e.contains("logprobs") || !e["logprobs"].is_object() || !e.contains("text_offset_end") ||
+  if (!e.is_object() || !e.contains("text") || !e["text"].is_string() || !e.contains("logprobs") ||
+      !e["logprobs"].is_object() || !e.contains("text_offset_end") ||
       !e["text_offset_end"].is_number_integer()) {
     return InvalidArgument("prefill instance returned a malformed prompt_echo");
   }

@@ -17,8 +17,8 @@ namespace kvpush::router {
 
 /// P's `prompt_echo`, parsed.
 struct PromptEcho {
-  std::string text;            ///< what echo puts before each choice's text
-  nlohmann::json logprobs;     ///< {tokens, token_logprobs, top_logprobs, text_offset} of the prompt
+  std::string text;         ///< what echo puts before each choice's text
+  nlohmann::json logprobs;  ///< {tokens, token_logprobs, top_logprobs, text_offset} of the prompt
   int64_t text_offset_end = 0;  ///< where the generated tokens' text_offset continues
 };
 

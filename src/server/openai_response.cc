@@ -185,7 +185,8 @@ std::string BuildPromptEcho(const std::string& echo_text, const PromptLogprobs& 
                             const Tokenizer& tokenizer) {
   size_t end = 0;
   json logprobs = CompletionLogprobs(&prompt, {}, tokenizer, 0, &end);
-  return Dump(json{{"text", echo_text}, {"logprobs", std::move(logprobs)}, {"text_offset_end", end}});
+  return Dump(
+      json{{"text", echo_text}, {"logprobs", std::move(logprobs)}, {"text_offset_end", end}});
 }
 
 std::string BuildUsageChunk(const ResponseMeta& meta, const UsageCounts& usage) {

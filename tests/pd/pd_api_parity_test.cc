@@ -328,8 +328,28 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"list + n 2 seeded", C, with(list, {{"n", 2}, {"temperature", 0.9}, {"seed", 77}}), 200,
        true},
   };
+  // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo, D gets
+  // echo false, the router merges (docs/router.md). Through the router only: a D leg given echo
+  // with logprobs refuses it (the direct legs here would need the router's merge).
+  const std::vector<Row> echo_logprobs = {
+      {"echo + logprobs", C, with(base, {{"echo", true}, {"logprobs", 2}}), 200, true},
+      {"echo + logprobs 0 token prompt", C,
+       with(base, {{"echo", true}, {"logprobs", 0}, {"prompt", {1, ids[0], ids[1], ids[2]}}}), 200,
+       true},
+      {"n 2 + echo + logprobs seeded", C,
+       with(seeded, {{"n", 2}, {"echo", true}, {"logprobs", 3}, {"return_token_ids", true}}), 200,
+       true},
+      {"list + echo + logprobs", C, with(list, {{"echo", true}, {"logprobs", 1}}), 200, true},
+      {"mixed list + n 2 + echo + logprobs", C,
+       with(seeded, {{"prompt", json::array({"Once upon a time", tok_b})},
+                     {"n", 2},
+                     {"echo", true},
+                     {"logprobs", 2}}),
+       200, true},
+  };
   std::vector<Row> ok_all = ok;
   ok_all.insert(ok_all.end(), lists.begin(), lists.end());
+  ok_all.insert(ok_all.end(), echo_logprobs.begin(), echo_logprobs.end());
   std::vector<Row> rows;
   for (const Row& r : ok_all) {
     rows.push_back(r);
@@ -350,7 +370,6 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"logit_bias 200", C, with(base, {{"logit_bias", {{t0, 200}}}}), 400},
       {"min_tokens > max_tokens", C, with(base, {{"min_tokens", 30}, {"max_tokens", 10}}), 400},
       {"min_tokens -1", C, with(base, {{"min_tokens", -1}}), 400},
-      {"echo + logprobs", C, with(base, {{"echo", true}, {"logprobs", 1}}), 400},
       {"use_beam_search", C, with(base, {{"use_beam_search", true}}), 400},
       {"best_of 3", C, with(base, {{"best_of", 3}}), 400},
       {"stop_token_ids out of vocabulary", C, with(base, {{"stop_token_ids", {1000000}}}), 400},
@@ -446,6 +465,32 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   std::printf("API parity table: %zu rows, %zu P/D or router requests compared with colocated\n",
               rows.size(), compared);
   EXPECT_GE(compared, 6 * 60u);
+
+  // Echo with logprobs of a prompt D already holds (the second run: a full prefix hit on D,
+  // which tells P it needs no KV): P still computes the prompt and its logprobs, and the answer
+  // is still the colocated one.
+  const json cached = {{"prompt",
+                        "A tiny red bird sat on the old fence and sang a happy song for the kids "
+                        "who walked by on their way to school."},
+                       {"max_tokens", 6},
+                       {"temperature", 0},
+                       {"echo", true},
+                       {"logprobs", 2}};
+  for (const std::string mode : {"router-push", "router-pull-fast", "router-pull-vllm"}) {
+    for (bool stream : {false, true}) {
+      Row row{"echo + logprobs, prompt cached on D", "/v1/completions", cached};
+      if (stream) row.body["stream"] = true;
+      const Answer ref = Post(*colo_, row.path, row.body);
+      ASSERT_EQ(ref.status, 200) << ref.body;
+      for (int run = 0; run < 2; ++run) {
+        const Answer got = RunPd(row, mode);
+        EXPECT_EQ(got.status, 200) << mode << " run " << run << ": " << got.body;
+        EXPECT_EQ(Comparable(got), Comparable(ref))
+            << mode << " stream " << stream << " run " << run << "\n  colocated: " << ref.body
+            << "\n  P/D:       " << got.body;
+      }
+    }
+  }
   // The prompts reached D over the connector (not recomputed there): KV-ready messages in push,
   // READs in pull.
   EXPECT_GE(Metric(d_->host, d_->port, kReady), 50.0);

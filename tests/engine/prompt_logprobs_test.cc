@@ -57,12 +57,13 @@ std::vector<TokenOutput> ReferencePromptLogprobs(Executor& ex, const std::vector
 }
 
 /// Runs `req` alone on `core` to its end; returns its outputs.
-std::vector<RequestOutput> Run(EngineCore& core, int64_t id, GenerationRequest req) {
+std::vector<RequestOutput> RunToEnd(EngineCore& core, int64_t id, GenerationRequest req) {
   auto ch = std::make_shared<OutputChannel>();
   core.AddRequest(id, std::move(req), ch, 0);
   for (int step = 0; step < 10000 && !ch->closed(); ++step) core.Step();
   EXPECT_TRUE(ch->closed());
-  return ch->TakeAll();
+  auto outs = ch->TakeAll();
+  return std::vector<RequestOutput>(outs.begin(), outs.end());
 }
 
 void ExpectSame(const std::vector<TokenOutput>& got, const std::vector<TokenOutput>& want,
@@ -113,13 +114,13 @@ TEST(PromptLogprobsTest, EqualAFullForwardOfEachPrefixWhateverTheChunkingAndCach
   plain.sampling.temperature = 0.0f;
   plain.sampling.logprobs = kTop;
   // First a plain request: its prompt blocks enter the prefix cache.
-  auto first = Run(**core, 1, plain);
+  auto first = RunToEnd(**core, 1, plain);
   ASSERT_FALSE(first.empty());
   EXPECT_TRUE(first.front().prompt_logprobs.empty());
 
   GenerationRequest echo = plain;
   echo.prompt_logprobs = kTop;
-  auto outs = Run(**core, 2, echo);
+  auto outs = RunToEnd(**core, 2, echo);
   ASSERT_FALSE(outs.empty());
   // With the first generated token, once; the prefix cache served none of the prompt.
   ExpectSame(outs.front().prompt_logprobs, want, "chunked, cache warm");
@@ -136,7 +137,7 @@ TEST(PromptLogprobsTest, EqualAFullForwardOfEachPrefixWhateverTheChunkingAndCach
   }
   // A plain request afterwards still finds the prompt's blocks cached (the cache stayed
   // consistent: the echo request committed its blocks, or left the existing ones).
-  auto again = Run(**core, 3, plain);
+  auto again = RunToEnd(**core, 3, plain);
   ASSERT_FALSE(again.empty());
   EXPECT_EQ(again.back().num_cached_tokens, static_cast<int32_t>(prompt.size() - 1) / 16 * 16);
   EXPECT_EQ(again.front().tokens.front().id, first.front().tokens.front().id);

@@ -402,6 +402,13 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
       r.CountRequest(t->mode, false);
       return NoPromptEcho(*t, "prefill instance returned no prompt_echo").WriteTo(res);
     }
+    if (!answer.is_object()) {
+      r.CountLegFailure(t->d_role);
+      r.CountRequest(t->mode, false);
+      return ErrorReply(502, "decode instance returned a body that is not a JSON object",
+                        "server_error", "bad_decode_answer")
+          .WriteTo(res);
+    }
     PrependPromptEchoToAnswer(answer, *echo);
     r.CountRequest(t->mode, true);
     Reply merged = Forwarded(dr);

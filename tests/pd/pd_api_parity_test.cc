@@ -476,6 +476,7 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
                        {"temperature", 0},
                        {"echo", true},
                        {"logprobs", 2}};
+  const double not_needed0 = Metric(d_->host, d_->port, "kvpush_kv_transfer_not_needed_total");
   for (const std::string mode : {"router-push", "router-pull-fast", "router-pull-vllm"}) {
     for (bool stream : {false, true}) {
       Row row{"echo + logprobs, prompt cached on D", "/v1/completions", cached};
@@ -491,6 +492,8 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
       }
     }
   }
+  // Every mode's second runs were full prefix hits on D (D told P it needs no KV): still equal.
+  EXPECT_GE(Metric(d_->host, d_->port, "kvpush_kv_transfer_not_needed_total") - not_needed0, 6.0);
   // The prompts reached D over the connector (not recomputed there): KV-ready messages in push,
   // READs in pull.
   EXPECT_GE(Metric(d_->host, d_->port, kReady), 50.0);

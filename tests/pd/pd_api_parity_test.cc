@@ -14,10 +14,12 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pd_fixture.h"
@@ -494,6 +496,40 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   }
   // Every mode's second runs were full prefix hits on D (D told P it needs no KV): still equal.
   EXPECT_GE(Metric(d_->host, d_->port, "kvpush_kv_transfer_not_needed_total") - not_needed0, 6.0);
+
+  // Push, the order that races above made certain: D (a full prefix hit) told P it needs no KV
+  // before P's leg arrived. P still computes the prompt for its own answer: 200 with the
+  // prompt_echo the router merges, equal to the colocated prompt part.
+  {
+    const std::string tid = NewTransferId();
+    json d_leg = cached;
+    d_leg["echo"] = false;
+    d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
+                                   {"transfer_mode", "push"},   {"transfer_id", tid},
+                                   {"remote_host", p_->host},   {"remote_port", p_->port}};
+    const Answer d = Post(*d_, "/v1/completions", d_leg);
+    ASSERT_EQ(d.status, 200) << d.body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // NOT_NEEDED reaches P
+    json p_leg = cached;
+    p_leg["max_tokens"] = 1;
+    p_leg["kv_transfer_params"] = {{"do_remote_decode", true},
+                                   {"do_remote_prefill", false},
+                                   {"transfer_mode", "push"},
+                                   {"transfer_id", tid}};
+    const Answer p = Post(*p_, "/v1/completions", p_leg);
+    ASSERT_EQ(p.status, 200) << p.body;
+    const json pj = json::parse(p.body);
+    ASSERT_TRUE(pj.contains("prompt_echo")) << p.body;
+    const json ref = json::parse(Post(*colo_, "/v1/completions", cached).body);
+    const json& ref_lp = ref["choices"][0]["logprobs"];
+    const json& echo_lp = pj["prompt_echo"]["logprobs"];
+    const size_t n = ref["usage"]["prompt_tokens"].get<size_t>();
+    ASSERT_EQ(echo_lp["tokens"].size(), n);
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      EXPECT_EQ(echo_lp[k], json(std::vector<json>(ref_lp[k].begin(), ref_lp[k].begin() + n))) << k;
+    }
+    EXPECT_EQ(pj["prompt_echo"]["text"], cached["prompt"]);
+  }
   // The prompts reached D over the connector (not recomputed there): KV-ready messages in push,
   // READs in pull.
   EXPECT_GE(Metric(d_->host, d_->port, kReady), 50.0);

@@ -9,7 +9,9 @@
 // from `id`, `created` and `usage.prompt_tokens_details` (a prefix-cache count that depends on
 // what each instance saw before), event by event when streamed; an invalid request gets the same
 // 400 body from both. Values vLLM defines are asserted too (stop_reason of a stop token id,
-// min_tokens holding off stops, min_p 0.99 = greedy, echo, n's indexes, cached_tokens).
+// min_tokens holding off stops, min_p 0.99 = greedy, echo, n's indexes, cached_tokens). Echo with
+// logprobs runs through the router only (it merges P's prompt_echo into D's choices), including
+// a prompt D already holds (D tells P it needs no KV; P still answers the prompt's part).
 #include <gtest/gtest.h>
 #include <httplib.h>
 

@@ -251,6 +251,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     ev.num_prompt_tokens = seq.num_prompt_tokens;
     ev.prompt_hash = PromptHashOf(seq);
     ev.blocks.assign(blocks.begin(), blocks.end());
+    ev.answer_needed = seq.request.prompt_logprobs >= 0;
     if (p.mode == KvTransferParams::Mode::kPush)
       push_producers_[seq.seq_id] = seq.num_prompt_tokens;
     Push(std::move(ev));

@@ -146,6 +146,9 @@ struct EngineEvent {
   TokenOutput token;
   Status error;
   TransferToken transfer = 0;  ///< kReadPosted: the READ's token when error is ok
+  /// kProducerStart: the prefill's own answer is needed (prompt logprobs, echo with logprobs):
+  /// when D needs no KV (NOT_NEEDED) the transfer is dropped but the prefill runs to its end.
+  bool answer_needed = false;
 };
 
 /// Per-transfer protocol state of a producer (P). See docs/pd_protocol.md §3.
@@ -241,6 +244,7 @@ class TransferCore {
     std::vector<int32_t> layer_done;  ///< per layer: tokens whose K/V are computed
     std::vector<int32_t> layer_sent;  ///< per layer: table index of the next block to send
     bool engine_done = false;         ///< the engine finished the request (blocks held)
+    bool answer_needed = false;       ///< EngineEvent::answer_needed: never aborted for NOT_NEEDED
     TokenOutput token;
     /// The D of this transfer: push, the one whose target was attached; pull, the one that
     /// pinned the lease. Empty until then.

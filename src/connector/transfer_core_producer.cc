@@ -13,9 +13,11 @@ using Mode = KvTransferParams::Mode;
 void TransferCore::OnProducerStart(EngineEvent& ev) {
   const std::string& tid = ev.params.transfer_id;
   if (IsTombstoned(tid) || producers_.count(tid) != 0) {
-    // D already said it needs nothing (or a duplicate id): drop the prefill if it has not run.
-    spdlog::info("kv connector: prefill of transfer {} is not needed; aborting it", tid);
-    actions_.AbortRequest(ev.seq_id);
+    // D already said it needs nothing (or a duplicate id): drop the prefill if it has not run,
+    // unless its own answer is needed (prompt logprobs): then it runs, sending nothing.
+    spdlog::info("kv connector: prefill of transfer {} is not needed; {}", tid,
+                 ev.answer_needed ? "computing it for its answer only" : "aborting it");
+    if (!ev.answer_needed) actions_.AbortRequest(ev.seq_id);
     Producer p;  // tracked only so that its blocks are released when the engine finishes it
     p.seq_id = ev.seq_id;
     p.tid = tid + "#dropped" + std::to_string(ev.seq_id);
@@ -32,6 +34,7 @@ void TransferCore::OnProducerStart(EngineEvent& ev) {
   p.mode = ev.params.mode;
   p.n = ev.num_prompt_tokens;
   p.prompt_hash = ev.prompt_hash;
+  p.answer_needed = ev.answer_needed;
   p.blocks = std::move(ev.blocks);
   p.layer_done.assign(static_cast<size_t>(layout_.num_layers), 0);
   p.layer_sent.assign(static_cast<size_t>(layout_.num_layers), 0);
@@ -140,7 +143,8 @@ void TransferCore::OnProducerMessage(const std::string& peer, PdMessage& m) {
       pending_targets_.erase(m.transfer_id);
       if (it == producers_.end()) return;  // the P leg has not arrived yet: it will be dropped
       Producer& p = it->second;
-      if (!p.engine_done) actions_.AbortRequest(p.seq_id);
+      // A prefill whose answer is needed (prompt logprobs) runs on; nothing is sent to D.
+      if (!p.engine_done && !p.answer_needed) actions_.AbortRequest(p.seq_id);
       DropProducer(p, Cancelled("decode instance has the whole prefix cached"), false);
       return;
     }

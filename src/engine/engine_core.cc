@@ -9,6 +9,19 @@
 
 namespace kvpush {
 
+namespace {
+
+/// Per step, the logits kept for prompt logprobs (a [rows, vocab] f32 block) stay under this many
+/// bytes: the scheduler computes at most this / (vocab * 4) prompt-logprobs tokens per step.
+constexpr int64_t kPromptLogitsBytes = int64_t{64} << 20;
+
+int32_t PromptLogitRows(int32_t vocab_size) {
+  const int64_t per_row = int64_t{std::max(vocab_size, 1)} * static_cast<int64_t>(sizeof(float));
+  return static_cast<int32_t>(std::clamp<int64_t>(kPromptLogitsBytes / per_row, 1, 1 << 20));
+}
+
+}  // namespace
+
 Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                        const GenerationRequest& request) {
   const auto& prompt = request.prompt_tokens;
@@ -33,6 +46,16 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
         std::to_string(request.min_tokens));
   }
   KVP_RETURN_IF_ERROR(request.sampling.Validate());
+  if (request.prompt_logprobs < -1) {
+    return InvalidArgument("prompt_logprobs must be >= 0, got " +
+                           std::to_string(request.prompt_logprobs));
+  }
+  if (request.prompt_logprobs >= 0 &&
+      request.kv_transfer.role == KvTransferParams::Role::kConsumer) {
+    return InvalidArgument(
+        "prompt logprobs are computed by the prefill instance; a P/D decode request cannot "
+        "compute them (its prompt's KV comes from P)");
+  }
   for (const auto& [t, bias] : request.sampling.logit_bias) {
     if (t >= model.vocab_size) {
       return InvalidArgument("logit_bias token id " + std::to_string(t) +
@@ -98,7 +121,7 @@ EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> exe
       pool_(BlockPool::Options{config.num_kv_blocks, config.block_size,
                                config.enable_prefix_caching, executor_->config().fingerprint,
                                config.scatter_kv_blocks}),
-      scheduler_(config_, pool_, connector) {
+      scheduler_(config_, pool_, connector, PromptLogitRows(executor_->config().vocab_size)) {
   stats_.num_kv_blocks_total = config.num_kv_blocks;
 }
 
@@ -127,6 +150,9 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   seq->max_output_tokens = std::min(request.max_tokens, config_.max_model_len - seq->num_tokens());
   seq->arrival_ns = arrival_ns;
   seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop, seq->tokens);
+  if (request.prompt_logprobs >= 0) {
+    seq->prompt_logprobs.resize(static_cast<size_t>(seq->num_prompt_tokens - 1));
+  }
   seq->request = std::move(request);
   stats_.prompt_tokens += seq->num_prompt_tokens;
   Sequence* raw = seq.get();
@@ -244,6 +270,7 @@ int32_t EngineCore::Step() {
     chunk.start_pos = seq.num_computed;
     chunk.block_table = seq.blocks;
     chunk.want_logits = seq.num_computed + c.num_tokens == seq.num_tokens();
+    chunk.all_logits = seq.wants_prompt_logprobs();
     if (Status v = CheckChunk(chunk); !v.ok()) {
       // Never let one request's bad input reach the executor with others.
       spdlog::error("request {}: not executed: {}", seq.request.request_id, v.ToString());
@@ -251,7 +278,7 @@ int32_t EngineCore::Step() {
              {});
       continue;
     }
-    if (chunk.want_logits) ++num_logits;
+    num_logits += static_cast<size_t>(chunk.logit_rows());
     total += c.num_tokens;
     batch_.push_back(chunk);
     batch_seqs_.push_back(&seq);
@@ -271,7 +298,8 @@ int32_t EngineCore::Step() {
   for (size_t i = 0; i < batch_.size(); ++i) {
     Sequence& seq = *batch_seqs_[i];
     const size_t my_row = row;
-    if (batch_[i].want_logits) ++row;
+    const auto rows = static_cast<size_t>(batch_[i].logit_rows());
+    row += rows;
     if (!results[i].ok()) {
       Finish(seq, FinishReason::kError,
              Internal("model execution failed: " + results[i].ToString()), {}, {});
@@ -280,8 +308,13 @@ int32_t EngineCore::Step() {
     stats_.computed_tokens += static_cast<int64_t>(batch_[i].tokens.size());
     seq.num_computed += static_cast<int32_t>(batch_[i].tokens.size());
     scheduler_.CommitFullBlocks(seq);
+    if (batch_[i].all_logits) {
+      RecordPromptLogprobs(seq, batch_[i],
+                           std::span<const float>(logits_.data() + my_row * vocab, rows * vocab));
+    }
     if (batch_[i].want_logits) {
-      ProcessLogits(seq, std::span<const float>(logits_.data() + my_row * vocab, vocab));
+      ProcessLogits(seq,
+                    std::span<const float>(logits_.data() + (my_row + rows - 1) * vocab, vocab));
     }
   }
   return total;
@@ -325,8 +358,9 @@ std::vector<Status> EngineCore::ExecuteEach() {
   results.reserve(batch_.size());
   size_t row = 0;
   for (const SequenceChunk& chunk : batch_) {
-    std::span<float> logits;
-    if (chunk.want_logits) logits = std::span<float>(logits_.data() + row++ * vocab, vocab);
+    const auto rows = static_cast<size_t>(chunk.logit_rows());
+    std::span<float> logits(logits_.data() + row * vocab, rows * vocab);
+    row += rows;
     results.push_back(
         executor_->Execute(std::span<const SequenceChunk>(&chunk, 1), *kv_, logits, nullptr));
     if (!results.back().ok()) {
@@ -353,6 +387,18 @@ void EngineCore::ProcessLogits(Sequence& seq, std::span<const float> logits) {
   ProcessSampled(seq, TokenOutput{r.token, r.logprob, std::move(r.top_logprobs)});
 }
 
+void EngineCore::RecordPromptLogprobs(Sequence& seq, const SequenceChunk& chunk,
+                                      std::span<const float> logits) {
+  const auto vocab = static_cast<size_t>(model_config().vocab_size);
+  for (size_t r = 0; r < chunk.tokens.size(); ++r) {
+    const size_t pos = static_cast<size_t>(chunk.start_pos) + r;
+    if (pos >= seq.prompt_logprobs.size()) break;  // the last prompt position samples instead
+    SampleResult lp = TokenLogprobs(logits.subspan(r * vocab, vocab), seq.tokens[pos + 1],
+                                    seq.request.prompt_logprobs);
+    seq.prompt_logprobs[pos] = TokenOutput{lp.token, lp.logprob, std::move(lp.top_logprobs)};
+  }
+}
+
 void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
   const GenerationRequest& req = seq.request;
   const int64_t now = NowNs();
@@ -369,6 +415,9 @@ void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
 
   RequestOutput out;
   out.tokens.push_back(std::move(r));
+  if (seq.num_output_tokens() == 1 && req.prompt_logprobs >= 0) {
+    out.prompt_logprobs = std::move(seq.prompt_logprobs);  // with the first token
+  }
   FinishReason reason = FinishReason::kNone;
   std::string stop_reason;
   const int32_t token = seq.tokens.back();

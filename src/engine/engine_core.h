@@ -98,6 +98,10 @@ class EngineCore {
   void ProcessLogits(Sequence& seq, std::span<const float> logits);
   /// Appends an already sampled token (from logits or from a connector) and streams it.
   void ProcessSampled(Sequence& seq, TokenOutput token);
+  /// Prompt logprobs from a chunk computed with all_logits: `logits` holds one row per token of
+  /// `chunk` (vocab floats each); the row of position p scores prompt token p + 1.
+  void RecordPromptLogprobs(Sequence& seq, const SequenceChunk& chunk,
+                            std::span<const float> logits);
   /// Applies the connector's finished asynchronous KV loads (a first token that is not a token
   /// of this model fails the load: recompute or fail per the connector's policy).
   void ApplyKvLoads();

@@ -16,8 +16,12 @@ bool IsPinned(const Sequence& seq) {
 
 }  // namespace
 
-Scheduler::Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector)
-    : config_(config), pool_(pool), connector_(connector) {}
+Scheduler::Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector,
+                     int32_t max_prompt_logit_rows)
+    : config_(config),
+      pool_(pool),
+      connector_(connector),
+      max_prompt_logit_rows_(std::max(1, max_prompt_logit_rows)) {}
 
 void Scheduler::AddWaiting(Sequence* seq) {
   seq->state = SequenceState::kWaiting;
@@ -50,6 +54,7 @@ void Scheduler::Preempt(Sequence* victim) {
 std::vector<ScheduledChunk> Scheduler::Schedule() {
   std::vector<ScheduledChunk> out;
   int32_t budget = config_.max_num_batched_tokens;
+  int32_t logit_rows = max_prompt_logit_rows_;  ///< left for prompt-logprobs tokens this step
   bool preempted = false;
 
   // 1. Running sequences: decodes first, then prefill chunks.
@@ -62,7 +67,9 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       if (std::any_of(out.begin(), out.end(), [&](const auto& c) { return c.seq == seq; })) {
         continue;
       }
-      const int32_t n = std::min(remaining, budget);
+      int32_t n = std::min(remaining, budget);
+      if (seq->wants_prompt_logprobs()) n = std::min(n, logit_rows);
+      if (n <= 0) continue;  // no logits rows left this step
       bool self_preempted = false;
       while (!EnsureBlocks(*seq, seq->num_computed + n)) {
         // The victim: the most recently admitted sequence that may be preempted. One whose KV a
@@ -91,6 +98,7 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       if (self_preempted) break;
       out.push_back({seq, n});
       budget -= n;
+      if (seq->wants_prompt_logprobs()) logit_rows -= n;
     }
   }
 
@@ -98,11 +106,14 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
   while (!preempted && !waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
+    const bool prompt_logprobs = seq->wants_prompt_logprobs();
+    if (prompt_logprobs && logit_rows <= 0) break;  // FIFO: it waits for the next step
     KvMatch match;
     if (seq->num_computed == 0 && seq->blocks.empty()) {
       // Never match the whole sequence: at least its last token is computed, for the logits.
+      // Prompt logprobs need the logits of every prompt position: no match at all (vLLM).
       const int32_t max_blocks = (seq->num_tokens() - 1) / config_.block_size;
-      seq->blocks = pool_.MatchPrefix(seq->tokens, max_blocks);
+      if (!prompt_logprobs) seq->blocks = pool_.MatchPrefix(seq->tokens, max_blocks);
       seq->num_computed = static_cast<int32_t>(seq->blocks.size()) * config_.block_size;
       if (connector_ != nullptr) {
         match = connector_->GetNumMatchedTokens(*seq, seq->num_computed);
@@ -133,7 +144,8 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
       waiting_for_kv_.push_back(seq);
       continue;  // no compute this step: uses no budget
     }
-    const int32_t n = std::min(seq->num_tokens() - local_computed - num_external, budget);
+    int32_t n = std::min(seq->num_tokens() - local_computed - num_external, budget);
+    if (prompt_logprobs) n = std::min(n, logit_rows);
     if (!EnsureBlocks(*seq, local_computed + num_external + n)) {
       ResetProgress(*seq);  // give matched blocks back; retried next step
       break;
@@ -151,6 +163,7 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
     running_.push_back(seq);
     out.push_back({seq, n});
     budget -= n;
+    if (prompt_logprobs) logit_rows -= n;
   }
   return out;
 }

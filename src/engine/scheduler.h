@@ -28,16 +28,23 @@ struct ScheduledChunk {
 ///  2. when a running sequence needs a block and none is available, the most recently admitted
 ///     running sequence is preempted (blocks released, progress reset, put back at the head of
 ///     the waiting queue; it is recomputed later, prompt and generated tokens alike);
+///     a sequence that wants prompt logprobs gets at most what is left of the step's
+///     max_prompt_logit_rows;
 ///  3. if nothing was preempted, waiting sequences are admitted in FIFO order while budget and
 ///     blocks last: the prefix cache is matched first (never the whole sequence: at least one
-///     token is computed so there are logits), then blocks for the chunk are allocated. A request
-///     whose connector loads its K/V asynchronously gets blocks for its whole prompt and waits
-///     (kWaitingForRemoteKv) without using the step's token budget, until OnKvLoaded.
+///     token is computed so there are logits; not at all for prompt logprobs), then blocks for the
+///     chunk are allocated. A request whose connector loads its K/V asynchronously gets blocks for
+///     its whole prompt and waits (kWaitingForRemoteKv) without using the step's token budget,
+///     until OnKvLoaded.
 /// Not thread-safe: owned by the engine thread. Does not own the sequences.
 class Scheduler {
  public:
   /// `config` resolved; `pool` and `connector` (may be null) outlive the scheduler.
-  Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector);
+  /// `max_prompt_logit_rows` (>= 1): per step, at most this many tokens of sequences that want
+  /// prompt logprobs (Sequence::wants_prompt_logprobs: one row of logits each) are scheduled, so
+  /// the step's logits stay bounded; such a sequence that gets no row waits for the next step.
+  Scheduler(const EngineConfig& config, BlockPool& pool, KvConnector* connector,
+            int32_t max_prompt_logit_rows = 1 << 20);
 
   /// Queues a validated sequence (state kWaiting, no blocks) at the tail of the waiting queue.
   void AddWaiting(Sequence* seq);
@@ -72,8 +79,9 @@ class Scheduler {
   EngineConfig config_;
   BlockPool& pool_;
   KvConnector* connector_;
+  int32_t max_prompt_logit_rows_;
   std::deque<Sequence*> waiting_;
-  std::vector<Sequence*> running_;  ///< admission order; back = lowest priority
+  std::vector<Sequence*> running_;         ///< admission order; back = lowest priority
   std::vector<Sequence*> waiting_for_kv_;  ///< kWaitingForRemoteKv, admission order
   int64_t num_preemptions_ = 0;
 };

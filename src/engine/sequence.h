@@ -38,6 +38,9 @@ struct Sequence {
   int32_t num_preemptions = 0;
   int32_t num_external_tokens = 0;  ///< tokens whose K/V a connector loads (KvMatch)
   TokenOutput last_token;           ///< the latest generated token with its logprobs
+  /// request.prompt_logprobs >= 0: entry p scores prompt token p + 1 (filled as prefill chunks
+  /// are computed; handed to the first output, RequestOutput::prompt_logprobs).
+  std::vector<TokenOutput> prompt_logprobs;
 
   int64_t arrival_ns = 0;  ///< steady clock (NowNs)
   int64_t first_scheduled_ns = 0;
@@ -48,6 +51,11 @@ struct Sequence {
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  /// Its prompt is computed for prompt logprobs: logits at every position, no prefix-cache read
+  /// (until the first token is sampled; a later recomputation may use the cache).
+  bool wants_prompt_logprobs() const {
+    return request.prompt_logprobs >= 0 && num_output_tokens() == 0;
+  }
 };
 
 }  // namespace kvpush

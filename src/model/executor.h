@@ -53,6 +53,17 @@ struct SequenceChunk {
   int32_t start_pos = 0;                 ///< position of tokens[0]
   std::span<const BlockId> block_table;  ///< blocks covering positions [0, start_pos + n)
   bool want_logits = false;              ///< produce logits for the last token of the chunk
+  /// Produce logits for every token of the chunk (prompt logprobs: the row of position p scores
+  /// token p + 1), in token order; then `want_logits` adds no row of its own (its row is the
+  /// last one).
+  bool all_logits = false;
+
+  /// Rows of logits this chunk produces: tokens.size() with all_logits, else 1 with want_logits,
+  /// else 0.
+  int64_t logit_rows() const {
+    if (all_logits) return static_cast<int64_t>(tokens.size());
+    return want_logits ? 1 : 0;
+  }
 };
 
 /// Receives a callback after each layer's K/V of the whole batch has been written to the cache
@@ -69,9 +80,10 @@ class Executor {
   virtual ~Executor() = default;
   virtual const ModelConfig& config() const = 0;
 
-  /// Runs one step. `logits` receives [num chunks with want_logits, vocab_size] floats, in chunk
-  /// order. Errors: kInvalidArgument (bad token id, position beyond context, block table too
-  /// short, logits span too small). Not thread-safe: one engine thread calls it.
+  /// Runs one step. `logits` receives [sum of the chunks' logit_rows(), vocab_size] floats, in
+  /// chunk order (a chunk's rows in token order). Errors: kInvalidArgument (bad token id, position
+  /// beyond context, block table too short, logits span too small). Not thread-safe: one engine
+  /// thread calls it.
   virtual Status Execute(std::span<const SequenceChunk> batch, KvCache& kv, std::span<float> logits,
                          LayerObserver* observer) = 0;
 };

@@ -105,7 +105,7 @@ Status LlamaExecutor::Validate(std::span<const SequenceChunk> batch, const KvCac
       }
     }
     tokens += static_cast<int64_t>(ch.tokens.size());
-    rows += ch.want_logits ? 1 : 0;
+    rows += ch.logit_rows();
   }
   if (static_cast<int64_t>(logits.size()) < rows * c.vocab_size) {
     return InvalidArgument("logits span holds " + std::to_string(logits.size()) + " floats, need " +
@@ -309,14 +309,18 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   }
 
   if (n_logits == 0) return Status::Ok();
-  // Final norm of the last row of every chunk that wants logits, then the classifier.
+  // Final norm of the rows that want logits (the last row of a chunk with want_logits, every row
+  // of one with all_logits), then the classifier.
   int64_t row = 0, out_row = 0;
   for (const SequenceChunk& ch : batch) {
-    row += static_cast<int64_t>(ch.tokens.size());
-    if (!ch.want_logits) continue;
-    RmsNorm(x_.data() + (row - 1) * d, weights_.output_norm.data(), d, c.rms_eps,
-            xn_.data() + out_row * d);
-    ++out_row;
+    const auto n = static_cast<int64_t>(ch.tokens.size());
+    const int64_t rows = ch.logit_rows();
+    for (int64_t r = n - rows; r < n; ++r) {
+      RmsNorm(x_.data() + (row + r) * d, weights_.output_norm.data(), d, c.rms_eps,
+              xn_.data() + out_row * d);
+      ++out_row;
+    }
+    row += n;
   }
   gemm_.Run(xn_.data(), n_logits, weights_.classifier(), logits.data());
   return Status::Ok();

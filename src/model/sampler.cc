@@ -202,7 +202,6 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
                     int64_t output_index, const SamplingHistory& history) {
   SampleResult result;
   if (logits.empty()) return result;
-  const size_t n = logits.size();
 
   std::vector<float> processed;
   std::span<const float> scores = logits;
@@ -218,24 +217,35 @@ SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
   // logprobs were asked for: over a 152k vocabulary it costs ~1 ms per token on a CPU core, 6x
   // the argmax (perf of a sim decode instance; vLLM too computes logprobs only on request).
   if (params.logprobs < 0) return result;
+  SampleResult lp = TokenLogprobs(logits, result.token, params.logprobs);
+  result.logprob = lp.logprob;
+  result.top_logprobs = std::move(lp.top_logprobs);
+  return result;
+}
+
+SampleResult TokenLogprobs(std::span<const float> logits, int32_t token, int32_t k) {
+  SampleResult result;
+  result.token = token;
+  const size_t n = logits.size();
+  if (n == 0 || token < 0 || static_cast<size_t>(token) >= n) return result;
   double max = logits[static_cast<size_t>(Argmax(logits))];
   double sum = 0.0;
   for (float l : logits) sum += std::exp(static_cast<double>(l) - max);
   const double log_z = max + std::log(sum);
   result.logprob =
-      static_cast<float>(static_cast<double>(logits[static_cast<size_t>(result.token)]) - log_z);
-  if (params.logprobs > 0) {
-    const size_t k = std::min(n, static_cast<size_t>(params.logprobs));
+      static_cast<float>(static_cast<double>(logits[static_cast<size_t>(token)]) - log_z);
+  if (k > 0) {
+    const size_t top = std::min(n, static_cast<size_t>(k));
     std::vector<int32_t> order(n);
     std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+    std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(top), order.end(),
                       [&](int32_t a, int32_t b) {
                         const float la = logits[static_cast<size_t>(a)];
                         const float lb = logits[static_cast<size_t>(b)];
                         return la != lb ? la > lb : a < b;
                       });
-    result.top_logprobs.reserve(k);
-    for (size_t i = 0; i < k; ++i) {
+    result.top_logprobs.reserve(top);
+    for (size_t i = 0; i < top; ++i) {
       result.top_logprobs.emplace_back(
           order[i],
           static_cast<float>(static_cast<double>(logits[static_cast<size_t>(order[i])]) - log_z));

@@ -80,6 +80,14 @@ struct SampleResult {
 SampleResult Sample(std::span<const float> logits, const SamplingParams& params,
                     int64_t output_index, const SamplingHistory& history = {});
 
+/// Log-probability of `token` under the full softmax at temperature 1 of the raw `logits`
+/// [vocab_size] (natural log, computed in double), and the `k` most likely tokens with theirs,
+/// descending (ties: lower id first); k <= 0: none. What Sample() reports for a sampled token, and
+/// what the engine reports for a prompt token (echo with logprobs: `logits` = the row of the
+/// position before it). A token outside [0, vocab_size) gives logprob 0 and no top list. Pure:
+/// thread-safe.
+SampleResult TokenLogprobs(std::span<const float> logits, int32_t token, int32_t k);
+
 /// Applies logit_bias, suppression and penalties (in vLLM's order) to `logits` in place.
 /// Exposed for tests; Sample() calls it. Pure apart from `logits`.
 void ApplyLogitsProcessors(std::span<float> logits, const SamplingParams& params,

@@ -126,7 +126,7 @@ Status SimExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
       return InvalidArgument("sim: block table too short");
     }
     shape.push_back(SimChunk{c.start_pos, static_cast<int64_t>(c.tokens.size())});
-    num_logits += c.want_logits ? 1 : 0;
+    num_logits += c.logit_rows();
   }
   if (logits.size() < static_cast<size_t>(num_logits) * vocab) {
     return InvalidArgument("sim: logits span too small");
@@ -147,11 +147,15 @@ Status SimExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   }
   size_t row = 0;
   for (size_t k = 0; k < batch.size(); ++k) {
-    if (!batch[k].want_logits) continue;
-    std::span<float> out = logits.subspan(row++ * vocab, vocab);
-    std::fill(out.begin(), out.end(), 0.0f);
-    const uint64_t pick = XXH3_64bits_withSeed(&hashes_[k].back(), 8, 0x746f6b);
-    out[kFirstWordId + pick % (vocab - kFirstWordId)] = 20.0f;
+    // One row per scored position (the chunk's last, or every one with all_logits): a spike on a
+    // word picked by the chain hash up to that position.
+    const auto rows = static_cast<size_t>(batch[k].logit_rows());
+    for (size_t i = hashes_[k].size() - rows; i < hashes_[k].size(); ++i) {
+      std::span<float> out = logits.subspan(row++ * vocab, vocab);
+      std::fill(out.begin(), out.end(), 0.0f);
+      const uint64_t pick = XXH3_64bits_withSeed(&hashes_[k][i], 8, 0x746f6b);
+      out[kFirstWordId + pick % (vocab - kFirstWordId)] = 20.0f;
+    }
   }
   if (options_.sleep) {
     std::this_thread::sleep_until(

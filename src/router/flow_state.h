@@ -5,9 +5,12 @@
 
 #include <httplib.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +18,7 @@
 #include "router/instance_pool.h"
 #include "router/leg.h"
 #include "router/pd_legs.h"
+#include "router/prompt_echo.h"
 #include "router/request_flow.h"
 
 namespace kvpush::router {
@@ -41,8 +45,9 @@ inline Reply ErrorReply(int status, const std::string& message, const std::strin
 }
 
 /// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
-/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled` and `prefill_failure`:
-/// whichever comes first of "P's leg failed" and "the handler decided the client's answer" wins.
+/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled`, `prefill_failure`,
+/// `prefill_done` and `prompt_echo`: whichever comes first of "P's leg failed" and "the handler
+/// decided the client's answer" wins.
 struct RequestFlow::Transfer {
   enum class Stage { kOpen, kStreaming, kDone };
 
@@ -54,11 +59,16 @@ struct RequestFlow::Transfer {
   Role d_role = Role::kDecode;  ///< the answering instance: D, or colocated (no P, no transfer)
   InstanceAddress p_addr, d_addr;
   std::shared_ptr<Leg> p_leg, d_leg;
+  /// Echo with logprobs (WantsPromptEcho): D's choices get P's prompt_echo (set before the legs).
+  bool echo_logprobs = false;
 
   std::mutex mu;
+  std::condition_variable prefill_cv;  ///< notified when prefill_done is set
   Stage stage = Stage::kOpen;
-  bool prefill_settled = false;          ///< push: P's leg ended without failing the request
-  std::optional<Reply> prefill_failure;  ///< push: P's leg failed while D's answer was open
+  bool prefill_settled = false;           ///< push: P's leg ended without failing the request
+  std::optional<Reply> prefill_failure;   ///< push: P's leg failed while D's answer was open
+  bool prefill_done = false;              ///< P's leg is over, whatever its outcome
+  std::optional<PromptEcho> prompt_echo;  ///< P's answer's prompt_echo (echo_logprobs only)
 
   /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
   /// P's leg failed first, returns P's failure instead, which the client gets.
@@ -83,9 +93,28 @@ struct RequestFlow::Transfer {
     prefill_failure = std::move(reply);
     return true;
   }
-  void SettlePrefill() {
+  /// P's leg ended without failing the request; `echo` is its answer's prompt_echo, if any.
+  void SettlePrefill(std::optional<PromptEcho> echo = std::nullopt) {
     std::lock_guard<std::mutex> lock(mu);
     prefill_settled = true;
+    if (echo) prompt_echo = std::move(echo);
+  }
+  /// P's leg is over (settled, failed or closed by the router): wakes WaitPrefillDone.
+  void MarkPrefillDone() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      prefill_done = true;
+    }
+    prefill_cv.notify_all();
+  }
+  /// Waits until MarkPrefillDone, at most `timeout`; returns whether it came.
+  bool WaitPrefillDone(std::chrono::milliseconds timeout) {
+    std::unique_lock<std::mutex> lock(mu);
+    return prefill_cv.wait_for(lock, timeout, [this] { return prefill_done; });
+  }
+  std::optional<PromptEcho> PromptEchoOf() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prompt_echo;
   }
   bool PrefillEnded() {
     std::lock_guard<std::mutex> lock(mu);
@@ -103,7 +132,10 @@ struct RequestFlow::StreamState {
   std::shared_ptr<DecodeStream> stream;
   InstanceLease decode_lease;
   std::vector<std::string> held;  ///< events taken before the client's stream started
-  bool terminal_sent = false;     ///< [DONE] or an error event was relayed
+  /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
+  std::optional<PromptEcho> prompt_echo;
+  std::set<int64_t> echoed;
+  bool terminal_sent = false;  ///< [DONE] or an error event was relayed
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
 };

@@ -12,6 +12,7 @@
 #include "router/decode_stream.h"
 #include "router/flow_state.h"
 #include "router/leg.h"
+#include "router/prompt_echo.h"
 #include "router/prompt_list.h"
 #include "router/router.h"
 #include "router/sse_splitter.h"
@@ -103,6 +104,26 @@ std::vector<std::string> HoldUntilOutput(const std::function<bool()>& prefill_en
   }
 }
 
+/// Push with echo and logprobs, streamed: keeps the client's 200 back until P's leg is over, so
+/// that its prompt_echo (or its failure) is known before D's first event is relayed. Returns the
+/// events taken meanwhile, in order.
+std::vector<std::string> HoldUntilPrefillDone(RequestFlow::Transfer& t, DecodeStream& ds,
+                                              std::chrono::milliseconds limit) {
+  std::vector<std::string> held;
+  while (!t.WaitPrefillDone(std::chrono::milliseconds(0))) {
+    if (ds.TakeEvents(std::chrono::milliseconds(10), &held)) {
+      t.WaitPrefillDone(limit);  // D's stream is over; P's answer follows its KV
+      break;
+    }
+  }
+  return held;
+}
+
+/// The 502 for a P/D request with echo and logprobs whose P answered no usable prompt_echo.
+Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why) {
+  return ErrorReply(502, why + " (" + t.p_addr.url + ")", "server_error", "bad_prefill_answer");
+}
+
 }  // namespace
 
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
@@ -136,6 +157,9 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
                 TransferModeName(tm), pull_profile.empty() ? "" : "/" + pull_profile,
                 t->transfer_id, t->p_addr.url, t->d_addr.url, t->stream);
   t->p_leg = r.NewLeg(t->p_addr, Role::kPrefill);
+  // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo; D
+  // echoes nothing, and the router puts P's part before D's choices (prompt_echo.h).
+  t->echo_logprobs = WantsPromptEcho(t->path, body);
   json d_body;
   if (tm == TransferMode::kPush) {
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
@@ -144,10 +168,12 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
       return fail(503, "router is shutting down", "shutting_down");
     }
     d_body = MakeDecodePushBody(body, t->transfer_id, t->p_addr);
+    if (t->echo_logprobs) d_body["echo"] = false;
   } else {
     std::optional<json> d = RunPullPrefill(*t, *p_lease, body, pull_profile, res);
     if (!d) return;
     d_body = std::move(*d);
+    if (t->echo_logprobs) d_body["echo"] = false;
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);
   }
   if (!t->stream) return AnswerJson(t, d_body.dump(), std::move(*d_lease), res);
@@ -247,6 +273,7 @@ bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease le
   auto held = std::make_shared<InstanceLease>(std::move(lease));
   const bool queued = r.workers_->Submit([&r, t, held, sent]() mutable {
     RunPushPrefill(r, *t, *held, *sent ? **sent : t->p_leg->ReadAnswer());
+    t->MarkPrefillDone();
     // Legs and leases point into the router: let go of them before Stop() may return.
     t.reset();
     held->Release();
@@ -264,7 +291,12 @@ void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
   if (pr.answered && (pr.status == 200 || IsDroppedPrefillAnswer(pr))) {
     spdlog::debug("request {}: prefill leg answered HTTP {}: {}", t.request_id, pr.status,
                   Head(pr.body));
-    t.SettlePrefill();
+    std::optional<PromptEcho> echo;
+    if (t.echo_logprobs && pr.status == 200) {
+      auto e = ParsePromptEcho(json::parse(pr.body, nullptr, /*allow_exceptions=*/false));
+      if (e.ok()) echo = std::move(e).value();
+    }
+    t.SettlePrefill(std::move(echo));
     return;
   }
   if (!pr.answered && pr.stopped && pr.cut_reason.empty()) {
@@ -304,7 +336,17 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
     LegFailureReply(Role::kPrefill, t.p_addr, pr).WriteTo(res);
     return std::nullopt;
   }
-  auto d = MakeDecodePullBody(body, json::parse(pr.body, nullptr, false), pull_profile);
+  const json answer = json::parse(pr.body, nullptr, false);
+  auto d = MakeDecodePullBody(body, answer, pull_profile);
+  if (d.ok() && t.echo_logprobs) {
+    auto echo = ParsePromptEcho(answer);
+    if (!echo.ok()) {
+      d = echo.status();
+    } else {
+      t.SettlePrefill(std::move(echo).value());
+      t.MarkPrefillDone();
+    }
+  }
   if (!d.ok()) {
     r.CountLegFailure(Role::kPrefill);
     r.CountRequest(t.mode, false);
@@ -343,11 +385,36 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
                              InstanceLease d_lease, httplib::Response& res) {
   Router& r = router_;
   const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
+  if (t->echo_logprobs && dr.answered && dr.status == 200) {
+    // P's answer (its prompt_echo) follows the KV that D already has.
+    t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));
+  }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);
   }
   if (!dr.answered || dr.status != 200) return DecodeFailed(*t, d_lease, dr, res);
+  if (t->echo_logprobs) {
+    const std::optional<PromptEcho> echo = t->PromptEchoOf();
+    json answer = json::parse(dr.body, nullptr, /*allow_exceptions=*/false);
+    if (!echo) {
+      r.CountLegFailure(Role::kPrefill);
+      r.CountRequest(t->mode, false);
+      return NoPromptEcho(*t, "prefill instance returned no prompt_echo").WriteTo(res);
+    }
+    if (!answer.is_object()) {
+      r.CountLegFailure(t->d_role);
+      r.CountRequest(t->mode, false);
+      return ErrorReply(502, "decode instance returned a body that is not a JSON object",
+                        "server_error", "bad_decode_answer")
+          .WriteTo(res);
+    }
+    PrependPromptEchoToAnswer(answer, *echo);
+    r.CountRequest(t->mode, true);
+    Reply merged = Forwarded(dr);
+    merged.body = answer.dump(-1, ' ', false, json::error_handler_t::replace);
+    return merged.WriteTo(res);
+  }
   r.CountRequest(t->mode, true);
   Forwarded(dr).WriteTo(res);
 }
@@ -360,19 +427,32 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   const int status = ds->Start(t->path, t->request_id, d_body);
   std::vector<std::string> held;
   if (status == 200 && t->mode == TransferMode::kPush) {
-    held = HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
+    held = t->echo_logprobs
+               ? HoldUntilPrefillDone(*t, *ds, std::chrono::milliseconds(t->d_leg->io_timeout_ms()))
+               : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
   }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);  // ds's destructor closes D's leg
   }
   if (status != 200) return DecodeFailed(*t, d_lease, ds->WaitFinished(), res);
+  std::optional<PromptEcho> echo;
+  if (t->echo_logprobs) {
+    echo = t->PromptEchoOf();
+    if (!echo) {  // nothing relayed yet: a plain error; ds's destructor closes D's leg
+      t->Finish();
+      r.CountLegFailure(Role::kPrefill);
+      r.CountRequest(t->mode, false);
+      return NoPromptEcho(*t, "prefill instance returned no prompt_echo").WriteTo(res);
+    }
+  }
 
   auto st = std::make_shared<StreamState>();
   st->t = t;
   st->stream = ds;
   st->decode_lease = std::move(d_lease);
   st->held = std::move(held);
+  st->prompt_echo = std::move(echo);
   res.status = 200;
   if (capture != nullptr) {  // one prompt of a list: the merged stream relays it
     *capture = std::move(st);
@@ -400,7 +480,14 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
   for (const std::string& e : events) {
     if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
     const SseEventKind kind = ClassifySseEvent(e);
-    if (!sink.write(e.data(), e.size())) return false;
+    std::string out;
+    if (st.prompt_echo && kind == SseEventKind::kData) {
+      // Echo with logprobs: P's prompt part leads each choice's first event.
+      json chunk = ParseSseData(e);
+      if (PrependPromptEchoToChunk(chunk, *st.prompt_echo, &st.echoed)) out = SseEvent(chunk);
+    }
+    const std::string& ev = out.empty() ? e : out;
+    if (!sink.write(ev.data(), ev.size())) return false;
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {
       st.terminal_sent = true;

@@ -65,6 +65,8 @@ struct RequestState {
   /// arrived (SubmitForks).
   std::vector<std::pair<size_t, GenerationRequest>> deferred;
   std::vector<std::string> echo;  ///< per choice: prompt text still to prepend (echo = true)
+  std::vector<bool> echo_sent;    ///< streamed: the choice's first event (echo) was written
+  std::string prompt_echo;  ///< P leg with echo and logprobs: BuildPromptEcho (JSON object text)
   std::vector<bool> role_sent;
   size_t num_finished = 0;
   bool done_sent = false;
@@ -77,6 +79,7 @@ struct RequestState {
     ChoiceResult& c = choices[i];
     c.text += o.text;
     c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());
+    if (!o.prompt_logprobs.empty()) c.prompt.scored = o.prompt_logprobs;
     c.prompt_tokens = o.num_prompt_tokens;
     c.completion_tokens = o.num_output_tokens;
     c.cached_tokens = o.num_cached_tokens;
@@ -141,6 +144,9 @@ GenerationRequest MakeGeneration(const OpenAiRequest& r, const KvTransferParams&
   g.sampling.logit_bias = r.logit_bias;
   g.sampling.seed = seed + static_cast<uint64_t>(j);
   g.sampling.logprobs = r.logprobs;
+  // Echo with logprobs: the prompt's logprobs, top `logprobs` each (vLLM's completions set
+  // prompt_logprobs = logprobs when echo is on).
+  if (r.kind == ApiKind::kCompletion && r.echo && r.logprobs >= 0) g.prompt_logprobs = r.logprobs;
   g.stop = r.stop;
   g.stop_token_ids = r.stop_token_ids;
   g.ignore_eos = r.ignore_eos;
@@ -249,6 +255,16 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
                                                "prompt"));
     }
   }
+  // Echo with logprobs needs the prompt's logits, which P computes: the router gives D echo
+  // false and puts P's `prompt_echo` before D's choices (docs/router.md).
+  const bool echo_logprobs = kind == ApiKind::kCompletion && r.echo && r.logprobs >= 0;
+  if (echo_logprobs && kv.role == KvTransferParams::Role::kConsumer) {
+    return ReplyError(res, ApiError::Invalid("echo with logprobs on a P/D decode leg: the prompt "
+                                             "logprobs are computed by the prefill instance (the "
+                                             "router sends D echo false and merges P's "
+                                             "prompt_echo)",
+                                             "echo"));
+  }
   // n > 1 on a P/D request: P prefills once and samples choice 0's first token (seed + 0); D
   // forks the other choices after the KV arrived (SubmitForks).
   if (kv.role == KvTransferParams::Role::kProducer) r.n = 1;
@@ -338,6 +354,9 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     if (r.echo) {
       st->echo.insert(st->echo.end(), static_cast<size_t>(r.n), EchoText(r, p, tok, ids));
     }
+    if (echo_logprobs && kv.role == KvTransferParams::Role::kProducer) {
+      st->prompt_echo = EchoText(r, p, tok, ids);  // text for now; the JSON once computed
+    }
     prompts.push_back(std::move(ids));
   }
 
@@ -410,8 +429,12 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
   }
   st->choices.resize(st->handles.size());
-  for (size_t k = 0; k < st->choices.size(); ++k) st->choices[k].counts_prompt = counts_prompt[k];
+  for (size_t k = 0; k < st->choices.size(); ++k) {
+    st->choices[k].counts_prompt = counts_prompt[k];
+    if (echo_logprobs) st->choices[k].prompt.ids = prompts[k / static_cast<size_t>(r.n)];
+  }
   st->role_sent.assign(st->handles.size(), false);
+  st->echo_sent.assign(st->handles.size(), false);
 
   if (!r.stream) {
     // Wait for every choice (bounded by max_tokens); abort if the server stops meanwhile.
@@ -440,12 +463,20 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     if (st->failed) return ReplyError(res, st->error);
     for (size_t k = 0; k < st->echo.size(); ++k) st->choices[k].text.insert(0, st->echo[k]);
     res.status = 200;
-    if (st->kv_transfer_params.empty()) {
+    const bool prompt_echo = echo_logprobs && kv.role == KvTransferParams::Role::kProducer;
+    if (st->kv_transfer_params.empty() && !prompt_echo) {
       res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
       return;
     }
     auto body = nlohmann::json::parse(BuildResponse(st->meta, st->choices, tok));
-    body["kv_transfer_params"] = nlohmann::json::parse(st->kv_transfer_params);
+    if (!st->kv_transfer_params.empty()) {
+      body["kv_transfer_params"] = nlohmann::json::parse(st->kv_transfer_params);
+    }
+    if (prompt_echo) {
+      // P/D internal: the prompt's part of the answer, which the router puts before D's.
+      body["prompt_echo"] =
+          nlohmann::json::parse(BuildPromptEcho(st->prompt_echo, st->choices[0].prompt, tok));
+    }
     res.set_content(body.dump(), "application/json");
     return;
   }
@@ -494,15 +525,21 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
             if (!write("data: " + e.ToJson() + "\n\n")) return false;
             continue;
           }
-          if (i < st->echo.size() && !st->echo[i].empty()) {
-            o.text.insert(0, st->echo[i]);  // echo: the prompt leads the choice's first event
-            st->echo[i].clear();
+          // Echo: the prompt (and with logprobs its part of them) leads the choice's first event.
+          PromptLogprobs prompt;
+          const bool first = !st->echo_sent[i];
+          st->echo_sent[i] = true;
+          if (first && i < st->echo.size()) o.text.insert(0, st->echo[i]);
+          if (first && !st->choices[i].prompt.ids.empty()) {
+            prompt.ids = st->choices[i].prompt.ids;
+            prompt.scored = std::move(o.prompt_logprobs);
           }
           if (o.text.empty() && !o.finished() && !st->meta.logprobs && !st->meta.token_ids)
             continue;
           if (!write(BuildStreamChunk(st->meta, static_cast<int>(i), o.text, o.tokens,
                                       o.finish_reason, o.stop_reason, o.stop_token_id, false,
-                                      st->include_usage, tok))) {
+                                      st->include_usage, tok,
+                                      prompt.ids.empty() ? nullptr : &prompt))) {
             return false;
           }
         }

@@ -401,11 +401,6 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
     v.reset();
     if (auto e = GetInt(body, "logprobs", 0, kMaxLogprobs, v)) return *e;
     if (v) r.logprobs = static_cast<int32_t>(*v);
-    if (r.echo && r.logprobs >= 0) {
-      return *NotSupported("echo",
-                           "echo with logprobs needs prompt logprobs, which kvpush "
-                           "does not compute");
-    }
   } else {
     bool want = false;
     if (auto e = GetBool(body, "logprobs", want)) return *e;

@@ -69,7 +69,7 @@ struct OpenAiRequest {
   /// [-100, 100]. The vocabulary is checked by the engine.
   std::vector<std::pair<int32_t, float>> logit_bias;
   int32_t n = 1;          ///< choices per prompt, [1, kMaxN]
-  bool echo = false;      ///< completions: prepend the prompt to each choice's text
+  bool echo = false;      ///< completions: prepend the prompt to each choice's text (and logprobs)
   int32_t logprobs = -1;  ///< -1 = none; n >= 0 = sampled token + top n (<= 20)
   bool stream = false;
   bool include_usage = false;     ///< stream_options.include_usage
@@ -84,7 +84,7 @@ inline constexpr int32_t kMaxN = 128;
 
 /// Parses `body` for endpoint `kind`. Errors (ApiError, HTTP 400, invalid_request_error, param
 /// naming the field): malformed JSON, a non-object body, wrong field types, out-of-range values,
-/// best_of != 1, echo with logprobs (prompt logprobs), unsupported features (suffix, tools,
+/// best_of != 1, unsupported features (suffix, tools,
 /// beam search, structured outputs, prompt logprobs, ... — docs/server.md lists each), a
 /// non-default value of a known field that would change the output and is not implemented,
 /// stream_options without stream. Fields that change nothing here (user, metadata, store,

@@ -22,23 +22,40 @@ std::string Piece(const Tokenizer& tok, int32_t id) {
   return tok.TokenBytes(id);
 }
 
-json CompletionLogprobs(const std::vector<TokenOutput>& tokens, const Tokenizer& tok,
-                        size_t text_offset) {
+/// Completion `logprobs` of `prompt` (may be null: echo with logprobs only) then `tokens`, text
+/// offsets counted in token bytes from `text_offset`; `*end_offset` (if given) gets the offset
+/// after the last token.
+json CompletionLogprobs(const PromptLogprobs* prompt, const std::vector<TokenOutput>& tokens,
+                        const Tokenizer& tok, size_t text_offset, size_t* end_offset = nullptr) {
   json l = {{"tokens", json::array()},
             {"token_logprobs", json::array()},
             {"top_logprobs", json::array()},
             {"text_offset", json::array()}};
-  for (const auto& t : tokens) {
-    std::string piece = Piece(tok, t.id);
+  // One entry; t == nullptr: a token without logprobs (the prompt's first), vLLM's nulls.
+  auto add = [&](int32_t id, const TokenOutput* t) {
+    std::string piece = Piece(tok, id);
     l["tokens"].push_back(piece);
-    l["token_logprobs"].push_back(t.logprob);
-    json top = json::object();
-    for (const auto& [id, lp] : t.top_logprobs) top[Piece(tok, id)] = lp;
-    top[piece] = t.logprob;
-    l["top_logprobs"].push_back(top);
+    if (t == nullptr) {
+      l["token_logprobs"].push_back(nullptr);
+      l["top_logprobs"].push_back(nullptr);
+    } else {
+      l["token_logprobs"].push_back(t->logprob);
+      json top = json::object();
+      for (const auto& [tid, lp] : t->top_logprobs) top[Piece(tok, tid)] = lp;
+      top[piece] = t->logprob;
+      l["top_logprobs"].push_back(top);
+    }
     l["text_offset"].push_back(text_offset);
     text_offset += piece.size();
+  };
+  if (prompt != nullptr) {
+    for (size_t i = 0; i < prompt->ids.size(); ++i) {
+      const bool scored = i > 0 && i - 1 < prompt->scored.size();
+      add(prompt->ids[i], scored ? &prompt->scored[i - 1] : nullptr);
+    }
   }
+  for (const auto& t : tokens) add(t.id, &t);
+  if (end_offset != nullptr) *end_offset = text_offset;
   return l;
 }
 
@@ -108,8 +125,9 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
       choice["logprobs"] = meta.logprobs ? ChatLogprobs(c.tokens, tokenizer) : json(nullptr);
     } else {
       choice["text"] = c.text;
+      const PromptLogprobs* prompt = c.prompt.ids.empty() ? nullptr : &c.prompt;
       choice["logprobs"] =
-          meta.logprobs ? CompletionLogprobs(c.tokens, tokenizer, 0) : json(nullptr);
+          meta.logprobs ? CompletionLogprobs(prompt, c.tokens, tokenizer, 0) : json(nullptr);
     }
     if (meta.token_ids) {
       json ids = json::array();
@@ -126,7 +144,8 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
 std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::string& text,
                              const std::vector<TokenOutput>& tokens, FinishReason finish,
                              const std::string& stop_reason, int32_t stop_token_id, bool first,
-                             bool usage_null, const Tokenizer& tokenizer) {
+                             bool usage_null, const Tokenizer& tokenizer,
+                             const PromptLogprobs* prompt) {
   const bool chat = meta.kind == ApiKind::kChat;
   json choice = {{"index", index}};
   json fr = finish == FinishReason::kNone ? json(nullptr) : json(FinishReasonString(finish));
@@ -139,8 +158,9 @@ std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::str
         meta.logprobs && !tokens.empty() ? ChatLogprobs(tokens, tokenizer) : json(nullptr);
   } else {
     choice["text"] = text;
+    const bool any = !tokens.empty() || prompt != nullptr;
     choice["logprobs"] =
-        meta.logprobs && !tokens.empty() ? CompletionLogprobs(tokens, tokenizer, 0) : json(nullptr);
+        meta.logprobs && any ? CompletionLogprobs(prompt, tokens, tokenizer, 0) : json(nullptr);
   }
   if (meta.token_ids) {
     json ids = json::array();
@@ -159,6 +179,14 @@ std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::str
             {"choices", json::array({choice})}};
   if (usage_null) j["usage"] = nullptr;
   return "data: " + Dump(j) + "\n\n";
+}
+
+std::string BuildPromptEcho(const std::string& echo_text, const PromptLogprobs& prompt,
+                            const Tokenizer& tokenizer) {
+  size_t end = 0;
+  json logprobs = CompletionLogprobs(&prompt, {}, tokenizer, 0, &end);
+  return Dump(
+      json{{"text", echo_text}, {"logprobs", std::move(logprobs)}, {"text_offset_end", end}});
 }
 
 std::string BuildUsageChunk(const ResponseMeta& meta, const UsageCounts& usage) {

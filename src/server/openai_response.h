@@ -33,6 +33,14 @@ struct UsageCounts {
   int64_t cached_tokens = 0;  ///< prompt tokens this instance's prefix cache served
 };
 
+/// The prompt's part of a completion choice's `logprobs` (echo with logprobs, vLLM): the
+/// prompt's token ids and the logprobs of tokens 1.. (RequestOutput::prompt_logprobs; the first
+/// token has none: null logprob and top_logprobs).
+struct PromptLogprobs {
+  std::vector<int32_t> ids;
+  std::vector<TokenOutput> scored;  ///< scored[i] is ids[i + 1]; missing entries print as null
+};
+
 /// Everything one choice produced (accumulated from RequestOutputs).
 struct ChoiceResult {
   std::string text;
@@ -46,6 +54,9 @@ struct ChoiceResult {
   /// The first choice of its prompt: its prompt counts in usage (n > 1 samples of one prompt
   /// count the prompt once, as vLLM does).
   bool counts_prompt = true;
+  /// Echo with logprobs (completions): the prompt's part, which leads the choice's logprobs.
+  /// Empty ids: none.
+  PromptLogprobs prompt;
 };
 
 /// Usage summed over `choices` (prompts counted once, see ChoiceResult::counts_prompt).
@@ -61,11 +72,21 @@ std::string BuildResponse(const ResponseMeta& meta, const std::vector<ChoiceResu
 /// One SSE event "data: {...}\n\n" for choice `index` carrying `text` and the logprobs of
 /// `tokens`; `finish` != kNone adds finish_reason and stop_reason (`stop_token_id` >= 0: that
 /// id, else `stop_reason` or null). `first` (chat) adds role "assistant". `usage_null` adds
-/// "usage": null (stream_options.include_usage).
+/// "usage": null (stream_options.include_usage). `prompt` (completions, echo with logprobs: the
+/// choice's first event) leads the logprobs, and the text offsets of `tokens` continue after it.
 std::string BuildStreamChunk(const ResponseMeta& meta, int index, const std::string& text,
                              const std::vector<TokenOutput>& tokens, FinishReason finish,
                              const std::string& stop_reason, int32_t stop_token_id, bool first,
-                             bool usage_null, const Tokenizer& tokenizer);
+                             bool usage_null, const Tokenizer& tokenizer,
+                             const PromptLogprobs* prompt = nullptr);
+
+/// A P/D prefill instance's `prompt_echo` for a completion with echo and logprobs (JSON object
+/// text): {"text": `echo_text`, "logprobs": the prompt's part of the choice logprobs
+/// ({tokens, token_logprobs, top_logprobs, text_offset}, offsets from 0), "text_offset_end":
+/// the offset where the generated tokens' text_offset continues}. The router puts it before
+/// D's choices (docs/router.md, "Echo with logprobs").
+std::string BuildPromptEcho(const std::string& echo_text, const PromptLogprobs& prompt,
+                            const Tokenizer& tokenizer);
 
 /// The final usage event (choices: []) for include_usage.
 std::string BuildUsageChunk(const ResponseMeta& meta, const UsageCounts& usage);

@@ -74,7 +74,7 @@ Status FakeExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   const int32_t bs = L.block_size;
   int64_t step_tokens = 0;
   size_t need_logits = 0;
-  for (const auto& c : batch) need_logits += c.want_logits ? 1 : 0;
+  for (const auto& c : batch) need_logits += static_cast<size_t>(c.logit_rows());
   if (logits.size() < need_logits * static_cast<size_t>(config_.vocab_size)) {
     return InvalidArgument("logits span too small");
   }
@@ -106,11 +106,13 @@ Status FakeExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   if (observer != nullptr) {
     for (int32_t layer = 0; layer < L.num_layers; ++layer) observer->OnLayerDone(layer);
   }
-  // Read phase: logits from the cache content of positions [0, end).
+  // Read phase: logits from the cache content of positions [0, p] for each scored position p (the
+  // chunk's last, or every one with all_logits).
   size_t row = 0;
   for (const auto& c : batch) {
-    if (!c.want_logits) continue;
     const int32_t end = c.start_pos + static_cast<int32_t>(c.tokens.size());
+    const auto rows = static_cast<int32_t>(c.logit_rows());
+    if (rows == 0) continue;
     uint64_t h = 0;
     for (int32_t pos = 0; pos < end; ++pos) {
       const BlockId b = c.block_table[static_cast<size_t>(pos / bs)];
@@ -120,10 +122,11 @@ Status FakeExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
                         std::to_string(c.seq_id) + " was never written to its block");
       }
       h = Mix(h, Mix(static_cast<uint64_t>(k[0]), static_cast<uint64_t>(pos)));
+      if (pos < end - rows) continue;
+      LogitsFromHash(h, logits.subspan(row * static_cast<size_t>(config_.vocab_size),
+                                       static_cast<size_t>(config_.vocab_size)));
+      ++row;
     }
-    LogitsFromHash(h, logits.subspan(row * static_cast<size_t>(config_.vocab_size),
-                                     static_cast<size_t>(config_.vocab_size)));
-    ++row;
   }
   if (probe_) {
     probe_->steps++;

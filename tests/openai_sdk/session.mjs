@@ -1,6 +1,6 @@
 // A scripted session of the OpenAI Node SDK (npm `openai`, pinned by package-lock.json) against
 // kvpush's router: completions, chat, streaming with include_usage, n, lists of prompts,
-// logprobs, seeds and one expected 400. Every step must succeed without an SDK error (an
+// logprobs (also with echo), seeds and one expected 400. Every step must succeed without an SDK error (an
 // exception, a failed parse, a stream the SDK cannot read) and give the values the API defines.
 //
 // Usage: node session.mjs BASE_URL [MODE]   (BASE_URL like http://127.0.0.1:8000/v1; MODE, when
@@ -76,6 +76,25 @@ const steps = [
     check(lp && lp.tokens.length === lp.token_logprobs.length, "tokens and logprobs");
     check(lp.top_logprobs.every((t) => Object.keys(t).length >= 1), "top_logprobs");
     check(lp.token_logprobs.every((x) => x <= 0), "logprobs <= 0");
+  }],
+  ["completions echo + logprobs", async () => {
+    const plain = await client.completions.create({
+      model, prompt, max_tokens: 6, temperature: 0, logprobs: 2 });
+    const r = await client.completions.create({
+      model, prompt, max_tokens: 6, temperature: 0, logprobs: 2, echo: true });
+    const lp = r.choices[0].logprobs;
+    const n = r.usage.prompt_tokens;
+    check(r.choices[0].text === prompt + plain.choices[0].text, "prompt leads the text");
+    check(lp.tokens.length === n + plain.choices[0].logprobs.tokens.length,
+          "prompt tokens then generated tokens");
+    check(lp.token_logprobs[0] === null && lp.top_logprobs[0] === null, "first prompt token null");
+    check(lp.token_logprobs.slice(1).every((x) => x <= 0), "logprobs <= 0");
+    check(JSON.stringify(lp.token_logprobs.slice(n)) ===
+          JSON.stringify(plain.choices[0].logprobs.token_logprobs), "generated part as plain");
+    const chunks = await drain(await client.completions.create({
+      model, prompt, max_tokens: 6, temperature: 0, logprobs: 2, echo: true, stream: true }));
+    check(chunks[0].choices[0].logprobs.tokens.length === n + 1, "prompt part in first event");
+    check(chunks.map((c) => c.choices[0].text).join("") === r.choices[0].text, "stream text");
   }],
   ["completions stream include_usage", async () => {
     const stream = await client.completions.create({

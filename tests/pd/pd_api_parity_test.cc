@@ -9,15 +9,19 @@
 // from `id`, `created` and `usage.prompt_tokens_details` (a prefix-cache count that depends on
 // what each instance saw before), event by event when streamed; an invalid request gets the same
 // 400 body from both. Values vLLM defines are asserted too (stop_reason of a stop token id,
-// min_tokens holding off stops, min_p 0.99 = greedy, echo, n's indexes, cached_tokens).
+// min_tokens holding off stops, min_p 0.99 = greedy, echo, n's indexes, cached_tokens). Echo with
+// logprobs runs through the router only (it merges P's prompt_echo into D's choices), including
+// a prompt D already holds (D tells P it needs no KV; P still answers the prompt's part).
 #include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <future>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "pd_fixture.h"
@@ -328,8 +332,28 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"list + n 2 seeded", C, with(list, {{"n", 2}, {"temperature", 0.9}, {"seed", 77}}), 200,
        true},
   };
+  // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo, D gets
+  // echo false, the router merges (docs/router.md). Through the router only: a D leg given echo
+  // with logprobs refuses it (the direct legs here would need the router's merge).
+  const std::vector<Row> echo_logprobs = {
+      {"echo + logprobs", C, with(base, {{"echo", true}, {"logprobs", 2}}), 200, true},
+      {"echo + logprobs 0 token prompt", C,
+       with(base, {{"echo", true}, {"logprobs", 0}, {"prompt", {1, ids[0], ids[1], ids[2]}}}), 200,
+       true},
+      {"n 2 + echo + logprobs seeded", C,
+       with(seeded, {{"n", 2}, {"echo", true}, {"logprobs", 3}, {"return_token_ids", true}}), 200,
+       true},
+      {"list + echo + logprobs", C, with(list, {{"echo", true}, {"logprobs", 1}}), 200, true},
+      {"mixed list + n 2 + echo + logprobs", C,
+       with(seeded, {{"prompt", json::array({"Once upon a time", tok_b})},
+                     {"n", 2},
+                     {"echo", true},
+                     {"logprobs", 2}}),
+       200, true},
+  };
   std::vector<Row> ok_all = ok;
   ok_all.insert(ok_all.end(), lists.begin(), lists.end());
+  ok_all.insert(ok_all.end(), echo_logprobs.begin(), echo_logprobs.end());
   std::vector<Row> rows;
   for (const Row& r : ok_all) {
     rows.push_back(r);
@@ -350,7 +374,6 @@ std::vector<Row> Table(const std::vector<int32_t>& ids) {
       {"logit_bias 200", C, with(base, {{"logit_bias", {{t0, 200}}}}), 400},
       {"min_tokens > max_tokens", C, with(base, {{"min_tokens", 30}, {"max_tokens", 10}}), 400},
       {"min_tokens -1", C, with(base, {{"min_tokens", -1}}), 400},
-      {"echo + logprobs", C, with(base, {{"echo", true}, {"logprobs", 1}}), 400},
       {"use_beam_search", C, with(base, {{"use_beam_search", true}}), 400},
       {"best_of 3", C, with(base, {{"best_of", 3}}), 400},
       {"stop_token_ids out of vocabulary", C, with(base, {{"stop_token_ids", {1000000}}}), 400},
@@ -446,6 +469,69 @@ TEST_F(PdApiParity, TableGivesTheColocatedBodyInPushAndPull) {
   std::printf("API parity table: %zu rows, %zu P/D or router requests compared with colocated\n",
               rows.size(), compared);
   EXPECT_GE(compared, 6 * 60u);
+
+  // Echo with logprobs of a prompt D already holds (the second run: a full prefix hit on D,
+  // which tells P it needs no KV): P still computes the prompt and its logprobs, and the answer
+  // is still the colocated one.
+  const json cached = {{"prompt",
+                        "A tiny red bird sat on the old fence and sang a happy song for the kids "
+                        "who walked by on their way to school."},
+                       {"max_tokens", 6},
+                       {"temperature", 0},
+                       {"echo", true},
+                       {"logprobs", 2}};
+  const double not_needed0 = Metric(d_->host, d_->port, "kvpush_kv_transfer_not_needed_total");
+  for (const std::string mode : {"router-push", "router-pull-fast", "router-pull-vllm"}) {
+    for (bool stream : {false, true}) {
+      Row row{"echo + logprobs, prompt cached on D", "/v1/completions", cached};
+      if (stream) row.body["stream"] = true;
+      const Answer ref = Post(*colo_, row.path, row.body);
+      ASSERT_EQ(ref.status, 200) << ref.body;
+      for (int run = 0; run < 2; ++run) {
+        const Answer got = RunPd(row, mode);
+        EXPECT_EQ(got.status, 200) << mode << " run " << run << ": " << got.body;
+        EXPECT_EQ(Comparable(got), Comparable(ref))
+            << mode << " stream " << stream << " run " << run << "\n  colocated: " << ref.body
+            << "\n  P/D:       " << got.body;
+      }
+    }
+  }
+  // Every mode's second runs were full prefix hits on D (D told P it needs no KV): still equal.
+  EXPECT_GE(Metric(d_->host, d_->port, "kvpush_kv_transfer_not_needed_total") - not_needed0, 6.0);
+
+  // Push, the order that races above made certain: D (a full prefix hit) told P it needs no KV
+  // before P's leg arrived. P still computes the prompt for its own answer: 200 with the
+  // prompt_echo the router merges, equal to the colocated prompt part.
+  {
+    const std::string tid = NewTransferId();
+    json d_leg = cached;
+    d_leg["echo"] = false;
+    d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
+                                   {"transfer_mode", "push"},   {"transfer_id", tid},
+                                   {"remote_host", p_->host},   {"remote_port", p_->port}};
+    const Answer d = Post(*d_, "/v1/completions", d_leg);
+    ASSERT_EQ(d.status, 200) << d.body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // NOT_NEEDED reaches P
+    json p_leg = cached;
+    p_leg["max_tokens"] = 1;
+    p_leg["kv_transfer_params"] = {{"do_remote_decode", true},
+                                   {"do_remote_prefill", false},
+                                   {"transfer_mode", "push"},
+                                   {"transfer_id", tid}};
+    const Answer p = Post(*p_, "/v1/completions", p_leg);
+    ASSERT_EQ(p.status, 200) << p.body;
+    const json pj = json::parse(p.body);
+    ASSERT_TRUE(pj.contains("prompt_echo")) << p.body;
+    const json ref = json::parse(Post(*colo_, "/v1/completions", cached).body);
+    const json& ref_lp = ref["choices"][0]["logprobs"];
+    const json& echo_lp = pj["prompt_echo"]["logprobs"];
+    const size_t n = ref["usage"]["prompt_tokens"].get<size_t>();
+    ASSERT_EQ(echo_lp["tokens"].size(), n);
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+      EXPECT_EQ(echo_lp[k], json(std::vector<json>(ref_lp[k].begin(), ref_lp[k].begin() + n))) << k;
+    }
+    EXPECT_EQ(pj["prompt_echo"]["text"], cached["prompt"]);
+  }
   // The prompts reached D over the connector (not recomputed there): KV-ready messages in push,
   // READs in pull.
   EXPECT_GE(Metric(d_->host, d_->port, kReady), 50.0);

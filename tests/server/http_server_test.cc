@@ -293,7 +293,7 @@ TEST_F(HttpServerTest, BadInputGetsOpenAiErrors) {
       {"/v1/completions", R"({"prompt":"a","top_k":-2})", 400, "top_k"},
       {"/v1/completions", R"({"prompt":"a","n":0})", 400, "n"},
       {"/v1/completions", R"({"prompt":"a","n":129})", 400, "n"},
-      {"/v1/completions", R"({"prompt":"a","echo":true,"logprobs":0})", 400, "echo"},
+      {"/v1/completions", R"({"prompt":"a","prompt_logprobs":1})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"prompt":"a","min_p":"abc"})", 400, "min_p"},
       {"/v1/completions", R"({"prompt":"a","min_p":5})", 400, "min_p"},
       {"/v1/completions", R"({"prompt":"a","max_tokens":4,"min_tokens":5})", 400, "min_tokens"},

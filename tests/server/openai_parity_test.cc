@@ -172,6 +172,88 @@ TEST_F(OpenAiParityTest, EchoPrependsThePrompt) {
   EXPECT_EQ(all, echo["choices"][0]["text"]);
 }
 
+// vLLM's echo with logprobs: the choice's logprobs cover the prompt then the completion; the
+// first prompt token has null token_logprobs and top_logprobs; tokens and text offsets run on
+// across both; the generated part is the one a plain logprobs request gets.
+TEST_F(OpenAiParityTest, EchoWithLogprobsCoversThePromptThenTheCompletion) {
+  const json base = {
+      {"prompt", "the cat sat"}, {"max_tokens", 5}, {"temperature", 0}, {"logprobs", 2}};
+  json plain = Complete(base);
+  json echo_body = base;
+  echo_body["echo"] = true;
+  json echo = Complete(echo_body);
+  const json& lp = echo["choices"][0]["logprobs"];
+  const json& gen = plain["choices"][0]["logprobs"];
+  const size_t prompt = echo["usage"]["prompt_tokens"].get<size_t>();
+  const size_t completion = gen["tokens"].size();
+  ASSERT_GE(prompt, 3u);
+  ASSERT_EQ(lp["tokens"].size(), prompt + completion);
+  for (const char* k : {"token_logprobs", "top_logprobs", "text_offset"}) {
+    ASSERT_EQ(lp[k].size(), prompt + completion) << k;
+  }
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  EXPECT_EQ(lp["text_offset"][0], 0);
+  for (size_t i = 1; i < prompt; ++i) {
+    ASSERT_TRUE(lp["token_logprobs"][i].is_number()) << i;
+    EXPECT_LE(lp["token_logprobs"][i].get<double>(), 0.0) << i;
+    const json& top = lp["top_logprobs"][i];
+    // The 2 best, plus the actual token when it is not among them (as for sampled tokens).
+    EXPECT_GE(top.size(), 2u) << i;
+    EXPECT_LE(top.size(), 3u) << i;
+    const std::string tok = lp["tokens"][i].get<std::string>();
+    ASSERT_TRUE(top.contains(tok)) << i;
+    EXPECT_EQ(top[tok], lp["token_logprobs"][i]) << i;
+  }
+  for (size_t i = 1; i < prompt + completion; ++i) {
+    EXPECT_EQ(lp["text_offset"][i].get<size_t>(), lp["text_offset"][i - 1].get<size_t>() +
+                                                      lp["tokens"][i - 1].get<std::string>().size())
+        << i;
+  }
+  const size_t base_offset = lp["text_offset"][prompt].get<size_t>();
+  for (size_t i = 0; i < completion; ++i) {
+    EXPECT_EQ(lp["tokens"][prompt + i], gen["tokens"][i]) << i;
+    EXPECT_EQ(lp["token_logprobs"][prompt + i], gen["token_logprobs"][i]) << i;
+    EXPECT_EQ(lp["top_logprobs"][prompt + i], gen["top_logprobs"][i]) << i;
+    EXPECT_EQ(lp["text_offset"][prompt + i].get<size_t>(),
+              base_offset + gen["text_offset"][i].get<size_t>())
+        << i;
+  }
+  EXPECT_EQ(echo["choices"][0]["text"].get<std::string>(),
+            "the cat sat" + plain["choices"][0]["text"].get<std::string>());
+  // Streamed: the prompt's part arrives with the first event; the events add up to the body.
+  json stream_body = echo_body;
+  stream_body["stream"] = true;
+  auto [status, text] = server_->Post("/v1/completions", stream_body.dump());
+  ASSERT_EQ(status, 200) << text;
+  json tokens = json::array(), logprobs = json::array();
+  std::string all;
+  for (const auto& e : SseEvents(text)) {
+    if (e == "[DONE]") continue;
+    const json c = ParseJson(e)["choices"][0];
+    all += c["text"].get<std::string>();
+    if (c["logprobs"].is_null()) continue;
+    for (const auto& t : c["logprobs"]["tokens"]) tokens.push_back(t);
+    for (const auto& t : c["logprobs"]["token_logprobs"]) logprobs.push_back(t);
+  }
+  EXPECT_EQ(all, echo["choices"][0]["text"]);
+  EXPECT_EQ(tokens, lp["tokens"]);
+  EXPECT_EQ(logprobs, lp["token_logprobs"]);
+  // A token-id prompt: the same, its tokens echoed.
+  json tok_body = echo_body;
+  tok_body["prompt"] = {1, 5, 6, 7};
+  json techo = Complete(tok_body);
+  EXPECT_EQ(techo["choices"][0]["logprobs"]["tokens"].size(),
+            4u + techo["usage"]["completion_tokens"].get<size_t>());
+  EXPECT_TRUE(techo["choices"][0]["logprobs"]["token_logprobs"][0].is_null());
+  // vLLM's prompt_logprobs itself is refused, naming it.
+  json pl = base;
+  pl["prompt_logprobs"] = 1;
+  auto [ps, pt] = server_->Post("/v1/completions", pl.dump());
+  EXPECT_EQ(ps, 400);
+  EXPECT_EQ(ParseJson(pt)["error"]["param"], "prompt_logprobs");
+}
+
 TEST_F(OpenAiParityTest, ChatEchoPrependsTheLastAssistantMessage) {
   // vLLM: echo prepends the last message when it has the reply's role (assistant); else nothing.
   const std::string asst =

@@ -116,7 +116,7 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {ApiKind::kCompletion, R"({"prompt":"a","n":129})", "n"},
       {ApiKind::kCompletion, R"({"prompt":"a","best_of":2})", "best_of"},
       {ApiKind::kCompletion, R"({"prompt":"a","echo":"yes"})", "echo"},
-      {ApiKind::kCompletion, R"({"prompt":"a","echo":true,"logprobs":1})", "echo"},
+      {ApiKind::kCompletion, R"({"prompt":"a","prompt_logprobs":1})", "prompt_logprobs"},
       {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":[1]})", "logit_bias"},
       {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"abc":1}})", "logit_bias"},
       {ApiKind::kCompletion, R"({"prompt":"a","logit_bias":{"-1":1}})", "logit_bias"},

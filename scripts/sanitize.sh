@@ -4,6 +4,9 @@
 #   scripts/sanitize.sh thread    -> build-tsan: -fsanitize=thread, the threaded layers' tests
 #                                    (ctest labels xfer|engine|server|client|connector|router|pd)
 # Default: both. LABELS=<ctest regex> narrows either mode (e.g. LABELS=xfer).
+# TARGETS="<test binaries>" builds only those binaries and runs them directly (no ctest), e.g.
+# the connector's state machine in the CI gate (scripts/test.sh):
+#   TARGETS="connector_transfer_core_test connector_messages_test" scripts/sanitize.sh address
 # Suppressions (third-party libraries only): tests/tsan.supp, tests/lsan.supp.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -23,8 +26,20 @@ for m in "${modes[@]}"; do
     thread) dir=build-tsan; san=thread; labels=${LABELS:-xfer|engine|server|client|connector|router|pd} ;;
     *) echo "unknown mode $m (address|thread)" >&2; exit 2 ;;
   esac
-  BUILD_DIR=$dir scripts/build.sh -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \
-    -DKVPUSH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  (cd "$dir" && ctest --output-on-failure --timeout 900 -j"${CTEST_JOBS:-2}" -L "$labels")
+  if [ -n "${TARGETS:-}" ]; then
+    read -r -a targets <<<"$TARGETS"
+    cmake -S . -B "$dir" -G Ninja -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \
+      -DKVPUSH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    ninja -C "$dir" -j"${JOBS:-$(nproc)}" "${targets[@]}"
+    for t in "${targets[@]}"; do
+      bin=$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -n1)
+      [ -n "$bin" ] || { echo "sanitize: no test binary $t" >&2; exit 2; }
+      "$bin" --gtest_brief=1 || { echo "sanitize: $m: $t failed" >&2; exit 1; }
+    done
+  else
+    BUILD_DIR=$dir scripts/build.sh -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \
+      -DKVPUSH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    (cd "$dir" && ctest --output-on-failure --timeout 900 -j"${CTEST_JOBS:-2}" -L "$labels")
+  fi
   echo "sanitize: $m clean"
 done

@@ -6,26 +6,21 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_rma.h>
-#include <sched.h>
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
-#include <functional>
-#include <future>
 #include <list>
-#include <mutex>
-#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/clock.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "xfer/byte_io.h"
+#include "xfer/progress_shell.h"
 
 namespace kvpush::xfer {
 namespace {
@@ -97,7 +92,8 @@ struct FiRegion : BackendRegion {
 };
 struct FiPeer : BackendPeer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
-  // Progress thread only.
+  // Progress lock (the owner's ProgressShell::mu(); every access is in a function that REQUIRES
+  // it).
   bool failed = false;
   bool closed = false;
   uint64_t blocked_round = 0;   // issue round in which an op to this peer got -FI_EAGAIN
@@ -136,9 +132,11 @@ struct HoldSend {
   std::shared_ptr<BackendPeer> peer;
 };
 
-class LibfabricBackend final : public Backend {
+class LibfabricBackend final : public Backend, private ProgressHooks {
  public:
-  explicit LibfabricBackend(LibfabricOptions o) : options_(std::move(o)) {}
+  explicit LibfabricBackend(LibfabricOptions o)
+      : options_(std::move(o)),
+        shell_({.name = "libfabric", .linger_ns = kLingerNs, .yield_when_idle = true}) {}
 
   Status Init() {
     fi_info* hints = fi_allocinfo();
@@ -199,41 +197,30 @@ class LibfabricBackend final : public Backend {
     address_.resize(len);
     recv_pool_.resize(kRecvBuffers * kRecvBytes);
     recv_ctx_.resize(kRecvBuffers);
-    for (size_t i = 0; i < kRecvBuffers; ++i) {
-      recv_ctx_[i].kind = CtxKind::kRecv;
-      recv_ctx_[i].recv_index = i;
-      KVP_RETURN_IF_ERROR(PostRecv(i));
+    {
+      MutexLock lock(shell_.mu());  // no thread yet; PostRecv may poll
+      for (size_t i = 0; i < kRecvBuffers; ++i) {
+        recv_ctx_[i].kind = CtxKind::kRecv;
+        recv_ctx_[i].recv_index = i;
+        KVP_RETURN_IF_ERROR(PostRecv(i));
+      }
     }
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    for (int fd : {cq_fd_, wake_fd_}) {
-      if (fd < 0) continue;
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.fd = fd;
-      epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev);
-    }
-    thread_ = std::thread([this] { ProgressLoop(); });
-    return Status::Ok();
+    return shell_.Start(this, {cq_fd_});
   }
 
   ~LibfabricBackend() override {
-    if (thread_.joinable()) {
-      shutdown_.store(true);
-      Enqueue([this] { stopping_ = true; });
-      thread_.join();
-    }
+    shell_.Stop();
     if (ep_) fi_close(&ep_->fid);
-    for (HoldSend* h : holds_) delete h;
-    for (fid_mr* mr : close_at_exit_) fi_close(&mr->fid);
-    for (void* p : free_at_exit_) std::free(p);
+    {
+      MutexLock lock(shell_.mu());  // the thread is gone; the analysis wants the lock
+      for (HoldSend* h : holds_) delete h;
+    }
+    shell_.ReleaseRetired();  // closes the MRs of allocated memory and frees it
     if (cq_) fi_close(&cq_->fid);
     if (av_) fi_close(&av_->fid);
     if (domain_) fi_close(&domain_->fid);
     if (fabric_) fi_close(&fabric_->fid);
     if (info_) fi_freeinfo(info_);
-    if (wake_fd_ >= 0) close(wake_fd_);
-    if (epoll_fd_ >= 0) close(epoll_fd_);
   }
 
   const BackendCaps& caps() const override { return caps_; }
@@ -244,7 +231,8 @@ class LibfabricBackend final : public Backend {
                                                         MemoryType type) override {
     if (type != MemoryType::kHost) return Unimplemented("libfabric: only host memory");
     auto r = std::make_unique<FiRegion>();
-    Status st = RunSync([&]() -> Status {
+    Status st = shell_.RunSync([&]() -> Status {
+      shell_.mu().AssertHeld();  // runs on the progress thread
       uint64_t requested = next_key_++;
       int rc = fi_mr_reg(domain_, addr, length,
                          FI_READ | FI_WRITE | FI_REMOTE_READ | FI_REMOTE_WRITE | FI_SEND | FI_RECV,
@@ -277,30 +265,33 @@ class LibfabricBackend final : public Backend {
     return r;
   }
   // Allocated memory is kept until the endpoint is closed (a late remote write must not land in
-  // freed memory); caller memory is deregistered now.
+  // freed memory); caller memory is deregistered now. The region's own data (its memory
+  // descriptor, which a post being issued may read) is kept by the shell until its thread is
+  // joined.
   void ReleaseMemory(std::unique_ptr<BackendRegion> region) override {
     auto* r = static_cast<FiRegion*>(region.get());
     if (r->owned != nullptr) {
-      std::lock_guard lock(mu_);
-      close_at_exit_.push_back(r->mr);
-      free_at_exit_.push_back(r->owned);
-      retired_regions_.push_back(std::move(region));
+      fid_mr* mr = r->mr;
+      void* owned = r->owned;
+      shell_.Retire(std::move(region), [mr, owned] {
+        fi_close(&mr->fid);
+        std::free(owned);
+      });
       return;
     }
-    Status s = RunSync([&] {
+    Status s = shell_.RunSync([&] {
       fi_close(&r->mr->fid);
       return Status::Ok();
     });
     (void)s;
-    std::lock_guard lock(mu_);
-    retired_regions_.push_back(std::move(region));
+    shell_.Retire(std::move(region));
   }
 
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
     if (address.empty()) return InvalidArgument("libfabric: empty address");
     auto p = std::make_shared<FiPeer>();
     std::vector<uint8_t> a(address.begin(), address.end());
-    Status st = RunSync([&]() -> Status {
+    Status st = shell_.RunSync([&]() -> Status {
       int n = fi_av_insert(av_, a.data(), 1, &p->addr, 0, nullptr);
       return n == 1 ? Status::Ok() : Unavailable("libfabric: fi_av_insert failed");
     });
@@ -318,18 +309,25 @@ class LibfabricBackend final : public Backend {
   void Disconnect(std::shared_ptr<BackendPeer> peer,
                   std::vector<std::shared_ptr<BackendRemoteRegion>>) override {
     if (peer == nullptr) return;
-    Enqueue([peer] { static_cast<FiPeer*>(peer.get())->closed = true; });
+    shell_.Enqueue([peer] { static_cast<FiPeer*>(peer.get())->closed = true; });
   }
 
   Status Post(PostRequest request) override {
     if (request.peer == nullptr) return InvalidArgument("libfabric: post without peer");
     auto* f = new InFlight{};
     f->req = std::move(request);
-    Enqueue([this, f] { Issue(f); });
+    if (!shell_.Enqueue([this, f] {
+          shell_.mu().AssertHeld();  // jobs run under the progress lock
+          Issue(f);
+        })) {
+      delete f;
+      return Unavailable("libfabric: backend shut down");
+    }
     return Status::Ok();
   }
   void Abort(uint64_t token) override {
-    Enqueue([this, token] {
+    shell_.Enqueue([this, token] {
+      shell_.mu().AssertHeld();  // jobs run under the progress lock
       auto it = inflight_.find(token);
       if (it != inflight_.end()) it->second->aborted = true;
     });
@@ -340,7 +338,7 @@ class LibfabricBackend final : public Backend {
   }
 
  private:
-  Status PostRecv(size_t i) {
+  Status PostRecv(size_t i) REQUIRES(shell_.mu()) {
     ssize_t rc;
     do {
       rc = fi_recv(ep_, recv_pool_.data() + i * kRecvBytes, kRecvBytes, nullptr, FI_ADDR_UNSPEC,
@@ -350,34 +348,15 @@ class LibfabricBackend final : public Backend {
     return rc == 0 ? Status::Ok() : FromFi(rc, "fi_recv");
   }
 
-  void Enqueue(std::function<void()> job) {
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(job));
-      pending_.fetch_add(1, std::memory_order_seq_cst);
-    }
-    if (sleeping_.load(std::memory_order_seq_cst)) {
-      uint64_t one = 1;
-      ssize_t n = write(wake_fd_, &one, sizeof(one));
-      (void)n;
-    }
-  }
-  Status RunSync(const std::function<Status()>& fn) {
-    if (!thread_.joinable() || std::this_thread::get_id() == thread_.get_id()) return fn();
-    std::promise<Status> done;
-    Enqueue([&] { done.set_value(fn()); });
-    return done.get_future().get();
-  }
-
-  void Finish(InFlight* f, Status s) {
+  void Finish(InFlight* f, Status s) REQUIRES(shell_.mu()) {
     inflight_.erase(f->req.token);
-    last_activity_ns_ = NowNs();
+    shell_.NoteActivity();
     sink_->OnPostDone(f->req.token, std::move(s));
     delete f;
   }
 
   // Registers a post; its ops are handed to the provider by IssueSome.
-  void Issue(InFlight* f) {
+  void Issue(InFlight* f) REQUIRES(shell_.mu()) {
     auto* peer = static_cast<FiPeer*>(f->req.peer.get());
     if (peer->closed || peer->failed)
       return Finish(f, PeerGone("libfabric: peer disconnected or failed"));
@@ -394,7 +373,7 @@ class LibfabricBackend final : public Backend {
 
   // Stops handing out a post's ops (the ops already handed out still complete); the post
   // finishes with `why` once they have.
-  void StopIssuing(InFlight* f, Status why) {
+  void StopIssuing(InFlight* f, Status why) REQUIRES(shell_.mu()) {
     f->remaining -= f->req.batch->ops.size() - f->next;
     if (f->error.ok()) f->error = std::move(why);
     if (f->remaining == 0) Finish(f, f->error);
@@ -404,7 +383,7 @@ class LibfabricBackend final : public Backend {
   // outstanding. An op refused with -FI_EAGAIN is retried in a later round (after the CQ was read);
   // the other posts to that peer wait with it (they keep their order), posts to other peers go on.
   // Returns whether any op was handed over.
-  bool IssueSome() {
+  bool IssueSome() REQUIRES(shell_.mu()) {
     bool progressed = false;
     ++round_;
     for (auto it = issuing_.begin(); it != issuing_.end();) {
@@ -415,7 +394,7 @@ class LibfabricBackend final : public Backend {
         continue;
       }
       // A stalled peer can keep the queue full: give up once the agent aborted the post.
-      if (f->aborted || f->req.control->aborted() || shutdown_.load()) {
+      if (f->aborted || f->req.control->aborted() || shell_.stop_requested()) {
         it = issuing_.erase(it);
         StopIssuing(f, Cancelled("libfabric: aborted while issuing"));
         continue;
@@ -471,7 +450,7 @@ class LibfabricBackend final : public Backend {
 
   // Sends a hold message to the peer of every post that is held up by its target, at most one in
   // flight per peer and one per kHoldRenewNs. Returns whether any was handed over.
-  bool SendHolds() {
+  bool SendHolds() REQUIRES(shell_.mu()) {
     bool sent = false;
     const int64_t now = NowNs();
     for (auto& [token, f] : inflight_) {
@@ -497,7 +476,7 @@ class LibfabricBackend final : public Backend {
     return sent;
   }
 
-  void AfterData(InFlight* f) {
+  void AfterData(InFlight* f) REQUIRES(shell_.mu()) {
     if (!f->error.ok()) return Finish(f, f->error);
     if (f->req.notification.empty()) return Finish(f, Status::Ok());
     if (!f->req.control->BeginNotify())
@@ -508,18 +487,18 @@ class LibfabricBackend final : public Backend {
   }
 
   // Hands the notification to the provider, or queues it for a later round on -FI_EAGAIN.
-  void SendNotification(InFlight* f) {
+  void SendNotification(InFlight* f) REQUIRES(shell_.mu()) {
     auto* peer = static_cast<FiPeer*>(f->req.peer.get());
     if (peer->closed || peer->failed)
       return Finish(f, PeerGone("libfabric: peer failed before notify"));
-    if (shutdown_.load()) return Finish(f, Cancelled("libfabric: backend shut down"));
+    if (shell_.stop_requested()) return Finish(f, Cancelled("libfabric: backend shut down"));
     const ssize_t rc = fi_send(ep_, f->req.notification.data(), f->req.notification.size(), nullptr,
                                peer->addr, &f->notify);
     if (rc == -FI_EAGAIN) return notify_queue_.push_back(f);
     if (rc != 0) return Finish(f, FromFi(rc, "fi_send"));
     ++outstanding_tx_;
   }
-  bool RetryNotifications() {
+  bool RetryNotifications() REQUIRES(shell_.mu()) {
     if (notify_queue_.empty()) return false;
     std::deque<InFlight*> queue;
     queue.swap(notify_queue_);
@@ -527,7 +506,7 @@ class LibfabricBackend final : public Backend {
     return notify_queue_.size() < queue.size();
   }
 
-  void OnCompletion(Ctx* c, Status s, size_t len) {
+  void OnCompletion(Ctx* c, Status s, size_t len) REQUIRES(shell_.mu()) {
     switch (c->kind) {
       case CtxKind::kRecv:
         if (s.ok()) {
@@ -539,7 +518,7 @@ class LibfabricBackend final : public Backend {
           else
             sink_->OnMessage(m);
         }
-        if (!stopping_) (void)PostRecv(c->recv_index);
+        if (!shell_.stopping()) (void)PostRecv(c->recv_index);
         return;
       case CtxKind::kHold: {
         --outstanding_tx_;
@@ -562,13 +541,13 @@ class LibfabricBackend final : public Backend {
   }
 
   // Reads the CQ; returns the number of entries handled.
-  size_t Poll() {
+  size_t Poll() REQUIRES(shell_.mu()) {
     fi_cq_data_entry e[64];
     ssize_t n = fi_cq_read(cq_, e, 64);
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i)
         OnCompletion(static_cast<Ctx*>(e[i].op_context), Status::Ok(), e[i].len);
-      last_activity_ns_ = NowNs();
+      shell_.NoteActivity();
       return size_t(n);
     }
     if (n == -FI_EAVAIL) {
@@ -591,51 +570,35 @@ class LibfabricBackend final : public Backend {
     return 0;
   }
 
-  void RunJobs() {
-    std::deque<std::function<void()>> jobs;
-    {
-      std::lock_guard lock(mu_);
-      jobs.swap(jobs_);
-      pending_.store(0, std::memory_order_seq_cst);
-    }
-    for (auto& j : jobs) j();
-    if (!jobs.empty()) last_activity_ns_ = NowNs();
-  }
+  // ---- ProgressHooks: called by the shell's progress thread under the progress lock ----
 
-  // Busy-polls while posts are in flight, for kLingerNs after the last activity, and while a peer's
-  // hold lasts; otherwise sleeps on the CQ's wait fd and the wake eventfd (at most
-  // idle_timeout_ms_: with manual progress, incoming RMA needs this side to poll).
-  void ProgressLoop() {
-    while (!stopping_) {
-      RunJobs();
-      bool progressed = SendHolds();
-      progressed |= IssueSome();
-      progressed |= RetryNotifications();
-      while (Poll() > 0) progressed = true;
-      size_t active = 0;
-      for (auto& [t, f] : inflight_) active += f->aborted ? 0 : 1;
-      const int64_t now = NowNs();
-      if (active > 0 || now - last_activity_ns_ < kLingerNs || now < hot_until_ns_) {
-        // Nothing moved: let a peer or application thread sharing this core run first.
-        if (!progressed) sched_yield();
-        continue;
-      }
-      sleeping_.store(true, std::memory_order_seq_cst);
-      if (pending_.load(std::memory_order_seq_cst) == 0) {
-        fid* fids[1] = {&cq_->fid};
-        bool can_wait = cq_fd_ >= 0 && fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
-        epoll_event ev[2];
-        int n = epoll_wait(epoll_fd_, ev, 2, can_wait ? idle_timeout_ms_ : 1);
-        for (int i = 0; i < n; ++i)
-          if (ev[i].data.fd == wake_fd_) {
-            uint64_t v;
-            ssize_t r = read(wake_fd_, &v, sizeof(v));
-            (void)r;
-          }
-      }
-      sleeping_.store(false, std::memory_order_seq_cst);
+  bool Progress() override {
+    shell_.mu().AssertHeld();
+    bool progressed = SendHolds();
+    progressed |= IssueSome();
+    progressed |= RetryNotifications();
+    while (Poll() > 0) progressed = true;
+    return progressed;
+  }
+  // Busy-polls while posts are in flight and while a peer's hold lasts (the shell adds the linger
+  // after the last activity).
+  bool Busy() override {
+    shell_.mu().AssertHeld();
+    for (auto& [t, f] : inflight_) {
+      if (!f->aborted) return true;
     }
-    // Posts still outstanding are reported; their contexts are freed after the endpoint closes.
+    return NowNs() < hot_until_ns_;
+  }
+  // Sleeps on the CQ's wait fd and the wake eventfd, at most idle_timeout_ms_ (with manual
+  // progress, incoming RMA needs this side to poll); 1 ms when the CQ cannot be waited on now.
+  int Arm() override {
+    fid* fids[1] = {&cq_->fid};
+    const bool can_wait = cq_fd_ >= 0 && fi_trywait(fabric_, fids, 1) == FI_SUCCESS;
+    return can_wait ? idle_timeout_ms_ : 1;
+  }
+  // Posts still outstanding are reported; their contexts are freed after the endpoint closes.
+  void OnStopped() override {
+    shell_.mu().AssertHeld();
     issuing_.clear();
     notify_queue_.clear();
     std::vector<InFlight*> left;
@@ -656,43 +619,35 @@ class LibfabricBackend final : public Backend {
   fid_av* av_ = nullptr;
   fid_cq* cq_ = nullptr;
   fid_ep* ep_ = nullptr;
-  int cq_fd_ = -1, wake_fd_ = -1, epoll_fd_ = -1;
+  int cq_fd_ = -1;
   int idle_timeout_ms_ = 1000;
   size_t tx_limit_ = 1024;  // most transmit ops handed to the provider at once (tx_attr->size)
   bool hold_enabled_ = false;
   bool hold_from_start_ = false;  // shm: WRITEs ask for a hold before any -FI_EAGAIN
   std::vector<uint8_t> hold_frame_;
   std::vector<uint8_t> address_;
-  std::vector<uint8_t> recv_pool_;
+  std::vector<uint8_t> recv_pool_;  // receive buffers, handed to the provider (fi_recv)
   std::vector<Ctx> recv_ctx_;
-
-  std::mutex mu_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<fid_mr*> close_at_exit_;
-  std::vector<void*> free_at_exit_;
-  // Released regions' backend data: a post still being issued on the progress thread may read it
-  // (its memory descriptor), so it is freed only after that thread has been joined.
-  std::vector<std::unique_ptr<BackendRegion>> retired_regions_;
-  std::atomic<size_t> pending_{0};
-  std::atomic<bool> sleeping_{false};
-  std::atomic<bool> shutdown_{false};
-  std::thread thread_;
   std::atomic<uint64_t> stat_posts_{0}, stat_ops_{0};
   std::atomic<int64_t> stat_issue_ns_{0}, stat_last_issue_ns_{0};
 
-  // Progress thread only.
-  bool stopping_ = false;
-  uint64_t next_key_ = 1;
-  int64_t last_activity_ns_ = 0;
-  int64_t hot_until_ns_ = 0;  // a peer's hold: keep polling until then
-  uint64_t round_ = 0;
-  size_t outstanding_tx_ = 0;
-  std::unordered_map<uint64_t, InFlight*> inflight_;
-  std::list<InFlight*> issuing_;          // posts with ops not yet handed to the provider, in order
-  std::deque<InFlight*> notify_queue_;    // notifications refused with -FI_EAGAIN
-  std::unordered_set<HoldSend*> holds_;   // hold messages in flight (freed after the endpoint)
-  std::unique_ptr<HoldSend> spare_hold_;  // reused after a refused send
-  std::vector<std::unique_ptr<InFlight>> orphans_;
+  // The progress thread, its job queue and wake-up, retired regions. Its mu() (the progress lock)
+  // is held by that thread while it runs jobs and hooks, and guards the endpoint's progress state
+  // below; no other thread takes it while the thread runs.
+  ProgressShell shell_;
+  uint64_t next_key_ GUARDED_BY(shell_.mu()) = 1;
+  int64_t hot_until_ns_ GUARDED_BY(shell_.mu()) = 0;  // a peer's hold: keep polling until then
+  uint64_t round_ GUARDED_BY(shell_.mu()) = 0;
+  size_t outstanding_tx_ GUARDED_BY(shell_.mu()) = 0;
+  std::unordered_map<uint64_t, InFlight*> inflight_ GUARDED_BY(shell_.mu());
+  // Posts with ops not yet handed to the provider, in order.
+  std::list<InFlight*> issuing_ GUARDED_BY(shell_.mu());
+  // Notifications refused with -FI_EAGAIN.
+  std::deque<InFlight*> notify_queue_ GUARDED_BY(shell_.mu());
+  // Hold messages in flight (freed after the endpoint).
+  std::unordered_set<HoldSend*> holds_ GUARDED_BY(shell_.mu());
+  std::unique_ptr<HoldSend> spare_hold_ GUARDED_BY(shell_.mu());  // reused after a refused send
+  std::vector<std::unique_ptr<InFlight>> orphans_ GUARDED_BY(shell_.mu());
 };
 
 }  // namespace

@@ -1,23 +1,20 @@
 #include "xfer/ucx_backend.h"
 
-#include <sys/epoll.h>
-#include <sys/eventfd.h>
-#include <sys/syscall.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
-#include <functional>
-#include <future>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "common/clock.h"
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "xfer/progress_shell.h"
 
 namespace kvpush::xfer {
 namespace {
@@ -31,24 +28,6 @@ constexpr uint32_t kAddressMagic = 0x5855564b;  // "KVUX"
 constexpr uint32_t kAddressVersion = 1;
 // magic u32, version u32, pid u64, process start time u64 (host byte order: same-host use only).
 constexpr size_t kAddressHeader = 24;
-
-// Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat field 22), 0 if unknown.
-// With the pid it names one process: a reused pid has another start time.
-uint64_t ProcessStartTime(uint64_t pid) {
-  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
-  if (f == nullptr) return 0;
-  char buf[1024];
-  size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
-  std::fclose(f);
-  buf[n] = '\0';
-  const char* p = std::strrchr(buf, ')');  // the command name may contain spaces and ')'
-  if (p == nullptr) return 0;
-  // Each space after the ')' of field 2 starts the next field; stop at the start of field 22.
-  int field = 2;
-  for (++p; *p != '\0' && field < 22; ++p)
-    if (*p == ' ') ++field;
-  return std::strtoull(p, nullptr, 10);
-}
 
 std::string UcsText(ucs_status_t s) {
   return ucs_status_string(s);
@@ -82,13 +61,15 @@ struct UcxRegion : BackendRegion {
   ucp_mem_h memh = nullptr;
   bool allocated = false;
 };
+// Fields marked "worker lock" are touched only with the owner's ProgressShell::mu() held (the
+// analysis cannot name another object's lock from here; every access is in a function that
+// REQUIRES it).
 struct UcxPeer : BackendPeer {
   ucp_ep_h ep = nullptr;    // worker lock
   bool closed = false;      // worker lock
   bool failed = false;      // worker lock
   uint64_t pid = 0;         // the peer's process id (from its address)
   uint64_t start_time = 0;  // and its start time (a reused pid has another)
-  int pidfd = -1;           // shm: readable once the peer process exits; worker lock
   class UcxBackend* owner = nullptr;
 };
 struct UcxRemote : BackendRemoteRegion {
@@ -101,7 +82,7 @@ struct UcxRemote : BackendRemoteRegion {
   uint64_t length = 0;  // bytes mapped
 };
 
-// One accepted post while its flush / notification is outstanding. Progress thread only.
+// One accepted post while its flush / notification is outstanding. Worker lock.
 struct InFlight {
   PostRequest req;
   class UcxBackend* owner = nullptr;
@@ -115,9 +96,11 @@ struct InFlight {
   Status inline_status;
 };
 
-class UcxBackend final : public Backend {
+class UcxBackend final : public Backend, private ProgressHooks {
  public:
-  explicit UcxBackend(const UcxOptions& o) : options_(o) {
+  explicit UcxBackend(const UcxOptions& o)
+      : options_(o),
+        shell_({.name = "ucx", .linger_ns = o.linger_us * 1000ll, .yield_when_idle = false}) {
     caps_.name = "ucx";
     caps_.needs_target_progress = true;
     caps_.allocates_for_one_sided = true;
@@ -190,26 +173,11 @@ class UcxBackend final : public Backend {
     int efd = -1;
     s = ucp_worker_get_efd(worker_, &efd);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
-    worker_efd_ = efd;
-    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-    if (wake_fd_ < 0 || epoll_fd_ < 0) return IoError("ucx: eventfd/epoll_create1 failed");
-    for (int fd : {efd, wake_fd_}) {
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.fd = fd;
-      if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
-        return IoError("ucx: epoll_ctl failed");
-    }
-    thread_ = std::thread([this] { ProgressLoop(); });
-    return Status::Ok();
+    return shell_.Start(this, {efd});
   }
 
   ~UcxBackend() override {
-    if (thread_.joinable()) {
-      Enqueue([this] { stopping_ = true; });
-      thread_.join();
-    }
+    shell_.Stop();
     if (worker_ != nullptr) {
       // Let pending wireup messages go out first (e.g. the reply to a peer that connected just
       // before shutdown): UCX 1.13 asserts when ucp_worker_destroy purges a pending wireup REP
@@ -225,11 +193,8 @@ class UcxBackend final : public Backend {
       }
       ucp_worker_destroy(worker_);
     }
-    for (auto& [fd, p] : watched_) close(fd);
-    for (ucp_mem_h m : unmap_at_exit_) ucp_mem_unmap(context_, m);
+    shell_.ReleaseRetired();  // unmaps the memory UCX allocated (after the worker is gone)
     if (context_ != nullptr) ucp_cleanup(context_);
-    if (wake_fd_ >= 0) close(wake_fd_);
-    if (epoll_fd_ >= 0) close(epoll_fd_);
   }
 
   const BackendCaps& caps() const override { return caps_; }
@@ -248,21 +213,20 @@ class UcxBackend final : public Backend {
   // it next. Memory UCX allocated stays mapped until the worker is destroyed: with emulated RMA a
   // peer's late put is applied by our progress thread at whatever address it names, so the memory
   // must outlive the worker (a peer that might still write is the caller's contract, DESIGN §5).
+  // The region's own data is kept by the shell until the progress thread is joined.
   void ReleaseMemory(std::unique_ptr<BackendRegion> region) override {
     auto* r = static_cast<UcxRegion*>(region.get());
     if (r->allocated) {
-      std::lock_guard lock(mu_);
-      unmap_at_exit_.push_back(r->memh);
-      retired_regions_.push_back(std::move(region));
+      ucp_mem_h memh = r->memh;
+      shell_.Retire(std::move(region), [this, memh] { ucp_mem_unmap(context_, memh); });
       return;
     }
-    Status s = RunSync([&] {
+    Status s = shell_.RunSync([&] {
       ucp_mem_unmap(context_, r->memh);
       return Status::Ok();
     });
     (void)s;
-    std::lock_guard lock(mu_);
-    retired_regions_.push_back(std::move(region));
+    shell_.Retire(std::move(region));
   }
 
   Result<std::shared_ptr<BackendPeer>> Connect(std::span<const uint8_t> address) override {
@@ -282,7 +246,8 @@ class UcxBackend final : public Backend {
     peer->pid = pid;
     peer->start_time = start;
     std::vector<uint8_t> addr(address.begin() + kAddressHeader, address.end());
-    Status st = RunSync([&]() -> Status {
+    Status st = shell_.RunSync([&]() -> Status {
+      shell_.mu().AssertHeld();  // runs on the progress thread
       ucp_ep_params_t ep{};
       ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
       ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
@@ -295,7 +260,9 @@ class UcxBackend final : public Backend {
       ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
       if (s != UCS_OK) return Unavailable("ucx: ucp_ep_create: " + UcsText(s));
       peers_.insert(peer.get());
-      WatchPeerProcess(peer.get());
+      // Without UCX's peer error mode (shm), a peer's exit would only show as a stall; the
+      // shell's pidfd watch fails it at once instead (OnProcessExit).
+      if (!peer_errors_) shell_.WatchProcess(peer->pid, peer->start_time, peer.get());
       return Status::Ok();
     });
     KVP_RETURN_IF_ERROR(st);
@@ -309,7 +276,8 @@ class UcxBackend final : public Backend {
     if (key.empty()) return InvalidArgument("ucx: empty rkey blob");
     auto r = std::make_shared<UcxRemote>();
     auto* p = static_cast<UcxPeer*>(peer);
-    Status st = RunSync([&]() -> Status {
+    Status st = shell_.RunSync([&]() -> Status {
+      shell_.mu().AssertHeld();  // runs on the progress thread
       if (p->closed) return PeerGone("ucx: peer closed");
       ucs_status_t s = ucp_ep_rkey_unpack(p->ep, key.data(), &r->rkey);
       if (s != UCS_OK) return InvalidArgument("ucx: ucp_ep_rkey_unpack: " + UcsText(s));
@@ -334,7 +302,8 @@ class UcxBackend final : public Backend {
   void Disconnect(std::shared_ptr<BackendPeer> peer,
                   std::vector<std::shared_ptr<BackendRemoteRegion>> regions) override {
     if (peer == nullptr) return;
-    Enqueue([this, peer, regions = std::move(regions)] {
+    shell_.Enqueue([this, peer, regions = std::move(regions)] {
+      shell_.mu().AssertHeld();  // jobs run under the worker lock
       auto* p = static_cast<UcxPeer*>(peer.get());
       CloseEp(p);
       for (auto& r : regions) {
@@ -349,7 +318,13 @@ class UcxBackend final : public Backend {
   Status Post(PostRequest request) override {
     if (request.peer == nullptr) return InvalidArgument("ucx: post without peer");
     auto* f = new InFlight{std::move(request), this, false};
-    Enqueue([this, f] { Issue(f); });
+    if (!shell_.Enqueue([this, f] {
+          shell_.mu().AssertHeld();  // jobs run under the worker lock
+          Issue(f);
+        })) {
+      delete f;
+      return Unavailable("ucx: backend shut down");
+    }
     return Status::Ok();
   }
   InlinePost TryPostInline(PostRequest& request, Status* status) override {
@@ -357,10 +332,10 @@ class UcxBackend final : public Backend {
     if (request.batch && request.batch->total_bytes > options_.inline_max_bytes)
       return InlinePost::kNotTaken;
     // Earlier work still queued for the progress thread goes first (per-thread post order).
-    if (pending_.load(std::memory_order_seq_cst) != 0) return InlinePost::kNotTaken;
-    std::unique_lock lock(worker_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || stopping_ || pending_.load(std::memory_order_seq_cst) != 0)
-      return InlinePost::kNotTaken;
+    if (shell_.HasPendingJobs()) return InlinePost::kNotTaken;
+    if (!shell_.mu().TryLock()) return InlinePost::kNotTaken;
+    MutexLock lock(shell_.mu(), std::adopt_lock);
+    if (shell_.stopping() || shell_.HasPendingJobs()) return InlinePost::kNotTaken;
     auto* peer = static_cast<UcxPeer*>(request.peer.get());
     // Data only, every op on a mapped region: copy it here, nothing to allocate or complete.
     if (request.notification.empty() && request.batch && !peer->closed && !peer->failed &&
@@ -381,18 +356,19 @@ class UcxBackend final : public Backend {
       return InlinePost::kDone;
     }
     f->inline_caller = false;  // from now on its completion goes to the sink
-    lock.unlock();
+    lock.Unlock();
     // The progress thread sees this completion through the worker's event fd where that is
     // reliable (tcp); otherwise it is woken to poll for it.
-    if (!efd_wakes_) Wake();
+    if (!efd_wakes_) shell_.Wake();
     return InlinePost::kAccepted;
   }
   bool ProgressCaller() override {
-    std::unique_lock lock(worker_mu_, std::try_to_lock);
-    if (!lock.owns_lock() || stopping_) return false;
+    if (!shell_.mu().TryLock()) return false;
+    MutexLock lock(shell_.mu(), std::adopt_lock);
+    if (shell_.stopping()) return false;
     bool any = false;
     while (ucp_worker_progress(worker_) != 0) any = true;
-    if (any) last_activity_ns_ = NowNs();
+    if (any) shell_.NoteActivity();
     return any;
   }
   BackendStats stats() const override {
@@ -400,7 +376,8 @@ class UcxBackend final : public Backend {
             stat_last_issue_ns_.load()};
   }
   void Abort(uint64_t token) override {
-    Enqueue([this, token] {
+    shell_.Enqueue([this, token] {
+      shell_.mu().AssertHeld();  // jobs run under the worker lock
       auto it = inflight_.find(token);
       if (it != inflight_.end() && !it->second->aborted) {
         it->second->aborted = true;
@@ -414,7 +391,7 @@ class UcxBackend final : public Backend {
                                              bool allocate, void** out) {
     if (type != MemoryType::kHost) return Unimplemented("ucx: only host memory is supported");
     auto r = std::make_unique<UcxRegion>();
-    Status st = RunSync([&]() -> Status {
+    Status st = shell_.RunSync([&]() -> Status {
       ucp_mem_map_params_t mp{};
       mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
                       UCP_MEM_MAP_PARAM_FIELD_FLAGS;
@@ -446,33 +423,9 @@ class UcxBackend final : public Backend {
     return std::unique_ptr<BackendRegion>(std::move(r));
   }
 
-  // ---- progress thread ----
+  // ---- under the worker lock (the progress thread, or a caller in a fast path) ----
 
-  void Enqueue(std::function<void()> job) {
-    {
-      std::lock_guard lock(mu_);
-      jobs_.push_back(std::move(job));
-      pending_.fetch_add(1, std::memory_order_seq_cst);
-    }
-    Wake();
-  }
-
-  void Wake() {
-    if (sleeping_.load(std::memory_order_seq_cst)) {
-      uint64_t one = 1;
-      ssize_t n = write(wake_fd_, &one, sizeof(one));
-      (void)n;
-    }
-  }
-
-  Status RunSync(const std::function<Status()>& fn) {
-    if (std::this_thread::get_id() == thread_.get_id()) return fn();
-    std::promise<Status> done;
-    Enqueue([&] { done.set_value(fn()); });
-    return done.get_future().get();
-  }
-
-  void Complete(InFlight* f, Status s) {
+  void Complete(InFlight* f, Status s) REQUIRES(shell_.mu()) {
     if (f->inline_caller) {  // TryPostInline reports it and frees f (a fresh post: not reported)
       Forget(f);
       f->inline_done = true;
@@ -487,12 +440,12 @@ class UcxBackend final : public Backend {
     sink_->OnPostDone(f->req.token, std::move(s));
     if (!f->ucx_owned) delete f;
   }
-  // Drops a finished post from the bookkeeping (worker lock held).
-  void Forget(InFlight* f) {
+  // Drops a finished post from the bookkeeping.
+  void Forget(InFlight* f) REQUIRES(shell_.mu()) {
     inflight_.erase(f->req.token);
     if (!f->aborted) --active_;
     --outstanding_;
-    last_activity_ns_ = NowNs();
+    shell_.NoteActivity();
   }
 
   static constexpr size_t kTimedOps = 64;  // issue loops of at least this many ops are timed
@@ -508,10 +461,10 @@ class UcxBackend final : public Backend {
     return true;
   }
 
-  // Issues every op of `req` (worker lock held). Ops on a mapped region are copied now; the rest
+  // Issues every op of `req`. Ops on a mapped region are copied now; the rest
   // go through ucp_put_nbx / ucp_get_nbx. Returns whether any op went through UCP (a flush must
   // then follow before the data counts as remotely complete).
-  Result<bool> IssueOps(const PostRequest& req, UcxPeer* peer) {
+  Result<bool> IssueOps(const PostRequest& req, UcxPeer* peer) REQUIRES(shell_.mu()) {
     const bool write = req.op == Op::kWrite;
     bool via_ucp = false;
     ucp_request_param_t param{};
@@ -561,8 +514,7 @@ class UcxBackend final : public Backend {
     return via_ucp;
   }
 
-  // Worker lock held.
-  void Issue(InFlight* f) {
+  void Issue(InFlight* f) REQUIRES(shell_.mu()) {
     ++outstanding_;
     ++active_;
     inflight_[f->req.token] = f;
@@ -591,6 +543,7 @@ class UcxBackend final : public Backend {
 
   static void OnFlushDone(void* request, ucs_status_t status, void* user_data) {
     auto* f = static_cast<InFlight*>(user_data);
+    f->owner->shell_.mu().AssertHeld();  // UCX calls back from ucp_worker_progress
     ucp_request_free(request);
     f->ucx_owned = false;
     if (status != UCS_OK || f->reported) return f->owner->Complete(f, FromUcs(status, "flush"));
@@ -598,7 +551,7 @@ class UcxBackend final : public Backend {
   }
 
   // All data of the post is remotely complete: send the notification (if still wanted).
-  void AfterData(InFlight* f) {
+  void AfterData(InFlight* f) REQUIRES(shell_.mu()) {
     if (f->req.notification.empty()) return Complete(f, Status::Ok());
     if (!f->req.control->BeginNotify()) return Complete(f, Cancelled("ucx: aborted before notify"));
     auto* peer = static_cast<UcxPeer*>(f->req.peer.get());
@@ -620,6 +573,7 @@ class UcxBackend final : public Backend {
 
   static void OnAmDone(void* request, ucs_status_t status, void* user_data) {
     auto* f = static_cast<InFlight*>(user_data);
+    f->owner->shell_.mu().AssertHeld();  // UCX calls back from ucp_worker_progress or a send
     ucp_request_free(request);
     f->ucx_owned = false;
     f->owner->Complete(f, status == UCS_OK ? Status::Ok() : FromUcs(status, "am_send"));
@@ -639,11 +593,11 @@ class UcxBackend final : public Backend {
     p->owner->sink_->OnPeerError(p, FromUcs(status, "endpoint error"));
   }
 
-  void CloseEp(UcxPeer* p) {
+  void CloseEp(UcxPeer* p) REQUIRES(shell_.mu()) {
     if (p->closed) return;
     p->closed = true;
     peers_.erase(p);
-    UnwatchPeerProcess(p);
+    shell_.UnwatchProcess(p);
     ucp_request_param_t param{};
     param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     param.flags = UCP_EP_CLOSE_FLAG_FORCE;
@@ -651,7 +605,7 @@ class UcxBackend final : public Backend {
     if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
   }
 
-  void ReapClosing() {
+  void ReapClosing() REQUIRES(shell_.mu()) {
     for (size_t i = 0; i < closing_.size();) {
       if (ucp_request_check_status(closing_[i]) != UCS_INPROGRESS) {
         ucp_request_free(closing_[i]);
@@ -663,124 +617,37 @@ class UcxBackend final : public Backend {
     }
   }
 
-  // Without UCX's peer error mode (shm), a peer's exit would only show as a stall. A pidfd of
-  // the peer's process (same host) becomes readable when it exits: the peer is then failed at
-  // once, as the tcp preset's error handler does. Worker lock held.
-  void WatchPeerProcess(UcxPeer* p) {
-    if (peer_errors_ || p->pid == static_cast<uint64_t>(getpid())) return;
-    // glibc 2.36's <sys/pidfd.h> lacks C linkage for C++; call the syscall (Linux >= 5.3).
-    int fd = static_cast<int>(syscall(SYS_pidfd_open, static_cast<pid_t>(p->pid), 0u));
-    if (fd < 0) return;  // already gone or not visible here: the stall deadline still applies
-    // The pid must name the peer itself (not another pid namespace's process, not a reuse).
-    if (p->start_time == 0 || ProcessStartTime(p->pid) != p->start_time) {
-      close(fd);
-      return;
-    }
-    epoll_event ev{};
-    ev.events = EPOLLIN;
-    ev.data.fd = fd;
-    if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
-      close(fd);
-      return;
-    }
-    p->pidfd = fd;
-    watched_[fd] = p;
-  }
-  void UnwatchPeerProcess(UcxPeer* p) {
-    if (p->pidfd < 0) return;
-    epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p->pidfd, nullptr);
-    watched_.erase(p->pidfd);
-    close(p->pidfd);
-    p->pidfd = -1;
-  }
-  // Handles the events of one epoll_wait (any thread for the fds; peers under the worker lock).
-  void DrainEvents(const epoll_event* ev, int n) {
-    for (int i = 0; i < n; ++i) {
-      const int fd = ev[i].data.fd;
-      if (fd == wake_fd_) {
-        uint64_t v;
-        ssize_t r = read(wake_fd_, &v, sizeof(v));
-        (void)r;
-      } else if (fd != worker_efd_) {
-        exited_fds_.push_back(fd);
-      }
-    }
-  }
-  // Worker lock held: fails the peers whose process exited.
-  void FailExitedPeers() {
-    for (int fd : exited_fds_) {
-      auto it = watched_.find(fd);
-      if (it == watched_.end()) continue;
-      UcxPeer* p = it->second;
-      UnwatchPeerProcess(p);
-      if (p->failed || p->closed) continue;
-      p->failed = true;
-      sink_->OnPeerError(p, PeerGone("ucx: peer process " + std::to_string(p->pid) + " exited"));
-    }
-    exited_fds_.clear();
-  }
-  // Worker lock held: while busy-polling, looks at the pidfds every millisecond.
-  void CheckPeerProcesses() {
-    if (watched_.empty() || NowNs() - last_pid_check_ns_ < 1'000'000) return;
-    last_pid_check_ns_ = NowNs();
-    epoll_event ev[8];
-    int n = epoll_wait(epoll_fd_, ev, 8, 0);
-    DrainEvents(ev, n);
-    FailExitedPeers();
-  }
+  // ---- ProgressHooks: called by the shell's progress thread under the worker lock ----
 
-  void RunJobs() {
-    std::deque<std::function<void()>> jobs;
-    {
-      std::lock_guard lock(mu_);
-      jobs.swap(jobs_);
-      pending_.store(0, std::memory_order_seq_cst);
-    }
-    for (auto& job : jobs) job();
-    if (!jobs.empty()) last_activity_ns_ = NowNs();
+  bool Progress() override {
+    shell_.mu().AssertHeld();
+    bool progressed = false;
+    while (ucp_worker_progress(worker_) != 0) progressed = true;
+    if (progressed) shell_.NoteActivity();  // stay hot while traffic flows (target)
+    ReapClosing();
+    return progressed;
   }
-
-  void ProgressLoop() {
-    int64_t stop_deadline = 0;
-    while (true) {
-      int timeout_ms = -1;  // >= 0: sleep in epoll (armed) for at most this long
-      {
-        std::lock_guard worker_lock(worker_mu_);
-        FailExitedPeers();
-        RunJobs();
-        bool progressed = false;
-        while (ucp_worker_progress(worker_) != 0) progressed = true;
-        if (progressed) last_activity_ns_ = NowNs();  // stay hot while traffic flows (target)
-        ReapClosing();
-        if (stopping_) {
-          if (stop_deadline == 0) {
-            stop_deadline = NowNs() + 2'000'000'000;
-            for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
-          }
-          if ((outstanding_ == 0 && closing_.empty()) || NowNs() > stop_deadline) break;
-          continue;
-        }
-        if (active_ > 0 || !closing_.empty()) {  // busy-poll while work is outstanding
-          CheckPeerProcesses();
-          continue;
-        }
-        if (NowNs() - last_activity_ns_ < options_.linger_us * 1000ll) continue;
-        // Decided under the worker lock: a caller's inline post either ran before (active_ would
-        // be counted above) or runs after and sees sleeping_ (TryPostInline wakes the thread).
-        sleeping_.store(true, std::memory_order_seq_cst);
-        if (pending_.load(std::memory_order_seq_cst) == 0 && ucp_worker_arm(worker_) == UCS_OK)
-          timeout_ms = outstanding_ > 0 ? 10 : idle_timeout_ms_;
-      }
-      if (timeout_ms >= 0) {
-        epoll_event ev[8];
-        int n = epoll_wait(epoll_fd_, ev, 8, timeout_ms);
-        std::lock_guard worker_lock(worker_mu_);  // exited_fds_ is guarded by it
-        DrainEvents(ev, n);
-      }
-      sleeping_.store(false, std::memory_order_seq_cst);
-    }
-    std::lock_guard worker_lock(worker_mu_);
-    // Whatever did not finish by now is failed so that the sink sees every post end.
+  // Busy-poll while work is outstanding (aborted posts do not count: they may never finish).
+  bool Busy() override {
+    shell_.mu().AssertHeld();
+    return active_ > 0 || !closing_.empty();
+  }
+  int Arm() override {
+    shell_.mu().AssertHeld();
+    if (ucp_worker_arm(worker_) != UCS_OK) return -1;  // events pending: poll again
+    return outstanding_ > 0 ? 10 : idle_timeout_ms_;
+  }
+  void BeginStop() override {
+    shell_.mu().AssertHeld();
+    for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
+  }
+  bool Drained() override {
+    shell_.mu().AssertHeld();
+    return outstanding_ == 0 && closing_.empty();
+  }
+  // Whatever did not finish by now is failed so that the sink sees every post end.
+  void OnStopped() override {
+    shell_.mu().AssertHeld();
     std::vector<InFlight*> left;
     for (auto& [t, f] : inflight_) left.push_back(f);
     for (InFlight* f : left) {
@@ -789,6 +656,15 @@ class UcxBackend final : public Backend {
       // Complete() freed f unless UCX still owns it; only then is it touched again.
       if (owned) f->reported = true;  // NOLINT(clang-analyzer-cplusplus.NewDelete)
     }
+  }
+  // shm: the peer's process exited (its pidfd watch); fail it as the tcp preset's error handler
+  // does.
+  void OnProcessExit(void* tag) override {
+    shell_.mu().AssertHeld();
+    auto* p = static_cast<UcxPeer*>(tag);
+    if (p->failed || p->closed) return;
+    p->failed = true;
+    sink_->OnPeerError(p, PeerGone("ucx: peer process " + std::to_string(p->pid) + " exited"));
   }
 
   UcxOptions options_;
@@ -800,35 +676,20 @@ class UcxBackend final : public Backend {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<uint8_t> address_;
-  int wake_fd_ = -1, epoll_fd_ = -1, worker_efd_ = -1;
-
-  // Guards the UCP worker and everything marked "worker lock" below: held by the progress thread
-  // while it runs jobs and progresses, and by callers in TryPostInline / ProgressCaller. Lock
-  // order: worker_mu_ before the sink's locks; mu_ (the job queue) is a leaf.
-  std::mutex worker_mu_;
-  std::mutex mu_;
-  std::deque<std::function<void()>> jobs_;
-  std::vector<ucp_mem_h> unmap_at_exit_;
-  // Released regions' backend data: a post still being issued on the progress thread may read it,
-  // so it is freed only after that thread has been joined.
-  std::vector<std::unique_ptr<BackendRegion>> retired_regions_;
   std::atomic<uint64_t> stat_posts_{0}, stat_ops_{0};
   std::atomic<int64_t> stat_issue_ns_{0}, stat_last_issue_ns_{0};
-  std::atomic<size_t> pending_{0};
-  std::atomic<bool> sleeping_{false};
-  std::thread thread_;
 
-  // Worker lock.
-  bool stopping_ = false;
-  size_t outstanding_ = 0;  // accepted posts not yet completed
-  size_t active_ = 0;       // of those, not aborted (busy-poll only for these)
-  int64_t last_activity_ns_ = 0;
-  std::unordered_map<uint64_t, InFlight*> inflight_;
-  std::unordered_set<UcxPeer*> peers_;
-  std::unordered_map<int, UcxPeer*> watched_;  // pidfd -> peer (shm)
-  std::vector<int> exited_fds_;                // pidfds that became readable, not yet handled
-  int64_t last_pid_check_ns_ = 0;
-  std::vector<void*> closing_;
+  // The progress thread, its job queue and wake-up, retired regions, the peer-process watch.
+  // Its mu() is the worker lock: it guards the UCP worker and everything GUARDED_BY it below
+  // (and the fields marked "worker lock" in UcxPeer / InFlight); held by the progress thread
+  // while it runs jobs and progresses, and by callers in TryPostInline / ProgressCaller. Lock
+  // order: the worker lock before the sink's locks.
+  ProgressShell shell_;
+  size_t outstanding_ GUARDED_BY(shell_.mu()) = 0;  // accepted posts not yet completed
+  size_t active_ GUARDED_BY(shell_.mu()) = 0;  // of those, not aborted (busy-poll only for these)
+  std::unordered_map<uint64_t, InFlight*> inflight_ GUARDED_BY(shell_.mu());
+  std::unordered_set<UcxPeer*> peers_ GUARDED_BY(shell_.mu());
+  std::vector<void*> closing_ GUARDED_BY(shell_.mu());  // ucp_ep_close_nbx requests in flight
 };
 
 }  // namespace

@@ -30,6 +30,9 @@ else
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}" -LE chaos
 fi
 cd "$ROOT"
+# The lock rules written as Clang thread-safety annotations (docs/xfer.md, "Checking lock rules"):
+# the annotated translation units compiled with clang++ -Werror=thread-safety (compile only).
+BUILD_DIR="${BUILD_DIR:-build}" scripts/thread-safety.sh
 # Every libFuzzer target over the same 30,000 inputs (libFuzzer seed 1; docs/fuzzing.md): clang +
 # ASan/UBSan in its own build dir; a finding fails the run and prints the input (base64) and where
 # it was saved. Fixed inputs rather than a time budget, so the gate never fails at random: timed

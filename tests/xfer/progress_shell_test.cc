@@ -161,7 +161,7 @@ TEST(ProgressShell, LingersAfterActivityBeforeSleeping) {
 
 // A region whose destruction is observable.
 struct TrackedRegion : BackendRegion {
-  explicit TrackedRegion(std::atomic<int>* freed) : freed(freed) {}
+  explicit TrackedRegion(std::atomic<int>* counter) : freed(counter) {}
   ~TrackedRegion() override { freed->fetch_add(1); }
   std::atomic<int>* freed;
 };

@@ -4,9 +4,10 @@
 # -fsyntax-only -Wthread-safety -Werror=thread-safety, with the flags of build/compile_commands.json
 # (the compiler swapped for clang++). Compile only, nothing is linked; about a second per file.
 # Usage: scripts/thread-safety.sh [files...]
-#   default: every .cc under src/ and tests/ that includes common/mutex.h or xfer/progress_shell.h,
-#   directly or through its own header (the agent, the UCX / libfabric backends and their
-#   progress shell, the connector shell, peers and peer auth, and their tests).
+#   default: every .cc under src/ and tests/ that holds annotated code: it takes a MutexLock or
+#   states AssertHeld, includes a backend's *_internal.h, or its own header includes
+#   common/mutex.h or xfer/progress_shell.h (today: the agent, the UCX / libfabric backends and
+#   their progress shell, the connector shell, peers, peer auth, and the shell's test).
 # BUILD_DIR (default build) must hold compile_commands.json (scripts/build.sh exports it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,13 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 db_path, clangxx, files = sys.argv[1], sys.argv[2], sys.argv[3:]
 root = os.getcwd()
-annotated = re.compile(r'#include "(common/mutex\.h|xfer/progress_shell\.h)"')
+annotated_header = re.compile(r'#include "(common/mutex\.h|xfer/progress_shell\.h)"')
+annotated_code = re.compile(r'\bMutexLock\b|\bAssertHeld\(|#include "[a-z_/]*_internal\.h"')
 
 def includes_annotations(cc):
-    if annotated.search(open(cc, errors="replace").read()):
+    text = open(cc, errors="replace").read()
+    if annotated_code.search(text) or annotated_header.search(text):
         return True
     h = cc[:-3] + ".h"
-    return os.path.exists(h) and bool(annotated.search(open(h, errors="replace").read()))
+    return os.path.exists(h) and bool(annotated_header.search(open(h, errors="replace").read()))
 
 db = {}
 for e in json.load(open(db_path)):
@@ -69,5 +72,5 @@ with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
             sys.stderr.write("thread-safety: %s\n%s" % (f, err))
 if failed:
     sys.exit("thread-safety: %d of %d files fail" % (failed, len(files)))
-print("thread-safety: clean (%d files)" % len(files))
+print("thread-safety: clean (%d files: %s)" % (len(files), " ".join(files)))
 PY

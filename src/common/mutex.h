@@ -94,7 +94,9 @@ class CondVar {
   bool WaitFor(MutexLock& lock, const std::chrono::duration<Rep, Period>& timeout) {
     return WaitUntil(lock, std::chrono::steady_clock::now() + timeout);
   }
+  /// Wakes one waiter (if any). Need not hold the mutex.
   void NotifyOne() { cv_.notify_one(); }
+  /// Wakes every waiter. Need not hold the mutex.
   void NotifyAll() { cv_.notify_all(); }
 
  private:

@@ -1,6 +1,6 @@
-// Mutex and MutexLock: std::mutex with Clang thread-safety annotations (common/thread_annotations.h)
-// so that GUARDED_BY / REQUIRES can name it; MutexLock is the RAII holder, and CondVar waits on a
-// MutexLock.
+// Mutex and MutexLock: std::mutex with Clang thread-safety annotations
+// (common/thread_annotations.h) so that GUARDED_BY / REQUIRES can name it; MutexLock is the RAII
+// holder, and CondVar waits on a MutexLock.
 //
 // Thread-safety: Mutex is a plain non-recursive mutex; MutexLock is used by one thread.
 #pragma once

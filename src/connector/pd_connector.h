@@ -51,7 +51,7 @@ struct ConnectorOptions {
   KvTransferConfig config;
   KvLayout layout;  ///< the engine's resolved layout (EngineCore::LayoutFor)
   uint64_t model_fingerprint = 0;
-  std::string role_name = "both";  ///< "prefill", "decode", "both"
+  std::string role_name = "both";            ///< "prefill", "decode", "both"
   std::string advertise_host = "127.0.0.1";  ///< how peers reach this instance's HTTP port
   int advertise_port = 0;                    ///< may be set later (set_advertised_port)
   /// `serve --kv-auth-key-file`: when set, peers are authenticated with the shared key it holds

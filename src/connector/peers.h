@@ -93,7 +93,7 @@ class PeerRegistry final : public PeerDirectory {
   const std::chrono::milliseconds watchdog_;
   PeerAuth* const auth_;
   mutable Mutex mu_;
-  std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
+  std::map<std::string, PeerState, std::less<>> peers_;        ///< by engine id
   std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
   /// One lock per "host:port": handshakes to one endpoint run one at a time.
   std::map<std::string, std::shared_ptr<Mutex>, std::less<>> handshake_locks_ GUARDED_BY(mu_);

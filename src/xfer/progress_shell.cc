@@ -51,7 +51,8 @@ Status ProgressShell::Start(ProgressHooks* hooks, const std::vector<int>& wait_f
   hooks_ = hooks;
   wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
-  if (wake_fd_ < 0 || epoll_fd_ < 0) return IoError(options_.name + ": eventfd/epoll_create1 failed");
+  if (wake_fd_ < 0 || epoll_fd_ < 0)
+    return IoError(options_.name + ": eventfd/epoll_create1 failed");
   for (int fd : wait_fds) {
     if (fd >= 0) wait_fds_.push_back(fd);
   }

@@ -173,9 +173,9 @@ class ProgressShell {
   Mutex mu_;  // the progress lock
   bool stopping_ GUARDED_BY(mu_) = false;
   int64_t last_activity_ns_ GUARDED_BY(mu_) = 0;
-  std::unordered_map<int, void*> watched_ GUARDED_BY(mu_);       // pidfd -> tag
-  std::unordered_map<void*, int> watch_of_ GUARDED_BY(mu_);      // tag -> pidfd
-  std::vector<int> exited_fds_ GUARDED_BY(mu_);                  // readable pidfds, not handled
+  std::unordered_map<int, void*> watched_ GUARDED_BY(mu_);   // pidfd -> tag
+  std::unordered_map<void*, int> watch_of_ GUARDED_BY(mu_);  // tag -> pidfd
+  std::vector<int> exited_fds_ GUARDED_BY(mu_);              // readable pidfds, not handled
   int64_t last_process_check_ns_ GUARDED_BY(mu_) = 0;
 
   Mutex queue_mu_ ACQUIRED_AFTER(mu_);  // leaf

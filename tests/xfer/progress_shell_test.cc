@@ -54,7 +54,8 @@ class FakeHooks : public ProgressHooks {
 };
 
 ProgressShellOptions TestOptions() {
-  return {.name = "test", .linger_ns = 0, .yield_when_idle = false, .stop_timeout_ns = 5'000'000'000};
+  return {
+      .name = "test", .linger_ns = 0, .yield_when_idle = false, .stop_timeout_ns = 5'000'000'000};
 }
 
 TEST(ProgressShell, RunsJobsOnItsThreadInOrder) {
@@ -70,10 +71,12 @@ TEST(ProgressShell, RunsJobsOnItsThreadInOrder) {
     }));
   }
   std::thread::id sync_thread;
-  ASSERT_TRUE(shell.RunSync([&] {
-                     sync_thread = std::this_thread::get_id();
-                     return Status::Ok();
-                   }).ok());
+  ASSERT_TRUE(shell
+                  .RunSync([&] {
+                    sync_thread = std::this_thread::get_id();
+                    return Status::Ok();
+                  })
+                  .ok());
   ASSERT_EQ(order.size(), 100u);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(order[static_cast<size_t>(i)], i);
   for (const auto& id : threads) EXPECT_EQ(id, sync_thread);
@@ -85,25 +88,29 @@ TEST(ProgressShell, RunSyncInsideAJobRunsInline) {
   FakeHooks hooks;
   ASSERT_TRUE(shell.Start(&hooks, {}).ok());
   bool ran_inline = false;
-  ASSERT_TRUE(shell.RunSync([&] {
-                     bool inner = false;
-                     Status s = shell.RunSync([&] {
-                       inner = true;
-                       return Status::Ok();
-                     });
-                     ran_inline = inner && s.ok();  // no deadlock, and it ran before returning
-                     return Status::Ok();
-                   }).ok());
+  ASSERT_TRUE(shell
+                  .RunSync([&] {
+                    bool inner = false;
+                    Status s = shell.RunSync([&] {
+                      inner = true;
+                      return Status::Ok();
+                    });
+                    ran_inline = inner && s.ok();  // no deadlock, and it ran before returning
+                    return Status::Ok();
+                  })
+                  .ok());
   EXPECT_TRUE(ran_inline);
 }
 
 TEST(ProgressShell, RunSyncBeforeStartRunsOnTheCaller) {
   ProgressShell shell(TestOptions());
   std::thread::id ran_on;
-  ASSERT_TRUE(shell.RunSync([&] {
-                     ran_on = std::this_thread::get_id();
-                     return InvalidArgument("passed through");
-                   }).code() == StatusCode::kInvalidArgument);
+  ASSERT_TRUE(shell
+                  .RunSync([&] {
+                    ran_on = std::this_thread::get_id();
+                    return InvalidArgument("passed through");
+                  })
+                  .code() == StatusCode::kInvalidArgument);
   EXPECT_EQ(ran_on, std::this_thread::get_id());
 }
 
@@ -217,10 +224,12 @@ TEST(ProgressShell, StopDrainsThenRefusesJobs) {
   // Stopped: jobs are refused, RunSync says so, a second Stop is a no-op.
   bool ran = false;
   EXPECT_FALSE(shell.Enqueue([&] { ran = true; }));
-  EXPECT_EQ(shell.RunSync([&] {
+  EXPECT_EQ(shell
+                .RunSync([&] {
                   ran = true;
                   return Status::Ok();
-                }).code(),
+                })
+                .code(),
             StatusCode::kUnavailable);
   shell.Stop();
   EXPECT_FALSE(ran);

@@ -29,6 +29,9 @@ else
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}"
 fi
 cd "$ROOT"
+# The lock rules written as Clang thread-safety annotations (docs/xfer.md, "Checking lock rules"):
+# the annotated translation units compiled with clang++ -Werror=thread-safety (compile only).
+BUILD_DIR="${BUILD_DIR:-build}" scripts/thread-safety.sh
 # The connector's transfer state machine (TransferCore: every transition and failure path) and its
 # pure units (messages, handshake, config, peer authentication) under ASan+UBSan, in build-asan/
 # (only these binaries). SANITIZE_CORE=0 skips this step.

@@ -59,10 +59,10 @@ Status PdConnector::Init() {
   ao.stall_timeout = cfg.stall;
   ao.on_event = [this] {
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       agent_event_ = true;
     }
-    cv_.notify_one();
+    cv_.NotifyOne();
   };
   KVP_ASSIGN_OR_RETURN(auto backend, xfer::MakeBackend(cfg.backend));
   KVP_ASSIGN_OR_RETURN(agent_, xfer::Agent::Create(ao, std::move(backend)));
@@ -102,10 +102,10 @@ Status PdConnector::Init() {
 
 PdConnector::~PdConnector() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
   agent_.reset();  // before the arena it registered
   std::free(owned_arena_);
@@ -195,7 +195,7 @@ void PdConnector::AbortTransfer(const std::string& tid) {
 ConnectorStats PdConnector::stats() const {
   ConnectorStats s;
   {
-    std::lock_guard lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     s = published_;
     s.descriptors_posted += engine_descriptors_;
     s.transfer_ops_posted = transfer_ops_;
@@ -216,10 +216,10 @@ void PdConnector::BindEngine(std::function<void()> wake, std::function<void(int6
 
 void PdConnector::Push(EngineEvent ev) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     inbox_.push_back(std::move(ev));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
@@ -288,7 +288,7 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
   // before the next forward pass; the vllm profile does the same once P pinned the lease.
   std::vector<PendingRead> reads;
   {
-    std::lock_guard lock(out_mu_);
+    MutexLock lock(out_mu_);
     reads.swap(reads_to_post_);
   }
   for (PendingRead& r : reads) PostHandedRead(r);
@@ -326,7 +326,7 @@ void PdConnector::PostHandedRead(PendingRead& r) {
     const auto ops = agent_->TransferOpCount(*t);
     ev.error = agent_->Post(*t);
     if (ev.error.ok()) {
-      std::lock_guard lock(stats_mu_);
+      MutexLock lock(stats_mu_);
       engine_descriptors_ += static_cast<int64_t>(order->local_indices.size());
       transfer_ops_ += ops.ok() ? static_cast<int64_t>(*ops) : 0;
     }
@@ -419,7 +419,7 @@ void PdConnector::OnRequestRejected(const GenerationRequest& request) {
 std::vector<int64_t> PdConnector::GetFinished() {
   std::vector<int64_t> out;
   {
-    std::lock_guard lock(out_mu_);
+    MutexLock lock(out_mu_);
     out.swap(release_ids_);
   }
   engine_holds_ -= static_cast<int64_t>(out.size());
@@ -429,7 +429,7 @@ std::vector<int64_t> PdConnector::GetFinished() {
 std::vector<KvLoadResult> PdConnector::GetFinishedLoading() {
   std::vector<KvLoadResult> out;
   {
-    std::lock_guard lock(out_mu_);
+    MutexLock lock(out_mu_);
     out.swap(loads_done_);
   }
   for (const auto& r : out) {
@@ -452,10 +452,12 @@ void PdConnector::Loop() {
   while (true) {
     bool agent_event = false;
     {
-      std::unique_lock lock(mu_);
+      MutexLock lock(mu_);
       const bool busy = core_->busy();
-      cv_.wait_for(lock, busy ? 20ms : 1000ms,
-                   [&] { return stopping_ || !inbox_.empty() || agent_event_; });
+      const auto deadline = std::chrono::steady_clock::now() + (busy ? 20ms : 1000ms);
+      while (!stopping_ && inbox_.empty() && !agent_event_) {
+        if (!cv_.WaitUntil(lock, deadline)) break;
+      }
       if (stopping_) break;
       events.swap(inbox_);
       agent_event = std::exchange(agent_event_, false);
@@ -473,7 +475,7 @@ void PdConnector::Loop() {
     PublishStats();
     bool news = false;
     {
-      std::lock_guard lock(out_mu_);
+      MutexLock lock(out_mu_);
       news = !release_ids_.empty() || !loads_done_.empty() || !reads_to_post_.empty();
     }
     if (news && wake_engine_) wake_engine_();
@@ -508,7 +510,7 @@ void PdConnector::PollTransfers() {
 
 void PdConnector::PublishStats() {
   ConnectorStats s = core_->stats();
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   published_ = s;
 }
 
@@ -536,7 +538,7 @@ Result<TransferToken> PdConnector::PostTransfer(const TransferOrder& order) {
     (void)agent_->ReleaseTransfer(t);
     return st;
   }
-  std::lock_guard lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   transfer_ops_ += ops.ok() ? static_cast<int64_t>(*ops) : 0;
   return t.packed();
 }
@@ -565,13 +567,13 @@ void PdConnector::Cancel(TransferToken token) {
 
 void PdConnector::ReleaseBlocks(int64_t seq_id) {
   PublishStats();  // the engine may answer the request as soon as it sees this
-  std::lock_guard lock(out_mu_);
+  MutexLock lock(out_mu_);
   release_ids_.push_back(seq_id);
 }
 
 void PdConnector::FinishLoad(KvLoadResult result) {
   PublishStats();
-  std::lock_guard lock(out_mu_);
+  MutexLock lock(out_mu_);
   loads_done_.push_back(std::move(result));
 }
 
@@ -581,7 +583,7 @@ void PdConnector::AbortRequest(int64_t seq_id) {
 
 void PdConnector::HandRead(PendingRead read) {
   PublishStats();
-  std::lock_guard lock(out_mu_);
+  MutexLock lock(out_mu_);
   reads_to_post_.push_back(std::move(read));
 }
 

@@ -25,9 +25,7 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -35,6 +33,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "connector/connector_stats.h"
 #include "connector/handshake.h"
 #include "connector/kv_transfer_config.h"
@@ -51,7 +51,7 @@ struct ConnectorOptions {
   KvTransferConfig config;
   KvLayout layout;  ///< the engine's resolved layout (EngineCore::LayoutFor)
   uint64_t model_fingerprint = 0;
-  std::string role_name = "both";  ///< "prefill", "decode", "both"
+  std::string role_name = "both";            ///< "prefill", "decode", "both"
   std::string advertise_host = "127.0.0.1";  ///< how peers reach this instance's HTTP port
   int advertise_port = 0;                    ///< may be set later (set_advertised_port)
   /// `serve --kv-auth-key-file`: when set, peers are authenticated with the shared key it holds
@@ -183,24 +183,26 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   int64_t engine_waiting_ = 0;
 
   // Inbox (engine/HTTP threads -> connector thread).
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<EngineEvent> inbox_;
-  bool agent_event_ = false;
-  bool stopping_ = false;
+  Mutex mu_;
+  CondVar cv_;
+  std::vector<EngineEvent> inbox_ GUARDED_BY(mu_);
+  bool agent_event_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
 
   // Outbox (connector thread -> engine thread).
-  std::mutex out_mu_;
-  std::vector<int64_t> release_ids_;
-  std::vector<KvLoadResult> loads_done_;
+  Mutex out_mu_;
+  std::vector<int64_t> release_ids_ GUARDED_BY(out_mu_);
+  std::vector<KvLoadResult> loads_done_ GUARDED_BY(out_mu_);
   /// vllm pull profile: READs whose lease P pinned, posted by the engine thread at its next
   /// BeginStep (skipped there when the request stopped waiting meanwhile).
-  std::vector<PendingRead> reads_to_post_;
+  std::vector<PendingRead> reads_to_post_ GUARDED_BY(out_mu_);
 
-  mutable std::mutex stats_mu_;
-  ConnectorStats published_;          ///< the core's counters as of its last publication
-  int64_t engine_descriptors_ = 0;    ///< descriptors of READs posted by the engine thread
-  int64_t transfer_ops_ = 0;          ///< backend ops of every WRITE/READ posted
+  mutable Mutex stats_mu_;
+  /// The core's counters as of its last publication.
+  ConnectorStats published_ GUARDED_BY(stats_mu_);
+  /// Descriptors of READs posted by the engine thread.
+  int64_t engine_descriptors_ GUARDED_BY(stats_mu_) = 0;
+  int64_t transfer_ops_ GUARDED_BY(stats_mu_) = 0;  ///< backend ops of every WRITE/READ posted
 
   std::thread thread_;
 };

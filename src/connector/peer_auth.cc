@@ -131,7 +131,7 @@ Result<std::unique_ptr<PeerAuth>> PeerAuth::FromKeyFile(const std::string& path)
 }
 
 void PeerAuth::set_self(std::string engine_id) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   self_ = std::move(engine_id);
 }
 
@@ -157,7 +157,7 @@ Status PeerAuth::Refuse(AuthFailure kind, const std::string& peer, const std::st
   const auto now = std::chrono::steady_clock::now();
   int64_t suppressed = -1;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     ++failures_[k];
     if (now - last_log_[k] >= std::chrono::seconds(1)) {
       last_log_[k] = now;
@@ -174,7 +174,7 @@ Status PeerAuth::Refuse(AuthFailure kind, const std::string& peer, const std::st
 }
 
 AuthFailureCounts PeerAuth::failures() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return failures_;
 }
 
@@ -195,7 +195,7 @@ Result<nlohmann::json> PeerAuth::AnswerHello(const nlohmann::json& body) {
   if (!IsNonceHex(nc)) return InvalidArgument("kv_auth: malformed client_nonce");
   const std::string ns = FreshNonce();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     const auto now = std::chrono::steady_clock::now();
     std::erase_if(pending_, [&](const auto& e) { return now - e.second > kNonceTtl; });
     if (pending_.size() >= kMaxPendingNonces) pending_.erase(pending_.begin());
@@ -259,7 +259,7 @@ Result<PeerAuth::Proof> PeerAuth::CheckProof(const nlohmann::json& body,
   }
   bool fresh = false;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = pending_.find(p.ns);
     fresh = it != pending_.end() && std::chrono::steady_clock::now() - it->second <= kNonceTtl;
     if (it != pending_.end()) pending_.erase(it);  // one use
@@ -319,14 +319,14 @@ void PeerAuth::AddSession(const std::string& peer, const std::string& nc, const 
   const auto id = Mac(key_, "kvpush-auth-v1 session-id", parts);
   std::memcpy(s.id.data(), id.data(), s.id.size());
   s.key = Mac(key_, "kvpush-auth-v1 session-key", parts);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto& v = sessions_[peer];
   v.push_back(s);
   if (v.size() > kSessionsPerPeer) v.erase(v.begin());
 }
 
 void PeerAuth::DropSessions(const std::string& peer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   sessions_.erase(peer);
 }
 
@@ -345,7 +345,7 @@ std::array<uint8_t, PeerAuth::kMacBytes> PeerAuth::MessageMac(
 
 Result<std::vector<uint8_t>> PeerAuth::Seal(const std::string& peer,
                                             std::span<const uint8_t> message) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = sessions_.find(peer);
   if (it == sessions_.end() || it->second.empty()) {
     return FailedPrecondition("no authenticated session with '" + peer + "'");
@@ -378,7 +378,7 @@ Result<std::span<const uint8_t>> PeerAuth::Open(const std::string& peer,
   AuthFailure kind;
   std::string why;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Session* s = nullptr;
     if (auto it = sessions_.find(peer); it != sessions_.end()) {
       for (Session& c : it->second) {

@@ -33,14 +33,15 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 
 namespace kvpush::connector {
 
@@ -158,13 +159,16 @@ class PeerAuth {
   Status Refuse(AuthFailure kind, const std::string& peer, const std::string& why);
 
   const std::vector<uint8_t> key_;
-  mutable std::mutex mu_;
-  std::string self_;
-  std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> pending_;  ///< Ns
-  std::map<std::string, std::vector<Session>, std::less<>> sessions_;  ///< by peer, newest last
-  AuthFailureCounts failures_{};
-  std::array<std::chrono::steady_clock::time_point, kNumAuthFailures> last_log_{};
-  std::array<int64_t, kNumAuthFailures> suppressed_{};
+  mutable Mutex mu_;
+  std::string self_ GUARDED_BY(mu_);
+  /// Ns
+  std::map<std::string, std::chrono::steady_clock::time_point, std::less<>> pending_
+      GUARDED_BY(mu_);
+  /// By peer, newest last.
+  std::map<std::string, std::vector<Session>, std::less<>> sessions_ GUARDED_BY(mu_);
+  AuthFailureCounts failures_ GUARDED_BY(mu_){};
+  std::array<std::chrono::steady_clock::time_point, kNumAuthFailures> last_log_ GUARDED_BY(mu_){};
+  std::array<int64_t, kNumAuthFailures> suppressed_ GUARDED_BY(mu_){};
 };
 
 }  // namespace kvpush::connector

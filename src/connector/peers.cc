@@ -28,7 +28,7 @@ PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
 Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto it = peers_.find(peer.engine_id);
     if (it != peers_.end() && it->second.info.incarnation == peer.incarnation) {
       auto alive = agent_.GetPeer(peer.engine_id);
@@ -50,7 +50,7 @@ Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
     return Unavailable("preparing the KV region of '" + peer.engine_id +
                        "': " + list.status().ToString());
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(peer.engine_id);
   if (it != peers_.end()) (void)agent_.ReleaseList(it->second.remote_list);
   peers_[peer.engine_id] = PeerState{peer, *list};
@@ -98,7 +98,7 @@ Result<nlohmann::json> PeerRegistry::HandleAuthStep(const nlohmann::json& body,
 }
 
 std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = endpoints_.find(key);
   if (it == endpoints_.end()) return {};
   auto p = agent_.GetPeer(it->second);
@@ -108,21 +108,21 @@ std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
 Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port) {
   const std::string key = host + ":" + std::to_string(port);
   if (std::string id = AliveEndpoint(key); !id.empty()) return id;
-  std::shared_ptr<std::mutex> endpoint_lock;
+  std::shared_ptr<Mutex> endpoint_lock;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto& l = handshake_locks_[key];
-    if (!l) l = std::make_shared<std::mutex>();
+    if (!l) l = std::make_shared<Mutex>();
     endpoint_lock = l;
   }
-  std::lock_guard hs(*endpoint_lock);
+  MutexLock hs(*endpoint_lock);
   // Another thread may have finished it meanwhile.
   if (std::string id = AliveEndpoint(key); !id.empty()) return id;
   std::string nc, ns;
   KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, Exchange(host, port, key, nc, ns));
   KVP_RETURN_IF_ERROR(Adopt(peer));
   if (auth_ != nullptr) auth_->AddSession(peer.engine_id, nc, ns);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   endpoints_[key] = peer.engine_id;
   return peer.engine_id;
 }
@@ -186,26 +186,26 @@ Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
 }
 
 std::optional<PeerState> PeerRegistry::Get(const std::string& engine_id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(engine_id);
   if (it == peers_.end()) return std::nullopt;
   return it->second;
 }
 
 int64_t PeerRegistry::handshakes() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   return handshakes_;
 }
 
 std::optional<PeerView> PeerRegistry::Find(const std::string& engine_id) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(engine_id);
   if (it == peers_.end()) return std::nullopt;
   return PeerView{it->second.info.layout.num_blocks, it->second.info.incarnation};
 }
 
 std::string PeerRegistry::EngineIdAt(const std::string& host, int port) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = endpoints_.find(host + ":" + std::to_string(port));
   return it == endpoints_.end() ? std::string() : it->second;
 }

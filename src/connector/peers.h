@@ -8,12 +8,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "connector/handshake.h"
 #include "connector/peer_auth.h"
 #include "connector/transfer_core.h"
@@ -91,12 +92,12 @@ class PeerRegistry final : public PeerDirectory {
   const HandshakeInfo self_;
   const std::chrono::milliseconds watchdog_;
   PeerAuth* const auth_;
-  mutable std::mutex mu_;
-  std::map<std::string, PeerState, std::less<>> peers_;       ///< by engine id
+  mutable Mutex mu_;
+  std::map<std::string, PeerState, std::less<>> peers_;        ///< by engine id
   std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
-  /// One lock per "host:port" (guarded by mu_).
-  std::map<std::string, std::shared_ptr<std::mutex>, std::less<>> handshake_locks_;
-  int64_t handshakes_ = 0;  ///< guarded by mu_
+  /// One lock per "host:port": handshakes to one endpoint run one at a time.
+  std::map<std::string, std::shared_ptr<Mutex>, std::less<>> handshake_locks_ GUARDED_BY(mu_);
+  int64_t handshakes_ GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvpush::connector

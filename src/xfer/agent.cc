@@ -51,17 +51,17 @@ Agent::Agent(AgentOptions options, std::unique_ptr<Backend> backend)
 
 Agent::~Agent() {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  watchdog_cv_.notify_all();
+  watchdog_cv_.NotifyAll();
   watchdog_.join();
   std::vector<
       std::pair<std::shared_ptr<BackendPeer>, std::vector<std::shared_ptr<BackendRemoteRegion>>>>
       peers;
   std::vector<std::unique_ptr<BackendRegion>> regions;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     for (auto& [name, p] : peers_) {
       if (!p.backend) continue;
       std::vector<std::shared_ptr<BackendRemoteRegion>> rr;
@@ -84,7 +84,7 @@ Result<RegionId> Agent::RegisterRegion(void* addr, uint64_t length, MemoryType t
   if (reinterpret_cast<uintptr_t>(addr) + length < reinterpret_cast<uintptr_t>(addr))
     return InvalidArgument("RegisterRegion: range wraps the address space");
   KVP_ASSIGN_OR_RETURN(auto br, backend_->RegisterMemory(addr, length, type));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   HandleBits h = regions_.Insert(Region{addr, length, type, false, 0, std::move(br)});
   return RegionId{h};
 }
@@ -93,7 +93,7 @@ Result<AllocatedRegion> Agent::AllocateRegion(uint64_t length, MemoryType type) 
   if (length == 0) return InvalidArgument("AllocateRegion: zero length");
   void* addr = nullptr;
   KVP_ASSIGN_OR_RETURN(auto br, backend_->AllocateMemory(length, type, &addr));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   HandleBits h = regions_.Insert(Region{addr, length, type, true, 0, std::move(br)});
   return AllocatedRegion{RegionId{h}, static_cast<std::byte*>(addr), length};
 }
@@ -101,7 +101,7 @@ Result<AllocatedRegion> Agent::AllocateRegion(uint64_t length, MemoryType type) 
 Status Agent::DeregisterRegion(RegionId id) {
   std::unique_ptr<BackendRegion> br;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Region* r = regions_.Find(id);
     if (r == nullptr) return NotFound("DeregisterRegion: no region " + std::to_string(id.index));
     if (r->list_refs > 0)
@@ -125,7 +125,7 @@ Result<std::vector<uint8_t>> Agent::ExportMetadata() {
   md.backend = backend_->caps().name;
   md.address = backend_->LocalAddress();
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     regions_.ForEach([&](HandleBits h, Region& r) {
       RegionInfo ri;
       ri.id = RegionId{h};
@@ -145,7 +145,7 @@ void Agent::FinishLocked(Transfer& t, Status status) {
   t.error = std::move(status);
   --in_progress_;
   finished_.fetch_add(1, std::memory_order_release);
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (options_.on_event) options_.on_event();
 }
 
@@ -153,13 +153,14 @@ void Agent::SettleLocked(Transfer& t, Status status) {
   t.settled = true;
   if (t.state == TransferState::kInProgress) return FinishLocked(t, std::move(status));
   // Ended early (cancel, stall deadline, peer dropped): now nothing of it can land any more.
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (options_.on_event) options_.on_event();
 }
 
 void Agent::FailPeerTransfersLocked(const std::string& peer, const Status& why) {
   std::vector<uint64_t> aborted;
   transfers_.ForEach([&](HandleBits h, Transfer& t) {
+    mu_.AssertHeld();  // ForEach calls back synchronously, under the caller's lock
     if (t.state != TransferState::kInProgress || t.peer != peer) return;
     if (t.control) t.control->Abort();
     aborted.push_back((static_cast<uint64_t>(t.seq) << 32) | h.index);
@@ -192,7 +193,7 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
   PeerLoadResult result;
   std::shared_ptr<BackendPeer> bp;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     auto retired = retired_incarnations_.find(md.name);
     if (retired != retired_incarnations_.end() && retired->second.count(md.incarnation))
       return FailedPrecondition("metadata: peer '" + md.name + "' incarnation " +
@@ -226,7 +227,7 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
     uint32_t idx = ri.id.index;
     regions.emplace(idx, RemoteRegion{std::move(ri), std::move(rr).value()});
   }
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Peer& p = peers_[md.name];
   uint32_t restarts = p.restarts + (result.restarted ? 1 : 0);
   if (p.backend && p.backend != bp) {  // raced with another load: keep the newest connection
@@ -246,7 +247,7 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
 }
 
 Status Agent::InvalidatePeer(std::string_view peer, std::string_view reason) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end())
     return NotFound("InvalidatePeer: unknown peer '" + std::string(peer) + "'");
@@ -256,7 +257,7 @@ Status Agent::InvalidatePeer(std::string_view peer, std::string_view reason) {
 }
 
 Result<PeerInfo> Agent::GetPeer(std::string_view peer) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end()) return NotFound("unknown peer '" + std::string(peer) + "'");
   const Peer& p = it->second;
@@ -269,7 +270,7 @@ Result<PeerInfo> Agent::GetPeer(std::string_view peer) {
 void Agent::OnPostDone(uint64_t token, Status status) {
   HandleBits h{static_cast<uint32_t>(token & 0xffffffffu), 0};
   uint32_t seq = static_cast<uint32_t>(token >> 32);
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.AtIndex(h.index);
   if (t == nullptr || t->seq != seq) return;  // released or re-posted since: stale completion
   SettleLocked(*t, std::move(status));
@@ -278,7 +279,7 @@ void Agent::OnPostDone(uint64_t token, Status status) {
 void Agent::OnMessage(std::span<const uint8_t> frame) {
   auto n = DecodeNotificationFrame(frame, options_.max_notification_bytes);
   if (!n.ok()) return;  // malformed frames are dropped (counted in a later issue)
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto retired = retired_incarnations_.find(n->peer);
   if (retired != retired_incarnations_.end() && retired->second.count(n->peer_incarnation)) return;
   auto it = peers_.find(n->peer);
@@ -293,12 +294,12 @@ void Agent::OnMessage(std::span<const uint8_t> frame) {
     p.incarnation = n->peer_incarnation;
   }
   notifications_.push_back(std::move(n).value());
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (options_.on_event) options_.on_event();
 }
 
 void Agent::OnPeerError(const BackendPeer* peer, Status status) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (auto& [name, p] : peers_) {
     if (p.backend.get() != peer) continue;
     DropPeerLocked(name, p, PeerGone("peer '" + name + "': " + status.ToString()));
@@ -307,7 +308,7 @@ void Agent::OnPeerError(const BackendPeer* peer, Status status) {
 }
 
 std::vector<Notification> Agent::TakeNotifications() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
@@ -315,8 +316,10 @@ std::vector<Notification> Agent::TakeNotifications() {
 }
 
 std::vector<Notification> Agent::WaitNotifications(size_t min_count, TimePoint deadline) {
-  std::unique_lock lock(mu_);
-  cv_.wait_until(lock, deadline, [&] { return notifications_.size() >= min_count; });
+  MutexLock lock(mu_);
+  while (notifications_.size() < min_count) {
+    if (!cv_.WaitUntil(lock, deadline)) break;
+  }
   std::vector<Notification> out(std::make_move_iterator(notifications_.begin()),
                                 std::make_move_iterator(notifications_.end()));
   notifications_.clear();
@@ -327,12 +330,13 @@ std::vector<Notification> Agent::WaitNotifications(size_t min_count, TimePoint d
 // Stall watchdog: fails every transfer still in progress past its deadline.
 
 void Agent::WatchdogLoop() {
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   while (!stopping_) {
     TimePoint now = SteadyClock::now();
     TimePoint next = TimePoint::max();
     std::vector<uint64_t> expired;
     transfers_.ForEach([&](HandleBits h, Transfer& t) {
+      mu_.AssertHeld();  // ForEach calls back synchronously, under the caller's lock
       if (t.state != TransferState::kInProgress) return;
       if (t.deadline <= now) {
         bool before_notify = t.control == nullptr || t.control->Abort();
@@ -349,10 +353,10 @@ void Agent::WatchdogLoop() {
     for (uint64_t token : expired) backend_->Abort(token);
     if (next == TimePoint::max()) {
       watchdog_idle_ = true;
-      watchdog_cv_.wait(lock);
+      watchdog_cv_.Wait(lock);
       watchdog_idle_ = false;
     } else {
-      watchdog_cv_.wait_until(lock, next);
+      watchdog_cv_.WaitUntil(lock, next);
     }
   }
 }

@@ -16,11 +16,9 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <set>
 #include <span>
 #include <string>
@@ -28,7 +26,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "xfer/backend.h"
 #include "xfer/metadata.h"
 #include "xfer/slot_table.h"
@@ -229,35 +229,38 @@ class Agent final : private BackendSink {
   void OnPeerError(const BackendPeer* peer, Status status) override;
 
   // All *Locked helpers require mu_.
-  void FailPeerTransfersLocked(const std::string& peer, const Status& why);
-  void DropPeerLocked(const std::string& name, Peer& peer, const Status& why);
-  void FinishLocked(Transfer& t, Status status);
+  void FailPeerTransfersLocked(const std::string& peer, const Status& why) REQUIRES(mu_);
+  void DropPeerLocked(const std::string& name, Peer& peer, const Status& why) REQUIRES(mu_);
+  void FinishLocked(Transfer& t, Status status) REQUIRES(mu_);
   /// The backend is done with t's post (or never took it): settled, and finished with `status`
   /// unless the agent ended it early (then its first status stays and waiters are woken).
-  void SettleLocked(Transfer& t, Status status);
+  void SettleLocked(Transfer& t, Status status) REQUIRES(mu_);
   Result<std::vector<Entry>> SelectRunsLocked(const List& list, const std::vector<uint32_t>& idx,
-                                              const char* side);
-  void WatchdogLoop();
+                                              const char* side) REQUIRES(mu_);
+  void WatchdogLoop() EXCLUDES(mu_);
 
   AgentOptions options_;
   std::unique_ptr<Backend> backend_;
 
-  std::mutex mu_;
-  std::condition_variable cv_;  // transfer finished, notification arrived
-  SlotTable<Region> regions_;
-  SlotTable<List> lists_;
-  SlotTable<Transfer> transfers_;
-  std::map<std::string, Peer, std::less<>> peers_;
-  std::map<std::string, std::set<uint64_t>, std::less<>> retired_incarnations_;
-  std::deque<Notification> notifications_;
-  uint64_t next_peer_generation_ = 1;
-  uint32_t post_seq_ = 0;  // tokens carry a fresh sequence number per post
-  size_t in_progress_ = 0;
+  // Guards all bookkeeping. Lock order: the backend's locks (its progress lock, held while it
+  // reports to this sink) before mu_; the backend is never called with mu_ held except for
+  // calls that never call the sink (Abort, Post).
+  Mutex mu_;
+  CondVar cv_;  // transfer finished, notification arrived
+  SlotTable<Region> regions_ GUARDED_BY(mu_);
+  SlotTable<List> lists_ GUARDED_BY(mu_);
+  SlotTable<Transfer> transfers_ GUARDED_BY(mu_);
+  std::map<std::string, Peer, std::less<>> peers_ GUARDED_BY(mu_);
+  std::map<std::string, std::set<uint64_t>, std::less<>> retired_incarnations_ GUARDED_BY(mu_);
+  std::deque<Notification> notifications_ GUARDED_BY(mu_);
+  uint64_t next_peer_generation_ GUARDED_BY(mu_) = 1;
+  uint32_t post_seq_ GUARDED_BY(mu_) = 0;  // tokens carry a fresh sequence number per post
+  size_t in_progress_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> finished_{0};  // bumps on every FinishLocked (Wait spins on it)
 
-  std::condition_variable watchdog_cv_;
-  bool stopping_ = false;
-  bool watchdog_idle_ = false;  // watchdog waits without a deadline
+  CondVar watchdog_cv_;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool watchdog_idle_ GUARDED_BY(mu_) = false;  // watchdog waits without a deadline
   std::thread watchdog_;
 };
 

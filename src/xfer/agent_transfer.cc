@@ -32,7 +32,7 @@ Result<ListHandle> Agent::PrepareLocal(std::span<const Desc> descs) {
   if (descs.empty()) return InvalidArgument("PrepareLocal: empty descriptor list");
   List list;
   list.entries.reserve(descs.size());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   for (size_t i = 0; i < descs.size(); ++i) {
     const Desc& d = descs[i];
     Region* r = regions_.Find(d.region);
@@ -65,7 +65,7 @@ Result<ListHandle> Agent::PrepareRemote(std::string_view peer, std::span<const D
   list.remote = true;
   list.peer = std::string(peer);
   list.entries.reserve(descs.size());
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto it = peers_.find(peer);
   if (it == peers_.end()) return NotFound("PrepareRemote: unknown peer '" + list.peer + "'");
   Peer& p = it->second;
@@ -103,14 +103,14 @@ Result<ListHandle> Agent::PrepareRemote(std::string_view peer, std::span<const D
 }
 
 Result<ListInfo> Agent::GetListInfo(ListHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   List* l = lists_.Find(h);
   if (l == nullptr) return NotFound("no prepared list " + std::to_string(h.index));
   return ListInfo{l->entries.size(), l->runs.size(), l->bytes};
 }
 
 Status Agent::ReleaseList(ListHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   List* l = lists_.Find(h);
   if (l == nullptr) return NotFound("ReleaseList: no prepared list " + std::to_string(h.index));
   for (uint32_t idx : l->local_regions) --regions_.AtIndex(idx)->list_refs;
@@ -146,7 +146,7 @@ Result<TransferHandle> Agent::CreateTransfer(const TransferSpec& spec) {
     return InvalidArgument("CreateTransfer: notification of " +
                            std::to_string(spec.notification.size()) + " bytes > limit " +
                            std::to_string(options_.max_notification_bytes));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   List* local = lists_.Find(spec.local);
   List* remote = lists_.Find(spec.remote);
   if (local == nullptr || remote == nullptr)
@@ -196,7 +196,7 @@ Result<TransferHandle> Agent::CreateNotification(std::string_view peer,
   if (payload.size() > options_.max_notification_bytes)
     return InvalidArgument("CreateNotification: payload of " + std::to_string(payload.size()) +
                            " bytes > limit " + std::to_string(options_.max_notification_bytes));
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   auto pit = peers_.find(peer);
   if (pit == peers_.end())
     return NotFound("CreateNotification: unknown peer '" + std::string(peer) + "'");
@@ -212,7 +212,7 @@ Result<TransferHandle> Agent::CreateNotification(std::string_view peer,
 }
 
 Result<size_t> Agent::TransferOpCount(TransferHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("no transfer " + std::to_string(h.index));
   return t->batch->ops.size();
@@ -221,7 +221,7 @@ Result<size_t> Agent::TransferOpCount(TransferHandle h) {
 Status Agent::Post(TransferHandle h) {
   PostRequest req;
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Transfer* t = transfers_.Find(h);
     if (t == nullptr) return NotFound("Post: no transfer " + std::to_string(h.index));
     if (t->state == TransferState::kInProgress)
@@ -255,7 +255,7 @@ Status Agent::Post(TransferHandle h) {
     req.batch = t->batch;
     req.notification = t->notification_frame;
     req.control = t->control;
-    if (watchdog_idle_) watchdog_cv_.notify_one();
+    if (watchdog_idle_) watchdog_cv_.NotifyOne();
   }
   const uint64_t token = req.token;
   // Caller-thread fast path first (small posts on an idle backend finish here, without waking a
@@ -264,14 +264,14 @@ Status Agent::Post(TransferHandle h) {
   const InlinePost taken = backend_->TryPostInline(req, &inline_status);
   if (taken == InlinePost::kAccepted) return Status::Ok();
   if (taken == InlinePost::kDone) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
     if (t != nullptr && Token(h, t->seq) == token) SettleLocked(*t, inline_status);
     return Status::Ok();  // the transfer's status carries any error, as for a later failure
   }
   Status s = backend_->Post(std::move(req));
   if (!s.ok()) {
-    std::lock_guard lock(mu_);
+    MutexLock lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
     // Never started: the backend reports nothing.
     if (t != nullptr && Token(h, t->seq) == token) SettleLocked(*t, s);
@@ -280,7 +280,7 @@ Status Agent::Post(TransferHandle h) {
 }
 
 Result<TransferStatus> Agent::GetStatus(TransferHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("GetStatus: no transfer " + std::to_string(h.index));
   return TransferStatus{t->state, t->error, t->settled};
@@ -290,7 +290,7 @@ Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
   if (options_.wait_spin_us > 0) {
     uint64_t seen = finished_.load(std::memory_order_acquire);
     {
-      std::lock_guard lock(mu_);
+      MutexLock lock(mu_);
       Transfer* t = transfers_.Find(h);
       if (t == nullptr) return NotFound("Wait: no transfer " + std::to_string(h.index));
       if (t->state != TransferState::kInProgress)
@@ -301,19 +301,20 @@ Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {
       backend_->ProgressCaller();  // mu_ is not held: completions may call OnPostDone here
     }
   }
-  std::unique_lock lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("Wait: no transfer " + std::to_string(h.index));
-  cv_.wait_until(lock, deadline, [&] {
+  while (t != nullptr && t->state == TransferState::kInProgress) {
+    const bool woken = cv_.WaitUntil(lock, deadline);
     t = transfers_.Find(h);
-    return t == nullptr || t->state != TransferState::kInProgress;
-  });
+    if (!woken) break;
+  }
   if (t == nullptr) return NotFound("Wait: transfer released while waiting");
   return TransferStatus{t->state, t->error, t->settled};
 }
 
 Status Agent::Cancel(TransferHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("Cancel: no transfer " + std::to_string(h.index));
   if (t->state != TransferState::kInProgress)
@@ -326,7 +327,7 @@ Status Agent::Cancel(TransferHandle h) {
 }
 
 Status Agent::ReleaseTransfer(TransferHandle h) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(mu_);
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("ReleaseTransfer: no transfer " + std::to_string(h.index));
   if (t->state == TransferState::kInProgress) {

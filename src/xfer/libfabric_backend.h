@@ -24,6 +24,9 @@
 // flight; the target busy-polls for 2 ms after each. shm needs
 // this: a write of <= 4 KiB with FI_DELIVERY_COMPLETE takes shm's SAR protocol, one in flight per
 // peer, each needing a target poll (18,880 8-byte writes: 22 s without holds, 72 ms with).
+// The progress thread, its job queue, wake-up and linger are the shared ProgressShell
+// (progress_shell.h). Code: libfabric_backend.cc (setup, regions, peers, progress hooks),
+// libfabric_post.cc (issuing, holds, notifications, completions).
 // Thread-safety: as Backend.
 #pragma once
 

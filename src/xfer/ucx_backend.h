@@ -20,6 +20,9 @@
 //           user memory goes through cma or AM emulation. Peer death shows up as the stall
 //           deadline. Event-fd wakeups of these transports were unreliable here, so the idle thread
 //           sleeps at most 1 ms between polls (about 1000 cheap wakeups/s, no busy core).
+// The progress thread, its job queue, wake-up, linger and the pidfd peer watch are the shared
+// ProgressShell (progress_shell.h); its lock is the worker lock. Code: ucx_backend.cc (setup,
+// regions, peers, progress hooks), ucx_post.cc (the post path).
 // Thread-safety: as Backend.
 #pragma once
 

@@ -166,8 +166,8 @@ void ProgressShell::UnwatchProcess(void* tag) {
   close(fd);
 }
 
-void ProgressShell::HandleEvents(const epoll_event* ev, int n) {
-  bool exited = false;
+std::vector<int> ProgressShell::TakeEvents(const epoll_event* ev, int n) {
+  std::vector<int> exited;
   for (int i = 0; i < n; ++i) {
     const int fd = ev[i].data.fd;
     if (fd == wake_fd_) {
@@ -175,16 +175,17 @@ void ProgressShell::HandleEvents(const epoll_event* ev, int n) {
       ssize_t r = read(wake_fd_, &v, sizeof(v));
       (void)r;
     } else if (std::find(wait_fds_.begin(), wait_fds_.end(), fd) == wait_fds_.end()) {
-      exited = true;
+      exited.push_back(fd);
     }
   }
-  if (!exited) return;
+  return exited;
+}
+
+void ProgressShell::HandleEvents(const epoll_event* ev, int n) {
+  std::vector<int> exited = TakeEvents(ev, n);
+  if (exited.empty()) return;
   MutexLock lock(mu_);  // exited_fds_ is guarded by it
-  for (int i = 0; i < n; ++i) {
-    const int fd = ev[i].data.fd;
-    if (std::find(wait_fds_.begin(), wait_fds_.end(), fd) == wait_fds_.end())
-      exited_fds_.push_back(fd);
-  }
+  exited_fds_.insert(exited_fds_.end(), exited.begin(), exited.end());
 }
 
 void ProgressShell::ReportExited() {
@@ -203,16 +204,8 @@ void ProgressShell::CheckProcesses() {
   last_process_check_ns_ = NowNs();
   epoll_event ev[8];
   const int n = epoll_wait(epoll_fd_, ev, 8, 0);
-  for (int i = 0; i < n; ++i) {
-    const int fd = ev[i].data.fd;
-    if (fd == wake_fd_) {
-      uint64_t v;
-      ssize_t r = read(wake_fd_, &v, sizeof(v));
-      (void)r;
-    } else if (std::find(wait_fds_.begin(), wait_fds_.end(), fd) == wait_fds_.end()) {
-      exited_fds_.push_back(fd);
-    }
-  }
+  std::vector<int> exited = TakeEvents(ev, n);
+  exited_fds_.insert(exited_fds_.end(), exited.begin(), exited.end());
   ReportExited();
 }
 

@@ -157,6 +157,9 @@ class ProgressShell {
   void RunJobs() REQUIRES(mu_) EXCLUDES(queue_mu_);
   void ReportExited() REQUIRES(mu_);
   void CheckProcesses() REQUIRES(mu_);
+  /// Drains the wake-up eventfd if it fired; returns the readable pidfds (watched processes
+  /// that exited) among the n events. Touches no guarded state.
+  std::vector<int> TakeEvents(const ::epoll_event* ev, int n);
   /// Handles the events of one epoll_wait: drains the wake fd, collects exited pidfds.
   void HandleEvents(const ::epoll_event* ev, int n) EXCLUDES(mu_);
 

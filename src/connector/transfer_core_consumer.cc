@@ -269,13 +269,13 @@ void TransferCore::OnConsumerAbort(EngineEvent& ev) {
   Consumer& c = it->second;
   c.aborted = true;
   if (c.state == ConsumerState::kCancelling || c.state == ConsumerState::kQuarantined) return;
+  if (c.mode == Mode::kPush) {
+    BeginPushCancel(c, clock_.Now());
+    return;
+  }
   const bool reading = c.state == ConsumerState::kReading;
   c.state = ConsumerState::kCancelling;
   c.cancel_deadline = clock_.Now() + config_.cancel_ack;
-  if (c.mode == Mode::kPush) {
-    SendSignal(c.peer, MsgTag::kCancel, c.tid);
-    return;
-  }
   if (!reading) {
     CompleteConsumer(c, Aborted("aborted"), std::nullopt);
     return;

@@ -7,9 +7,11 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "apps/commands.h"
 #include "common/log.h"
@@ -23,9 +25,11 @@
 namespace kvpush::apps {
 namespace {
 
-std::atomic<bool> g_stop{false};
+/// SIGINT/SIGTERM received so far: the first starts the graceful drain, a second cuts its wait
+/// short (open requests end at once with their drain error).
+std::atomic<int> g_stop_signals{0};
 extern "C" void OnStopSignal(int) {
-  g_stop.store(true);
+  g_stop_signals.fetch_add(1);
 }
 
 struct ServeOptions {
@@ -49,7 +53,45 @@ struct ServeOptions {
   std::string sim_model = "qwen3-32b";
   std::string sim_hw = "h200";
   SimOptions sim;
+  double drain_timeout_s = 30.0;
 };
+
+/// The graceful drain after the first SIGTERM/SIGINT (docs/server.md, "Graceful drain"):
+/// `pre_drain` callbacks in order (leave discovery first, so routers stop choosing this
+/// instance), then new requests get 503 `draining`, in-flight requests (and, on P, KV pushes
+/// still running) get up to `timeout_s` to finish, then whatever is still open ends with an
+/// error (SSE error event / 503 `draining_timeout`). A second signal ends the wait at once.
+void Drain(server::HttpServer& http, const connector::PdConnector* conn, double timeout_s,
+           const std::vector<std::function<void()>>& pre_drain) {
+  using Clock = std::chrono::steady_clock;
+  for (const auto& f : pre_drain) f();
+  http.BeginDrain();
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
+                                 std::chrono::duration<double>(timeout_s));
+  // P: a transfer whose P leg answered may still be pushing (or, pull, waiting to be read).
+  auto busy = [&] {
+    return http.inflight() > 0 || (conn != nullptr && conn->stats().producers_active > 0);
+  };
+  spdlog::info("kvpush serve: draining ({} request(s) in flight, timeout {} s)", http.inflight(),
+               timeout_s);
+  while (busy() && Clock::now() < deadline && g_stop_signals.load() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (http.inflight() > 0) {
+    spdlog::warn("kvpush serve: drain {}: ending {} open request(s) with an error",
+                 g_stop_signals.load() >= 2 ? "cut short by a second signal" : "timed out",
+                 http.inflight());
+    http.CutOpenRequests();
+    // Streams see the cut within one poll (50 ms); give their last bytes time to go out.
+    const auto grace = Clock::now() + std::chrono::seconds(2);
+    while (http.inflight() > 0 && Clock::now() < grace) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  spdlog::info("kvpush serve: drained in {:.3f} s",
+               std::chrono::duration<double>(Clock::now() - t0).count());
+}
 
 /// The llama executor from --model, or the sim executor from the --sim-* flags.
 Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
@@ -197,8 +239,12 @@ int RunServe(const ServeOptions& o) {
   std::signal(SIGTERM, OnStopSignal);
   std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
   std::fflush(stdout);
-  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Shutdown, step 1: what must happen before the drain, in order (e.g. leaving discovery, so
+  // routers stop sending requests here). Registered above as the instance comes up.
+  std::vector<std::function<void()>> pre_drain;
+  while (g_stop_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   spdlog::info("kvpush serve: shutting down");
+  Drain(http, conn.get(), o.drain_timeout_s, pre_drain);
   http.Stop();
   (*engine)->Stop();
   return 0;
@@ -293,6 +339,11 @@ void RegisterServeCommand(CLI::App& app) {
                   "Testing only: inject KV transfer failures and delays (fault backend), e.g. "
                   "post_failure_rate=0.02,completion_failure_rate=0.02,max_post_delay_us=2000,"
                   "max_completion_delay_us=2000,seed=7 (docs/reliability.md)");
+  cmd->add_option("--drain-timeout-s", opts->drain_timeout_s,
+                  "On SIGTERM/SIGINT: seconds in-flight requests get to finish (new ones get 503 "
+                  "draining) before open ones end with an error; a second signal cuts it short")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   cmd->callback([opts] {

@@ -138,6 +138,7 @@ void TransferCore::OnProducerMessage(const std::string& peer, PdMessage& m) {
       OnPin(peer, m);
       return;
     case MsgTag::kNotNeeded: {
+      ++stats_.not_needed_received;
       auto it = producers_.find(m.transfer_id);
       Tombstone(m.transfer_id);
       pending_targets_.erase(m.transfer_id);

@@ -206,6 +206,7 @@ void EngineCore::ApplyKvLoads() {
       continue;
     }
     ++stats_.kv_loads;
+    stats_.prompt_tokens_transferred += seq.num_external_tokens;
     scheduler_.OnKvLoaded(seq, local + seq.num_external_tokens);
     if (r.first_token && seq.num_computed == seq.num_tokens()) {
       ProcessSampled(seq, std::move(*r.first_token));
@@ -306,6 +307,10 @@ int32_t EngineCore::Step() {
       continue;
     }
     stats_.computed_tokens += static_cast<int64_t>(batch_[i].tokens.size());
+    stats_.prompt_tokens_computed += std::max<int64_t>(
+        0, std::min<int64_t>(batch_[i].start_pos + static_cast<int64_t>(batch_[i].tokens.size()),
+                             seq.num_prompt_tokens) -
+               batch_[i].start_pos);
     seq.num_computed += static_cast<int32_t>(batch_[i].tokens.size());
     scheduler_.CommitFullBlocks(seq);
     if (batch_[i].all_logits) {

@@ -27,6 +27,11 @@ struct EngineStats {
   int64_t generation_tokens = 0;     ///< tokens sampled
   int64_t cached_prompt_tokens = 0;  ///< prompt tokens served by the prefix cache (first admission)
   int64_t computed_tokens = 0;  ///< tokens executed (prefill chunks + decodes, incl. recompute)
+  /// Prompt positions executed here (prefill chunks, incl. recompute after a failed load or a
+  /// preemption); never tokens whose K/V came from a peer.
+  int64_t prompt_tokens_computed = 0;
+  /// P/D decode side: prompt tokens whose K/V arrived over the KV connector (successful loads).
+  int64_t prompt_tokens_transferred = 0;
   int64_t num_preemptions = 0;
   int64_t num_steps = 0;
   int64_t kv_loads = 0;            ///< asynchronous KV loads that succeeded (P/D decode side)

@@ -61,12 +61,21 @@ struct RequestFlow::Transfer {
   std::shared_ptr<Leg> p_leg, d_leg;
   /// Echo with logprobs (WantsPromptEcho): D's choices get P's prompt_echo (set before the legs).
   bool echo_logprobs = false;
+  /// Retries (docs/router.md, "Retries"): instances this request must not be sent to (they
+  /// refused an earlier attempt), how many more attempts it may make, and the instance that
+  /// refused this attempt before any byte reached the client (set: the caller retries instead of
+  /// answering; nothing was written to the client's response).
+  std::vector<std::string> exclude;
+  int retries_left = 0;
+  std::string retry_url;
+  Role retry_role = Role::kDecode;
 
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set
   Stage stage = Stage::kOpen;
   bool prefill_settled = false;           ///< push: P's leg ended without failing the request
   std::optional<Reply> prefill_failure;   ///< push: P's leg failed while D's answer was open
+  bool prefill_refused = false;  ///< push: ... and P refused it unstarted (RefusedUnstarted)
   bool prefill_done = false;              ///< P's leg is over, whatever its outcome
   std::optional<PromptEcho> prompt_echo;  ///< P's answer's prompt_echo (echo_logprobs only)
 
@@ -87,11 +96,17 @@ struct RequestFlow::Transfer {
   }
   /// Push: P's leg failed. Records `reply` unless D's answer is decided and complete; returns
   /// whether it was recorded (the D leg must then be closed and D must abort).
-  bool RecordPrefillFailure(Reply reply) {
+  bool RecordPrefillFailure(Reply reply, bool refused = false) {
     std::lock_guard<std::mutex> lock(mu);
     if (stage == Stage::kDone) return false;
     prefill_failure = std::move(reply);
+    prefill_refused = refused;
     return true;
+  }
+  /// Push: P's leg failed because P refused it before doing any work (may be retried).
+  bool PrefillRefused() {
+    std::lock_guard<std::mutex> lock(mu);
+    return prefill_failure.has_value() && prefill_refused;
   }
   /// P's leg ended without failing the request; `echo` is its answer's prompt_echo, if any.
   void SettlePrefill(std::optional<PromptEcho> echo = std::nullopt) {

@@ -3,8 +3,10 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 namespace kvpush::router {
 
@@ -53,6 +55,13 @@ Result<InstanceAddress> ParseInstanceUrl(const std::string& url) {
   }
   a.url = "http://" + a.host + ":" + std::to_string(a.port);
   return a;
+}
+
+bool IsDrainingAnswer(const std::string& body) {
+  const auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_object()) return false;
+  const auto it = j["error"].find("code");
+  return it != j["error"].end() && it->is_string() && *it == "draining";
 }
 
 InstanceLease& InstanceLease::operator=(InstanceLease&& o) noexcept {
@@ -133,6 +142,8 @@ void InstancePool::CheckAllOnce() {
     auto res = cli.Get("/health");
     if (!res) {
       SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()));
+    } else if (res->status == 503 && IsDrainingAnswer(res->body)) {
+      SetDraining(i, "GET /health: HTTP 503 draining");
     } else if (res->status != 200) {
       SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status));
     } else {
@@ -141,13 +152,38 @@ void InstancePool::CheckAllOnce() {
   }
 }
 
+void InstancePool::SetDraining(size_t index, const std::string& reason) {
+  Role role = Role::kPrefill;
+  std::string url;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    Instance& inst = instances_[index];
+    if (inst.checked && inst.draining) return;
+    inst.checked = true;
+    inst.healthy = false;
+    inst.draining = true;
+    role = inst.role;
+    url = inst.address.url;
+  }
+  spdlog::info("router: {} instance {} is draining ({}); no new requests go there, those in "
+               "flight are left to finish",
+               RoleName(role), url, reason);
+}
+
+void InstanceLease::MarkDraining() const {
+  if (pool_ != nullptr) pool_->SetDraining(index_, "it answered a request 503 draining");
+}
+
 void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
-    if (inst.checked && inst.healthy == healthy) return;
+    const bool was_draining = inst.draining;
+    inst.draining = false;
+    // A draining instance that now fails its check is news (it may have died): report it.
+    if (inst.checked && inst.healthy == healthy && !(was_draining && !healthy)) return;
     inst.checked = true;
     inst.healthy = healthy;
     role = inst.role;
@@ -165,12 +201,17 @@ void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reas
 bool InstancePool::IsHealthy(const std::string& url) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Instance& inst : instances_) {
-    if (inst.address.url == url) return inst.healthy;
+    if (inst.address.url == url) return inst.healthy || inst.draining;
   }
   return false;
 }
 
 std::optional<InstanceLease> InstancePool::Acquire(Role role) {
+  return Acquire(role, {});
+}
+
+std::optional<InstanceLease> InstancePool::Acquire(Role role,
+                                                   const std::vector<std::string>& exclude) {
   std::lock_guard<std::mutex> lock(mu_);
   // Scan the role's instances starting at the round-robin cursor; the first with the minimum
   // outstanding count wins, so ties rotate.
@@ -189,6 +230,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
     const size_t pos = (cursor + k) % of_role.size();
     const Instance& inst = instances_[of_role[pos]];
     if (!inst.healthy) continue;
+    if (std::find(exclude.begin(), exclude.end(), inst.address.url) != exclude.end()) continue;
     if (inst.outstanding < best_outstanding) {
       best_outstanding = inst.outstanding;
       best = of_role[pos];
@@ -212,7 +254,8 @@ std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
   std::vector<InstanceSnapshot> out;
   out.reserve(instances_.size());
   for (const Instance& inst : instances_) {
-    out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.outstanding});
+    out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.draining,
+                                   inst.outstanding});
   }
   return out;
 }

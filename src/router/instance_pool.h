@@ -29,6 +29,10 @@ inline int RoleIndex(Role role) {
   return static_cast<int>(role);
 }
 
+/// True for an OpenAI error body whose code is `draining` (an instance shutting down
+/// gracefully answers new requests and /health with it, docs/server.md).
+bool IsDrainingAnswer(const std::string& body);
+
 /// An instance's address, parsed from a URL like "http://127.0.0.1:8100". Value type.
 struct InstanceAddress {
   std::string url;  ///< normalized "http://HOST:PORT"
@@ -46,6 +50,7 @@ struct InstanceSnapshot {
   Role role = Role::kPrefill;
   std::string url;
   bool healthy = false;
+  bool draining = false;    ///< /health answered 503 `draining`: no new legs, none cut
   int64_t outstanding = 0;  ///< legs in flight to this instance
 };
 
@@ -68,6 +73,9 @@ class InstanceLease {
   void Release();
   /// Marks the instance unhealthy (a connection to it failed) until its /health passes again.
   void MarkUnhealthy(const std::string& reason) const;
+  /// Marks the instance draining (it answered 503 `draining`): excluded from selection until a
+  /// health check passes; legs in flight to it are not cut.
+  void MarkDraining() const;
 
   bool valid() const { return pool_ != nullptr; }
   const InstanceAddress& address() const { return address_; }
@@ -94,7 +102,9 @@ using UnhealthyCallback =
 
 /// Fixed set of instances (given at construction). Every instance is polled with GET /health by
 /// one background thread; a non-200 answer or a connection failure excludes it from selection
-/// until a later check passes. Thread-safety: every method may be called from any thread, except
+/// until a later check passes. A 503 whose error code is `draining` (the instance is shutting
+/// down gracefully, docs/server.md) excludes it too, but is not "unhealthy": the unhealthy
+/// callback is not run, so legs in flight to it are left to finish. Thread-safety: every method may be called from any thread, except
 /// Start/Stop/SetUnhealthyCallback (one controlling thread). Leases must not outlive the pool.
 class InstancePool {
  public:
@@ -123,11 +133,15 @@ class InstancePool {
   /// kColocated: plain round robin over the healthy ones, skipping unhealthy ones) and counts
   /// one more leg on it. nullopt when no instance of `role` is healthy.
   std::optional<InstanceLease> Acquire(Role role);
+  /// The same, never choosing an instance whose URL is in `exclude` (a retry after that one
+  /// refused the request, docs/router.md "Retries").
+  std::optional<InstanceLease> Acquire(Role role, const std::vector<std::string>& exclude);
 
   /// Checks every instance once (blocking, sequential) and updates health.
   void CheckAllOnce();
 
-  /// Whether the instance with this (normalized) URL is currently healthy; false if unknown.
+  /// Whether the instance with this (normalized) URL is currently healthy or draining (not
+  /// marked unhealthy: its legs must not be cut); false if unknown.
   bool IsHealthy(const std::string& url) const;
 
   /// Current state of every instance, prefill first, in the order given.
@@ -139,11 +153,14 @@ class InstancePool {
     Role role;
     InstanceAddress address;
     bool healthy = false;
-    bool checked = false;  ///< health known (the first result is always logged)
+    bool draining = false;  ///< /health said 503 `draining` (implies !healthy)
+    bool checked = false;   ///< health known (the first result is always logged)
     int64_t outstanding = 0;
   };
   void Release(size_t index);
   void SetHealth(size_t index, bool healthy, const std::string& reason);
+  /// Excludes the instance from selection without running the unhealthy callback.
+  void SetDraining(size_t index, const std::string& reason);
   void HealthLoop();
 
   HealthOptions health_;

@@ -54,6 +54,14 @@ Reply LegFailureReply(Role role, const InstanceAddress& addr, const LegResult& r
                     "server_error", role_name + "_unreachable");
 }
 
+/// A leg the instance refused before doing any work for it: it could not be connected to, or
+/// it answered 503 `draining` (it is shutting down gracefully). Such a request may be sent to
+/// another instance, as long as nothing was written to the client yet.
+bool RefusedUnstarted(const LegResult& r) {
+  if (!r.answered) return r.connect_failed && r.cut_reason.empty();
+  return r.status == 503 && IsDrainingAnswer(r.body);
+}
+
 /// What a failed leg's log line says about it.
 std::string Describe(const LegResult& r) {
   if (r.answered) return "answered HTTP " + std::to_string(r.status) + ": " + Head(r.body);
@@ -128,14 +136,39 @@ Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why) {
 
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   auto t = std::make_shared<Transfer>();
-  if (router_.options_.colocated()) return HandleColocated(t, req, res);
+  t->retries_left = kMaxRetries;
   json body;
   std::string pull_profile;
-  if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
-  if (t->path == "/v1/completions" && IsPromptList(body)) {
-    return HandlePromptList(*t, body, pull_profile, res);
+  if (!router_.options_.colocated()) {
+    if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
+    if (t->path == "/v1/completions" && IsPromptList(body)) {
+      t->retries_left = 0;
+      return HandlePromptList(*t, body, pull_profile, res);
+    }
   }
-  RunPd(t, body, pull_profile, res, nullptr);
+  for (;;) {
+    if (router_.options_.colocated()) {
+      HandleColocated(t, req, res);
+    } else {
+      RunPd(t, body, pull_profile, res, nullptr);
+    }
+    if (t->retry_url.empty()) return;
+    // Refused before any byte of the answer was written: the same request (same seed), a new
+    // transfer id, never to an instance that refused it.
+    router_.CountRetry(t->retry_role);
+    spdlog::info("request {}: {} instance {} refused it unstarted; retrying on another instance",
+                 t->request_id, RoleName(t->retry_role), t->retry_url);
+    auto next = std::make_shared<Transfer>();
+    next->request_id = t->request_id;
+    next->path = t->path;
+    next->mode = t->mode;
+    next->stream = t->stream;
+    next->exclude = t->exclude;
+    next->exclude.push_back(t->retry_url);
+    next->retries_left = t->retries_left - 1;
+    next->transfer_id = t->mode == TransferMode::kColocated ? "" : router_.ids_.TransferId();
+    t = std::move(next);
+  }
 }
 
 void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
@@ -147,9 +180,9 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
     r.CountRequest(tm, false);
     ErrorReply(status, message, "server_error", code).WriteTo(res);
   };
-  std::optional<InstanceLease> p_lease = r.pool_->Acquire(Role::kPrefill);
+  std::optional<InstanceLease> p_lease = r.pool_->Acquire(Role::kPrefill, t->exclude);
   if (!p_lease) return fail(503, "no healthy prefill instance", "no_healthy_instance");
-  std::optional<InstanceLease> d_lease = r.pool_->Acquire(Role::kDecode);
+  std::optional<InstanceLease> d_lease = r.pool_->Acquire(Role::kDecode, t->exclude);
   if (!d_lease) return fail(503, "no healthy decode instance", "no_healthy_instance");
   t->p_addr = p_lease->address();
   t->d_addr = d_lease->address();
@@ -186,11 +219,13 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
   t->mode = TransferMode::kColocated;
   t->d_role = Role::kColocated;
   t->path = req.path;
-  t->request_id = req.get_header_value("x-request-id");
-  if (!IsValidRequestId(t->request_id)) {
-    t->request_id = r.ids_.RequestId(t->path == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-");
+  if (t->request_id.empty()) {  // not a retry
+    t->request_id = req.get_header_value("x-request-id");
+    if (!IsValidRequestId(t->request_id)) {
+      t->request_id = r.ids_.RequestId(t->path == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-");
+    }
+    res.set_header("x-request-id", t->request_id);
   }
-  res.set_header("x-request-id", t->request_id);
   // Parsed only to learn whether the answer streams; the client's bytes are forwarded as-is.
   const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
@@ -203,7 +238,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
   }
   const auto s = body.find("stream");
   t->stream = s != body.end() && s->is_boolean() && s->get<bool>();
-  std::optional<InstanceLease> lease = r.pool_->Acquire(Role::kColocated);
+  std::optional<InstanceLease> lease = r.pool_->Acquire(Role::kColocated, t->exclude);
   if (!lease) {
     r.CountRequest(t->mode, false);
     return ErrorReply(503, "no healthy colocated instance", "server_error", "no_healthy_instance")
@@ -305,8 +340,10 @@ void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
     return;
   }
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
+  const bool refused = RefusedUnstarted(pr);
+  if (refused && pr.answered) lease.MarkDraining();
   r.CountLegFailure(Role::kPrefill);
-  if (!t.RecordPrefillFailure(LegFailureReply(Role::kPrefill, t.p_addr, pr))) {
+  if (!t.RecordPrefillFailure(LegFailureReply(Role::kPrefill, t.p_addr, pr), refused)) {
     spdlog::warn("request {}: prefill leg to {} {} (after D's answer was complete)", t.request_id,
                  t.p_addr.url, Describe(pr));
     return;
@@ -328,10 +365,16 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
       t.p_leg->Post(t.path, t.request_id, MakePrefillBody(body, t.mode, t.transfer_id).dump());
   t.p_leg.reset();
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
+  if (pr.answered && RefusedUnstarted(pr)) lease.MarkDraining();
   lease.Release();
   if (!pr.answered || pr.status != 200) {
     if (pr.answered || !pr.stopped || !pr.cut_reason.empty()) r.CountLegFailure(Role::kPrefill);
     spdlog::warn("request {}: prefill leg to {} {}", t.request_id, t.p_addr.url, Describe(pr));
+    if (RefusedUnstarted(pr) && t.retries_left > 0) {
+      t.retry_url = t.p_addr.url;
+      t.retry_role = Role::kPrefill;
+      return std::nullopt;  // nothing written: Handle retries
+    }
     r.CountRequest(t.mode, false);
     LegFailureReply(Role::kPrefill, t.p_addr, pr).WriteTo(res);
     return std::nullopt;
@@ -358,6 +401,13 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
   return std::move(d).value();
 }
 
+bool RequestFlow::PrefillRetry(Transfer& t) {
+  if (t.retries_left <= 0 || t.mode != TransferMode::kPush || !t.PrefillRefused()) return false;
+  t.retry_url = t.p_addr.url;  // P's failure already closed D's leg and aborted its transfer
+  t.retry_role = Role::kPrefill;
+  return true;
+}
+
 void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
   if (t.mode == TransferMode::kColocated) return;  // no other leg, no transfer
   if (t.p_leg) t.p_leg->Stop();                    // push: P's leg may still run
@@ -370,6 +420,8 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   const std::string role = RoleName(t.d_role);
   if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
   if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
+  const bool retry = RefusedUnstarted(dr) && t.retries_left > 0;
+  if (dr.answered && RefusedUnstarted(dr)) d_lease.MarkDraining();
   if (t.mode == TransferMode::kColocated) {
     spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, t.d_addr.url, Describe(dr));
   } else {
@@ -377,6 +429,11 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
                  t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
   }
   AbortPrefill(r, t);
+  if (retry) {  // nothing written: Handle retries
+    t.retry_url = t.d_addr.url;
+    t.retry_role = t.d_role;
+    return;
+  }
   r.CountRequest(t.mode, false);
   LegFailureReply(t.d_role, t.d_addr, dr).WriteTo(res);
 }
@@ -390,6 +447,7 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
     t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));
   }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
+    if (PrefillRetry(*t)) return;
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);
   }
@@ -432,6 +490,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
                : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
   }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
+    if (PrefillRetry(*t)) return;  // ds's destructor closes D's leg
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);  // ds's destructor closes D's leg
   }

@@ -32,6 +32,9 @@ class Router;
 /// the merged result (HandlePromptList, prompt_list_flow.cc).
 class RequestFlow {
  public:
+  /// Attempts after the first when an instance refuses a request unstarted (connection refused
+  /// or 503 `draining`) before any byte of the answer reached the client (docs/router.md).
+  static constexpr int kMaxRetries = 2;
   explicit RequestFlow(Router& router) : router_(router) {}
   void Handle(const httplib::Request& req, httplib::Response& res);
 
@@ -91,6 +94,9 @@ class RequestFlow {
   /// D's leg failed before its answer was committed: the client gets D's error, P aborts.
   void DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
                     httplib::Response& res);
+  /// Push, when P's failure decided the answer: true (and `t.retry_url` set) when P refused the
+  /// leg unstarted and the request may be retried on another P; nothing was written then.
+  static bool PrefillRetry(Transfer& t);
   /// D's leg failed or the client left: closes P's leg (push) and has P abort the transfer.
   static void AbortPrefill(Router& r, Transfer& t);
   /// The streamed answer's content provider (waiting at most `wait` for D's next events) and

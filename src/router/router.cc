@@ -142,6 +142,11 @@ void Router::CountLegFailure(Role role) {
   ++counters_.leg_failures[RoleIndex(role)];
 }
 
+void Router::CountRetry(Role refused_by) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.retries[RoleIndex(refused_by)];
+}
+
 std::shared_ptr<Leg> Router::NewLeg(const InstanceAddress& address, Role role) {
   std::shared_ptr<Leg> leg(
       new Leg(address, connections_.get(), options_.connect_timeout_s, options_.request_timeout_s),
@@ -232,6 +237,14 @@ std::string Router::RenderMetrics() const {
     s << "kvpush_router_legs_cut_total{leg=\"" << RoleName(r) << "\"} " << c.legs_cut[RoleIndex(r)]
       << "\n";
   }
+  s << "# HELP kvpush_router_retries_total Requests sent again to another instance after the "
+       "instance in this role refused them unstarted (connection refused, 503 draining), before "
+       "any byte reached the client.\n"
+    << "# TYPE kvpush_router_retries_total counter\n";
+  for (Role r : roles) {
+    s << "kvpush_router_retries_total{refused_by=\"" << RoleName(r) << "\"} "
+      << c.retries[RoleIndex(r)] << "\n";
+  }
   if (!colo) {
     const AbortCounts a = aborter_->counts();
     s << "# HELP kvpush_router_transfer_aborts_total POST /kv/abort calls to the instance of the "
@@ -261,6 +274,13 @@ std::string Router::RenderMetrics() const {
   for (const auto& i : snap) {
     s << "kvpush_router_instance_healthy{role=\"" << RoleName(i.role) << "\",url=\""
       << LabelValue(i.url) << "\"} " << (i.healthy ? 1 : 0) << "\n";
+  }
+  s << "# HELP kvpush_router_instance_draining 1 when the instance answered 503 draining (it "
+       "is shutting down gracefully: no new legs go there, those in flight finish).\n"
+    << "# TYPE kvpush_router_instance_draining gauge\n";
+  for (const auto& i : snap) {
+    s << "kvpush_router_instance_draining{role=\"" << RoleName(i.role) << "\",url=\""
+      << LabelValue(i.url) << "\"} " << (i.draining ? 1 : 0) << "\n";
   }
   s << "# HELP kvpush_router_instance_outstanding Legs in flight to the instance.\n"
     << "# TYPE kvpush_router_instance_outstanding gauge\n";
@@ -316,6 +336,7 @@ void Router::RouteHealth() {
       instances.push_back({{"role", RoleName(i.role)},
                            {"url", i.url},
                            {"healthy", i.healthy},
+                           {"draining", i.draining},
                            {"outstanding", i.outstanding}});
     }
     // P/D: at least one P and one D healthy; colocated: at least one instance healthy.

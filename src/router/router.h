@@ -66,6 +66,9 @@ struct RouterCounters {
   int64_t requests[3][2] = {{0, 0}, {0, 0}, {0, 0}};
   int64_t leg_failures[3] = {0, 0, 0};  ///< [RoleIndex]
   int64_t legs_cut[3] = {0, 0, 0};      ///< [RoleIndex] legs closed: instance marked unhealthy
+  /// [RoleIndex of the instance that refused] requests sent again to another instance after one
+  /// refused them unstarted (connection refused, 503 draining) before the client saw a byte.
+  int64_t retries[3] = {0, 0, 0};
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
@@ -112,6 +115,7 @@ class Router {
   std::string RenderMetrics() const;
   void CountRequest(TransferMode mode, bool ok);
   void CountLegFailure(Role role);
+  void CountRetry(Role refused_by);
 
   /// Registers a leg so Stop() can close it and so it is cut (Leg::Cut) when its instance is
   /// marked unhealthy; a leg created after Stop() began is stopped at once, one to an instance

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -47,15 +48,19 @@ struct RequestState {
   RequestState() = default;
   RequestState(const RequestState&) = delete;
   RequestState& operator=(const RequestState&) = delete;
-  /// The HTTP request ended: its engine requests leave the transfer registry.
+  /// The HTTP request ended: its engine requests leave the transfer registry, and it no longer
+  /// counts as in flight (HttpServer::inflight()).
   ~RequestState() {
-    if (transfers == nullptr) return;
-    for (const auto& h : handles) {
-      if (h.channel) transfers->Remove(transfer_id, h.id);
+    if (transfers != nullptr) {
+      for (const auto& h : handles) {
+        if (h.channel) transfers->Remove(transfer_id, h.id);
+      }
     }
+    if (inflight != nullptr) inflight->fetch_sub(1);
   }
 
   ResponseMeta meta;
+  std::atomic<int>* inflight = nullptr;   ///< HttpServer::inflight_, counted while this lives
   TransferRequests* transfers = nullptr;  ///< set for P/D requests (POST /kv/abort finds them)
   std::string transfer_id;
   bool include_usage = false;
@@ -108,6 +113,20 @@ struct RequestState {
            (!choices[0].tokens.empty() || choices[0].finish != FinishReason::kNone);
   }
 };
+
+/// A new request on a draining instance (HttpServer::BeginDrain).
+ApiError Draining() {
+  return ApiError{503, "draining: this instance is shutting down and takes no new requests",
+                  "server_error", "", "draining"};
+}
+
+/// A request still open when the drain timeout passed (HttpServer::CutOpenRequests).
+ApiError DrainTimeout() {
+  return ApiError{503,
+                  "draining: this instance is shutting down and the request did not finish "
+                  "within its drain timeout (--drain-timeout-s)",
+                  "server_error", "", "draining_timeout"};
+}
 
 /// A P/D leg whose transfer POST /kv/abort already ended.
 ApiError TransferAborted(const KvTransferParams& kv) {
@@ -228,6 +247,10 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   st->meta.model = srv.options_.served_model_name;
   st->meta.system_fingerprint = SystemFingerprint(engine.model_config().fingerprint);
   st->meta.prompt_tokens_details = srv.options_.enable_prompt_tokens_details;
+  // Counted before the drain check, so that a drain that begins now waits for this request.
+  srv.inflight_.fetch_add(1);
+  st->inflight = &srv.inflight_;
+  if (srv.draining_.load()) return ReplyError(res, Draining());
 
   auto parsed = ParseOpenAiRequest(kind, req.body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return ReplyError(res, *e);
@@ -393,6 +416,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
   }
 
+  if (conn != nullptr && kv.role == KvTransferParams::Role::kNone) srv.local_prefills_++;
   if (kv.role != KvTransferParams::Role::kNone) {
     if (srv.transfers_.IsAborted(kv.transfer_id)) return ReplyError(res, TransferAborted(kv));
     st->transfers = &srv.transfers_;
@@ -439,9 +463,11 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   if (!r.stream) {
     // Wait for every choice (bounded by max_tokens); abort if the server stops meanwhile.
     while (!st->all_finished()) {
-      if (srv.stopping_.load()) {
+      if (srv.stopping_.load() || srv.cut_.load()) {
         AbortUnfinished(engine, *st);
-        return ReplyError(res, ApiError{503, "server is shutting down", "server_error", "", ""});
+        return ReplyError(res, srv.cut_.load() ? DrainTimeout()
+                                               : ApiError{503, "server is shutting down",
+                                                          "server_error", "", ""});
       }
       bool any = false;
       for (size_t i = 0; i < st->handles.size(); ++i) {
@@ -491,6 +517,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
       [st, eng, server, &tok](size_t, httplib::DataSink& sink) -> bool {
         auto write = [&](const std::string& s) { return sink.write(s.data(), s.size()); };
         if (st->done_sent) return true;
+        if (server->cut_.load()) {
+          // Drain timeout: an error event, never a silent cut; the releaser aborts the rest.
+          if (!write("data: " + DrainTimeout().ToJson() + "\n\ndata: [DONE]\n\n")) return false;
+          st->done_sent = true;
+          sink.done();
+          return true;
+        }
         if (server->stopping_.load()) return false;
         if (st->meta.kind == ApiKind::kChat) {
           for (size_t i = 0; i < st->handles.size(); ++i) {

@@ -250,6 +250,11 @@ void HttpServer::Route() {
       ReplyError(res, ApiError{503, "shutting down", "server_error", "", ""});
       return;
     }
+    if (draining_.load()) {
+      ReplyError(res, ApiError{503, "draining: this instance is shutting down and takes no new "
+                               "requests", "server_error", "", "draining"});
+      return;
+    }
     res.status = 200;
     res.set_content("", "text/plain");
   });
@@ -257,7 +262,8 @@ void HttpServer::Route() {
     std::string text =
         RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
     if (options_.connector != nullptr) {
-      text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name);
+      text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name,
+                                     local_prefills_.load());
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });

@@ -101,7 +101,22 @@ class HttpServer {
   Status Start();
 
   /// Stops accepting, aborts in-flight requests and joins the server thread. Idempotent.
+  /// A graceful stop calls BeginDrain, waits for inflight() to reach 0 (bounded), then
+  /// CutOpenRequests, and only then Stop (apps/cmd_serve.cc, docs/server.md "Graceful drain").
   void Stop();
+
+  /// Drain, step 1: from now on new completion requests get 503 `draining` and GET /health
+  /// answers 503 `draining`; requests already admitted go on. Thread-safe, idempotent.
+  void BeginDrain() { draining_.store(true); }
+  /// Drain, step 2 (the drain timeout passed): every completion request still open ends now
+  /// with an error — a stream with an SSE error event (code `draining_timeout`) and
+  /// `data: [DONE]`, a non-streamed one with 503 `draining_timeout`; their engine requests are
+  /// aborted (which releases a D leg's KV reservation). Thread-safe, idempotent.
+  void CutOpenRequests() { cut_.store(true); }
+  bool draining() const { return draining_.load(); }
+  /// Completion requests admitted and not yet ended (a stream counts until its last byte was
+  /// handed to the socket or the client went away). Thread-safe.
+  int inflight() const { return inflight_.load(); }
 
   /// The bound port (after Start).
   int port() const { return port_; }
@@ -124,6 +139,11 @@ class HttpServer {
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  ///< BeginDrain: refuse new completions, /health 503
+  std::atomic<bool> cut_{false};       ///< CutOpenRequests: end open completions with an error
+  std::atomic<int> inflight_{0};       ///< completion requests admitted, not yet ended
+  /// P/D instance: requests admitted without kv_transfer_params (prefilled here, no P leg).
+  std::atomic<int64_t> local_prefills_{0};
 
   mutable std::mutex mu_;  ///< guards counters_ and rng_
   HttpCounters counters_;

@@ -103,6 +103,14 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
   w.Scalar("kvpush_prompt_tokens_cached_total", "counter",
            "Prompt tokens served from the prefix cache.",
            static_cast<double>(s.cached_prompt_tokens));
+  w.Scalar("kvpush_prompt_tokens_computed_total", "counter",
+           "Prompt tokens computed by this instance's model (prefill chunks, recomputation); "
+           "never tokens whose KV came from a peer.",
+           static_cast<double>(s.prompt_tokens_computed));
+  w.Scalar("kvpush_prompt_tokens_transferred_total", "counter",
+           "P/D decode: prompt tokens whose KV arrived over the KV connector (loads that "
+           "succeeded).",
+           static_cast<double>(s.prompt_tokens_transferred));
   w.Scalar("kvpush_generation_tokens_total", "counter", "Generated tokens.",
            static_cast<double>(s.generation_tokens));
   w.Scalar("kvpush_computed_tokens_total", "counter",
@@ -139,11 +147,15 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& http,
 }
 
 std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
-                                   const std::string& model_name) {
+                                   const std::string& model_name, int64_t local_prefill_requests) {
   Writer w(model_name);
   auto counter = [&](const char* name, const char* help, int64_t v) {
     w.Scalar(name, "counter", help, static_cast<double>(v));
   };
+  counter("kvpush_pd_local_prefill_requests_total",
+          "Requests this P/D instance served whole, with no kv_transfer_params (on a decode "
+          "instance: prefilled locally because the router sent no P leg, or a direct client).",
+          local_prefill_requests);
   counter("kvpush_kv_transfer_handshakes_total", "P/D handshakes completed.", c.handshakes);
   counter("kvpush_kv_transfer_push_targets_sent_total", "PUSH_TARGETs sent (decode).",
           c.push_targets_sent);
@@ -163,8 +175,13 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
           c.watchdog_expired);
   counter("kvpush_kv_transfer_leases_expired_total", "Prefill leases that expired.",
           c.leases_expired);
-  counter("kvpush_kv_transfer_not_needed_total", "Full prefix hits on decode (no KV moved).",
+  counter("kvpush_kv_transfer_not_needed_total",
+          "Decode: full prefix hits (no KV moved; NOT_NEEDED sent in push, RELEASE in pull).",
           c.not_needed);
+  counter("kvpush_kv_transfer_not_needed_received_total",
+          "Prefill, push: NOT_NEEDED received (the decode instance had the prompt cached; the "
+          "prefill was dropped or its KV not sent).",
+          c.not_needed_received);
   counter("kvpush_kv_transfer_aborted_total",
           "Transfers ended early by POST /kv/abort (blocks freed before their lease ran out).",
           c.transfers_aborted);

@@ -22,8 +22,11 @@ using HttpCounters = std::map<std::pair<std::string, int>, int64_t>;
 std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& http,
                              const std::string& model_name);
 
-/// The P/D connector's counters (kvpush_kv_transfer_*), Prometheus text.
+/// The P/D connector's counters (kvpush_kv_transfer_*), Prometheus text, and
+/// kvpush_pd_local_prefill_requests_total = `local_prefill_requests` (requests this P/D
+/// instance served with no kv_transfer_params: prefilled here, no P leg).
 std::string RenderConnectorMetrics(const connector::ConnectorStats& stats,
-                                   const std::string& model_name);
+                                   const std::string& model_name,
+                                   int64_t local_prefill_requests = 0);
 
 }  // namespace kvpush::server

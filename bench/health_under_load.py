@@ -1,0 +1,170 @@
+#!/usr/bin/env python3
+"""/health and /metrics latency with many streams in flight (docs/benchmarks/pd.md, "Health under
+load"; issue 14 item 5).
+
+Usage:
+  bench/health_under_load.py [--streams 256] [--max-tokens 600] [--poll-ms 50]
+                             [--backend ucx:tcp] [--out FILE.json]
+
+Starts, with the sim executor (`--executor sim --sim-model qwen3-32b --sim-hw h200
+--sim-kv-scale 0.01`, no model file; docs/sim.md): P and D with the push connector (D with
+`--max-num-seqs` = --streams, so every stream runs) and a push router over them. Then opens
+--streams streamed requests through the router at once (each `ignore_eos`, --max-tokens long, so
+they stay open for seconds), and while they are open polls GET /health and GET /metrics of the
+router, P and D, one poller thread per (target, path), each waiting --poll-ms between its
+requests, every request on a fresh connection (as a health checker or Prometheus scraper makes
+them). Reports per (target, path): polls, p50 / p99 / max latency (ms) and any non-200 answers,
+counted only while at least --streams/2 streams were still open; and the streams' outcome.
+
+Only the Python standard library is used.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import pd_handoff as hb  # noqa: E402  (free_port, wait_healthy, pct)
+from pd_router_overhead import prompt, read_stream  # noqa: E402
+
+HOST = hb.HOST
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kvpush", default=os.path.join(ROOT, "build", "apps", "kvpush"))
+    ap.add_argument("--streams", type=int, default=256)
+    ap.add_argument("--max-tokens", type=int, default=600)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--poll-ms", type=float, default=50.0)
+    ap.add_argument("--backend", default="ucx:tcp")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--out", default="")
+    a = ap.parse_args()
+
+    sim = ["--executor", "sim", "--sim-model", "qwen3-32b", "--sim-hw", "h200",
+           "--sim-kv-scale", "0.01", "--max-model-len", "4096", "--log-level", "warn"]
+    cfg = json.dumps({"kv_connector_extra_config": {"backend": a.backend}})
+    ports = {k: hb.free_port() for k in ("p", "d", "router")}
+    procs = []
+
+    def start(args, port):
+        procs.append(subprocess.Popen([a.kvpush] + args + ["--host", HOST, "--port", str(port)],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        return procs[-1]
+
+    open_streams = [0]
+    lock = threading.Lock()
+    stream_out = {"ok": 0, "non_200": 0, "stream_error": 0, "no_done": 0, "transport_error": 0}
+    samples = {}  # (target, path) -> list of (ms, status, streams open)
+    stop = threading.Event()
+
+    def stream(body, gate):
+        key = "ok"
+        try:
+            c = http.client.HTTPConnection(HOST, ports["router"], timeout=600)
+            gate.wait()
+            c.request("POST", "/v1/completions", json.dumps(body).encode(),
+                      {"content-type": "application/json"})
+            r = c.getresponse()
+            if r.status != 200:
+                key = "non_200"
+            else:
+                with lock:
+                    open_streams[0] += 1
+                try:
+                    _, done, err = read_stream(r)
+                finally:
+                    with lock:
+                        open_streams[0] -= 1
+                key = "stream_error" if err else ("ok" if done else "no_done")
+        except Exception:  # noqa: BLE001 - counted
+            key = "transport_error"
+        with lock:
+            stream_out[key] += 1
+
+    def poll(target, port, path):
+        rows = samples.setdefault((target, path), [])
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                c = http.client.HTTPConnection(HOST, port, timeout=30)
+                c.request("GET", path)
+                r = c.getresponse()
+                r.read()
+                status = r.status
+                c.close()
+            except Exception:  # noqa: BLE001 - recorded as status 0
+                status = 0
+            ms = (time.perf_counter() - t0) * 1e3
+            with lock:
+                rows.append((ms, status, open_streams[0]))
+            stop.wait(a.poll_ms / 1e3)
+
+    try:
+        start(["serve"] + sim + ["--role", "prefill", "--kv-transfer-config", cfg], ports["p"])
+        start(["serve"] + sim + ["--role", "decode", "--max-num-seqs", str(a.streams),
+                                 "--kv-transfer-config", cfg], ports["d"])
+        for k in ("p", "d"):
+            hb.wait_healthy(ports[k], procs[0 if k == "p" else 1])
+        start(["router", "--prefill", f"http://{HOST}:{ports['p']}", "--decode",
+               f"http://{HOST}:{ports['d']}", "--log-level", "warn"], ports["router"])
+        hb.wait_healthy(ports["router"], procs[2])
+
+        rng = random.Random(a.seed)
+        bodies = [{"prompt": prompt(rng, a.prompt_len), "max_tokens": a.max_tokens,
+                   "temperature": 0, "ignore_eos": True, "stream": True}
+                  for _ in range(a.streams)]
+        gate = threading.Barrier(a.streams)
+        streams = [threading.Thread(target=stream, args=(b, gate)) for b in bodies]
+        pollers = [threading.Thread(target=poll, args=(t, ports[t], path))
+                   for t in ("router", "p", "d") for path in ("/health", "/metrics")]
+        t0 = time.perf_counter()
+        for t in pollers + streams:
+            t.start()
+        for t in streams:
+            t.join()
+        wall = time.perf_counter() - t0
+        stop.set()
+        for t in pollers:
+            t.join()
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    results = {"config": vars(a), "streams": dict(stream_out, wall_s=round(wall, 2)), "polls": {}}
+    print(f"\n{a.streams} streams through the router (push, sim qwen3-32b/h200, {a.backend}, "
+          f"max_tokens {a.max_tokens}): {stream_out}, {wall:.1f} s")
+    print(f"latency while >= {a.streams // 2} streams were open (ms); every poll a new "
+          f"connection, {a.poll_ms:.0f} ms apart per poller")
+    print(f"{'target':8s} {'path':9s} {'polls':>6s} {'p50':>8s} {'p99':>8s} {'max':>8s} "
+          f"{'non-200':>8s} {'max open':>9s}")
+    for (target, path), rows in sorted(samples.items()):
+        loaded = [r for r in rows if r[2] >= a.streams // 2]
+        ms = [r[0] for r in loaded]
+        bad = sum(1 for r in loaded if r[1] != 200)
+        x = {"polls": len(loaded), "p50_ms": hb.pct(ms, 0.5), "p99_ms": hb.pct(ms, 0.99),
+             "max_ms": max(ms) if ms else float("nan"), "non_200": bad,
+             "max_open": max((r[2] for r in rows), default=0)}
+        results["polls"][f"{target} {path}"] = x
+        print(f"{target:8s} {path:9s} {x['polls']:6d} {x['p50_ms']:8.2f} {x['p99_ms']:8.2f} "
+              f"{x['max_ms']:8.2f} {bad:8d} {x['max_open']:9d}")
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

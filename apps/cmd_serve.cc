@@ -2,6 +2,7 @@
 // lists every flag; docs/server.md the API). Runs until SIGINT/SIGTERM.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -60,7 +61,10 @@ struct ServeOptions {
 /// `pre_drain` callbacks in order (leave discovery first, so routers stop choosing this
 /// instance), then new requests get 503 `draining`, in-flight requests (and, on P, KV pushes
 /// still running) get up to `timeout_s` to finish, then whatever is still open ends with an
-/// error (SSE error event / 503 `draining_timeout`). A second signal ends the wait at once.
+/// error (SSE error event / 503 `draining_timeout`). The drain lasts at least kMinDrain (1 s;
+/// less when `timeout_s` is shorter). A second signal ends the wait at once.
+constexpr std::chrono::milliseconds kMinDrain{1000};
+
 void Drain(server::HttpServer& http, const connector::PdConnector* conn, double timeout_s,
            const std::vector<std::function<void()>>& pre_drain) {
   using Clock = std::chrono::steady_clock;
@@ -75,7 +79,12 @@ void Drain(server::HttpServer& http, const connector::PdConnector* conn, double 
   };
   spdlog::info("kvpush serve: draining ({} request(s) in flight, timeout {} s)", http.inflight(),
                timeout_s);
-  while (busy() && Clock::now() < deadline && g_stop_signals.load() < 2) {
+  // At least kMinDrain (within the timeout), even when idle: routers polling /health see the
+  // 503 `draining` and stop choosing this instance before its port closes, so none sends a
+  // request on a kept-alive connection that the stop then closes unanswered.
+  const auto min_end = std::min(deadline, t0 + kMinDrain);
+  while ((busy() || Clock::now() < min_end) && Clock::now() < deadline &&
+         g_stop_signals.load() < 2) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (http.inflight() > 0) {

@@ -53,6 +53,7 @@ class FakeInstance {
     svr_.set_keep_alive_timeout(1);
     svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (health_delay_ms.load() > 0) Hold(health_delay_ms.load());
+      if (draining.load()) return AnswerDraining(res);
       res.status = health_status.load();
       res.set_content("", "text/plain");
     });
@@ -77,6 +78,7 @@ class FakeInstance {
         std::lock_guard<std::mutex> lock(mu_);
         received_.push_back(r);
       }
+      if (draining.load()) return AnswerDraining(res);
       if (prefill_) {
         AnswerPrefill(r, res);
       } else {
@@ -138,6 +140,8 @@ class FakeInstance {
 
   // Knobs.
   std::atomic<int> health_status{200};
+  /// Shutting down gracefully: /health and completions answer 503 `draining` (kvpush serve's).
+  std::atomic<bool> draining{false};
   std::atomic<int> health_delay_ms{0};    ///< /health sleeps this long first (a stalled instance)
   std::atomic<int> delay_ms{0};           ///< sleep before answering (D: non-streamed and headers)
   std::atomic<int> status{200};           ///< answer with this status (non-200: an error body)
@@ -165,6 +169,13 @@ class FakeInstance {
   void Hold(int ms) {
     std::unique_lock<std::mutex> lock(mu_);
     cv_.wait_for(lock, milliseconds(ms), [this] { return released_; });
+  }
+
+  static void AnswerDraining(httplib::Response& res) {
+    res.status = 503;
+    res.set_content(
+        R"({"error":{"message":"draining","type":"server_error","param":null,"code":"draining"}})",
+        "application/json");
   }
 
   void AnswerPrefill(const Received& r, httplib::Response& res) {

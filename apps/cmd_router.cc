@@ -18,15 +18,17 @@
 namespace kvpush::apps {
 namespace {
 
-std::atomic<bool> g_stop{false};
+/// SIGINT/SIGTERM received: the first starts the drain, a second ends it at once.
+std::atomic<int> g_stop_signals{0};
 extern "C" void OnRouterStopSignal(int) {
-  g_stop.store(true);
+  g_stop_signals.fetch_add(1);
 }
 
 struct RouterCliOptions {
   router::RouterOptions router;
   std::string mode = "push";
   std::string log_level = "info";
+  double drain_timeout_s = 30.0;
 };
 
 int RunRouter(RouterCliOptions o) {
@@ -49,8 +51,19 @@ int RunRouter(RouterCliOptions o) {
   std::signal(SIGTERM, OnRouterStopSignal);
   std::printf("kvpush router: listening on http://%s:%d\n", o.router.host.c_str(), r.port());
   std::fflush(stdout);
-  while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  spdlog::info("kvpush router: shutting down");
+  while (g_stop_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // Drain (docs/router.md "Shutdown"): new requests get 503 draining, requests in flight get up
+  // to --drain-timeout-s to finish; then Stop() ends open streams with an SSE error event.
+  spdlog::info("kvpush router: draining ({} leg(s) in flight, timeout {} s)", r.inflight(),
+               o.drain_timeout_s);
+  r.BeginDrain();
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::milliseconds(static_cast<int64_t>(o.drain_timeout_s * 1000));
+  while (r.inflight() > 0 && std::chrono::steady_clock::now() < deadline &&
+         g_stop_signals.load() < 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  spdlog::info("kvpush router: shutting down ({} leg(s) still in flight)", r.inflight());
   r.Stop();
   return 0;
 }
@@ -63,6 +76,12 @@ void RegisterRouterCommand(CLI::App& app) {
       "router",
       "P/D router: OpenAI-compatible front door over prefill and decode instances (or, with "
       "--colocated, round robin over colocated instances)");
+  cmd->add_option("--drain-timeout-s", opts->drain_timeout_s,
+                  "On SIGTERM/SIGINT: seconds requests in flight get to finish (new ones get 503 "
+                  "draining) before open streams end with an error event; a second signal cuts "
+                  "it short")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
   cmd->add_option("--prefill", opts->router.prefill_urls,
                   "Prefill instance URLs (http://HOST:PORT), one or more");
   cmd->add_option("--decode", opts->router.decode_urls,

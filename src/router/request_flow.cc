@@ -531,7 +531,18 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
 
 bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
                        std::chrono::milliseconds wait) {
-  if (r.stopping_.load()) return false;
+  if (r.stopping_.load()) {
+    // Never a silent cut: the client's stream ends with an error event.
+    if (!st.terminal_sent) {
+      const std::string ev =
+          "data: " + ErrorJson("router is shutting down", "server_error", "shutting_down") + "\n\n";
+      st.terminal_sent = st.failed = true;
+      if (!sink.write(ev.data(), ev.size())) return false;
+    }
+    st.completed = true;
+    sink.done();
+    return true;
+  }
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =

@@ -21,6 +21,9 @@ using nlohmann::json;
 /// Leg worker threads started with the router (more are added on demand, up to the maximum).
 constexpr size_t kInitialWorkers = 8;
 
+constexpr const char* kDrainingMessage =
+    "draining: the router is shutting down and takes no new requests";
+
 void ReplyError(httplib::Response& res, int status, const std::string& message,
                 const std::string& type, const std::string& code = {}) {
   res.status = status;
@@ -353,11 +356,13 @@ void Router::RouteHealth() {
       }
     }
     body["instances"] = instances;
-    if (stopping_.load()) {
+    if (stopping_.load() || draining_.load()) {
       res.status = 503;
       body["status"] = "unavailable";
       body["error"] = json::parse(
-          ErrorJson("router is shutting down", "server_error", "shutting_down"))["error"];
+          stopping_.load()
+              ? ErrorJson("router is shutting down", "server_error", "shutting_down")
+              : ErrorJson(kDrainingMessage, "server_error", "draining"))["error"];
     } else if (msg.empty()) {
       res.status = 200;
       body["status"] = "ok";
@@ -374,6 +379,7 @@ void Router::RouteHealth() {
 void Router::Route() {
   httplib::Server& s = *server_;
   auto completions = [this](const httplib::Request& req, httplib::Response& res) {
+    if (draining_.load()) return ReplyError(res, 503, kDrainingMessage, "server_error", "draining");
     RequestFlow(*this).Handle(req, res);
   };
   s.Post("/v1/completions", completions);
@@ -505,6 +511,11 @@ Status Router::Start() {
   }
   if (!server_->is_running()) return Unavailable("HTTP server did not start listening");
   return Status::Ok();
+}
+
+size_t Router::inflight() {
+  std::lock_guard<std::mutex> lock(legs_mu_);
+  return legs_.size() + static_cast<size_t>(background_);
 }
 
 void Router::Stop() {

@@ -93,9 +93,17 @@ class Router {
   /// kUnavailable (bind failed), kFailedPrecondition (already started).
   Status Start();
 
-  /// Stops accepting, closes every in-flight leg (instances see their connections close),
-  /// joins the server, the health thread and every leg thread. Idempotent.
+  /// Stops accepting, closes every in-flight leg (instances see their connections close; a
+  /// client's open stream gets an SSE error event `shutting_down`), joins the server, the health
+  /// thread and every leg thread. Idempotent.
   void Stop();
+
+  /// Graceful drain (kvpush router on SIGTERM): from now on new completion requests and /health
+  /// get 503 `draining`; requests in flight go on. Thread-safe.
+  void BeginDrain() { draining_.store(true); }
+  /// Legs in flight (each streamed answer's D leg counts until its stream ended) plus push P
+  /// legs still awaited; 0 = no client request in flight. Thread-safe.
+  size_t inflight();
 
   /// The bound port (after Start).
   int port() const { return port_; }
@@ -137,6 +145,7 @@ class Router {
   std::thread thread_;
   int port_ = 0;
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> draining_{false};  ///< BeginDrain: new completions and /health get 503
   IdMinter ids_;
   std::unique_ptr<TransferAborter> aborter_;
   std::unique_ptr<ConnectionPool> connections_;

@@ -16,6 +16,7 @@
 #include <sys/wait.h>
 
 #include <atomic>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,8 @@ class PdDrain : public PdFixture {
     return p->child.Stop(0);  // not running: returns the status it exited with
   }
 
+  void DrainDecodeUnderTraffic(int health_ms);
+
   void SetUp() override {
     PdFixture::SetUp();
     model_ = ModelOrGenerated();
@@ -107,12 +110,14 @@ class PdDrain : public PdFixture {
   const std::string host_ = "127.0.0.1";
 };
 
-TEST_F(PdDrain, SigtermedDecodeUnderTrafficLosesNoRequest) {
+/// 1 P, 2 D, a push router checking health every `health_ms`; D1 gets SIGTERM while traffic
+/// runs (6 clients, streamed and not); checks that no request failed and D1 exited 0.
+void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
   Proc* p = Serve("prefill", "prefill", {});
   Proc* d1 = Serve("decode1", "decode", {"--drain-timeout-s", "20"});
   Proc* d2 = Serve("decode2", "decode", {});
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({p, d1, d2}));
-  Proc* router = Router({p}, {d1, d2}, 200);
+  Proc* router = Router({p}, {d1, d2}, health_ms);
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
   const std::string d1_outstanding =
       "kvpush_router_instance_outstanding{role=\"decode\",url=\"" + d1->url() + "\"}";
@@ -160,12 +165,31 @@ TEST_F(PdDrain, SigtermedDecodeUnderTrafficLosesNoRequest) {
     }
   }
   const double retries = Metric(router->host, router->port, "kvpush_router_retries_total");
-  std::printf("drain under traffic: %d requests (%d before SIGTERM), %d failed, %.0f retried\n", n,
-              sent_before, failed, retries);
+  std::string drain_line;
+  {
+    std::ifstream log(d1->log);
+    for (std::string line; std::getline(log, line);) {
+      if (line.find("kvpush serve: draining") != std::string::npos ||
+          line.find("kvpush serve: drained") != std::string::npos) {
+        drain_line += "\n  D1: " + line;
+      }
+    }
+  }
+  std::printf("drain under traffic (health every %d ms): %d requests (%d before SIGTERM), %d "
+              "failed, %.0f retried%s\n",
+              health_ms, n, sent_before, failed, retries, drain_line.c_str());
   EXPECT_EQ(failed, 0);
   double used = -1;
   EXPECT_TRUE(BlocksBack(d2, 5000, &used)) << "D2 still uses " << used << " blocks";
   EXPECT_TRUE(BlocksBack(p, 5000, &used)) << "P still uses " << used << " blocks";
+}
+
+TEST_F(PdDrain, SigtermedDecodeUnderTrafficLosesNoRequest) { DrainDecodeUnderTraffic(200); }
+
+// The router learns of the drain only from D1's own 503 `draining` answers and, once D1 is gone,
+// from refused connections: every such request is retried on D2.
+TEST_F(PdDrain, SigtermedDecodeLearntFromItsRefusalsLosesNoRequest) {
+  DrainDecodeUnderTraffic(600000);
 }
 
 TEST_F(PdDrain, RequestsOpenPastTheTimeoutEndWithAnError) {

@@ -14,7 +14,9 @@ they stay open for seconds), and while they are open polls GET /health and GET /
 router, P and D, one poller thread per (target, path), each waiting --poll-ms between its
 requests, every request on a fresh connection (as a health checker or Prometheus scraper makes
 them). Reports per (target, path): polls, p50 / p99 / max latency (ms) and any non-200 answers,
-counted only while at least --streams/2 streams were still open; and the streams' outcome.
+counted only while at least --streams/2 streams were still open (also: when the slowest poll
+started, seconds after the streams were opened, and how many polls took over 50 ms); and the
+streams' outcome.
 
 Only the Python standard library is used.
 """
@@ -64,6 +66,7 @@ def main():
     stream_out = {"ok": 0, "non_200": 0, "stream_error": 0, "no_done": 0, "transport_error": 0}
     samples = {}  # (target, path) -> list of (ms, status, streams open)
     stop = threading.Event()
+    t_start = [time.perf_counter()]
 
     def stream(body, gate):
         key = "ok"
@@ -104,7 +107,7 @@ def main():
                 status = 0
             ms = (time.perf_counter() - t0) * 1e3
             with lock:
-                rows.append((ms, status, open_streams[0]))
+                rows.append((ms, status, open_streams[0], t0 - t_start[0]))
             stop.wait(a.poll_ms / 1e3)
 
     try:
@@ -125,7 +128,7 @@ def main():
         streams = [threading.Thread(target=stream, args=(b, gate)) for b in bodies]
         pollers = [threading.Thread(target=poll, args=(t, ports[t], path))
                    for t in ("router", "p", "d") for path in ("/health", "/metrics")]
-        t0 = time.perf_counter()
+        t0 = t_start[0] = time.perf_counter()
         for t in pollers + streams:
             t.start()
         for t in streams:
@@ -149,17 +152,19 @@ def main():
     print(f"latency while >= {a.streams // 2} streams were open (ms); every poll a new "
           f"connection, {a.poll_ms:.0f} ms apart per poller")
     print(f"{'target':8s} {'path':9s} {'polls':>6s} {'p50':>8s} {'p99':>8s} {'max':>8s} "
-          f"{'non-200':>8s} {'max open':>9s}")
+          f"{'max at':>6s} {'>50ms':>6s} {'non-200':>8s} {'max open':>9s}")
     for (target, path), rows in sorted(samples.items()):
         loaded = [r for r in rows if r[2] >= a.streams // 2]
         ms = [r[0] for r in loaded]
         bad = sum(1 for r in loaded if r[1] != 200)
+        worst = max(loaded, default=(float("nan"), 0, 0, float("nan")))
         x = {"polls": len(loaded), "p50_ms": hb.pct(ms, 0.5), "p99_ms": hb.pct(ms, 0.99),
-             "max_ms": max(ms) if ms else float("nan"), "non_200": bad,
-             "max_open": max((r[2] for r in rows), default=0)}
+             "max_ms": worst[0], "max_at_s": worst[3], "over_50ms": sum(1 for v in ms if v > 50),
+             "non_200": bad, "max_open": max((r[2] for r in rows), default=0)}
         results["polls"][f"{target} {path}"] = x
         print(f"{target:8s} {path:9s} {x['polls']:6d} {x['p50_ms']:8.2f} {x['p99_ms']:8.2f} "
-              f"{x['max_ms']:8.2f} {bad:8d} {x['max_open']:9d}")
+              f"{x['max_ms']:8.2f} {x['max_at_s']:6.1f} {x['over_50ms']:6d} {bad:8d} "
+              f"{x['max_open']:9d}")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)

@@ -69,6 +69,7 @@ struct RequestFlow::Transfer {
   int retries_left = 0;
   std::string retry_url;
   Role retry_role = Role::kDecode;
+  std::optional<Reply> refused_reply;  ///< with retry_url: the answer if no retry can be made
 
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set

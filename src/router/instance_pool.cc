@@ -244,6 +244,17 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role,
   return InstanceLease(this, *best, instances_[*best].address, role);
 }
 
+bool InstancePool::AnyHealthy(Role role, const std::vector<std::string>& exclude) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Instance& inst : instances_) {
+    if (inst.role == role && inst.healthy &&
+        std::find(exclude.begin(), exclude.end(), inst.address.url) == exclude.end()) {
+      return true;
+    }
+  }
+  return false;
+}
+
 void InstancePool::Release(size_t index) {
   std::lock_guard<std::mutex> lock(mu_);
   --instances_[index].outstanding;

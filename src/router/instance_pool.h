@@ -137,6 +137,10 @@ class InstancePool {
   /// refused the request, docs/router.md "Retries").
   std::optional<InstanceLease> Acquire(Role role, const std::vector<std::string>& exclude);
 
+  /// Whether some healthy instance of `role` has a URL outside `exclude` (Acquire would find
+  /// one now).
+  bool AnyHealthy(Role role, const std::vector<std::string>& exclude) const;
+
   /// Checks every instance once (blocking, sequential) and updates health.
   void CheckAllOnce();
 

@@ -154,7 +154,14 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
     }
     if (t->retry_url.empty()) return;
     // Refused before any byte of the answer was written: the same request (same seed), a new
-    // transfer id, never to an instance that refused it.
+    // transfer id, never to an instance that refused it. With no other instance of that role
+    // to try, the client gets the refusal as it was.
+    std::vector<std::string> exclude = t->exclude;
+    exclude.push_back(t->retry_url);
+    if (!router_.pool_->AnyHealthy(t->retry_role, exclude)) {
+      router_.CountRequest(t->mode, false);
+      return t->refused_reply->WriteTo(res);
+    }
     router_.CountRetry(t->retry_role);
     spdlog::info("request {}: {} instance {} refused it unstarted; retrying on another instance",
                  t->request_id, RoleName(t->retry_role), t->retry_url);
@@ -163,8 +170,7 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
     next->path = t->path;
     next->mode = t->mode;
     next->stream = t->stream;
-    next->exclude = t->exclude;
-    next->exclude.push_back(t->retry_url);
+    next->exclude = std::move(exclude);
     next->retries_left = t->retries_left - 1;
     next->transfer_id = t->mode == TransferMode::kColocated ? "" : router_.ids_.TransferId();
     t = std::move(next);
@@ -373,7 +379,8 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
     if (RefusedUnstarted(pr) && t.retries_left > 0) {
       t.retry_url = t.p_addr.url;
       t.retry_role = Role::kPrefill;
-      return std::nullopt;  // nothing written: Handle retries
+      t.refused_reply = LegFailureReply(Role::kPrefill, t.p_addr, pr);
+      return std::nullopt;  // nothing written: Handle retries (or writes refused_reply)
     }
     r.CountRequest(t.mode, false);
     LegFailureReply(Role::kPrefill, t.p_addr, pr).WriteTo(res);
@@ -401,10 +408,11 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
   return std::move(d).value();
 }
 
-bool RequestFlow::PrefillRetry(Transfer& t) {
+bool RequestFlow::PrefillRetry(Transfer& t, const Reply& failure) {
   if (t.retries_left <= 0 || t.mode != TransferMode::kPush || !t.PrefillRefused()) return false;
   t.retry_url = t.p_addr.url;  // P's failure already closed D's leg and aborted its transfer
   t.retry_role = Role::kPrefill;
+  t.refused_reply = failure;
   return true;
 }
 
@@ -429,9 +437,10 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
                  t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
   }
   AbortPrefill(r, t);
-  if (retry) {  // nothing written: Handle retries
+  if (retry) {  // nothing written: Handle retries (or writes refused_reply)
     t.retry_url = t.d_addr.url;
     t.retry_role = t.d_role;
+    t.refused_reply = LegFailureReply(t.d_role, t.d_addr, dr);
     return;
   }
   r.CountRequest(t.mode, false);
@@ -447,7 +456,7 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
     t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));
   }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
-    if (PrefillRetry(*t)) return;
+    if (PrefillRetry(*t, *p_failed)) return;
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);
   }
@@ -490,7 +499,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
                : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
   }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
-    if (PrefillRetry(*t)) return;  // ds's destructor closes D's leg
+    if (PrefillRetry(*t, *p_failed)) return;  // ds's destructor closes D's leg
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);  // ds's destructor closes D's leg
   }
@@ -521,12 +530,16 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   res.set_header("Cache-Control", "no-cache");
   std::string content_type = ds->content_type();
   if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
+  rp->open_streams_.fetch_add(1);
   res.set_chunked_content_provider(
       content_type,
       [st, rp](size_t, httplib::DataSink& sink) -> bool {
         return Pump(*rp, *st, sink, std::chrono::milliseconds(100));
       },
-      [st, rp](bool) { EndStream(*rp, *st); });
+      [st, rp](bool) {
+        EndStream(*rp, *st);
+        rp->open_streams_.fetch_sub(1);
+      });
 }
 
 bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,

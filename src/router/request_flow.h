@@ -23,6 +23,7 @@ class DataSink;
 namespace kvpush::router {
 
 class Router;
+struct Reply;  // flow_state.h
 
 /// Handles POST /v1/completions and /v1/chat/completions on an HTTP worker thread. Short-lived:
 /// one per request; what outlives Handle() (a push request's P-leg task, a streamed answer) shares
@@ -94,9 +95,10 @@ class RequestFlow {
   /// D's leg failed before its answer was committed: the client gets D's error, P aborts.
   void DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
                     httplib::Response& res);
-  /// Push, when P's failure decided the answer: true (and `t.retry_url` set) when P refused the
-  /// leg unstarted and the request may be retried on another P; nothing was written then.
-  static bool PrefillRetry(Transfer& t);
+  /// Push, when P's failure (`failure`, the client's answer) decided it: true (and
+  /// `t.retry_url`, `t.refused_reply` set) when P refused the leg unstarted and the request may
+  /// be retried on another P; nothing was written then.
+  static bool PrefillRetry(Transfer& t, const Reply& failure);
   /// D's leg failed or the client left: closes P's leg (push) and has P abort the transfer.
   static void AbortPrefill(Router& r, Transfer& t);
   /// The streamed answer's content provider (waiting at most `wait` for D's next events) and

@@ -11,8 +11,9 @@ Starts, with the sim executor (`--executor sim --sim-model qwen3-32b --sim-hw h2
 `--max-num-seqs` = --streams, so every stream runs) and a push router over them. Then opens
 --streams streamed requests through the router at once (each `ignore_eos`, --max-tokens long, so
 they stay open for seconds), and while they are open polls GET /health and GET /metrics of the
-router, P and D, one poller thread per (target, path), each waiting --poll-ms between its
-requests, every request on a fresh connection (as a health checker or Prometheus scraper makes
+router, P and D from a separate process (its own GIL: the stream readers cannot delay a poll),
+one poller thread per (target, path), each waiting --poll-ms between its requests, every request
+on a fresh connection (as a health checker or Prometheus scraper makes
 them). Reports per (target, path): polls, p50 / p99 / max latency (ms) and any non-200 answers,
 counted only while at least --streams/2 streams were still open (also: when the slowest poll
 started, seconds after the streams were opened, and how many polls took over 50 ms); and the
@@ -23,6 +24,7 @@ Only the Python standard library is used.
 import argparse
 import http.client
 import json
+import multiprocessing
 import os
 import random
 import subprocess
@@ -36,6 +38,39 @@ from pd_router_overhead import prompt, read_stream  # noqa: E402
 
 HOST = hb.HOST
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+
+
+def poll(port, path, poll_ms, rows, stop, open_streams, t_start):
+    """GET `path` on a fresh connection every poll_ms until `stop`; appends (ms, status, streams
+    open, start time since t_start) to rows."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        try:
+            c = http.client.HTTPConnection(HOST, port, timeout=30)
+            c.request("GET", path)
+            r = c.getresponse()
+            r.read()
+            status = r.status
+            c.close()
+        except Exception:  # noqa: BLE001 - recorded as status 0
+            status = 0
+        ms = (time.perf_counter() - t0) * 1e3
+        rows.append((ms, status, open_streams.value, t0 - t_start.value))
+        stop.wait(poll_ms / 1e3)
+
+
+def poller_process(targets, poll_ms, open_streams, t_start, stop, out):
+    """Runs in its own process (its own GIL: the 256 stream readers of the parent cannot delay
+    a poll): one thread per (target, path); sends {(target, path): rows} through `out`."""
+    samples = {k: [] for k in targets}
+    threads = [threading.Thread(target=poll, args=(port, path, poll_ms, samples[(t, path)], stop,
+                                                   open_streams, t_start))
+               for (t, path), port in targets.items()]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    out.send(samples)
 
 
 def main():
@@ -61,12 +96,12 @@ def main():
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         return procs[-1]
 
-    open_streams = [0]
+    ctx = multiprocessing.get_context("fork")
+    open_streams = ctx.Value("i", 0)
     lock = threading.Lock()
     stream_out = {"ok": 0, "non_200": 0, "stream_error": 0, "no_done": 0, "transport_error": 0}
-    samples = {}  # (target, path) -> list of (ms, status, streams open)
-    stop = threading.Event()
-    t_start = [time.perf_counter()]
+    stop = ctx.Event()
+    t_start = ctx.Value("d", time.perf_counter())
 
     def stream(body, gate):
         key = "ok"
@@ -79,36 +114,18 @@ def main():
             if r.status != 200:
                 key = "non_200"
             else:
-                with lock:
-                    open_streams[0] += 1
+                with open_streams.get_lock():
+                    open_streams.value += 1
                 try:
                     _, done, err = read_stream(r)
                 finally:
-                    with lock:
-                        open_streams[0] -= 1
+                    with open_streams.get_lock():
+                        open_streams.value -= 1
                 key = "stream_error" if err else ("ok" if done else "no_done")
         except Exception:  # noqa: BLE001 - counted
             key = "transport_error"
         with lock:
             stream_out[key] += 1
-
-    def poll(target, port, path):
-        rows = samples.setdefault((target, path), [])
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            try:
-                c = http.client.HTTPConnection(HOST, port, timeout=30)
-                c.request("GET", path)
-                r = c.getresponse()
-                r.read()
-                status = r.status
-                c.close()
-            except Exception:  # noqa: BLE001 - recorded as status 0
-                status = 0
-            ms = (time.perf_counter() - t0) * 1e3
-            with lock:
-                rows.append((ms, status, open_streams[0], t0 - t_start[0]))
-            stop.wait(a.poll_ms / 1e3)
 
     try:
         start(["serve"] + sim + ["--role", "prefill", "--kv-transfer-config", cfg], ports["p"])
@@ -126,17 +143,22 @@ def main():
                   for _ in range(a.streams)]
         gate = threading.Barrier(a.streams)
         streams = [threading.Thread(target=stream, args=(b, gate)) for b in bodies]
-        pollers = [threading.Thread(target=poll, args=(t, ports[t], path))
-                   for t in ("router", "p", "d") for path in ("/health", "/metrics")]
-        t0 = t_start[0] = time.perf_counter()
-        for t in pollers + streams:
+        targets = {(t, path): ports[t] for t in ("router", "p", "d")
+                   for path in ("/health", "/metrics")}
+        rx, tx = ctx.Pipe(duplex=False)
+        t0 = time.perf_counter()
+        t_start.value = t0
+        pollers = ctx.Process(target=poller_process,
+                              args=(targets, a.poll_ms, open_streams, t_start, stop, tx))
+        pollers.start()
+        for t in streams:
             t.start()
         for t in streams:
             t.join()
         wall = time.perf_counter() - t0
         stop.set()
-        for t in pollers:
-            t.join()
+        samples = rx.recv()
+        pollers.join()
     finally:
         for proc in procs:
             proc.terminate()

@@ -530,16 +530,12 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   res.set_header("Cache-Control", "no-cache");
   std::string content_type = ds->content_type();
   if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
-  rp->open_streams_.fetch_add(1);
   res.set_chunked_content_provider(
       content_type,
       [st, rp](size_t, httplib::DataSink& sink) -> bool {
         return Pump(*rp, *st, sink, std::chrono::milliseconds(100));
       },
-      [st, rp](bool) {
-        EndStream(*rp, *st);
-        rp->open_streams_.fetch_sub(1);
-      });
+      [st, rp](bool) { EndStream(*rp, *st); });
 }
 
 bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,

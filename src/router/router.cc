@@ -524,10 +524,11 @@ void Router::Stop() {
     stopping_.store(true);
     for (const auto& [l, role] : legs_) l->Stop();
   }
-  // Open client streams write their `shutting_down` error event before the server stops (the
-  // server ends a stream's body without calling its provider again once stopped). Bounded.
+  // Requests in flight end now that their legs are closed: each open client stream writes its
+  // `shutting_down` error event before the server stops (once stopped, the server ends a
+  // stream's body without calling its provider again). Bounded.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (open_streams_.load() > 0 && std::chrono::steady_clock::now() < until) {
+  while (inflight() > 0 && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   if (server_) server_->stop();

@@ -146,7 +146,6 @@ class Router {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> draining_{false};  ///< BeginDrain: new completions and /health get 503
-  std::atomic<int> open_streams_{0};   ///< client streams relayed (RequestFlow::AnswerStream)
   IdMinter ids_;
   std::unique_ptr<TransferAborter> aborter_;
   std::unique_ptr<ConnectionPool> connections_;

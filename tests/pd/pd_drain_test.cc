@@ -175,8 +175,8 @@ void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
       }
     }
   }
-  std::printf("drain under traffic (health every %d ms): %d requests (%d before SIGTERM), %d "
-              "failed, %.0f retried%s\n",
+  std::printf("drain under traffic (health every %d ms): %d requests (%d completed before "
+              "SIGTERM), %d failed, %.0f retried%s\n",
               health_ms, n, sent_before, failed, retries, drain_line.c_str());
   EXPECT_EQ(failed, 0);
   double used = -1;

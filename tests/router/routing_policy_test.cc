@@ -83,7 +83,9 @@ TEST(RoutingPolicyTest, RendezvousMovesOnlyTheLeavingInstancesKeys) {
     const auto h = PrefixBlockHashes(Tokens(16, 77 * conv), 16);
     const size_t before = ChooseDecodeCacheAware(three, h, {}, 0)->index;
     const size_t after = ChooseDecodeCacheAware(two, h, {}, 0)->index;
-    if (before != 1) EXPECT_EQ(two[after].url, three[before].url);
+    if (before != 1) {
+      EXPECT_EQ(two[after].url, three[before].url);
+    }
   }
 }
 

@@ -67,9 +67,9 @@ Result<router::PromptTokenizer> LoadRouterTokenizer(const std::string& path) {
   loaded->chat = std::make_unique<server::ChatPromptBuilder>(
       server::DetectChatTemplate(jinja).chat_template, *loaded->tokenizer);
   return router::PromptTokenizer(
-      [loaded](const std::string& path, const json& body) -> std::optional<std::vector<int32_t>> {
+      [loaded](const std::string& route, const json& body) -> std::optional<std::vector<int32_t>> {
         const auto p = body.find("prompt");
-        if (path == "/v1/completions" && p != body.end() && p->is_array() && !p->empty() &&
+        if (route == "/v1/completions" && p != body.end() && p->is_array() && !p->empty() &&
             (*p)[0].is_number_integer()) {
           std::vector<int32_t> ids;
           for (const json& id : *p) {
@@ -78,7 +78,7 @@ Result<router::PromptTokenizer> LoadRouterTokenizer(const std::string& path) {
           }
           return ids;
         }
-        const std::optional<json> t = TokenizeBody(path, body);
+        const std::optional<json> t = TokenizeBody(route, body);
         if (!t) return std::nullopt;
         const server::JsonReply r = server::HandleTokenize(
             server::TokenizeTarget{*loaded->tokenizer, 0, "", loaded->chat.get()}, t->dump());

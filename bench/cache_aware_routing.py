@@ -15,6 +15,7 @@ Configurations (each on freshly started instances, so no cache carries over):
   least-outstanding+threshold --local-prefill-threshold T
   cache-aware                 --routing cache-aware
   cache-aware+threshold       --routing cache-aware --local-prefill-threshold T
+Every configuration runs --repeat times, in rotating order; TTFT percentiles are over all runs.
 
 Reports per configuration: TTFT p50/p99 (client side, streamed), the D-side prefix hit rate
 (prompt tokens D found in its prefix cache / prompt tokens D received, from the decode instances'
@@ -154,8 +155,8 @@ def run_config(a, kv, model, tmp, name, router_extra, trace):
             "errors": errors,
             "wall_s": wall,
             "ttft_p50_ms": ph.pct(ttft, 0.5),
-            "ttft_p99_ms": ph.pct(ttft, 0.99),
-            "ttft_p50_later_turns_ms": ph.pct(later, 0.5),
+            "ttft_ms": ttft,
+            "ttft_later_ms": later,
             "d_prompt_tokens": d_prompt,
             "d_cached_tokens": d_cached,
             "d_token_hit_rate": d_cached / d_prompt if d_prompt else float("nan"),
@@ -203,7 +204,9 @@ def main():
     ap.add_argument("--reply", type=int, default=8, help="assistant reply per turn (tokens)")
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--threshold", type=int, default=64, help="--local-prefill-threshold (tokens)")
+    ap.add_argument("--threshold", type=int, default=128, help="--local-prefill-threshold (tokens)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="runs of every configuration, in rotating order (machine noise falls on all)")
     ap.add_argument("--kv-blocks", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--configs", default="least-outstanding,least-outstanding+threshold,"
@@ -225,23 +228,53 @@ def main():
                                   str(a.threshold)],
     }
     tmp = tempfile.mkdtemp(prefix="kvpush-cache-aware-")
-    out = []
+    names = a.configs.split(",")
+    runs = {n: [] for n in names}
     try:
-        for name in a.configs.split(","):
-            print(f"running {name} ...", flush=True)
-            out.append(run_config(a, kv, model, tmp, name, flags[name], trace))
+        for rep in range(a.repeat):
+            order = names[rep % len(names):] + names[:rep % len(names)]
+            for name in order:
+                print(f"run {rep + 1}/{a.repeat}: {name} ...", flush=True)
+                runs[name].append(run_config(a, kv, model, tmp, f"{name}-{rep}", flags[name], trace))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    out = []
+    for name in names:
+        rs = runs[name]
+        # Per configuration: TTFT percentiles over every request of every run; the other figures
+        # summed (counts) or averaged (rates) over the runs.
+        ttft = [x for r in rs for x in r["ttft_ms"]]
+        later = [x for r in rs for x in r["ttft_later_ms"]]
+        out.append({
+            "config": name,
+            "router_flags": flags[name],
+            "runs": len(rs),
+            "requests": sum(r["requests"] for r in rs),
+            "errors": [e for r in rs for e in r["errors"]],
+            "ttft_p50_ms": ph.pct(ttft, 0.5),
+            "ttft_p99_ms": ph.pct(ttft, 0.99),
+            "ttft_p50_later_turns_ms": ph.pct(later, 0.5),
+            "ttft_p50_per_run_ms": [r["ttft_p50_ms"] for r in rs],
+            "d_token_hit_rate": sum(r["d_cached_tokens"] for r in rs) /
+            max(1.0, sum(r["d_prompt_tokens"] for r in rs)),
+            "d_block_hit_rate": sum(r["d_block_hit_rate"] for r in rs) / len(rs),
+            "d_not_needed": sum(r["d_not_needed"] for r in rs),
+            "p_legs_skipped": sum(r["p_legs_skipped"] for r in rs),
+            "router_prefix_hits": sum(r["router_prefix_hits"] for r in rs),
+            "load_cap_overrides": sum(r["load_cap_overrides"] for r in rs),
+            "d_requests": [sum(r["d_requests"][k] for r in rs) for k in range(2)],
+        })
     base = next((r for r in out if r["config"] == "least-outstanding"), out[0])
-    hdr = (f"{'config':30} {'TTFT p50':>9} {'p99':>8} {'p50 t>1':>8} {'vs LO':>6} "
+    hdr = (f"{'config':28} {'TTFT p50':>9} {'p99':>8} {'p50 t>1':>8} {'vs LO':>6} "
            f"{'D hit':>6} {'NOT_NEEDED':>10} {'P skipped':>9} {'D reqs':>9} {'errors':>6}")
     print(hdr)
     for r in out:
         r["ttft_p50_vs_least_outstanding"] = r["ttft_p50_ms"] / base["ttft_p50_ms"]
-        print(f"{r['config']:30} {r['ttft_p50_ms']:8.2f}ms {r['ttft_p99_ms']:6.2f}ms "
+        print(f"{r['config']:28} {r['ttft_p50_ms']:7.2f}ms {r['ttft_p99_ms']:6.2f}ms "
               f"{r['ttft_p50_later_turns_ms']:6.2f}ms {r['ttft_p50_vs_least_outstanding']:6.2f} "
               f"{r['d_token_hit_rate']:6.1%} {r['d_not_needed']:10.0f} {r['p_legs_skipped']:9.0f} "
               f"{'/'.join(str(int(x)) for x in r['d_requests']):>9} {len(r['errors']):6d}")
+        print(f"{'':28} per-run p50: " + ", ".join(f"{x:.1f}" for x in r["ttft_p50_per_run_ms"]))
         for e in r["errors"][:5]:
             print("   error:", e)
     with open(a.out, "w") as f:

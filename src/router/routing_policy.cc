@@ -62,7 +62,12 @@ std::optional<DecodeChoice> ChooseDecodeCacheAware(std::span<const DecodeCandida
     c.cached_blocks = candidates[c.index].cached_blocks;
     return c;
   }
-  const uint64_t key = block_hashes.front();
+  // The routing key: the hash of the prompt's shortest prefix that no candidate is known to hold
+  // (the first block past the longest predicted hit; the last block when one holds them all).
+  int64_t held = 0;
+  for (const DecodeCandidate& d : candidates) held = std::max(held, d.cached_blocks);
+  const uint64_t key =
+      block_hashes[static_cast<size_t>(std::min<int64_t>(held, block_hashes.size() - 1))];
   std::vector<size_t> order(candidates.size());
   std::vector<uint64_t> weight(candidates.size());
   int64_t total = 0;

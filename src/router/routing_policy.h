@@ -55,7 +55,7 @@ struct CacheAwareOptions {
 /// Why a D was chosen (counted in the router's /metrics).
 enum class DecodeReason {
   kPrefixHit,         ///< the chosen D holds >= 1 leading block of the prompt (router's index)
-  kRendezvous,        ///< no D holds a block: the rendezvous owner of the prompt's first block
+  kRendezvous,        ///< the chosen D holds no block: the rendezvous owner of the routing key
   kLeastOutstanding,  ///< policy least-outstanding, or a prompt shorter than one block
 };
 
@@ -75,8 +75,10 @@ std::optional<size_t> ChooseLeastOutstanding(std::span<const DecodeCandidate> ca
                                              size_t start);
 
 /// Cache-aware D choice. Candidates are ordered by cached_blocks (more first), then by rendezvous
-/// weight for the key h_0 (the prompt's first block hash); the first eligible one under the load
-/// cap wins. With no full block (`block_hashes` empty) it is ChooseLeastOutstanding(start).
+/// weight for the key h_k, k = min(max cached_blocks over the candidates, blocks - 1): the hash of
+/// the prompt's shortest prefix no candidate is known to hold (h_0 when none holds a block), so
+/// prompts that share only a common head (a system prompt every D has) still spread; the first
+/// eligible one under the load cap wins. With no full block (`block_hashes` empty) it is ChooseLeastOutstanding(start).
 /// nullopt when `candidates` is empty. Pure.
 std::optional<DecodeChoice> ChooseDecodeCacheAware(std::span<const DecodeCandidate> candidates,
                                                    std::span<const uint64_t> block_hashes,

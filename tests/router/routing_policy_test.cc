@@ -102,6 +102,22 @@ TEST(RoutingPolicyTest, MostCachedBlocksWinsOverRendezvous) {
   EXPECT_EQ(c->reason, DecodeReason::kPrefixHit);
 }
 
+TEST(RoutingPolicyTest, ASharedHeadDoesNotPinEveryPromptToOneOwner) {
+  // Every D holds the same 2-block system prompt: the key is the first block past it, so
+  // conversations that differ after it spread over the Ds.
+  const auto ds = Ds({0, 0, 0}, {2, 2, 2});
+  std::map<size_t, int> owners;
+  for (int32_t conv = 0; conv < 120; ++conv) {
+    std::vector<int32_t> t = Tokens(32);
+    const std::vector<int32_t> own = Tokens(32, 5000 + 100 * conv);
+    t.insert(t.end(), own.begin(), own.end());
+    const auto c = ChooseDecodeCacheAware(ds, PrefixBlockHashes(t, 16), {}, 0);
+    EXPECT_EQ(c->reason, DecodeReason::kPrefixHit);
+    ++owners[c->index];
+  }
+  EXPECT_EQ(owners.size(), 3u);
+}
+
 TEST(RoutingPolicyTest, LoadCapSkipsAnOverloadedOwner) {
   const auto h = PrefixBlockHashes(Tokens(64), 16);
   const size_t owner = ChooseDecodeCacheAware(Ds({0, 0}), h, {}, 0)->index;

@@ -4,6 +4,7 @@
 // --local-prefill-threshold the router sends no P leg for short (or cached) prompts and the
 // answers stay identical.
 #include <gtest/gtest.h>
+#include <httplib.h>
 
 #include <cstdio>
 #include <string>
@@ -67,6 +68,18 @@ class PdRouting : public PdFixture {
   Proc* d_[2] = {nullptr, nullptr};
 };
 
+/// POSTs `body` to /v1/chat/completions of `p`: status and raw body.
+Res PostChat(const Proc* p, const json& body) {
+  Res out;
+  httplib::Client cli(p->host, p->port);
+  cli.set_read_timeout(60, 0);
+  auto r = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  if (!r) return out;
+  out.status = r->status;
+  out.raw = r->body;
+  return out;
+}
+
 /// The growing history of conversation `c` after `turn` turns (plain text, ~60 tokens a turn).
 std::string History(int c, int turn) {
   static const char* kWords[] = {"Lily", "Tom",  "the",   "dog",  "ran",   "to",   "park",
@@ -123,6 +136,34 @@ TEST_F(PdRouting, CacheAwareBitIdenticalAndConversationsStayOnTheirDecode) {
                              "kvpush_router_decode_choices_total{policy=\"cache-aware\","
                              "reason=\"prefix_hit\"}");
   EXPECT_GE(hits - hits0, 6 * 3) << "turns 2..4 of each conversation are predicted prefix hits";
+
+  // A chat conversation: the router renders and tokenizes messages as the instances do, so the
+  // second turn is a predicted prefix hit too; answers equal the colocated instance's.
+  json chat = {{"messages", json::array({{{"role", "system"}, {"content", History(9, 3)}},
+                                         {{"role", "user"}, {"content", "Tell me more."}}})},
+               {"max_tokens", 4},
+               {"temperature", 0}};
+  for (int turn = 0; turn < 2; ++turn) {
+    const double h0 = Metric(router->host, router->port,
+                             "kvpush_router_decode_choices_total{policy=\"cache-aware\","
+                             "reason=\"prefix_hit\"}");
+    const Res r = PostChat(router, chat);
+    const Res ref = PostChat(colo_, chat);
+    ASSERT_EQ(r.status, 200) << r.raw;
+    ASSERT_EQ(ref.status, 200) << ref.raw;
+    EXPECT_EQ(json::parse(r.raw)["choices"][0]["message"], json::parse(ref.raw)["choices"][0]["message"]);
+    const double h1 = Metric(router->host, router->port,
+                             "kvpush_router_decode_choices_total{policy=\"cache-aware\","
+                             "reason=\"prefix_hit\"}");
+    if (turn == 1) {
+      EXPECT_EQ(h1 - h0, 1) << "the chat's second turn is a predicted prefix hit";
+    }
+    chat["messages"].push_back({{"role", "assistant"}, {"content", "They played."}});
+    chat["messages"].push_back({{"role", "user"}, {"content", "And then?"}});
+  }
+  EXPECT_EQ(Metric(router->host, router->port,
+                   "kvpush_router_decode_choices_total{policy=\"cache-aware\",reason=\"unhashed\"}"),
+            0);
 }
 
 TEST_F(PdRouting, LocalPrefillThresholdSkipsPrefillAndStaysBitIdentical) {

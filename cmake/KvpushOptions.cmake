@@ -9,12 +9,6 @@ target_include_directories(kvpush_options INTERFACE ${PROJECT_SOURCE_DIR}/src)
 if(KVPUSH_SANITIZE)
   target_compile_options(kvpush_options INTERFACE -fsanitize=${KVPUSH_SANITIZE} -fno-omit-frame-pointer
                                                   -fno-sanitize-recover=all)
-  # GCC 12's -Wmaybe-uninitialized misfires inside libstdc++'s std::regex/std::function once the
-  # sanitizers' instrumentation is inlined (GCC's manual: the warning depends on optimization and
-  # may be wrong); the plain build keeps it as an error.
-  if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
-    target_compile_options(kvpush_options INTERFACE -Wno-maybe-uninitialized)
-  endif()
   target_link_options(kvpush_options INTERFACE -fsanitize=${KVPUSH_SANITIZE})
 endif()
 

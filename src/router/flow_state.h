@@ -70,6 +70,8 @@ struct RequestFlow::Transfer {
   std::string retry_url;
   Role retry_role = Role::kDecode;
   std::optional<Reply> refused_reply;  ///< with retry_url: the answer if no retry can be made
+  /// The request skipped its P leg (--local-prefill-threshold): D prefills; no transfer to abort.
+  bool local_prefill = false;
 
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set

@@ -591,7 +591,10 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
   if (!finished) return true;
   if (!st.terminal_sent) {
     std::string ev;
-    if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
+    if (r.stopping_.load()) {  // Stop() closed D's leg: say why
+      ev = "data: " + ErrorJson("router is shutting down", "server_error", "shutting_down") +
+           "\n\n";
+    } else if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
       ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
     } else {
       const LegResult lr = st.stream->result();

@@ -111,8 +111,10 @@ void InstancePool::Stop() {
 void InstancePool::HealthLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms), [this] { return stop_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms),
+                 [this] { return stop_ || recheck_; });
     if (stop_) break;
+    recheck_ = false;
     lock.unlock();
     CheckAllOnce();
     if (on_round_) on_round_();
@@ -121,9 +123,16 @@ void InstancePool::HealthLoop() {
 }
 
 void InstancePool::CheckAllOnce() {
-  // instances_ never changes size or addresses after construction: read them without the lock.
-  for (size_t i = 0; i < instances_.size(); ++i) {
-    const InstanceAddress& a = instances_[i].address;
+  // Membership can change while a check runs: check a copy, and drop results for slots that
+  // changed meanwhile (SetHealth's expect_url).
+  std::vector<std::pair<size_t, InstanceAddress>> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      if (instances_[i].member) members.emplace_back(i, instances_[i].address);
+    }
+  }
+  for (const auto& [i, a] : members) {
     httplib::Client cli(a.host, a.port);
     const time_t sec = health_.timeout_ms / 1000;
     const time_t usec = static_cast<time_t>(health_.timeout_ms % 1000) * 1000;
@@ -132,21 +141,23 @@ void InstancePool::CheckAllOnce() {
     cli.set_write_timeout(sec, usec);
     auto res = cli.Get("/health");
     if (!res) {
-      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()));
+      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()), a.url);
     } else if (res->status != 200) {
-      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status));
+      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status), a.url);
     } else {
-      SetHealth(i, true, "GET /health: HTTP 200");
+      SetHealth(i, true, "GET /health: HTTP 200", a.url);
     }
   }
 }
 
-void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
+void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason,
+                             const std::string& expect_url) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
+    if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
     if (inst.checked && inst.healthy == healthy) return;
     inst.checked = true;
     inst.healthy = healthy;
@@ -176,7 +187,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
   // outstanding count wins, so ties rotate.
   std::vector<size_t> of_role;
   for (size_t i = 0; i < instances_.size(); ++i) {
-    if (instances_[i].role == role) of_role.push_back(i);
+    if (instances_[i].role == role && instances_[i].member) of_role.push_back(i);
   }
   if (of_role.empty()) return std::nullopt;
   size_t& cursor = rr_[RoleIndex(role)];
@@ -212,9 +223,47 @@ std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
   std::vector<InstanceSnapshot> out;
   out.reserve(instances_.size());
   for (const Instance& inst : instances_) {
+    if (!inst.member) continue;
     out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.outstanding});
   }
   return out;
+}
+
+bool InstancePool::AddInstance(Role role, InstanceAddress address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<size_t> slot;
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Instance& inst = instances_[i];
+      if (inst.role == role && inst.address.url == address.url) {
+        if (inst.member) return false;
+        slot = i;  // the same instance back: its legs in flight keep counting here
+        break;
+      }
+      if (!slot && !inst.member && inst.outstanding == 0) slot = i;
+    }
+    Instance fresh{role, std::move(address)};
+    if (slot) {
+      fresh.outstanding = instances_[*slot].outstanding;
+      instances_[*slot] = std::move(fresh);
+    } else {
+      instances_.push_back(std::move(fresh));
+    }
+    recheck_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool InstancePool::RemoveInstance(Role role, const std::string& url) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Instance& inst : instances_) {
+    if (inst.member && inst.role == role && inst.address.url == url) {
+      inst.member = false;  // health is no longer checked; legs being set up still see it
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace kvpush::router

@@ -134,7 +134,12 @@ Result<WatchMessage> ParseWatchLine(const std::string& line) {
 void WatchCanceller::Cancel() {
   MutexLock lock(mu_);
   cancelled_ = true;
-  if (client_ != nullptr) client_->stop();
+  // stop() only shuts a socket that exists: a watch still connecting is stopped by a later
+  // round. Bounded (5 s) in case the watch thread is stuck elsewhere.
+  for (int round = 0; client_ != nullptr && round < 250; ++round) {
+    client_->stop();
+    detached_.WaitFor(lock, std::chrono::milliseconds(20));
+  }
 }
 
 bool WatchCanceller::cancelled() const {
@@ -152,14 +157,16 @@ bool WatchCanceller::Attach(httplib::Client* client) {
 void WatchCanceller::Detach() {
   MutexLock lock(mu_);
   client_ = nullptr;
+  detached_.NotifyAll();
 }
 
 EtcdClient::EtcdClient(std::vector<EtcdEndpoint> endpoints, std::chrono::milliseconds timeout)
     : endpoints_(std::move(endpoints)), timeout_(timeout) {}
 
-Result<nlohmann::json> EtcdClient::Call(const std::string& path, const nlohmann::json& body) {
+Result<nlohmann::json> EtcdClient::Call(const std::string& path,
+                                        const nlohmann::json& request) {
   if (endpoints_.empty()) return Unavailable("etcd: no endpoint");
-  const std::string text = body.dump();
+  const std::string text = request.dump();
   std::string last_error;
   const size_t first = current_.load();
   for (size_t k = 0; k < endpoints_.size(); ++k) {
@@ -167,14 +174,35 @@ Result<nlohmann::json> EtcdClient::Call(const std::string& path, const nlohmann:
     const EtcdEndpoint& e = endpoints_[i];
     httplib::Client cli(e.host, e.port);
     SetTimeouts(cli, timeout_, timeout_);
-    auto res = cli.Post(path, text, "application/json");
-    if (!res) {
-      last_error = e.host + ":" + std::to_string(e.port) + ": " + httplib::to_string(res.error());
+    // The gateway ends an error answer with HTTP trailers (Grpc-Trailer-*), which this
+    // cpp-httplib does not parse (the call fails with Error::Read after the body arrived): read
+    // status and body through handlers, and accept a complete JSON body with its status.
+    int status = 0;
+    std::string body;
+    httplib::Request req;
+    req.method = "POST";
+    req.path = path;
+    req.body = text;
+    req.set_header("Content-Type", "application/json");
+    req.response_handler = [&](const httplib::Response& r) {
+      status = r.status;
+      return true;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      if (body.size() + n > kMaxWatchLine) return false;
+      body.append(data, n);
+      return true;
+    };
+    httplib::Response res;
+    httplib::Error err = httplib::Error::Success;
+    const bool sent = cli.send(req, res, err);
+    const nlohmann::json j = nlohmann::json::parse(body, nullptr, false);
+    if (!sent && (status == 0 || j.is_discarded())) {
+      last_error = e.host + ":" + std::to_string(e.port) + ": " + httplib::to_string(err);
       continue;
     }
     current_.store(i);
-    const nlohmann::json j = nlohmann::json::parse(res->body, nullptr, false);
-    if (res->status != 200) return GatewayError(j, res->status);
+    if (status != 200) return GatewayError(j, status);
     if (j.is_discarded() || !j.is_object()) {
       return InvalidArgument("etcd: " + path + " answered with something other than JSON");
     }

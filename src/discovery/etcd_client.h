@@ -82,6 +82,7 @@ class WatchCanceller {
   mutable Mutex mu_;
   httplib::Client* client_ GUARDED_BY(mu_) = nullptr;
   bool cancelled_ GUARDED_BY(mu_) = false;
+  CondVar detached_;  ///< notified by Detach()
 };
 
 /// Blocking calls to one etcd cluster through its JSON gateway. Each call tries the endpoints in
@@ -119,9 +120,9 @@ class EtcdClient {
   const std::vector<EtcdEndpoint>& endpoints() const { return endpoints_; }
 
  private:
-  /// POSTs `body` to `path` ("/v3/..."); returns the answer's JSON. Errors: kUnavailable (no
+  /// POSTs `request` to `path` ("/v3/..."); returns the answer's JSON. Errors: kUnavailable (no
   /// endpoint answered, or etcd's error), kNotFound (gRPC code 5), kInvalidArgument (not JSON).
-  Result<nlohmann::json> Call(const std::string& path, const nlohmann::json& body);
+  Result<nlohmann::json> Call(const std::string& path, const nlohmann::json& request);
 
   std::vector<EtcdEndpoint> endpoints_;
   std::chrono::milliseconds timeout_;

@@ -15,7 +15,7 @@ namespace kvpush::apps {
 
 /// The discovery flags of `kvpush serve`.
 struct ServeDiscoveryFlags {
-  std::string discovery;  ///< etcd://HOST:PORT[,HOST:PORT...]; "" = no registration
+  std::string discovery;      ///< etcd://HOST:PORT[,HOST:PORT...]; "" = no registration
   std::string advertise_url;  ///< http://HOST:PORT routers use; "" = the bound host and port
   std::string prefix = discovery::kDefaultPrefix;
   int64_t lease_ttl_s = 5;

@@ -38,7 +38,8 @@ Status GatewayError(const nlohmann::json& j, int http_status) {
 }  // namespace
 
 Result<int64_t> ReadInt64(const nlohmann::json& obj, const char* field) {
-  if (!obj.is_object()) return InvalidArgument(std::string("etcd: '") + field + "': not in an object");
+  if (!obj.is_object())
+    return InvalidArgument(std::string("etcd: '") + field + "': not in an object");
   auto it = obj.find(field);
   if (it == obj.end() || it->is_null()) return int64_t{0};
   if (it->is_number_integer()) return it->get<int64_t>();
@@ -57,7 +58,8 @@ Result<KeyValue> ParseKeyValue(const nlohmann::json& kv) {
   for (auto [field, dst] : {std::pair{"key", &out.key}, std::pair{"value", &out.value}}) {
     auto it = kv.find(field);
     if (it == kv.end()) continue;  // proto3 omits empty bytes
-    if (!it->is_string()) return InvalidArgument(std::string("etcd: kv '") + field + "' not a string");
+    if (!it->is_string())
+      return InvalidArgument(std::string("etcd: kv '") + field + "' not a string");
     auto d = Base64DecodeString(it->get<std::string>());
     if (!d.ok()) return InvalidArgument(std::string("etcd: kv '") + field + "' is not base64");
     *dst = std::move(d).value();
@@ -163,8 +165,7 @@ void WatchCanceller::Detach() {
 EtcdClient::EtcdClient(std::vector<EtcdEndpoint> endpoints, std::chrono::milliseconds timeout)
     : endpoints_(std::move(endpoints)), timeout_(timeout) {}
 
-Result<nlohmann::json> EtcdClient::Call(const std::string& path,
-                                        const nlohmann::json& request) {
+Result<nlohmann::json> EtcdClient::Call(const std::string& path, const nlohmann::json& request) {
   if (endpoints_.empty()) return Unavailable("etcd: no endpoint");
   const std::string text = request.dump();
   std::string last_error;
@@ -235,8 +236,7 @@ Status EtcdClient::LeaseRevoke(int64_t lease) {
   return Status::Ok();
 }
 
-Result<int64_t> EtcdClient::Put(const std::string& key, const std::string& value,
-                                int64_t lease) {
+Result<int64_t> EtcdClient::Put(const std::string& key, const std::string& value, int64_t lease) {
   nlohmann::json body = {{"key", Base64Encode(key)}, {"value", Base64Encode(value)}};
   if (lease != 0) body["lease"] = std::to_string(lease);
   KVP_ASSIGN_OR_RETURN(nlohmann::json j, Call("/v3/kv/put", body));
@@ -273,11 +273,10 @@ Status EtcdClient::Watch(const std::string& prefix, int64_t start_revision,
   httplib::Client cli(e.host, e.port);
   SetTimeouts(cli, timeout_, idle_timeout);
   if (!canceller.Attach(&cli)) return Cancelled("etcd watch: cancelled");
-  const nlohmann::json body = {
-      {"create_request",
-       {{"key", Base64Encode(prefix)},
-        {"range_end", Base64Encode(PrefixRangeEnd(prefix))},
-        {"start_revision", std::to_string(start_revision)}}}};
+  const nlohmann::json body = {{"create_request",
+                                {{"key", Base64Encode(prefix)},
+                                 {"range_end", Base64Encode(PrefixRangeEnd(prefix))},
+                                 {"start_revision", std::to_string(start_revision)}}}};
   std::string buffer;
   Status failure = Status::Ok();
   httplib::Request req;

@@ -9,8 +9,8 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
-#include <optional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -105,7 +105,8 @@ class EtcdClient {
   Status Delete(const std::string& key);
   /// The pair of exactly `key`, or nullopt when absent. Errors: kUnavailable, kInvalidArgument.
   Result<std::optional<KeyValue>> Get(const std::string& key);
-  /// Every pair whose key starts with `prefix`. Errors: kUnavailable, kInvalidArgument (bad answer).
+  /// Every pair whose key starts with `prefix`. Errors: kUnavailable, kInvalidArgument (bad
+  /// answer).
   Result<RangeResult> RangePrefix(const std::string& prefix);
 
   /// Watches keys under `prefix` from `start_revision`, calling `on_message` for each message

@@ -48,8 +48,8 @@ Result<std::vector<EtcdEndpoint>> ParseDiscoveryUrl(const std::string& url) {
   size_t start = 0;
   while (true) {
     const size_t comma = rest.find(',', start);
-    const std::string part = rest.substr(start, comma == std::string::npos ? rest.npos
-                                                                            : comma - start);
+    const std::string part =
+        rest.substr(start, comma == std::string::npos ? rest.npos : comma - start);
     KVP_ASSIGN_OR_RETURN(EtcdEndpoint e, ParseHostPort(what, part));
     out.push_back(std::move(e));
     if (out.size() > 16) return InvalidArgument(what + ": at most 16 endpoints");
@@ -104,10 +104,14 @@ std::string InstanceRecord::Key(const std::string& prefix) const {
 }
 
 nlohmann::json InstanceRecord::ToJson() const {
-  return {{"version", kRecordVersion}, {"role", role},
-          {"model", model},            {"url", url},
-          {"compat_hash", Hex64(compat_hash)}, {"incarnation", Hex64(incarnation)},
-          {"started_at", started_at},  {"pid", pid}};
+  return {{"version", kRecordVersion},
+          {"role", role},
+          {"model", model},
+          {"url", url},
+          {"compat_hash", Hex64(compat_hash)},
+          {"incarnation", Hex64(incarnation)},
+          {"started_at", started_at},
+          {"pid", pid}};
 }
 
 Result<InstanceRecord> InstanceRecord::FromJson(const nlohmann::json& j) {

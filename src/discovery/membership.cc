@@ -84,9 +84,10 @@ std::vector<MembershipChange> MembershipCore::Recompute() {
     if (admitted_.contains(key)) continue;
     if (!has_reference_ || r.compat_hash != reference_) {
       if (logged_.insert(key).second) {
-        spdlog::warn("discovery: never pairing {} ({} {}): compat hash {} differs from the pool's "
-                     "{} (model, KV layout, connector version or transfer backend differ)",
-                     key, r.role, r.url, Hex64(r.compat_hash), Hex64(reference_));
+        spdlog::warn(
+            "discovery: never pairing {} ({} {}): compat hash {} differs from the pool's "
+            "{} (model, KV layout, connector version or transfer backend differ)",
+            key, r.role, r.url, Hex64(r.compat_hash), Hex64(reference_));
       }
       continue;
     }
@@ -97,8 +98,8 @@ std::vector<MembershipChange> MembershipCore::Recompute() {
   return changes;
 }
 
-Result<std::unique_ptr<MembershipWatcher>> MembershipWatcher::Create(
-    MembershipOptions options, MembershipCallback on_change) {
+Result<std::unique_ptr<MembershipWatcher>> MembershipWatcher::Create(MembershipOptions options,
+                                                                     MembershipCallback on_change) {
   if (options.endpoints.empty()) return InvalidArgument("discovery: no etcd endpoint");
   KVP_RETURN_IF_ERROR(ValidatePrefix(options.prefix));
   return std::unique_ptr<MembershipWatcher>(
@@ -155,9 +156,10 @@ int64_t MembershipWatcher::List() {
   auto r = client_.RangePrefix(watch_prefix_);
   if (!r.ok()) {
     if (!etcd_down_logged_) {
-      spdlog::warn("discovery: cannot list {} ({}); keeping the last known {} instance(s) and "
-                   "retrying",
-                   watch_prefix_, r.status().message(), core_.admitted().size());
+      spdlog::warn(
+          "discovery: cannot list {} ({}); keeping the last known {} instance(s) and "
+          "retrying",
+          watch_prefix_, r.status().message(), core_.admitted().size());
       etcd_down_logged_ = true;
     }
     return 0;

@@ -18,7 +18,8 @@ Result<std::unique_ptr<Registration>> Registration::Create(RegistrationOptions o
 Registration::Registration(RegistrationOptions options)
     : options_(std::move(options)),
       key_(options_.record.Key(options_.prefix)),
-      value_(options_.record.ToJson().dump()),
+      value_(
+          options_.record.ToJson().dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)),
       client_(options_.endpoints, options_.etcd_timeout) {}
 
 Registration::~Registration() {
@@ -140,9 +141,10 @@ void Registration::Deregister(const char* why) {
   if (del.ok() && rev.ok()) {
     spdlog::info("discovery: deregistered {} ({})", key_, why);
   } else {
-    spdlog::warn("discovery: deregistering {} ({}) failed: {}; the key expires with its lease "
-                 "within {} s",
-                 key_, why, (!del.ok() ? del : rev).message(), options_.ttl_s);
+    spdlog::warn(
+        "discovery: deregistering {} ({}) failed: {}; the key expires with its lease "
+        "within {} s",
+        key_, why, (!del.ok() ? del : rev).message(), options_.ttl_s);
   }
   lease_ = 0;
 }

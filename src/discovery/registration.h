@@ -22,7 +22,7 @@ namespace kvpush::discovery {
 struct RegistrationOptions {
   std::vector<EtcdEndpoint> endpoints;
   std::string prefix = kDefaultPrefix;
-  int64_t ttl_s = 5;  ///< lease TTL; >= 2 (keep-alive every ttl/3)
+  int64_t ttl_s = 5;                             ///< lease TTL; >= 2 (keep-alive every ttl/3)
   std::chrono::milliseconds etcd_timeout{1000};  ///< connect/read bound of one etcd call
   InstanceRecord record;
   /// Whether the instance may be offered to routers now (engine up, not draining). Called on the

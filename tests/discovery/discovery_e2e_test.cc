@@ -28,7 +28,8 @@ class DiscoveryE2eTest : public PdFixture {
     if (!res) return out;
     const json j = json::parse(res->body, nullptr, false);
     if (!j.is_object() || !j.contains("instances")) return out;
-    for (const auto& i : j["instances"]) out[i["url"].get<std::string>()] = i["healthy"].get<bool>();
+    for (const auto& i : j["instances"])
+      out[i["url"].get<std::string>()] = i["healthy"].get<bool>();
     return out;
   }
   bool RouterHas(Proc* router, Proc* inst) {
@@ -124,7 +125,8 @@ TEST_F(DiscoveryE2eTest, InstancesRegisterLeaveAndExpireAndTheRouterFollows) {
 }
 
 TEST_F(DiscoveryE2eTest, ServeRefusesAWildcardAddressWithoutAdvertiseUrl) {
-  auto [rc, out] = Sh(KvpushBin() + " serve --model x --host 0.0.0.0 --discovery etcd://127.0.0.1:1"
+  auto [rc, out] = Sh(KvpushBin() +
+                      " serve --model x --host 0.0.0.0 --discovery etcd://127.0.0.1:1"
                       " 2>&1");
   EXPECT_EQ(rc >> 8, 2) << out;
   EXPECT_NE(out.find("--advertise-url"), std::string::npos) << out;

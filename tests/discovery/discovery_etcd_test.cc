@@ -16,9 +16,9 @@ namespace kvpush::discovery {
 namespace {
 
 using discovery_test::EtcdServer;
+using ::kvpush::testing::WaitUntil;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
-using ::kvpush::testing::WaitUntil;
 
 class EtcdTest : public ::testing::Test {
  protected:

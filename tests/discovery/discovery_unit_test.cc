@@ -10,8 +10,8 @@
 namespace kvpush::discovery {
 namespace {
 
-InstanceRecord Rec(const std::string& role, const std::string& url, uint64_t compat,
-                   uint64_t inc, const std::string& model = "m") {
+InstanceRecord Rec(const std::string& role, const std::string& url, uint64_t compat, uint64_t inc,
+                   const std::string& model = "m") {
   InstanceRecord r;
   r.role = role;
   r.model = model;
@@ -70,10 +70,10 @@ TEST(InstanceRecord, RoundTripsAndValidates) {
   EXPECT_FALSE(InstanceRecord::Parse("/kvpush/", r.Key("/kvpush/"), "not json").ok());
   // Every field is checked.
   const std::vector<std::pair<std::string, nlohmann::json>> bad = {
-      {"version", 2},           {"version", "1"},      {"role", "router"},
-      {"model", ""},            {"url", "https://h:1"}, {"url", "http://h"},
-      {"compat_hash", "xyz"},   {"compat_hash", 5},    {"incarnation", ""},
-      {"started_at", -1},       {"pid", "7"},          {"url", "http://h:1/path"}};
+      {"version", 2},         {"version", "1"},       {"role", "router"},
+      {"model", ""},          {"url", "https://h:1"}, {"url", "http://h"},
+      {"compat_hash", "xyz"}, {"compat_hash", 5},     {"incarnation", ""},
+      {"started_at", -1},     {"pid", "7"},           {"url", "http://h:1/path"}};
   for (const auto& [field, value] : bad) {
     nlohmann::json j = r.ToJson();
     j[field] = value;
@@ -85,8 +85,7 @@ TEST(InstanceRecord, RoundTripsAndValidates) {
 }
 
 TEST(EtcdGateway, ReadsInt64AsStringOrNumber) {
-  const nlohmann::json j = {{"a", "123"}, {"b", 5}, {"c", "x"}, {"d", "1 "}, {"e", ""},
-                            {"f", 1.5}};
+  const nlohmann::json j = {{"a", "123"}, {"b", 5}, {"c", "x"}, {"d", "1 "}, {"e", ""}, {"f", 1.5}};
   EXPECT_EQ(*ReadInt64(j, "a"), 123);
   EXPECT_EQ(*ReadInt64(j, "b"), 5);
   EXPECT_EQ(*ReadInt64(j, "absent"), 0);
@@ -108,11 +107,10 @@ TEST(EtcdGateway, ParsesRangeAnswers) {
   auto empty = ParseRangeResponse(nlohmann::json::parse(R"({"header":{"revision":"2"}})"));
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(empty->kvs.empty());
-  for (const char* bad :
-       {R"({})", R"({"header":{}})", R"({"header":{"revision":"2"},"kvs":{}})",
-        R"({"header":{"revision":"2"},"kvs":[{"key":"!!"}]})",
-        R"({"header":{"revision":"2"},"kvs":[{"value":"eA=="}]})",
-        R"({"header":{"revision":"2"},"kvs":[{"key":5}]})"}) {
+  for (const char* bad : {R"({})", R"({"header":{}})", R"({"header":{"revision":"2"},"kvs":{}})",
+                          R"({"header":{"revision":"2"},"kvs":[{"key":"!!"}]})",
+                          R"({"header":{"revision":"2"},"kvs":[{"value":"eA=="}]})",
+                          R"({"header":{"revision":"2"},"kvs":[{"key":5}]})"}) {
     EXPECT_FALSE(ParseRangeResponse(nlohmann::json::parse(bad)).ok()) << bad;
   }
 }
@@ -202,9 +200,9 @@ TEST(MembershipCore, NeverAdmitsAnIncompatibleInstance) {
 TEST(MembershipCore, IgnoresMalformedAndColocatedRecords) {
   MembershipCore core("/kvpush/");
   const InstanceRecord both = Rec("both", "http://h:1", 7, 1);
-  std::vector<KeyValue> kvs = {Kv(both), KeyValue{"/kvpush/m/decode/5", "{oops", 1, 0},
-                               KeyValue{"/kvpush/m/decode/6", Rec("decode", "http://h:2", 7, 9)
-                                                                  .ToJson().dump(), 1, 0}};
+  std::vector<KeyValue> kvs = {
+      Kv(both), KeyValue{"/kvpush/m/decode/5", "{oops", 1, 0},
+      KeyValue{"/kvpush/m/decode/6", Rec("decode", "http://h:2", 7, 9).ToJson().dump(), 1, 0}};
   EXPECT_TRUE(core.Reset(kvs).empty());
   EXPECT_EQ(core.refused(), 3u);
   EXPECT_EQ(core.reference_compat_hash(), 0u);

@@ -18,11 +18,11 @@ namespace kvpush::discovery_test {
 inline constexpr const char* kEtcdBin = "/usr/bin/etcd";
 
 /// Skips the test when etcd is not installed.
-#define KVP_REQUIRE_ETCD()                                                                     \
-  if (access(::kvpush::discovery_test::kEtcdBin, X_OK) != 0) {                                 \
-    GTEST_SKIP() << ::kvpush::discovery_test::kEtcdBin                                        \
-                 << " not found: install Debian's etcd-server (scripts/setup-debian.sh) to "  \
-                    "run the etcd discovery tests; skipping";                                 \
+#define KVP_REQUIRE_ETCD()                                                                   \
+  if (access(::kvpush::discovery_test::kEtcdBin, X_OK) != 0) {                               \
+    GTEST_SKIP() << ::kvpush::discovery_test::kEtcdBin                                       \
+                 << " not found: install Debian's etcd-server (scripts/setup-debian.sh) to " \
+                    "run the etcd discovery tests; skipping";                                \
   }
 
 class EtcdServer {
@@ -39,11 +39,11 @@ class EtcdServer {
   bool Start() {
     const std::string c = "http://127.0.0.1:" + std::to_string(client_port_);
     const std::string p = "http://127.0.0.1:" + std::to_string(peer_port_);
-    Status s = child_.Start({"--name", "t", "--data-dir", dir_ + "/etcd-data",
-                             "--listen-client-urls", c, "--advertise-client-urls", c,
-                             "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
-                             "--initial-cluster", "t=" + p, "--log-level", "warn"},
-                            dir_ + "/etcd.log", kEtcdBin);
+    Status s = child_.Start(
+        {"--name", "t", "--data-dir", dir_ + "/etcd-data", "--listen-client-urls", c,
+         "--advertise-client-urls", c, "--listen-peer-urls", p, "--initial-advertise-peer-urls", p,
+         "--initial-cluster", "t=" + p, "--log-level", "warn"},
+        dir_ + "/etcd.log", kEtcdBin);
     EXPECT_TRUE(s.ok()) << s.ToString();
     if (!s.ok()) return false;
     discovery::EtcdClient cli(endpoints(), std::chrono::milliseconds(500));

@@ -7,13 +7,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "router/prefix_index.h"
+#include "router/routing_policy.h"
 
 namespace kvpush::router {
 
@@ -47,7 +51,24 @@ struct InstanceSnapshot {
   std::string url;
   bool healthy = false;
   int64_t outstanding = 0;  ///< legs in flight to this instance
+  /// Estimated prompt tokens queued or being prefilled there (prefill instances): the count its
+  /// last /health reported plus the router's legs sent since, or, for an instance that reports
+  /// none, the router's legs in flight. See InstancePool::AcquirePrefill.
+  int64_t prefill_tokens = 0;
 };
+
+/// What an instance's /health JSON reports (docs/server.md, "/health"); absent fields stay 0.
+struct ReportedLoad {
+  bool reported = false;                ///< the body had a "load" object
+  int64_t outstanding_prefill_tokens = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int32_t block_size = 0;  ///< KV block size (tokens), 0 = not reported
+};
+
+/// Parses a /health body ({"status":"ok","block_size":16,"load":{...}}); an empty or non-JSON
+/// body (an older instance) gives a default ReportedLoad. Pure.
+ReportedLoad ParseHealthBody(const std::string& body);
 
 class InstancePool;
 
@@ -56,8 +77,14 @@ class InstancePool;
 class InstanceLease {
  public:
   InstanceLease() = default;
-  InstanceLease(InstancePool* pool, size_t index, InstanceAddress address, Role role)
-      : pool_(pool), index_(index), address_(std::move(address)), role_(role) {}
+  InstanceLease(InstancePool* pool, size_t index, InstanceAddress address, Role role,
+                int64_t prefill_tokens = 0, uint64_t epoch = 0)
+      : pool_(pool),
+        index_(index),
+        address_(std::move(address)),
+        role_(role),
+        prefill_tokens_(prefill_tokens),
+        epoch_(epoch) {}
   ~InstanceLease() { Release(); }
   InstanceLease(InstanceLease&& o) noexcept { *this = std::move(o); }
   InstanceLease& operator=(InstanceLease&& o) noexcept;
@@ -78,6 +105,8 @@ class InstanceLease {
   size_t index_ = 0;
   InstanceAddress address_;
   Role role_ = Role::kPrefill;
+  int64_t prefill_tokens_ = 0;  ///< prompt tokens this P leg counts in the pool's estimate
+  uint64_t epoch_ = 0;          ///< the instance's health-report epoch at acquisition
 };
 
 /// Health-check settings.
@@ -126,6 +155,30 @@ class InstancePool {
   /// one more leg on it. nullopt when no instance of `role` is healthy.
   std::optional<InstanceLease> Acquire(Role role);
 
+  /// Sets the capacity (blocks) of each decode instance's PrefixIndex. Call before Start().
+  void SetPrefixIndexCapacity(size_t blocks) { index_capacity_ = blocks; }
+
+  /// Picks a healthy decode instance for a prompt with chained block hashes `hashes` (empty:
+  /// unknown or shorter than a block) and counts one more leg on it. kLeastOutstanding: as
+  /// Acquire(kDecode); kCacheAware: ChooseDecodeCacheAware over the healthy Ds, with each D's
+  /// cached_blocks from its PrefixIndex. Either way the chosen D's index then records `hashes`.
+  /// `choice` (optional) gets what was decided (cached_blocks: the chosen D's predicted hit).
+  /// nullopt when no decode instance is healthy.
+  std::optional<InstanceLease> AcquireDecode(std::span<const uint64_t> hashes,
+                                             RoutingPolicy policy,
+                                             const CacheAwareOptions& options,
+                                             DecodeChoice* choice);
+
+  /// Picks a healthy prefill instance for a prompt of `prompt_tokens` tokens (<= 0: unknown) and
+  /// counts one more leg on it. kLeastOutstanding (or unknown tokens): as Acquire(kPrefill);
+  /// kCacheAware: ChoosePrefillByTokens over the estimated outstanding prefill tokens (what each
+  /// P's /health reported, plus the tokens of legs the router sent it since that report). The
+  /// lease counts `prompt_tokens` in the estimate until released.
+  std::optional<InstanceLease> AcquirePrefill(int64_t prompt_tokens, RoutingPolicy policy);
+
+  /// The KV block size the first healthy decode instance reported in /health; 0 when none has.
+  int32_t ReportedBlockSize() const;
+
   /// Checks every instance once (blocking, sequential) and updates health.
   void CheckAllOnce();
 
@@ -152,11 +205,28 @@ class InstancePool {
     bool healthy = false;
     bool checked = false;  ///< health known (the first result is always logged)
     int64_t outstanding = 0;
+    ReportedLoad load;              ///< from the last /health that passed
+    uint64_t epoch = 0;             ///< bumped by each /health report
+    int64_t tokens_since_poll = 0;  ///< prompt tokens of P legs acquired in this epoch, open
+    int64_t tokens_inflight = 0;    ///< prompt tokens of every open P leg
+    std::shared_ptr<PrefixIndex> index;  ///< decode instances: what the router sent there
     bool member = true;  ///< false once removed: no new legs; slot reusable at outstanding 0
   };
-  void Release(size_t index);
-  /// `expect_url`: when not empty, the update is dropped unless slot `index` still holds a
-  /// member with this URL (the health thread checks a copy made before the check).
+  void Release(size_t index, int64_t prefill_tokens = 0, uint64_t epoch = 0);
+  /// `expect_url` (SetLoad, SetHealth): when not empty, the update is dropped unless slot `index`
+  /// still holds a member with this URL (the health thread checks a copy made before the check).
+  void SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url = "");
+  /// Estimated outstanding prefill tokens of `inst` (see AcquirePrefill). Needs mu_.
+  static int64_t PrefillTokens(const Instance& inst);
+  /// The healthy instances of `role`, starting at its round-robin cursor: `instances` (indices
+  /// into instances_), `positions` (their place among the role's instances), `of_role` (how many
+  /// the role has). Needs mu_.
+  struct Rotation {
+    std::vector<size_t> instances;
+    std::vector<size_t> positions;
+    size_t of_role = 0;
+  };
+  Rotation HealthyFromCursor(Role role) const;
   void SetHealth(size_t index, bool healthy, const std::string& reason,
                  const std::string& expect_url = "");
   void HealthLoop();
@@ -168,6 +238,7 @@ class InstancePool {
   std::condition_variable cv_;
   std::vector<Instance> instances_;
   size_t rr_[3] = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
+  size_t index_capacity_ = 65536;  ///< PrefixIndex capacity per decode instance
   bool stop_ = false;
   bool recheck_ = false;  ///< an instance was added: check at once
   std::thread thread_;

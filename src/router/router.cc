@@ -92,6 +92,23 @@ Status RouterOptions::Validate() const {
   if (!(connect_timeout_s > 0)) return InvalidArgument("connect timeout must be > 0");
   if (max_concurrent_streams < 1) return InvalidArgument("max concurrent streams must be >= 1");
   if (!(max_idle_connection_s >= 0)) return InvalidArgument("max idle connection age must be >= 0");
+  if (!(cache_aware.load_cap >= 1.0)) return InvalidArgument("--cache-aware-load-cap must be >= 1");
+  if (local_prefill_threshold < 0) {
+    return InvalidArgument("--local-prefill-threshold must be >= 0 (0 = off)");
+  }
+  if (block_size < 0) return InvalidArgument("--block-size must be >= 0 (0 = from the instances)");
+  if (prefix_index_blocks < 1) return InvalidArgument("--prefix-index-blocks must be >= 1");
+  const bool needs_tokens =
+      routing == RoutingPolicy::kCacheAware || local_prefill_threshold > 0;
+  if (needs_tokens && colocated()) {
+    return InvalidArgument(
+        "--routing cache-aware and --local-prefill-threshold apply to P/D mode, not --colocated");
+  }
+  if (needs_tokens && !prompt_tokenizer) {
+    return InvalidArgument(
+        "--routing cache-aware and --local-prefill-threshold need the prompt's token ids: give "
+        "--tokenizer MODEL (the instances' model file)");
+  }
   return Status::Ok();
 }
 
@@ -113,7 +130,13 @@ std::string RouterOptions::ToString() const {
         << " model=" << (discovery_model.empty() ? "(any)" : discovery_model) << " ";
     }
     s << "mode=" << TransferModeName(mode)
-      << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile);
+      << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile)
+      << " routing=" << RoutingPolicyName(routing)
+      << " cache_aware_load_cap=" << cache_aware.load_cap
+      << " local_prefill_threshold=" << local_prefill_threshold << " block_size="
+      << (block_size > 0 ? std::to_string(block_size) : std::string("(from instances)"))
+      << " prefix_index_blocks=" << prefix_index_blocks
+      << " tokenizer=" << (tokenizer_path.empty() ? "(none)" : tokenizer_path);
   }
   s << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
     << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
@@ -257,6 +280,7 @@ std::string Router::RenderMetrics() const {
         << a.failed[k] << "\n";
     }
   }
+  if (!colo) RenderRoutingMetrics(c, s);
   const ConnectionPoolCounts cc = connections_->counts();
   s << "# HELP kvpush_router_connections_total Connections to instances handed to legs: opened "
        "(new), reused (idle keep-alive), discarded (idle ones closed: stale or too old).\n"
@@ -279,6 +303,16 @@ std::string Router::RenderMetrics() const {
   for (const auto& i : snap) {
     s << "kvpush_router_instance_outstanding{role=\"" << RoleName(i.role) << "\",url=\""
       << LabelValue(i.url) << "\"} " << i.outstanding << "\n";
+  }
+  if (!colo) {
+    s << "# HELP kvpush_router_instance_prefill_tokens Estimated prompt tokens queued or being "
+         "prefilled on the prefill instance (its /health load plus legs sent since).\n"
+      << "# TYPE kvpush_router_instance_prefill_tokens gauge\n";
+    for (const auto& i : snap) {
+      if (i.role != Role::kPrefill) continue;
+      s << "kvpush_router_instance_prefill_tokens{url=\"" << LabelValue(i.url) << "\"} "
+        << i.prefill_tokens << "\n";
+    }
   }
   return s.str();
 }
@@ -329,6 +363,7 @@ void Router::RouteHealth() {
                            {"url", i.url},
                            {"healthy", i.healthy},
                            {"outstanding", i.outstanding}});
+      if (i.role == Role::kPrefill) instances.back()["prefill_tokens"] = i.prefill_tokens;
     }
     // P/D: at least one P and one D healthy; colocated: at least one instance healthy.
     const std::vector<Role> roles = options_.colocated()
@@ -451,6 +486,7 @@ Status Router::Start() {
     CutLegsTo(role, url, why);
   });
   pool_->SetRoundCallback([this] { connections_->CloseExpired(); });
+  pool_->SetPrefixIndexCapacity(options_.prefix_index_blocks);
   pool_->Start();
   if (Status st = StartDiscovery(); !st.ok()) {
     pool_->Stop();

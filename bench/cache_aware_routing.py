@@ -208,6 +208,7 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="runs of every configuration, in rotating order (machine noise falls on all)")
     ap.add_argument("--kv-blocks", type=int, default=2048)
+    ap.add_argument("--load-cap", type=float, default=1.25, help="--cache-aware-load-cap")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--configs", default="least-outstanding,least-outstanding+threshold,"
                     "cache-aware,cache-aware+threshold")
@@ -223,9 +224,9 @@ def main():
     flags = {
         "least-outstanding": [],
         "least-outstanding+threshold": ["--local-prefill-threshold", str(a.threshold)],
-        "cache-aware": ["--routing", "cache-aware"],
-        "cache-aware+threshold": ["--routing", "cache-aware", "--local-prefill-threshold",
-                                  str(a.threshold)],
+        "cache-aware": ["--routing", "cache-aware", "--cache-aware-load-cap", str(a.load_cap)],
+        "cache-aware+threshold": ["--routing", "cache-aware", "--cache-aware-load-cap",
+                                  str(a.load_cap), "--local-prefill-threshold", str(a.threshold)],
     }
     tmp = tempfile.mkdtemp(prefix="kvpush-cache-aware-")
     names = a.configs.split(",")

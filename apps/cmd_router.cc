@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/router_tokenizer.h"
 #include "common/log.h"
 #include "router/router.h"
 
@@ -26,6 +27,7 @@ extern "C" void OnRouterStopSignal(int) {
 struct RouterCliOptions {
   router::RouterOptions router;
   std::string mode = "push";
+  std::string routing = "least-outstanding";
   std::string log_level = "info";
 };
 
@@ -35,6 +37,16 @@ int RunRouter(RouterCliOptions o) {
     return 2;
   }
   o.router.mode = o.mode == "pull" ? router::TransferMode::kPull : router::TransferMode::kPush;
+  o.router.routing = *router::ParseRoutingPolicy(o.routing);  // CLI11 checked the value
+  if (!o.router.tokenizer_path.empty()) {
+    auto tok = LoadRouterTokenizer(o.router.tokenizer_path);
+    if (!tok.ok()) {
+      std::fprintf(stderr, "kvpush router: --tokenizer %s: %s\n", o.router.tokenizer_path.c_str(),
+                   tok.status().ToString().c_str());
+      return 2;
+    }
+    o.router.prompt_tokenizer = std::move(tok).value();
+  }
   if (Status s = o.router.Validate(); !s.ok()) {
     std::fprintf(stderr, "kvpush router: %s\n", s.message().c_str());
     return 2;
@@ -71,6 +83,15 @@ void RegisterRouterCommand(CLI::App& app) {
                   "Colocated (--role both) instance URLs (http://HOST:PORT), one or more: each "
                   "request goes whole to the next healthy one (round robin); excludes "
                   "--prefill/--decode (RouterOptions::Validate: exit status 2)");
+  cmd->add_option("--discovery", opts->router.discovery,
+                  "etcd://HOST:PORT[,HOST:PORT...]: take P and D instances from etcd discovery "
+                  "(as they register and leave; combinable with --prefill/--decode; "
+                  "docs/deployment.md)");
+  cmd->add_option("--discovery-prefix", opts->router.discovery_prefix,
+                  "etcd key prefix the instances register under")
+      ->capture_default_str();
+  cmd->add_option("--model", opts->router.discovery_model,
+                  "With --discovery: only instances serving this model name (default: any)");
   cmd->add_option("--mode", opts->mode, "KV transfer mode: push | pull")
       ->check(CLI::IsMember({"push", "pull"}))
       ->capture_default_str();
@@ -78,6 +99,33 @@ void RegisterRouterCommand(CLI::App& app) {
                   "Pull profile sent to decode instances: vllm | fast (default: the decode "
                   "instance's own default)")
       ->check(CLI::IsMember({"vllm", "fast"}));
+  cmd->add_option("--routing", opts->routing,
+                  "How P and D are chosen: least-outstanding (fewest legs in flight) | "
+                  "cache-aware (D by the prompt's prefix-block hashes, rendezvous hashing with a "
+                  "load cap; P by outstanding prefill tokens; needs --tokenizer)")
+      ->check(CLI::IsMember({"least-outstanding", "cache-aware"}))
+      ->capture_default_str();
+  cmd->add_option("--cache-aware-load-cap", opts->router.cache_aware.load_cap,
+                  "cache-aware: a D is skipped when its outstanding legs + 1 exceed ceil(cap x "
+                  "(all Ds' outstanding legs + 1) / number of healthy Ds) (>= 1)")
+      ->capture_default_str();
+  cmd->add_option("--local-prefill-threshold", opts->router.local_prefill_threshold,
+                  "Tokens; a request whose uncached prompt part (prompt tokens - D's predicted "
+                  "prefix hit) is below this gets no P leg: D prefills it locally (0 = off; "
+                  "needs --tokenizer)")
+      ->capture_default_str();
+  cmd->add_option("--tokenizer", opts->router.tokenizer_path,
+                  "The instances' model file (.gguf: only its tokenizer and chat template are "
+                  "read): the router tokenizes prompts for --routing cache-aware and "
+                  "--local-prefill-threshold");
+  cmd->add_option("--block-size", opts->router.block_size,
+                  "Tokens per block of the router's prefix hashes (0 = the block size the decode "
+                  "instances report in /health)")
+      ->capture_default_str();
+  cmd->add_option("--prefix-index-blocks", opts->router.prefix_index_blocks,
+                  "Block hashes the router remembers per decode instance (LRU; about the decode "
+                  "instances' --num-kv-blocks)")
+      ->capture_default_str();
   cmd->add_option("--host", opts->router.host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", opts->router.port, "Port to bind (0 = any free port)")
       ->capture_default_str();

@@ -12,6 +12,8 @@
 #include <thread>
 
 #include "apps/commands.h"
+#include "apps/serve_discovery.h"
+#include "connector/handshake.h"
 #include "common/log.h"
 #include "connector/pd_connector.h"
 #include "engine/engine.h"
@@ -49,6 +51,7 @@ struct ServeOptions {
   std::string sim_model = "qwen3-32b";
   std::string sim_hw = "h200";
   SimOptions sim;
+  ServeDiscoveryFlags discovery;
 };
 
 /// The llama executor from --model, or the sim executor from the --sim-* flags.
@@ -123,6 +126,10 @@ int RunServe(const ServeOptions& o) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
     return 2;
   }
+  if (Status s = ValidateServeDiscoveryFlags(o.discovery, o.host); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
+    return 2;
+  }
   EngineConfig ec = o.engine;
   ec.enable_prefix_caching = !o.no_prefix_caching;
   if (Status s = ec.Validate(); !s.ok()) {
@@ -195,10 +202,28 @@ int RunServe(const ServeOptions& o) {
   if (conn) conn->set_advertised_port(http.port());
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // etcd discovery: registered while serving and not stopping (docs/deployment.md).
+  connector::HandshakeInfo compat;  // a colocated instance's compat hash: no transfer backend
+  compat.model_fingerprint = model.config.fingerprint;
+  compat.layout = EngineCore::LayoutFor(*resolved, model.config);
+  auto registration = StartServeRegistration(
+      o.discovery,
+      ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
+                    conn ? conn->compat_hash() : compat.CompatHash(),
+                    conn ? conn->incarnation() : 0},
+      [] { return !g_stop.load(); });
+  if (!registration.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", registration.status().message().c_str());
+    http.Stop();
+    (*engine)->Stop();
+    return 2;
+  }
   std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
   std::fflush(stdout);
   while (!g_stop.load()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   spdlog::info("kvpush serve: shutting down");
+  // First step of shutdown: leave discovery so routers stop sending here.
+  if (*registration) (*registration)->Leave();
   http.Stop();
   (*engine)->Stop();
   return 0;
@@ -293,6 +318,7 @@ void RegisterServeCommand(CLI::App& app) {
                   "Testing only: inject KV transfer failures and delays (fault backend), e.g. "
                   "post_failure_rate=0.02,completion_failure_rate=0.02,max_post_delay_us=2000,"
                   "max_completion_delay_us=2000,seed=7 (docs/reliability.md)");
+  AddServeDiscoveryFlags(cmd, &opts->discovery);
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   cmd->callback([opts] {

@@ -154,6 +154,8 @@ void Engine::Loop() {
 void Engine::PublishAndFlush() {
   const EngineStats& s = core_->stats();
   num_waiting_.store(s.num_waiting);
+  num_running_.store(s.num_running, std::memory_order_relaxed);
+  outstanding_prefill_tokens_.store(s.outstanding_prefill_tokens, std::memory_order_relaxed);
   {
     std::lock_guard<std::mutex> lock(stats_mu_);
     stats_ = s;

@@ -61,6 +61,20 @@ class Engine {
   /// The latest snapshot published by the engine thread (after each step). Thread-safe.
   EngineStats stats() const;
 
+  /// A load summary for routers (an instance's /health): read from atomics the engine thread
+  /// publishes after each step, never from the engine's state or locks. Value type.
+  struct Load {
+    int64_t outstanding_prefill_tokens = 0;  ///< EngineStats::outstanding_prefill_tokens
+    int32_t running = 0;
+    int32_t waiting = 0;  ///< in the scheduler's waiting queue
+  };
+  /// The latest published Load. Thread-safe, lock-free.
+  Load load() const {
+    return Load{outstanding_prefill_tokens_.load(std::memory_order_relaxed),
+                num_running_.load(std::memory_order_relaxed),
+                num_waiting_.load(std::memory_order_relaxed)};
+  }
+
   /// Resolved configuration and the model's; immutable after Create. Thread-safe.
   const EngineConfig& config() const { return config_; }
   const ModelConfig& model_config() const { return model_; }
@@ -99,6 +113,8 @@ class Engine {
 
   std::atomic<int64_t> next_id_{1};
   std::atomic<int32_t> num_waiting_{0};  ///< published with stats, for overload checks
+  std::atomic<int32_t> num_running_{0};  ///< published with stats (load())
+  std::atomic<int64_t> outstanding_prefill_tokens_{0};  ///< published with stats (load())
   std::thread thread_;
 };
 

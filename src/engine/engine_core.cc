@@ -503,6 +503,7 @@ const EngineStats& EngineCore::stats() {
   stats_.num_running = scheduler_.num_running();
   stats_.num_waiting = scheduler_.num_waiting();
   stats_.num_waiting_for_kv = scheduler_.num_waiting_for_kv();
+  stats_.outstanding_prefill_tokens = scheduler_.outstanding_prefill_tokens();
   stats_.kv = pool_.stats();
   stats_.num_preemptions = scheduler_.num_preemptions();
   return stats_;

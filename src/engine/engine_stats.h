@@ -17,6 +17,8 @@ struct EngineStats {
   int32_t num_running = 0;
   int32_t num_waiting = 0;
   int32_t num_waiting_for_kv = 0;  ///< requests whose K/V are being loaded from a peer
+  /// Prompt tokens of waiting and running requests not computed yet (a router's load signal).
+  int64_t outstanding_prefill_tokens = 0;
   int32_t num_kv_blocks_total = 0;
   BlockPool::Stats kv;  ///< used/free/cached blocks and prefix-cache counters (blocks)
 

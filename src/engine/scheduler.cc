@@ -206,4 +206,14 @@ std::vector<BlockId> Scheduler::Remove(Sequence* seq) {
   return blocks;
 }
 
+int64_t Scheduler::outstanding_prefill_tokens() const {
+  int64_t n = 0;
+  auto add = [&n](const Sequence* seq) {
+    n += std::max<int64_t>(0, int64_t{seq->num_prompt_tokens} - seq->num_computed);
+  };
+  for (const Sequence* seq : waiting_) add(seq);
+  for (const Sequence* seq : running_) add(seq);
+  return n;
+}
+
 }  // namespace kvpush

@@ -70,6 +70,9 @@ class Scheduler {
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_waiting_for_kv() const { return static_cast<int32_t>(waiting_for_kv_.size()); }
   int64_t num_preemptions() const { return num_preemptions_; }
+  /// Prompt tokens of the waiting and running sequences whose K/V are not computed yet (those
+  /// waiting for remote K/V are not counted: a peer sends them). O(waiting + running).
+  int64_t outstanding_prefill_tokens() const;
 
  private:
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);

@@ -61,6 +61,8 @@ struct RequestFlow::Transfer {
   std::shared_ptr<Leg> p_leg, d_leg;
   /// Echo with logprobs (WantsPromptEcho): D's choices get P's prompt_echo (set before the legs).
   bool echo_logprobs = false;
+  /// The request skipped its P leg (--local-prefill-threshold): D prefills; no transfer to abort.
+  bool local_prefill = false;
 
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set

@@ -3,8 +3,10 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <limits>
+#include <nlohmann/json.hpp>
 
 namespace kvpush::router {
 
@@ -55,6 +57,26 @@ Result<InstanceAddress> ParseInstanceUrl(const std::string& url) {
   return a;
 }
 
+ReportedLoad ParseHealthBody(const std::string& body) {
+  ReportedLoad r;
+  const nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return r;
+  auto int_of = [](const nlohmann::json& o, const char* key) -> int64_t {
+    const auto it = o.find(key);
+    return it != o.end() && it->is_number_integer() ? it->get<int64_t>() : 0;
+  };
+  const int64_t bs = int_of(j, "block_size");
+  if (bs > 0 && bs <= (1 << 20)) r.block_size = static_cast<int32_t>(bs);
+  const auto load = j.find("load");
+  if (load != j.end() && load->is_object()) {
+    r.reported = true;
+    r.outstanding_prefill_tokens = std::max<int64_t>(0, int_of(*load, "outstanding_prefill_tokens"));
+    r.running = int_of(*load, "running");
+    r.waiting = int_of(*load, "waiting");
+  }
+  return r;
+}
+
 InstanceLease& InstanceLease::operator=(InstanceLease&& o) noexcept {
   if (this != &o) {
     Release();
@@ -62,13 +84,15 @@ InstanceLease& InstanceLease::operator=(InstanceLease&& o) noexcept {
     index_ = o.index_;
     address_ = std::move(o.address_);
     role_ = o.role_;
+    prefill_tokens_ = o.prefill_tokens_;
+    epoch_ = o.epoch_;
     o.pool_ = nullptr;
   }
   return *this;
 }
 
 void InstanceLease::Release() {
-  if (pool_ != nullptr) pool_->Release(index_);
+  if (pool_ != nullptr) pool_->Release(index_, prefill_tokens_, epoch_);
   pool_ = nullptr;
 }
 
@@ -111,8 +135,10 @@ void InstancePool::Stop() {
 void InstancePool::HealthLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms), [this] { return stop_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms),
+                 [this] { return stop_ || recheck_; });
     if (stop_) break;
+    recheck_ = false;
     lock.unlock();
     CheckAllOnce();
     if (on_round_) on_round_();
@@ -121,9 +147,16 @@ void InstancePool::HealthLoop() {
 }
 
 void InstancePool::CheckAllOnce() {
-  // instances_ never changes size or addresses after construction: read them without the lock.
-  for (size_t i = 0; i < instances_.size(); ++i) {
-    const InstanceAddress& a = instances_[i].address;
+  // Membership can change while a check runs: check a copy, and drop results for slots that
+  // changed meanwhile (SetHealth's and SetLoad's expect_url).
+  std::vector<std::pair<size_t, InstanceAddress>> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      if (instances_[i].member) members.emplace_back(i, instances_[i].address);
+    }
+  }
+  for (const auto& [i, a] : members) {
     httplib::Client cli(a.host, a.port);
     const time_t sec = health_.timeout_ms / 1000;
     const time_t usec = static_cast<time_t>(health_.timeout_ms % 1000) * 1000;
@@ -132,21 +165,24 @@ void InstancePool::CheckAllOnce() {
     cli.set_write_timeout(sec, usec);
     auto res = cli.Get("/health");
     if (!res) {
-      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()));
+      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()), a.url);
     } else if (res->status != 200) {
-      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status));
+      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status), a.url);
     } else {
-      SetHealth(i, true, "GET /health: HTTP 200");
+      SetLoad(i, ParseHealthBody(res->body), a.url);
+      SetHealth(i, true, "GET /health: HTTP 200", a.url);
     }
   }
 }
 
-void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
+void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason,
+                             const std::string& expect_url) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
+    if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
     if (inst.checked && inst.healthy == healthy) return;
     inst.checked = true;
     inst.healthy = healthy;
@@ -176,7 +212,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
   // outstanding count wins, so ties rotate.
   std::vector<size_t> of_role;
   for (size_t i = 0; i < instances_.size(); ++i) {
-    if (instances_[i].role == role) of_role.push_back(i);
+    if (instances_[i].role == role && instances_[i].member) of_role.push_back(i);
   }
   if (of_role.empty()) return std::nullopt;
   size_t& cursor = rr_[RoleIndex(role)];
@@ -202,9 +238,110 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
   return InstanceLease(this, *best, instances_[*best].address, role);
 }
 
-void InstancePool::Release(size_t index) {
+void InstancePool::Release(size_t index, int64_t prefill_tokens, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(mu_);
-  --instances_[index].outstanding;
+  Instance& inst = instances_[index];
+  --inst.outstanding;
+  inst.tokens_inflight -= prefill_tokens;
+  if (epoch == inst.epoch) inst.tokens_since_poll -= prefill_tokens;
+}
+
+void InstancePool::SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Instance& inst = instances_[index];
+  if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
+  inst.load = load;
+  ++inst.epoch;  // legs acquired before this report are in its count (or done)
+  inst.tokens_since_poll = 0;
+}
+
+int64_t InstancePool::PrefillTokens(const Instance& inst) {
+  if (!inst.load.reported) return inst.tokens_inflight;
+  return inst.load.outstanding_prefill_tokens + inst.tokens_since_poll;
+}
+
+InstancePool::Rotation InstancePool::HealthyFromCursor(Role role) const {
+  Rotation r;
+  std::vector<size_t> of_role;
+  for (size_t i = 0; i < instances_.size(); ++i) {
+    if (instances_[i].role == role && instances_[i].member) of_role.push_back(i);
+  }
+  r.of_role = of_role.size();
+  const size_t cursor = rr_[RoleIndex(role)];
+  for (size_t k = 0; k < of_role.size(); ++k) {
+    const size_t pos = (cursor + k) % of_role.size();
+    if (!instances_[of_role[pos]].healthy) continue;
+    r.instances.push_back(of_role[pos]);
+    r.positions.push_back(pos);
+  }
+  return r;
+}
+
+int32_t InstancePool::ReportedBlockSize() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const Instance& inst : instances_) {
+    if (inst.role == Role::kDecode && inst.member && inst.healthy && inst.load.block_size > 0) {
+      return inst.load.block_size;
+    }
+  }
+  return 0;
+}
+
+std::optional<InstanceLease> InstancePool::AcquireDecode(std::span<const uint64_t> hashes,
+                                                         RoutingPolicy policy,
+                                                         const CacheAwareOptions& options,
+                                                         DecodeChoice* choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Rotation rot = HealthyFromCursor(Role::kDecode);
+  const std::vector<size_t>& healthy = rot.instances;
+  if (healthy.empty()) return std::nullopt;
+  std::vector<DecodeCandidate> cands;
+  cands.reserve(healthy.size());
+  for (size_t i : healthy) {
+    Instance& inst = instances_[i];
+    if (!inst.index) inst.index = std::make_shared<PrefixIndex>(index_capacity_);
+    cands.push_back(DecodeCandidate{inst.address.url, inst.outstanding,
+                                    inst.index->MatchedBlocks(hashes)});
+  }
+  // Candidates start at the round-robin cursor: ties go to the first (as Acquire).
+  DecodeChoice c;
+  if (policy == RoutingPolicy::kCacheAware) {
+    c = *ChooseDecodeCacheAware(cands, hashes, options, 0);
+  } else {
+    c.index = *ChooseLeastOutstanding(cands, 0);
+    c.cached_blocks = cands[c.index].cached_blocks;
+  }
+  rr_[RoleIndex(Role::kDecode)] = (rot.positions[c.index] + 1) % rot.of_role;
+  Instance& inst = instances_[healthy[c.index]];
+  inst.index->Insert(hashes);
+  ++inst.outstanding;
+  if (choice != nullptr) *choice = c;
+  return InstanceLease(this, healthy[c.index], inst.address, Role::kDecode);
+}
+
+std::optional<InstanceLease> InstancePool::AcquirePrefill(int64_t prompt_tokens,
+                                                          RoutingPolicy policy) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const Rotation rot = HealthyFromCursor(Role::kPrefill);
+  const std::vector<size_t>& healthy = rot.instances;
+  if (healthy.empty()) return std::nullopt;
+  std::vector<DecodeCandidate> by_legs;
+  std::vector<PrefillCandidate> by_tokens;
+  for (size_t i : healthy) {
+    const Instance& inst = instances_[i];
+    by_legs.push_back(DecodeCandidate{inst.address.url, inst.outstanding, 0});
+    by_tokens.push_back(PrefillCandidate{PrefillTokens(inst), inst.outstanding});
+  }
+  const size_t k = policy == RoutingPolicy::kCacheAware && prompt_tokens > 0
+                       ? *ChoosePrefillByTokens(by_tokens, 0)
+                       : *ChooseLeastOutstanding(by_legs, 0);
+  rr_[RoleIndex(Role::kPrefill)] = (rot.positions[k] + 1) % rot.of_role;
+  Instance& inst = instances_[healthy[k]];
+  const int64_t tokens = std::max<int64_t>(0, prompt_tokens);
+  ++inst.outstanding;
+  inst.tokens_inflight += tokens;
+  inst.tokens_since_poll += tokens;
+  return InstanceLease(this, healthy[k], inst.address, Role::kPrefill, tokens, inst.epoch);
 }
 
 std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
@@ -212,9 +349,52 @@ std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
   std::vector<InstanceSnapshot> out;
   out.reserve(instances_.size());
   for (const Instance& inst : instances_) {
-    out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.outstanding});
+    if (!inst.member) continue;
+    out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.outstanding,
+                                   inst.role == Role::kPrefill ? PrefillTokens(inst) : 0});
   }
   return out;
+}
+
+bool InstancePool::AddInstance(Role role, InstanceAddress address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<size_t> free_slot;
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Instance& inst = instances_[i];
+      if (inst.role == role && inst.address.url == address.url) {
+        if (inst.member) return false;
+        // The same instance back: its legs in flight keep counting here; health anew.
+        inst.member = true;
+        inst.checked = false;
+        inst.healthy = false;
+        recheck_ = true;
+        cv_.notify_all();
+        return true;
+      }
+      if (!free_slot && !inst.member && inst.outstanding == 0) free_slot = i;
+    }
+    Instance fresh{role, std::move(address)};
+    if (free_slot) {
+      instances_[*free_slot] = std::move(fresh);
+    } else {
+      instances_.push_back(std::move(fresh));
+    }
+    recheck_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool InstancePool::RemoveInstance(Role role, const std::string& url) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Instance& inst : instances_) {
+    if (inst.member && inst.role == role && inst.address.url == url) {
+      inst.member = false;  // health is no longer checked; legs being set up still see it
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace kvpush::router

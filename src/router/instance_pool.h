@@ -7,13 +7,17 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
+#include "router/prefix_index.h"
+#include "router/routing_policy.h"
 
 namespace kvpush::router {
 
@@ -47,7 +51,24 @@ struct InstanceSnapshot {
   std::string url;
   bool healthy = false;
   int64_t outstanding = 0;  ///< legs in flight to this instance
+  /// Estimated prompt tokens queued or being prefilled there (prefill instances): the count its
+  /// last /health reported plus the router's legs sent since, or, for an instance that reports
+  /// none, the router's legs in flight. See InstancePool::AcquirePrefill.
+  int64_t prefill_tokens = 0;
 };
+
+/// What an instance's /health JSON reports (docs/server.md, "/health"); absent fields stay 0.
+struct ReportedLoad {
+  bool reported = false;                ///< the body had a "load" object
+  int64_t outstanding_prefill_tokens = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;
+  int32_t block_size = 0;  ///< KV block size (tokens), 0 = not reported
+};
+
+/// Parses a /health body ({"status":"ok","block_size":16,"load":{...}}); an empty or non-JSON
+/// body (an older instance) gives a default ReportedLoad. Pure.
+ReportedLoad ParseHealthBody(const std::string& body);
 
 class InstancePool;
 
@@ -56,8 +77,14 @@ class InstancePool;
 class InstanceLease {
  public:
   InstanceLease() = default;
-  InstanceLease(InstancePool* pool, size_t index, InstanceAddress address, Role role)
-      : pool_(pool), index_(index), address_(std::move(address)), role_(role) {}
+  InstanceLease(InstancePool* pool, size_t index, InstanceAddress address, Role role,
+                int64_t prefill_tokens = 0, uint64_t epoch = 0)
+      : pool_(pool),
+        index_(index),
+        address_(std::move(address)),
+        role_(role),
+        prefill_tokens_(prefill_tokens),
+        epoch_(epoch) {}
   ~InstanceLease() { Release(); }
   InstanceLease(InstanceLease&& o) noexcept { *this = std::move(o); }
   InstanceLease& operator=(InstanceLease&& o) noexcept;
@@ -78,6 +105,8 @@ class InstanceLease {
   size_t index_ = 0;
   InstanceAddress address_;
   Role role_ = Role::kPrefill;
+  int64_t prefill_tokens_ = 0;  ///< prompt tokens this P leg counts in the pool's estimate
+  uint64_t epoch_ = 0;          ///< the instance's health-report epoch at acquisition
 };
 
 /// Health-check settings.
@@ -92,9 +121,11 @@ struct HealthOptions {
 using UnhealthyCallback =
     std::function<void(Role role, const std::string& url, const std::string& reason)>;
 
-/// Fixed set of instances (given at construction). Every instance is polled with GET /health by
-/// one background thread; a non-200 answer or a connection failure excludes it from selection
-/// until a later check passes. Thread-safety: every method may be called from any thread, except
+/// The instances given at construction (static --prefill/--decode/--colocated URLs), plus those
+/// added and removed at run time (etcd discovery: AddInstance/RemoveInstance). Every member is
+/// polled with GET /health by one background thread; a non-200 answer or a connection failure
+/// excludes it from selection until a later check passes. A removed instance gets no new leg;
+/// legs already holding it finish (its slot is reused once none is left). Thread-safety: every method may be called from any thread, except
 /// Start/Stop/SetUnhealthyCallback (one controlling thread). Leases must not outlive the pool.
 class InstancePool {
  public:
@@ -124,14 +155,47 @@ class InstancePool {
   /// one more leg on it. nullopt when no instance of `role` is healthy.
   std::optional<InstanceLease> Acquire(Role role);
 
+  /// Sets the capacity (blocks) of each decode instance's PrefixIndex. Call before Start().
+  void SetPrefixIndexCapacity(size_t blocks) { index_capacity_ = blocks; }
+
+  /// Picks a healthy decode instance for a prompt with chained block hashes `hashes` (empty:
+  /// unknown or shorter than a block) and counts one more leg on it. kLeastOutstanding: as
+  /// Acquire(kDecode); kCacheAware: ChooseDecodeCacheAware over the healthy Ds, with each D's
+  /// cached_blocks from its PrefixIndex. Either way the chosen D's index then records `hashes`.
+  /// `choice` (optional) gets what was decided (cached_blocks: the chosen D's predicted hit).
+  /// nullopt when no decode instance is healthy.
+  std::optional<InstanceLease> AcquireDecode(std::span<const uint64_t> hashes,
+                                             RoutingPolicy policy,
+                                             const CacheAwareOptions& options,
+                                             DecodeChoice* choice);
+
+  /// Picks a healthy prefill instance for a prompt of `prompt_tokens` tokens (<= 0: unknown) and
+  /// counts one more leg on it. kLeastOutstanding (or unknown tokens): as Acquire(kPrefill);
+  /// kCacheAware: ChoosePrefillByTokens over the estimated outstanding prefill tokens (what each
+  /// P's /health reported, plus the tokens of legs the router sent it since that report). The
+  /// lease counts `prompt_tokens` in the estimate until released.
+  std::optional<InstanceLease> AcquirePrefill(int64_t prompt_tokens, RoutingPolicy policy);
+
+  /// The KV block size the first healthy decode instance reported in /health; 0 when none has.
+  int32_t ReportedBlockSize() const;
+
   /// Checks every instance once (blocking, sequential) and updates health.
   void CheckAllOnce();
 
   /// Whether the instance with this (normalized) URL is currently healthy; false if unknown.
   bool IsHealthy(const std::string& url) const;
 
-  /// Current state of every instance, prefill first, in the order given.
+  /// Current state of every member instance (removed ones are left out), prefill first, in the
+  /// order given, then those added at run time.
   std::vector<InstanceSnapshot> Snapshot() const;
+
+  /// Adds an instance at run time (membership change). It is selectable once its first health
+  /// check passes; that check runs at once on the health thread (when started). Returns false
+  /// (and changes nothing) when an instance of that role and URL is already a member.
+  bool AddInstance(Role role, InstanceAddress address);
+  /// Removes an instance at run time: it gets no new leg; legs holding it finish. Returns false
+  /// when no member of that role has this (normalized) URL.
+  bool RemoveInstance(Role role, const std::string& url);
 
  private:
   friend class InstanceLease;
@@ -141,19 +205,42 @@ class InstancePool {
     bool healthy = false;
     bool checked = false;  ///< health known (the first result is always logged)
     int64_t outstanding = 0;
+    ReportedLoad load;              ///< from the last /health that passed
+    uint64_t epoch = 0;             ///< bumped by each /health report
+    int64_t tokens_since_poll = 0;  ///< prompt tokens of P legs acquired in this epoch, open
+    int64_t tokens_inflight = 0;    ///< prompt tokens of every open P leg
+    std::shared_ptr<PrefixIndex> index;  ///< decode instances: what the router sent there
+    bool member = true;  ///< false once removed: no new legs; slot reusable at outstanding 0
   };
-  void Release(size_t index);
-  void SetHealth(size_t index, bool healthy, const std::string& reason);
+  void Release(size_t index, int64_t prefill_tokens = 0, uint64_t epoch = 0);
+  /// `expect_url` (SetLoad, SetHealth): when not empty, the update is dropped unless slot `index`
+  /// still holds a member with this URL (the health thread checks a copy made before the check).
+  void SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url = "");
+  /// Estimated outstanding prefill tokens of `inst` (see AcquirePrefill). Needs mu_.
+  static int64_t PrefillTokens(const Instance& inst);
+  /// The healthy instances of `role`, starting at its round-robin cursor: `instances` (indices
+  /// into instances_), `positions` (their place among the role's instances), `of_role` (how many
+  /// the role has). Needs mu_.
+  struct Rotation {
+    std::vector<size_t> instances;
+    std::vector<size_t> positions;
+    size_t of_role = 0;
+  };
+  Rotation HealthyFromCursor(Role role) const;
+  void SetHealth(size_t index, bool healthy, const std::string& reason,
+                 const std::string& expect_url = "");
   void HealthLoop();
 
   HealthOptions health_;
   UnhealthyCallback on_unhealthy_;
   std::function<void()> on_round_;
-  mutable std::mutex mu_;  ///< guards instances_' health/outstanding, rr_, stop_
+  mutable std::mutex mu_;  ///< guards instances_, rr_, stop_, recheck_
   std::condition_variable cv_;
   std::vector<Instance> instances_;
   size_t rr_[3] = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
+  size_t index_capacity_ = 65536;  ///< PrefixIndex capacity per decode instance
   bool stop_ = false;
+  bool recheck_ = false;  ///< an instance was added: check at once
   std::thread thread_;
 };
 

@@ -147,12 +147,14 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
     r.CountRequest(tm, false);
     ErrorReply(status, message, "server_error", code).WriteTo(res);
   };
-  std::optional<InstanceLease> p_lease = r.pool_->Acquire(Role::kPrefill);
-  if (!p_lease) return fail(503, "no healthy prefill instance", "no_healthy_instance");
-  std::optional<InstanceLease> d_lease = r.pool_->Acquire(Role::kDecode);
-  if (!d_lease) return fail(503, "no healthy decode instance", "no_healthy_instance");
+  Router::PdSelection sel = r.SelectPd(t->path, body);
+  if (!sel.d) return fail(503, "no healthy decode instance", "no_healthy_instance");
+  t->d_addr = sel.d->address();
+  if (sel.skip != SkipReason::kNone) return RunLocalPrefill(t, body, std::move(*sel.d), res, capture);
+  if (!sel.p) return fail(503, "no healthy prefill instance", "no_healthy_instance");
+  std::optional<InstanceLease>& p_lease = sel.p;
+  std::optional<InstanceLease>& d_lease = sel.d;
   t->p_addr = p_lease->address();
-  t->d_addr = d_lease->address();
   spdlog::debug("request {}: mode={}{} transfer_id={} P={} D={} stream={}", t->request_id,
                 TransferModeName(tm), pull_profile.empty() ? "" : "/" + pull_profile,
                 t->transfer_id, t->p_addr.url, t->d_addr.url, t->stream);
@@ -178,6 +180,18 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
   }
   if (!t->stream) return AnswerJson(t, d_body.dump(), std::move(*d_lease), res);
   AnswerStream(t, d_body.dump(), std::move(*d_lease), res, capture);
+}
+
+void RequestFlow::RunLocalPrefill(const std::shared_ptr<Transfer>& t, const json& body,
+                                  InstanceLease d_lease, httplib::Response& res,
+                                  std::shared_ptr<StreamState>* capture) {
+  // No P leg, no transfer: D gets the client's request as a colocated instance would.
+  t->local_prefill = true;
+  t->d_leg = router_.NewLeg(t->d_addr, Role::kDecode);
+  spdlog::debug("request {}: local prefill on D={} (no P leg) stream={}", t->request_id,
+                t->d_addr.url, t->stream);
+  if (!t->stream) return AnswerJson(t, body.dump(), std::move(d_lease), res);
+  AnswerStream(t, body.dump(), std::move(d_lease), res, capture);
 }
 
 void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
@@ -359,7 +373,7 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
 }
 
 void RequestFlow::AbortPrefill(Router& r, Transfer& t) {
-  if (t.mode == TransferMode::kColocated) return;  // no other leg, no transfer
+  if (t.mode == TransferMode::kColocated || t.local_prefill) return;  // no P leg, no transfer
   if (t.p_leg) t.p_leg->Stop();                    // push: P's leg may still run
   r.AbortTransfer(t.p_addr, Role::kPrefill, t.transfer_id, t.request_id);
 }
@@ -370,7 +384,7 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   const std::string role = RoleName(t.d_role);
   if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
   if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
-  if (t.mode == TransferMode::kColocated) {
+  if (t.mode == TransferMode::kColocated || t.local_prefill) {
     spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, t.d_addr.url, Describe(dr));
   } else {
     spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
@@ -426,7 +440,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   auto ds = std::make_shared<DecodeStream>(t->d_leg);
   const int status = ds->Start(t->path, t->request_id, d_body);
   std::vector<std::string> held;
-  if (status == 200 && t->mode == TransferMode::kPush) {
+  if (status == 200 && t->mode == TransferMode::kPush && !t->local_prefill) {
     held = t->echo_logprobs
                ? HoldUntilPrefillDone(*t, *ds, std::chrono::milliseconds(t->d_leg->io_timeout_ms()))
                : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);

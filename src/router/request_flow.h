@@ -65,6 +65,11 @@ class RequestFlow {
   /// Ends prompt `i`'s stream of `ms` once (EndStream), if not ended yet.
   static void EndMergedPart(Router& r, MergedStream& ms, size_t i);
 
+  /// P/D mode, a request that skips its P leg (Router::SelectPd, --local-prefill-threshold):
+  /// the client's body goes to D as to a colocated instance; answered as RunPd.
+  void RunLocalPrefill(const std::shared_ptr<Transfer>& t, const nlohmann::json& body,
+                       InstanceLease d_lease, httplib::Response& res,
+                       std::shared_ptr<StreamState>* capture);
   /// Colocated mode: forwards the client's body as-is to the next healthy colocated instance.
   void HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
                        httplib::Response& res);

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/listen_backlog.h"
+#include "discovery/membership.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
 
@@ -61,13 +62,20 @@ Status RouterOptions::Validate() const {
     if (!prefill_urls.empty() || !decode_urls.empty()) {
       return InvalidArgument("--colocated cannot be combined with --prefill/--decode");
     }
-  } else {
+    if (discovered()) return InvalidArgument("--colocated cannot be combined with --discovery");
+  } else if (!discovered()) {
     if (prefill_urls.empty()) {
-      return InvalidArgument("at least one --prefill URL is required (or use --colocated)");
+      return InvalidArgument(
+          "at least one --prefill URL is required (or use --discovery or --colocated)");
     }
     if (decode_urls.empty()) {
-      return InvalidArgument("at least one --decode URL is required (or use --colocated)");
+      return InvalidArgument(
+          "at least one --decode URL is required (or use --discovery or --colocated)");
     }
+  }
+  if (discovered()) {
+    if (auto e = discovery::ParseDiscoveryUrl(discovery); !e.ok()) return e.status();
+    if (Status s = discovery::ValidatePrefix(discovery_prefix); !s.ok()) return s;
   }
   for (const auto* urls : {&prefill_urls, &decode_urls, &colocated_urls}) {
     for (const std::string& u : *urls) {
@@ -84,6 +92,23 @@ Status RouterOptions::Validate() const {
   if (!(connect_timeout_s > 0)) return InvalidArgument("connect timeout must be > 0");
   if (max_concurrent_streams < 1) return InvalidArgument("max concurrent streams must be >= 1");
   if (!(max_idle_connection_s >= 0)) return InvalidArgument("max idle connection age must be >= 0");
+  if (!(cache_aware.load_cap >= 1.0)) return InvalidArgument("--cache-aware-load-cap must be >= 1");
+  if (local_prefill_threshold < 0) {
+    return InvalidArgument("--local-prefill-threshold must be >= 0 (0 = off)");
+  }
+  if (block_size < 0) return InvalidArgument("--block-size must be >= 0 (0 = from the instances)");
+  if (prefix_index_blocks < 1) return InvalidArgument("--prefix-index-blocks must be >= 1");
+  const bool needs_tokens =
+      routing == RoutingPolicy::kCacheAware || local_prefill_threshold > 0;
+  if (needs_tokens && colocated()) {
+    return InvalidArgument(
+        "--routing cache-aware and --local-prefill-threshold apply to P/D mode, not --colocated");
+  }
+  if (needs_tokens && !prompt_tokenizer) {
+    return InvalidArgument(
+        "--routing cache-aware and --local-prefill-threshold need the prompt's token ids: give "
+        "--tokenizer MODEL (the instances' model file)");
+  }
   return Status::Ok();
 }
 
@@ -100,8 +125,18 @@ std::string RouterOptions::ToString() const {
   } else {
     list("prefill", prefill_urls);
     list("decode", decode_urls);
+    if (discovered()) {
+      s << "discovery=" << discovery << " prefix=" << discovery_prefix
+        << " model=" << (discovery_model.empty() ? "(any)" : discovery_model) << " ";
+    }
     s << "mode=" << TransferModeName(mode)
-      << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile);
+      << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile)
+      << " routing=" << RoutingPolicyName(routing)
+      << " cache_aware_load_cap=" << cache_aware.load_cap
+      << " local_prefill_threshold=" << local_prefill_threshold << " block_size="
+      << (block_size > 0 ? std::to_string(block_size) : std::string("(from instances)"))
+      << " prefix_index_blocks=" << prefix_index_blocks
+      << " tokenizer=" << (tokenizer_path.empty() ? "(none)" : tokenizer_path);
   }
   s << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
     << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
@@ -245,6 +280,7 @@ std::string Router::RenderMetrics() const {
         << a.failed[k] << "\n";
     }
   }
+  if (!colo) RenderRoutingMetrics(c, s);
   const ConnectionPoolCounts cc = connections_->counts();
   s << "# HELP kvpush_router_connections_total Connections to instances handed to legs: opened "
        "(new), reused (idle keep-alive), discarded (idle ones closed: stale or too old).\n"
@@ -267,6 +303,16 @@ std::string Router::RenderMetrics() const {
   for (const auto& i : snap) {
     s << "kvpush_router_instance_outstanding{role=\"" << RoleName(i.role) << "\",url=\""
       << LabelValue(i.url) << "\"} " << i.outstanding << "\n";
+  }
+  if (!colo) {
+    s << "# HELP kvpush_router_instance_prefill_tokens Estimated prompt tokens queued or being "
+         "prefilled on the prefill instance (its /health load plus legs sent since).\n"
+      << "# TYPE kvpush_router_instance_prefill_tokens gauge\n";
+    for (const auto& i : snap) {
+      if (i.role != Role::kPrefill) continue;
+      s << "kvpush_router_instance_prefill_tokens{url=\"" << LabelValue(i.url) << "\"} "
+        << i.prefill_tokens << "\n";
+    }
   }
   return s.str();
 }
@@ -317,6 +363,7 @@ void Router::RouteHealth() {
                            {"url", i.url},
                            {"healthy", i.healthy},
                            {"outstanding", i.outstanding}});
+      if (i.role == Role::kPrefill) instances.back()["prefill_tokens"] = i.prefill_tokens;
     }
     // P/D: at least one P and one D healthy; colocated: at least one instance healthy.
     const std::vector<Role> roles = options_.colocated()
@@ -439,7 +486,12 @@ Status Router::Start() {
     CutLegsTo(role, url, why);
   });
   pool_->SetRoundCallback([this] { connections_->CloseExpired(); });
+  pool_->SetPrefixIndexCapacity(options_.prefix_index_blocks);
   pool_->Start();
+  if (Status st = StartDiscovery(); !st.ok()) {
+    pool_->Stop();
+    return st;
+  }
 
   const int threads = options_.max_concurrent_streams + 16;
   // A push request's wait for P's answer runs on a worker (one task per request), and so does
@@ -463,11 +515,13 @@ Status Router::Start() {
   if (options_.port == 0) {
     port_ = server_->bind_to_any_port(options_.host);
     if (port_ <= 0) {
+      if (membership_) membership_->Stop();
       pool_->Stop();
       return Unavailable("cannot bind " + options_.host + ":<any>");
     }
   } else {
     if (!server_->bind_to_port(options_.host, options_.port)) {
+      if (membership_) membership_->Stop();
       pool_->Stop();
       return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
     }
@@ -503,7 +557,31 @@ void Router::Stop() {
   if (workers_) workers_->Stop();  // P-answer waits end once their legs are closed
   aborter_->Stop();
   connections_->Close();
+  if (membership_) membership_->Stop();
   if (pool_) pool_->Stop();
+}
+
+Status Router::StartDiscovery() {
+  if (!options_.discovered()) return Status::Ok();
+  discovery::MembershipOptions mo;
+  mo.endpoints = *discovery::ParseDiscoveryUrl(options_.discovery);
+  mo.prefix = options_.discovery_prefix;
+  mo.model = options_.discovery_model;
+  auto w = discovery::MembershipWatcher::Create(
+      std::move(mo), [this](const discovery::MembershipChange& c) {
+        const Role role = c.record.role == "prefill" ? Role::kPrefill : Role::kDecode;
+        auto address = ParseInstanceUrl(c.record.url);  // validated by the record's parser
+        if (!address.ok()) return;
+        if (c.type == discovery::MembershipChange::Type::kAdd) {
+          pool_->AddInstance(role, *address);
+        } else {
+          pool_->RemoveInstance(role, address->url);
+        }
+      });
+  if (!w.ok()) return w.status();
+  membership_ = std::move(w).value();
+  membership_->Start();
+  return Status::Ok();
 }
 
 }  // namespace kvpush::router

@@ -7,8 +7,12 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <iosfwd>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -18,6 +22,7 @@
 #include "router/connection_pool.h"
 #include "router/instance_pool.h"
 #include "router/pd_legs.h"
+#include "router/routing_policy.h"
 #include "router/transfer_aborter.h"
 #include "router/worker_pool.h"
 
@@ -27,9 +32,22 @@ struct Request;
 struct Response;
 }  // namespace httplib
 
+namespace kvpush::discovery {
+class MembershipWatcher;
+}  // namespace kvpush::discovery
+
 namespace kvpush::router {
 
 class Leg;
+
+/// The token ids the instances give the model for a completion (`path` "/v1/completions") or chat
+/// (`path` "/v1/chat/completions") request body, the same way (tokenizer, chat template, BOS);
+/// nullopt when the body's prompt cannot be tokenized here (the request then falls back to
+/// least-outstanding routing and always gets a P leg). Called concurrently from HTTP worker
+/// threads: must be thread-safe. The router library has no tokenizer of its own: `kvpush
+/// router --tokenizer` builds one from the model's (apps/router_tokenizer.h).
+using PromptTokenizer = std::function<std::optional<std::vector<int32_t>>(
+    const std::string& path, const nlohmann::json& body)>;
 
 /// Router configuration; validated by Router::Start (and Validate()).
 struct RouterOptions {
@@ -38,6 +56,12 @@ struct RouterOptions {
   /// Role-both instances, "http://HOST:PORT": when set, the router is a round-robin front door
   /// over them (no P/D; prefill_urls and decode_urls must be empty).
   std::vector<std::string> colocated_urls;
+  /// etcd discovery (docs/deployment.md): "etcd://HOST:PORT[,HOST:PORT...]", "" = none. The
+  /// registered P and D instances join the pool at run time, besides any static URLs (then
+  /// prefill_urls/decode_urls may be empty). Not with colocated_urls.
+  std::string discovery;
+  std::string discovery_prefix = "/kvpush/";  ///< key prefix the instances register under
+  std::string discovery_model;  ///< only this served model's instances ("" = every model)
   TransferMode mode = TransferMode::kPush;
   std::string pull_profile;  ///< "vllm" | "fast" | "" (D's default) for pull requests
   std::string host = "127.0.0.1";
@@ -51,8 +75,21 @@ struct RouterOptions {
   size_t max_idle_connections = 64;    ///< idle keep-alive connections kept per instance
   double max_idle_connection_s = 2.0;  ///< idle connections older than this are not reused
   AbortOptions abort;                  ///< POST /kv/abort calls to the other leg's instance
+  /// `--routing` (docs/router.md, "Routing policies"); cache-aware needs `prompt_tokenizer`.
+  RoutingPolicy routing = RoutingPolicy::kLeastOutstanding;
+  CacheAwareOptions cache_aware;  ///< `--cache-aware-load-cap`
+  /// `--local-prefill-threshold` (tokens, 0 = off): a request whose uncached prompt part is below
+  /// this gets no P leg (D prefills it as a colocated instance would); needs `prompt_tokenizer`.
+  int64_t local_prefill_threshold = 0;
+  /// `--block-size`: tokens per KV block for the router's prefix hashes; 0 = the block size the
+  /// decode instances report in /health.
+  int32_t block_size = 0;
+  size_t prefix_index_blocks = 65536;  ///< `--prefix-index-blocks`: PrefixIndex size per D
+  std::string tokenizer_path;          ///< `--tokenizer` (shown by ToString)
+  PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }
+  bool discovered() const { return !discovery.empty(); }
 
   /// Errors: kInvalidArgument naming the first bad field (URLs, mode, profile, ranges).
   Status Validate() const;
@@ -66,6 +103,13 @@ struct RouterCounters {
   int64_t requests[3][2] = {{0, 0}, {0, 0}, {0, 0}};
   int64_t leg_failures[3] = {0, 0, 0};  ///< [RoleIndex]
   int64_t legs_cut[3] = {0, 0, 0};      ///< [RoleIndex] legs closed: instance marked unhealthy
+  /// Decode choices by DecodeReason (prefix_hit, rendezvous, least_outstanding), plus [3]:
+  /// requests whose prompt the router could not hash (no tokenizer answer or block size).
+  int64_t decode_choices[4] = {0, 0, 0, 0};
+  int64_t load_cap_overrides = 0;        ///< cache-aware: the preferred D was over the load cap
+  int64_t prefill_skipped[2] = {0, 0};   ///< P legs not sent: [0] threshold, [1] cached
+  int64_t prompt_tokens = 0;             ///< prompt tokens of the requests the router tokenized
+  int64_t predicted_cached_tokens = 0;   ///< of which the chosen D's PrefixIndex predicted cached
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
@@ -106,12 +150,25 @@ class Router {
 
  private:
   friend class RequestFlow;
+  /// A P/D request's instances (router_select.cc): D always, P unless the request skips its P
+  /// leg. Counts the routing decision.
+  struct PdSelection {
+    std::optional<InstanceLease> p, d;
+    SkipReason skip = SkipReason::kNone;
+    int64_t prompt_tokens = -1;  ///< -1: not tokenized
+    int64_t cached_tokens = 0;   ///< the chosen D's predicted prefix hit (tokens)
+  };
+  PdSelection SelectPd(const std::string& path, const nlohmann::json& body);
+  /// The routing rows of /metrics (router_select.cc).
+  void RenderRoutingMetrics(const RouterCounters& c, std::ostringstream& s) const;
   void Route();
   void RouteHealth();
   void RouteModels();
   std::string RenderMetrics() const;
   void CountRequest(TransferMode mode, bool ok);
   void CountLegFailure(Role role);
+  /// Creates and starts membership_ (options_.discovery), feeding pool_. Errors: its Create's.
+  Status StartDiscovery();
 
   /// Registers a leg so Stop() can close it and so it is cut (Leg::Cut) when its instance is
   /// marked unhealthy; a leg created after Stop() began is stopped at once, one to an instance
@@ -129,6 +186,7 @@ class Router {
 
   RouterOptions options_;
   std::unique_ptr<InstancePool> pool_;
+  std::unique_ptr<discovery::MembershipWatcher> membership_;  ///< with options_.discovery
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

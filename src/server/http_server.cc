@@ -250,8 +250,18 @@ void HttpServer::Route() {
       ReplyError(res, ApiError{503, "shutting down", "server_error", "", ""});
       return;
     }
+    // Lock-free (Engine::load() reads atomics): /health stays fast under load. The router's
+    // cache-aware policy reads block_size and load (docs/server.md, "/health").
+    const Engine::Load l = engine_.load();
+    const nlohmann::json body = {
+        {"status", "ok"},
+        {"block_size", engine_.config().block_size},
+        {"load",
+         {{"outstanding_prefill_tokens", l.outstanding_prefill_tokens},
+          {"running", l.running},
+          {"waiting", l.waiting}}}};
     res.status = 200;
-    res.set_content("", "text/plain");
+    res.set_content(body.dump(), "application/json");
   });
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     std::string text =

@@ -54,7 +54,8 @@ class FakeInstance {
     svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (health_delay_ms.load() > 0) Hold(health_delay_ms.load());
       res.status = health_status.load();
-      res.set_content("", "text/plain");
+      std::lock_guard<std::mutex> lock(mu_);
+      res.set_content(health_body_, health_body_.empty() ? "text/plain" : "application/json");
     });
     svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
@@ -126,6 +127,12 @@ class FakeInstance {
   std::vector<std::string> aborts() {
     std::lock_guard<std::mutex> lock(mu_);
     return aborts_;
+  }
+  /// The body /health answers from now on ("" by default; a kvpush instance's JSON, e.g. with
+  /// "block_size" and "load", for the routing tests).
+  void SetHealthBody(const std::string& body) {
+    std::lock_guard<std::mutex> lock(mu_);
+    health_body_ = body;
   }
   /// Ends every wait (held streams, delays, slow health checks) at once.
   void Release() {
@@ -206,7 +213,7 @@ class FakeInstance {
                       "application/json");
       return;
     }
-    const bool hold = r.body.value("prompt", "") == "hold";
+    const bool hold = r.body.is_object() && r.body.contains("prompt") && r.body["prompt"] == "hold";
     auto sent = std::make_shared<int>(preamble.load() ? -1 : 0);
     res.set_chunked_content_provider(
         "text/event-stream", [this, hold, sent](size_t, httplib::DataSink& sink) {
@@ -250,6 +257,7 @@ class FakeInstance {
   bool released_ = false;
   std::vector<Received> received_;
   std::vector<std::string> aborts_;
+  std::string health_body_;
 };
 
 /// What a streamed request through the router saw.
@@ -278,6 +286,7 @@ class RouterTest : public ::testing::Test {
     o.request_timeout_s = 10;
     o.max_concurrent_streams = 16;
     o.max_idle_connection_s = max_idle_s_;
+    if (options_hook_) options_hook_(o);
     router_ = std::make_unique<Router>(o);
     Status st = router_->Start();
     ASSERT_TRUE(st.ok()) << st.ToString();
@@ -355,6 +364,8 @@ class RouterTest : public ::testing::Test {
 
   std::vector<std::unique_ptr<FakeInstance>> p_, d_;
   std::unique_ptr<Router> router_;
+  /// Changes StartRouter's options before the router is made (e.g. the routing policy).
+  std::function<void(RouterOptions&)> options_hook_;
   /// The router's idle-connection age limit: below the fakes' 1 s keep-alive timeout.
   double max_idle_s_ = 0.5;
 };

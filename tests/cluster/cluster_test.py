@@ -471,10 +471,12 @@ class Cluster:
                 rc = inc["proc"].returncode
                 if inc["killed"]:
                     continue
+                if inst is self.etcd:  # etcd ends by re-raising SIGTERM
+                    if rc not in (0, -signal.SIGTERM):
+                        self.violation("etcd#%d exit status %s: %s" % (n, rc, tail(inc["log"])))
+                    continue
                 if rc != 0:
                     self.violation("%s#%d exit status %s: %s" % (inst.name, n, rc, tail(inc["log"])))
-                if inst is self.etcd:
-                    continue
                 with open(inc["log"], errors="replace") as f:
                     text = f.read()
                 for pat in CRASH_PATTERNS:

@@ -102,6 +102,15 @@ void RegisterRouterCommand(CLI::App& app) {
                   "Colocated (--role both) instance URLs (http://HOST:PORT), one or more: each "
                   "request goes whole to the next healthy one (round robin); excludes "
                   "--prefill/--decode (RouterOptions::Validate: exit status 2)");
+  cmd->add_option("--discovery", opts->router.discovery,
+                  "etcd://HOST:PORT[,HOST:PORT...]: take P and D instances from etcd discovery "
+                  "(as they register and leave; combinable with --prefill/--decode; "
+                  "docs/deployment.md)");
+  cmd->add_option("--discovery-prefix", opts->router.discovery_prefix,
+                  "etcd key prefix the instances register under")
+      ->capture_default_str();
+  cmd->add_option("--model", opts->router.discovery_model,
+                  "With --discovery: only instances serving this model name (default: any)");
   cmd->add_option("--mode", opts->mode, "KV transfer mode: push | pull")
       ->check(CLI::IsMember({"push", "pull"}))
       ->capture_default_str();

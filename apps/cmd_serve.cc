@@ -15,6 +15,8 @@
 #include <vector>
 
 #include "apps/commands.h"
+#include "apps/serve_discovery.h"
+#include "connector/handshake.h"
 #include "common/log.h"
 #include "connector/pd_connector.h"
 #include "engine/engine.h"
@@ -55,6 +57,7 @@ struct ServeOptions {
   std::string sim_hw = "h200";
   SimOptions sim;
   double drain_timeout_s = 30.0;
+  ServeDiscoveryFlags discovery;
 };
 
 /// The graceful drain after the first SIGTERM/SIGINT (docs/server.md, "Graceful drain"):
@@ -174,6 +177,10 @@ int RunServe(const ServeOptions& o) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
     return 2;
   }
+  if (Status s = ValidateServeDiscoveryFlags(o.discovery, o.host); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
+    return 2;
+  }
   EngineConfig ec = o.engine;
   ec.enable_prefix_caching = !o.no_prefix_caching;
   if (Status s = ec.Validate(); !s.ok()) {
@@ -246,11 +253,31 @@ int RunServe(const ServeOptions& o) {
   if (conn) conn->set_advertised_port(http.port());
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  // etcd discovery: registered while serving and not stopping (docs/deployment.md).
+  connector::HandshakeInfo compat;  // a colocated instance's compat hash: no transfer backend
+  compat.model_fingerprint = model.config.fingerprint;
+  compat.layout = EngineCore::LayoutFor(*resolved, model.config);
+  auto registration = StartServeRegistration(
+      o.discovery,
+      ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
+                    conn ? conn->compat_hash() : compat.CompatHash(),
+                    conn ? conn->incarnation() : 0},
+      [] { return g_stop_signals.load() == 0; });
+  if (!registration.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", registration.status().message().c_str());
+    http.Stop();
+    (*engine)->Stop();
+    return 2;
+  }
   std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
   std::fflush(stdout);
   // Shutdown, step 1: what must happen before the drain, in order (e.g. leaving discovery, so
   // routers stop sending requests here). Registered above as the instance comes up.
   std::vector<std::function<void()>> pre_drain;
+  // First: leave discovery so routers stop sending here.
+  pre_drain.push_back([&registration] {
+    if (*registration) (*registration)->Leave();
+  });
   while (g_stop_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   spdlog::info("kvpush serve: shutting down");
   Drain(http, conn.get(), o.drain_timeout_s, pre_drain);
@@ -353,6 +380,7 @@ void RegisterServeCommand(CLI::App& app) {
                   "draining) before open ones end with an error; a second signal cuts it short")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  AddServeDiscoveryFlags(cmd, &opts->discovery);
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   cmd->callback([opts] {

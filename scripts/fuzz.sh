@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz
   xfer_metadata_fuzz notification_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
-  prompt_list_fuzz)
+  prompt_list_fuzz discovery_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
   [gguf_fuzz]="-max_len=65536 -rss_limit_mb=4096"

@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
   iproute2 procps curl python3 python3-numpy
+  etcd-server
 )
 # node and npm (the tokenizer oracle): Debian's packages, unless a node that brings its own npm
 # is installed already (e.g. NodeSource's nodejs, whose package conflicts with Debian's npm).

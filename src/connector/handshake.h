@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "common/encoding.h"
 #include "common/status.h"
 #include "kv/layout.h"
 
@@ -55,9 +56,10 @@ inline constexpr uint64_t kMaxPeerChunks = uint64_t{1} << 26;
 /// kInvalidArgument naming the field (num_blocks, kv_region), or DecodeMetadata's. Pure.
 Status CheckPeerPool(const HandshakeInfo& peer);
 
-std::string Base64Encode(const std::vector<uint8_t>& in);
-Result<std::vector<uint8_t>> Base64Decode(const std::string& in);
-std::string Hex64(uint64_t v);
-Result<uint64_t> ParseHex64(const std::string& s);
+// The encodings moved to common/encoding.h (discovery uses them too); kept visible here.
+using ::kvpush::Base64Decode;
+using ::kvpush::Base64Encode;
+using ::kvpush::Hex64;
+using ::kvpush::ParseHex64;
 
 }  // namespace kvpush::connector

@@ -114,6 +114,10 @@ PdConnector::~PdConnector() {
 // ---------------------------------------------------------------------------------------------
 // Handshake
 
+uint64_t PdConnector::incarnation() const {
+  return agent_->incarnation();
+}
+
 HandshakeInfo PdConnector::SelfInfo() const {
   HandshakeInfo h;
   h.engine_id = agent_->name();

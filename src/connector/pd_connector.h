@@ -79,6 +79,11 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::span<std::byte> kv_memory() { return arena_; }
   const std::string& engine_id() const { return agent_->name(); }
   const KvTransferConfig& config() const { return options_.config; }
+  /// This instance's compatibility hash (HandshakeInfo::CompatHash: what a peer must match to
+  /// exchange KV with it); discovery publishes it. Thread-safe.
+  uint64_t compat_hash() const { return SelfInfo().CompatHash(); }
+  /// This process's agent incarnation (random per start); discovery keys use it. Thread-safe.
+  uint64_t incarnation() const;
   /// Sets the port advertised in pull kv_transfer_params (after the HTTP server bound it).
   void set_advertised_port(int port) { advertise_port_.store(port); }
 

@@ -142,8 +142,10 @@ void InstancePool::Stop() {
 void InstancePool::HealthLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms), [this] { return stop_; });
+    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms),
+                 [this] { return stop_ || recheck_; });
     if (stop_) break;
+    recheck_ = false;
     lock.unlock();
     CheckAllOnce();
     if (on_round_) on_round_();
@@ -152,9 +154,16 @@ void InstancePool::HealthLoop() {
 }
 
 void InstancePool::CheckAllOnce() {
-  // instances_ never changes size or addresses after construction: read them without the lock.
-  for (size_t i = 0; i < instances_.size(); ++i) {
-    const InstanceAddress& a = instances_[i].address;
+  // Membership can change while a check runs: check a copy, and drop results for slots that
+  // changed meanwhile (SetHealth's and SetLoad's expect_url).
+  std::vector<std::pair<size_t, InstanceAddress>> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      if (instances_[i].member) members.emplace_back(i, instances_[i].address);
+    }
+  }
+  for (const auto& [i, a] : members) {
     httplib::Client cli(a.host, a.port);
     const time_t sec = health_.timeout_ms / 1000;
     const time_t usec = static_cast<time_t>(health_.timeout_ms % 1000) * 1000;
@@ -163,24 +172,26 @@ void InstancePool::CheckAllOnce() {
     cli.set_write_timeout(sec, usec);
     auto res = cli.Get("/health");
     if (!res) {
-      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()));
+      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()), a.url);
     } else if (res->status == 503 && IsDrainingAnswer(res->body)) {
-      SetDraining(i, "GET /health: HTTP 503 draining");
+      SetDraining(i, "GET /health: HTTP 503 draining", a.url);
     } else if (res->status != 200) {
-      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status));
+      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status), a.url);
     } else {
-      SetLoad(i, ParseHealthBody(res->body));
-      SetHealth(i, true, "GET /health: HTTP 200");
+      SetLoad(i, ParseHealthBody(res->body), a.url);
+      SetHealth(i, true, "GET /health: HTTP 200", a.url);
     }
   }
 }
 
-void InstancePool::SetDraining(size_t index, const std::string& reason) {
+void InstancePool::SetDraining(size_t index, const std::string& reason,
+                               const std::string& expect_url) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
+    if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
     if (inst.checked && inst.draining) return;
     inst.checked = true;
     inst.healthy = false;
@@ -197,12 +208,14 @@ void InstanceLease::MarkDraining() const {
   if (pool_ != nullptr) pool_->SetDraining(index_, "it answered a request 503 draining");
 }
 
-void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason) {
+void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason,
+                             const std::string& expect_url) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
+    if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
     const bool was_draining = inst.draining;
     inst.draining = false;
     // A draining instance that now fails its check is news (it may have died): report it.
@@ -240,7 +253,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role,
   // outstanding count wins, so ties rotate.
   std::vector<size_t> of_role;
   for (size_t i = 0; i < instances_.size(); ++i) {
-    if (instances_[i].role == role) of_role.push_back(i);
+    if (instances_[i].role == role && instances_[i].member) of_role.push_back(i);
   }
   if (of_role.empty()) return std::nullopt;
   size_t& cursor = rr_[RoleIndex(role)];
@@ -270,7 +283,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role,
 bool InstancePool::AnyHealthy(Role role, const std::vector<std::string>& exclude) const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Instance& inst : instances_) {
-    if (inst.role == role && inst.healthy &&
+    if (inst.role == role && inst.member && inst.healthy &&
         std::find(exclude.begin(), exclude.end(), inst.address.url) == exclude.end()) {
       return true;
     }
@@ -286,9 +299,10 @@ void InstancePool::Release(size_t index, int64_t prefill_tokens, uint64_t epoch)
   if (epoch == inst.epoch) inst.tokens_since_poll -= prefill_tokens;
 }
 
-void InstancePool::SetLoad(size_t index, const ReportedLoad& load) {
+void InstancePool::SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url) {
   std::lock_guard<std::mutex> lock(mu_);
   Instance& inst = instances_[index];
+  if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
   inst.load = load;
   ++inst.epoch;  // legs acquired before this report are in its count (or done)
   inst.tokens_since_poll = 0;
@@ -304,7 +318,7 @@ InstancePool::Rotation InstancePool::HealthyFromCursor(
   Rotation r;
   std::vector<size_t> of_role;
   for (size_t i = 0; i < instances_.size(); ++i) {
-    if (instances_[i].role == role) of_role.push_back(i);
+    if (instances_[i].role == role && instances_[i].member) of_role.push_back(i);
   }
   r.of_role = of_role.size();
   const size_t cursor = rr_[RoleIndex(role)];
@@ -322,7 +336,7 @@ InstancePool::Rotation InstancePool::HealthyFromCursor(
 int32_t InstancePool::ReportedBlockSize() const {
   std::lock_guard<std::mutex> lock(mu_);
   for (const Instance& inst : instances_) {
-    if (inst.role == Role::kDecode && inst.healthy && inst.load.block_size > 0) {
+    if (inst.role == Role::kDecode && inst.member && inst.healthy && inst.load.block_size > 0) {
       return inst.load.block_size;
     }
   }
@@ -393,11 +407,54 @@ std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
   std::vector<InstanceSnapshot> out;
   out.reserve(instances_.size());
   for (const Instance& inst : instances_) {
+    if (!inst.member) continue;
     out.push_back(InstanceSnapshot{inst.role, inst.address.url, inst.healthy, inst.draining,
                                    inst.outstanding,
                                    inst.role == Role::kPrefill ? PrefillTokens(inst) : 0});
   }
   return out;
+}
+
+bool InstancePool::AddInstance(Role role, InstanceAddress address) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::optional<size_t> free_slot;
+    for (size_t i = 0; i < instances_.size(); ++i) {
+      Instance& inst = instances_[i];
+      if (inst.role == role && inst.address.url == address.url) {
+        if (inst.member) return false;
+        // The same instance back: its legs in flight keep counting here; health anew.
+        inst.member = true;
+        inst.checked = false;
+        inst.healthy = false;
+        inst.draining = false;
+        recheck_ = true;
+        cv_.notify_all();
+        return true;
+      }
+      if (!free_slot && !inst.member && inst.outstanding == 0) free_slot = i;
+    }
+    Instance fresh{role, std::move(address)};
+    if (free_slot) {
+      instances_[*free_slot] = std::move(fresh);
+    } else {
+      instances_.push_back(std::move(fresh));
+    }
+    recheck_ = true;
+  }
+  cv_.notify_all();
+  return true;
+}
+
+bool InstancePool::RemoveInstance(Role role, const std::string& url) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Instance& inst : instances_) {
+    if (inst.member && inst.role == role && inst.address.url == url) {
+      inst.member = false;  // health is no longer checked; legs being set up still see it
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace kvpush::router

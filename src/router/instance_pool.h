@@ -129,11 +129,14 @@ struct HealthOptions {
 using UnhealthyCallback =
     std::function<void(Role role, const std::string& url, const std::string& reason)>;
 
-/// Fixed set of instances (given at construction). Every instance is polled with GET /health by
-/// one background thread; a non-200 answer or a connection failure excludes it from selection
-/// until a later check passes. A 503 whose error code is `draining` (the instance is shutting
-/// down gracefully, docs/server.md) excludes it too, but is not "unhealthy": the unhealthy
-/// callback is not run, so legs in flight to it are left to finish. Thread-safety: every method may be called from any thread, except
+/// The instances given at construction (static --prefill/--decode/--colocated URLs), plus those
+/// added and removed at run time (etcd discovery: AddInstance/RemoveInstance). Every member is
+/// polled with GET /health by one background thread; a non-200 answer or a connection failure
+/// excludes it from selection until a later check passes. A 503 whose error code is `draining`
+/// (the instance is shutting down gracefully, docs/server.md) excludes it too, but is not
+/// "unhealthy": the unhealthy callback is not run, so legs in flight to it are left to finish.
+/// A removed instance gets no new leg; legs already holding it finish (its slot is reused once
+/// none is left). Thread-safety: every method may be called from any thread, except
 /// Start/Stop/SetUnhealthyCallback (one controlling thread). Leases must not outlive the pool.
 class InstancePool {
  public:
@@ -204,8 +207,17 @@ class InstancePool {
   /// marked unhealthy: its legs must not be cut); false if unknown.
   bool IsHealthy(const std::string& url) const;
 
-  /// Current state of every instance, prefill first, in the order given.
+  /// Current state of every member instance (removed ones are left out), prefill first, in the
+  /// order given, then those added at run time.
   std::vector<InstanceSnapshot> Snapshot() const;
+
+  /// Adds an instance at run time (membership change). It is selectable once its first health
+  /// check passes; that check runs at once on the health thread (when started). Returns false
+  /// (and changes nothing) when an instance of that role and URL is already a member.
+  bool AddInstance(Role role, InstanceAddress address);
+  /// Removes an instance at run time: it gets no new leg; legs holding it finish. Returns false
+  /// when no member of that role has this (normalized) URL.
+  bool RemoveInstance(Role role, const std::string& url);
 
  private:
   friend class InstanceLease;
@@ -221,9 +233,12 @@ class InstancePool {
     int64_t tokens_since_poll = 0;  ///< prompt tokens of P legs acquired in this epoch, open
     int64_t tokens_inflight = 0;    ///< prompt tokens of every open P leg
     std::shared_ptr<PrefixIndex> index;  ///< decode instances: what the router sent there
+    bool member = true;  ///< false once removed: no new legs; slot reusable at outstanding 0
   };
   void Release(size_t index, int64_t prefill_tokens = 0, uint64_t epoch = 0);
-  void SetLoad(size_t index, const ReportedLoad& load);
+  /// `expect_url` (SetLoad, SetHealth): when not empty, the update is dropped unless slot `index`
+  /// still holds a member with this URL (the health thread checks a copy made before the check).
+  void SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url = "");
   /// Estimated outstanding prefill tokens of `inst` (see AcquirePrefill). Needs mu_.
   static int64_t PrefillTokens(const Instance& inst);
   /// The healthy instances of `role` not in `exclude`, starting at its round-robin cursor:
@@ -235,20 +250,22 @@ class InstancePool {
     size_t of_role = 0;
   };
   Rotation HealthyFromCursor(Role role, const std::vector<std::string>& exclude = {}) const;
-  void SetHealth(size_t index, bool healthy, const std::string& reason);
+  void SetHealth(size_t index, bool healthy, const std::string& reason,
+                 const std::string& expect_url = "");
   /// Excludes the instance from selection without running the unhealthy callback.
-  void SetDraining(size_t index, const std::string& reason);
+  void SetDraining(size_t index, const std::string& reason, const std::string& expect_url = "");
   void HealthLoop();
 
   HealthOptions health_;
   UnhealthyCallback on_unhealthy_;
   std::function<void()> on_round_;
-  mutable std::mutex mu_;  ///< guards instances_' health/outstanding, rr_, stop_
+  mutable std::mutex mu_;  ///< guards instances_, rr_, stop_, recheck_
   std::condition_variable cv_;
   std::vector<Instance> instances_;
   size_t rr_[3] = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
   size_t index_capacity_ = 65536;  ///< PrefixIndex capacity per decode instance
   bool stop_ = false;
+  bool recheck_ = false;  ///< an instance was added: check at once
   std::thread thread_;
 };
 

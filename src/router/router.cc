@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "common/listen_backlog.h"
+#include "discovery/membership.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
 
@@ -64,13 +65,20 @@ Status RouterOptions::Validate() const {
     if (!prefill_urls.empty() || !decode_urls.empty()) {
       return InvalidArgument("--colocated cannot be combined with --prefill/--decode");
     }
-  } else {
+    if (discovered()) return InvalidArgument("--colocated cannot be combined with --discovery");
+  } else if (!discovered()) {
     if (prefill_urls.empty()) {
-      return InvalidArgument("at least one --prefill URL is required (or use --colocated)");
+      return InvalidArgument(
+          "at least one --prefill URL is required (or use --discovery or --colocated)");
     }
     if (decode_urls.empty()) {
-      return InvalidArgument("at least one --decode URL is required (or use --colocated)");
+      return InvalidArgument(
+          "at least one --decode URL is required (or use --discovery or --colocated)");
     }
+  }
+  if (discovered()) {
+    if (auto e = discovery::ParseDiscoveryUrl(discovery); !e.ok()) return e.status();
+    if (Status s = discovery::ValidatePrefix(discovery_prefix); !s.ok()) return s;
   }
   for (const auto* urls : {&prefill_urls, &decode_urls, &colocated_urls}) {
     for (const std::string& u : *urls) {
@@ -120,6 +128,10 @@ std::string RouterOptions::ToString() const {
   } else {
     list("prefill", prefill_urls);
     list("decode", decode_urls);
+    if (discovered()) {
+      s << "discovery=" << discovery << " prefix=" << discovery_prefix
+        << " model=" << (discovery_model.empty() ? "(any)" : discovery_model) << " ";
+    }
     s << "mode=" << TransferModeName(mode)
       << " pull_profile=" << (pull_profile.empty() ? "(decode default)" : pull_profile)
       << " routing=" << RoutingPolicyName(routing)
@@ -503,6 +515,10 @@ Status Router::Start() {
   pool_->SetRoundCallback([this] { connections_->CloseExpired(); });
   pool_->SetPrefixIndexCapacity(options_.prefix_index_blocks);
   pool_->Start();
+  if (Status st = StartDiscovery(); !st.ok()) {
+    pool_->Stop();
+    return st;
+  }
 
   const int threads = options_.max_concurrent_streams + 16;
   // A push request's wait for P's answer runs on a worker (one task per request), and so does
@@ -526,11 +542,13 @@ Status Router::Start() {
   if (options_.port == 0) {
     port_ = server_->bind_to_any_port(options_.host);
     if (port_ <= 0) {
+      if (membership_) membership_->Stop();
       pool_->Stop();
       return Unavailable("cannot bind " + options_.host + ":<any>");
     }
   } else {
     if (!server_->bind_to_port(options_.host, options_.port)) {
+      if (membership_) membership_->Stop();
       pool_->Stop();
       return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
     }
@@ -578,7 +596,31 @@ void Router::Stop() {
   if (workers_) workers_->Stop();  // P-answer waits end once their legs are closed
   aborter_->Stop();
   connections_->Close();
+  if (membership_) membership_->Stop();
   if (pool_) pool_->Stop();
+}
+
+Status Router::StartDiscovery() {
+  if (!options_.discovered()) return Status::Ok();
+  discovery::MembershipOptions mo;
+  mo.endpoints = *discovery::ParseDiscoveryUrl(options_.discovery);
+  mo.prefix = options_.discovery_prefix;
+  mo.model = options_.discovery_model;
+  auto w = discovery::MembershipWatcher::Create(
+      std::move(mo), [this](const discovery::MembershipChange& c) {
+        const Role role = c.record.role == "prefill" ? Role::kPrefill : Role::kDecode;
+        auto address = ParseInstanceUrl(c.record.url);  // validated by the record's parser
+        if (!address.ok()) return;
+        if (c.type == discovery::MembershipChange::Type::kAdd) {
+          pool_->AddInstance(role, *address);
+        } else {
+          pool_->RemoveInstance(role, address->url);
+        }
+      });
+  if (!w.ok()) return w.status();
+  membership_ = std::move(w).value();
+  membership_->Start();
+  return Status::Ok();
 }
 
 }  // namespace kvpush::router

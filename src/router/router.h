@@ -32,6 +32,10 @@ struct Request;
 struct Response;
 }  // namespace httplib
 
+namespace kvpush::discovery {
+class MembershipWatcher;
+}  // namespace kvpush::discovery
+
 namespace kvpush::router {
 
 class Leg;
@@ -52,6 +56,12 @@ struct RouterOptions {
   /// Role-both instances, "http://HOST:PORT": when set, the router is a round-robin front door
   /// over them (no P/D; prefill_urls and decode_urls must be empty).
   std::vector<std::string> colocated_urls;
+  /// etcd discovery (docs/deployment.md): "etcd://HOST:PORT[,HOST:PORT...]", "" = none. The
+  /// registered P and D instances join the pool at run time, besides any static URLs (then
+  /// prefill_urls/decode_urls may be empty). Not with colocated_urls.
+  std::string discovery;
+  std::string discovery_prefix = "/kvpush/";  ///< key prefix the instances register under
+  std::string discovery_model;  ///< only this served model's instances ("" = every model)
   TransferMode mode = TransferMode::kPush;
   std::string pull_profile;  ///< "vllm" | "fast" | "" (D's default) for pull requests
   std::string host = "127.0.0.1";
@@ -79,6 +89,7 @@ struct RouterOptions {
   PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }
+  bool discovered() const { return !discovery.empty(); }
 
   /// Errors: kInvalidArgument naming the first bad field (URLs, mode, profile, ranges).
   Status Validate() const;
@@ -170,6 +181,8 @@ class Router {
   void CountRequest(TransferMode mode, bool ok);
   void CountLegFailure(Role role);
   void CountRetry(Role refused_by);
+  /// Creates and starts membership_ (options_.discovery), feeding pool_. Errors: its Create's.
+  Status StartDiscovery();
 
   /// Registers a leg so Stop() can close it and so it is cut (Leg::Cut) when its instance is
   /// marked unhealthy; a leg created after Stop() began is stopped at once, one to an instance
@@ -187,6 +200,7 @@ class Router {
 
   RouterOptions options_;
   std::unique_ptr<InstancePool> pool_;
+  std::unique_ptr<discovery::MembershipWatcher> membership_;  ///< with options_.discovery
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;

@@ -116,6 +116,10 @@ def get_json(host, port, path, timeout=2.0):
         return 0, None
 
 
+class Skip(Exception):
+    """The host cannot run the test (exit 77)."""
+
+
 class Cluster:
     def __init__(self, a):
         self.a = a
@@ -180,7 +184,9 @@ class Cluster:
         self.netns = Netns("%02d" % (os.getpid() % 100), prefix="kvk", net="10.81")
         err = self.netns.create(len(NAMES))
         if err:
-            raise RuntimeError("cannot create network namespaces: %s" % err)
+            self.netns.destroy()
+            self.netns = None
+            raise Skip("cannot create network namespaces (%s)" % err)
         ip = self.netns.ip(NAMES.index("etcd"))
         self.etcd_url = "etcd://%s:%d" % (ip, ETCD_PORT)
         self.etcd_client = EtcdClient(ip, ETCD_PORT, a.prefix)
@@ -490,7 +496,11 @@ class Cluster:
         t0 = time.time()
         workers = []
         try:
-            self.setup()
+            try:
+                self.setup()
+            except Skip as e:
+                log("SKIP: %s" % e)
+                return 77
             self.references()
             workers = [threading.Thread(target=self.traffic, args=(w,))
                        for w in range(a.concurrency)]

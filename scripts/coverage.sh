@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Line coverage of src/connector by the connector's unit tests alone (no processes: the
-# TransferCore state-machine tests, the message/handshake/config tests and the two in-process
-# PdConnector tests over loopback), with gcov + gcovr (Debian: apt-get install gcovr).
+# TransferCore state-machine tests, the message/handshake/config/kv_transfer_params/peer-auth
+# tests and the two in-process PdConnector tests over loopback), with gcov + gcovr (Debian: apt-get install gcovr).
 #
 #   scripts/coverage.sh            -> build-cov/, prints the per-file table and the total
 #   CORE_ONLY=1 scripts/coverage.sh -> only connector_transfer_core_test (fake clock, no threads)
@@ -17,6 +17,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DKVPUSH_BUILD_TESTS=ON -DKVPUSH_BUILD_BENCH
 targets=(connector_transfer_core_test)
 if [ -z "${CORE_ONLY:-}" ]; then
   targets+=(connector_messages_test connector_handshake_test connector_config_test
+            connector_kv_transfer_params_test connector_peer_auth_test
             connector_pd_handshake_test connector_pd_integrity_test)
 fi
 ninja -C "$BUILD_DIR" -j"${JOBS:-$(nproc)}" "${targets[@]}"

@@ -107,6 +107,7 @@ std::vector<Case> AuthCoreTest::Cases() {
   PdMessage pinned = sig(MsgTag::kPinned, 2);
   pinned.block_ids = {1, 2, 3};
   pinned.num_prompt_tokens = 10;
+  pinned.token_id = 42;
   PdMessage layer = sig(MsgTag::kLayerReady, 2);
   layer.layer = 9;  // out of range: the genuine one is counted as a bad message (observable)
   layer.num_blocks = 1;

@@ -394,13 +394,16 @@ class Chaos:
                     m.get("kvpush_kv_transfer_consumers_waiting", 0)
                 running = m.get("kvpush_num_requests_running", 0) + \
                     m.get("kvpush_num_requests_waiting", 0)
-                state[inst.name] = (used, free, total, waiting, active, running)
+                held = m.get("kvpush_kv_blocks_quarantined", 0)
+                quarantines = m.get("kvpush_kv_transfer_consumers_quarantined", 0)
+                state[inst.name] = (used, free, total, waiting, active, running, held, quarantines)
                 if used == 0 and free == total and waiting == 0 and active == 0 and running == 0:
                     pending.remove(inst)
         for inst in self.pd + [self.colo]:
             s = state.get(inst.name)
             desc = ("blocks used=%g free+cached=%g total=%g waiting_for_kv=%g transfers=%g "
-                    "requests=%g" % s) if s else "unreachable"
+                    "requests=%g (of the used: quarantined=%g; consumers quarantined=%g)" % s
+                    ) if s else "unreachable"
             log("pool %s: %s" % (inst.name, desc))
             if inst in pending:
                 self.violation("%s: block pool not back to its full free count %.1f s after "

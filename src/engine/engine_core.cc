@@ -227,9 +227,8 @@ void EngineCore::QuarantineLoadBlocks(Sequence& seq) {
   ++stats_.kv_load_quarantines;
 }
 
-void EngineCore::ReleaseHeldBlocks() {
-  if (connector_ == nullptr || held_blocks_.empty()) return;
-  for (int64_t id : connector_->GetFinished()) {
+void EngineCore::ReleaseHeldBlocks(const std::vector<int64_t>& finished) {
+  for (int64_t id : finished) {
     auto it = held_blocks_.find(id);
     if (it == held_blocks_.end()) continue;
     pool_.Release(it->second);
@@ -238,8 +237,16 @@ void EngineCore::ReleaseHeldBlocks() {
 }
 
 void EngineCore::PollConnector() {
-  ReleaseHeldBlocks();
+  if (connector_ == nullptr) return;
+  // Order matters. The connector reports a quarantined load (GetFinishedLoading; ApplyKvLoads
+  // moves its blocks into held_blocks_) before the quarantine's end (GetFinished). Taking the
+  // ends first and applying the loads before releasing means every end taken here finds its
+  // held blocks, even when both were reported since the last poll. Released before the loads
+  // were applied, such an end found nothing to release, and the blocks stayed held for ever
+  // (3 blocks of a decode instance, once, in chaos_stopped_prefill_push).
+  const std::vector<int64_t> finished = connector_->GetFinished();
   ApplyKvLoads();
+  ReleaseHeldBlocks(finished);
 }
 
 int32_t EngineCore::Step() {

@@ -116,7 +116,9 @@ class EngineCore {
   /// over the blocks, records latencies and destroys `seq`.
   void Finish(Sequence& seq, FinishReason reason, Status error, std::string text,
               std::string stop_reason, RequestOutput* partial = nullptr);
-  void ReleaseHeldBlocks();
+  /// Releases the held blocks of every finished id (the connector's GetFinished, taken by
+  /// PollConnector before it applies the KV loads); ids with nothing held are ignored.
+  void ReleaseHeldBlocks(const std::vector<int64_t>& finished);
   /// A load given up while remote writes may still land (KvLoadResult::quarantined): moves the
   /// request's blocks after its local prefix hit to held_blocks_ until the connector releases
   /// them.

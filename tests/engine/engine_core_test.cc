@@ -578,5 +578,45 @@ TEST(EngineCoreTest, QuarantinedLoadRecomputesInFreshBlocksAndHoldsTheOldOnes) {
   }
 }
 
+// A quarantined load and its quarantine's end reported between two polls, while another
+// request's blocks are held: the end must still release the quarantined blocks. (Released before
+// the load was applied, it found nothing held, and the blocks leaked: chaos_stopped_prefill_push.)
+TEST(EngineCoreTest, QuarantineEndReportedWithItsLoadInOnePollReleasesTheBlocks) {
+  FakeTokenizer tok;
+  RecordingConnector conn;
+  auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+  conn.hold = true;  // request 1's blocks stay held until released: held_blocks_ is not empty
+  RunAll(*core, {MakeRequest(MakePrompt(5, 3), 1)}, 1);
+  ASSERT_GT(core->block_pool().stats().num_used, 0);
+  const int32_t held_by_1 = core->block_pool().stats().num_used;
+  conn.hold = false;
+  conn.async_load = true;
+  const auto prompt = MakePrompt(21, 3);
+  auto ch = std::make_shared<OutputChannel>();
+  core->AddRequest(2, MakeRequest(prompt, 4), ch, NowNs());
+  core->Step();
+  ASSERT_EQ(core->stats().num_waiting_for_kv, 1);
+  KvLoadResult r;
+  r.seq_id = 2;
+  r.status = DeadlineExceeded("no CANCEL_ACK");
+  r.recompute = true;
+  r.quarantined = true;
+  conn.loads.push_back(r);
+  conn.release = {2};  // the quarantine already ended by the next poll
+  std::vector<int32_t> got;
+  for (int i = 0; i < 20 && got.size() < 4; ++i) {
+    core->Step();
+    for (auto& o : ch->TakeAll()) {
+      for (auto& t : o.tokens) got.push_back(t.id);
+    }
+  }
+  EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+  EXPECT_EQ(core->stats().kv_load_quarantines, 1);
+  EXPECT_EQ(core->block_pool().stats().num_used, held_by_1);  // only request 1's, still held
+  conn.release = {1};
+  core->Step();
+  ExpectNoLeak(*core);
+}
+
 }  // namespace
 }  // namespace kvpush::testing

@@ -92,17 +92,6 @@ class EtcdClient:
                 out[doc["url"]] = doc
         return out
 
-    def healthy(self):
-        try:
-            c = http.client.HTTPConnection(self.host, self.port, timeout=1.0)
-            c.request("GET", "/health")
-            r = c.getresponse()
-            r.read()
-            c.close()
-            return r.status == 200
-        except (OSError, http.client.HTTPException):
-            return False
-
 
 def get_json(host, port, path, timeout=2.0):
     try:
@@ -172,11 +161,11 @@ class Cluster:
                                  netns=self.netns.ns(i))
         self.etcd.start()
         t_end = time.time() + 30
-        while time.time() < t_end and not self.etcd_client.healthy():
+        while time.time() < t_end and not self.etcd.healthy():
             if self.etcd.proc.poll() is not None:
                 raise RuntimeError("etcd exited: %s" % tail(self.etcd.incarnations[-1]["log"]))
             time.sleep(0.1)
-        if not self.etcd_client.healthy():
+        if not self.etcd.healthy():
             raise RuntimeError("etcd not healthy in 30 s: %s" % tail(self.etcd.incarnations[-1]["log"]))
 
     def setup(self):
@@ -411,7 +400,6 @@ class Cluster:
         if rc != 0:
             self.violation("drain: D0 exit status %s after SIGTERM (expected 0): %s" % (
                 rc, tail(d0.incarnations[-1]["log"])))
-        d0.incarnations[-1]["drained"] = True
         time.sleep(self.a.phase_s / 2)
         f = self.failures_between(t_term, by="end")
         log("drain: %d requests served since SIGTERM, %d failed" % (

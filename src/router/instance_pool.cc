@@ -77,7 +77,8 @@ ReportedLoad ParseHealthBody(const std::string& body) {
   const auto load = j.find("load");
   if (load != j.end() && load->is_object()) {
     r.reported = true;
-    r.outstanding_prefill_tokens = std::max<int64_t>(0, int_of(*load, "outstanding_prefill_tokens"));
+    r.outstanding_prefill_tokens =
+        std::max<int64_t>(0, int_of(*load, "outstanding_prefill_tokens"));
     r.running = int_of(*load, "running");
     r.waiting = int_of(*load, "waiting");
   }
@@ -186,22 +187,7 @@ void InstancePool::CheckAllOnce() {
 
 void InstancePool::SetDraining(size_t index, const std::string& reason,
                                const std::string& expect_url) {
-  Role role = Role::kPrefill;
-  std::string url;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Instance& inst = instances_[index];
-    if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
-    if (inst.checked && inst.draining) return;
-    inst.checked = true;
-    inst.healthy = false;
-    inst.draining = true;
-    role = inst.role;
-    url = inst.address.url;
-  }
-  spdlog::info("router: {} instance {} is draining ({}); no new requests go there, those in "
-               "flight are left to finish",
-               RoleName(role), url, reason);
+  UpdateHealth(index, HealthState::kDraining, reason, expect_url);
 }
 
 void InstanceLease::MarkDraining() const {
@@ -210,24 +196,44 @@ void InstanceLease::MarkDraining() const {
 
 void InstancePool::SetHealth(size_t index, bool healthy, const std::string& reason,
                              const std::string& expect_url) {
+  UpdateHealth(index, healthy ? HealthState::kHealthy : HealthState::kUnhealthy, reason,
+               expect_url);
+}
+
+void InstancePool::UpdateHealth(size_t index, HealthState next, const std::string& reason,
+                                const std::string& expect_url) {
   Role role = Role::kPrefill;
   std::string url;
   {
     std::lock_guard<std::mutex> lock(mu_);
     Instance& inst = instances_[index];
     if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
-    const bool was_draining = inst.draining;
-    inst.draining = false;
-    // A draining instance that now fails its check is news (it may have died): report it.
-    if (inst.checked && inst.healthy == healthy && !(was_draining && !healthy)) return;
+    const HealthState was = !inst.checked   ? HealthState::kUnknown
+                            : inst.draining ? HealthState::kDraining
+                            : inst.healthy  ? HealthState::kHealthy
+                                            : HealthState::kUnhealthy;
+    // Only news is logged. A draining instance that now fails its check is news (it may have
+    // died); one that recovers from draining is too.
+    if (was == next) return;
     inst.checked = true;
-    inst.healthy = healthy;
+    inst.healthy = next == HealthState::kHealthy;
+    inst.draining = next == HealthState::kDraining;
     role = inst.role;
     url = inst.address.url;
   }
-  if (healthy) {
-    spdlog::info("router: {} instance {} is healthy ({})", RoleName(role), url, reason);
-    return;
+  switch (next) {
+    case HealthState::kHealthy:
+      spdlog::info("router: {} instance {} is healthy ({})", RoleName(role), url, reason);
+      return;
+    case HealthState::kDraining:
+      spdlog::info(
+          "router: {} instance {} is draining ({}); no new requests go there, those in "
+          "flight are left to finish",
+          RoleName(role), url, reason);
+      return;
+    case HealthState::kUnhealthy:
+    case HealthState::kUnknown:
+      break;
   }
   spdlog::warn("router: {} instance {} is unhealthy ({}); excluded until /health passes",
                RoleName(role), url, reason);
@@ -357,8 +363,8 @@ std::optional<InstanceLease> InstancePool::AcquireDecode(std::span<const uint64_
   for (size_t i : healthy) {
     Instance& inst = instances_[i];
     if (!inst.index) inst.index = std::make_shared<PrefixIndex>(index_capacity_);
-    cands.push_back(DecodeCandidate{inst.address.url, inst.outstanding,
-                                    inst.index->MatchedBlocks(hashes)});
+    cands.push_back(
+        DecodeCandidate{inst.address.url, inst.outstanding, inst.index->MatchedBlocks(hashes)});
   }
   // Candidates start at the round-robin cursor: ties go to the first (as Acquire).
   DecodeChoice c;

@@ -64,7 +64,7 @@ struct InstanceSnapshot {
 
 /// What an instance's /health JSON reports (docs/server.md, "/health"); absent fields stay 0.
 struct ReportedLoad {
-  bool reported = false;                ///< the body had a "load" object
+  bool reported = false;  ///< the body had a "load" object
   int64_t outstanding_prefill_tokens = 0;
   int64_t running = 0;
   int64_t waiting = 0;
@@ -183,10 +183,8 @@ class InstancePool {
   /// `choice` (optional) gets what was decided (cached_blocks: the chosen D's predicted hit).
   /// nullopt when no decode instance is healthy. Instances whose URL is in `exclude` are never
   /// chosen (a retry, docs/router.md "Retries").
-  std::optional<InstanceLease> AcquireDecode(std::span<const uint64_t> hashes,
-                                             RoutingPolicy policy,
-                                             const CacheAwareOptions& options,
-                                             DecodeChoice* choice,
+  std::optional<InstanceLease> AcquireDecode(std::span<const uint64_t> hashes, RoutingPolicy policy,
+                                             const CacheAwareOptions& options, DecodeChoice* choice,
                                              const std::vector<std::string>& exclude = {});
 
   /// Picks a healthy prefill instance for a prompt of `prompt_tokens` tokens (<= 0: unknown) and
@@ -228,10 +226,10 @@ class InstancePool {
     bool draining = false;  ///< /health said 503 `draining` (implies !healthy)
     bool checked = false;   ///< health known (the first result is always logged)
     int64_t outstanding = 0;
-    ReportedLoad load;              ///< from the last /health that passed
-    uint64_t epoch = 0;             ///< bumped by each /health report
-    int64_t tokens_since_poll = 0;  ///< prompt tokens of P legs acquired in this epoch, open
-    int64_t tokens_inflight = 0;    ///< prompt tokens of every open P leg
+    ReportedLoad load;                   ///< from the last /health that passed
+    uint64_t epoch = 0;                  ///< bumped by each /health report
+    int64_t tokens_since_poll = 0;       ///< prompt tokens of P legs acquired in this epoch, open
+    int64_t tokens_inflight = 0;         ///< prompt tokens of every open P leg
     std::shared_ptr<PrefixIndex> index;  ///< decode instances: what the router sent there
     bool member = true;  ///< false once removed: no new legs; slot reusable at outstanding 0
   };
@@ -254,6 +252,13 @@ class InstancePool {
                  const std::string& expect_url = "");
   /// Excludes the instance from selection without running the unhealthy callback.
   void SetDraining(size_t index, const std::string& reason, const std::string& expect_url = "");
+  /// What a health report says of an instance (kUnknown: no report yet).
+  enum class HealthState { kUnknown, kHealthy, kUnhealthy, kDraining };
+  /// The one step behind SetHealth and SetDraining: applies `next` to slot `index` (dropped per
+  /// `expect_url`, see SetLoad), logs only a change, and runs the unhealthy callback when the
+  /// instance becomes unhealthy. Takes mu_ itself; the callback runs without it.
+  void UpdateHealth(size_t index, HealthState next, const std::string& reason,
+                    const std::string& expect_url);
   void HealthLoop();
 
   HealthOptions health_;
@@ -262,7 +267,7 @@ class InstancePool {
   mutable std::mutex mu_;  ///< guards instances_, rr_, stop_, recheck_
   std::condition_variable cv_;
   std::vector<Instance> instances_;
-  size_t rr_[3] = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
+  size_t rr_[3] = {0, 0, 0};       ///< round-robin cursor per role (RoleIndex)
   size_t index_capacity_ = 65536;  ///< PrefixIndex capacity per decode instance
   bool stop_ = false;
   bool recheck_ = false;  ///< an instance was added: check at once

@@ -133,8 +133,7 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
       if (!queued) r.EndBackground();
     }
     if (!queued) {
-      ErrorReply(503, "router is shutting down", "server_error", "shutting_down")
-          .WriteTo((*parts)[i].res);
+      Reply{503, r.StopErrorJson(), "application/json"}.WriteTo((*parts)[i].res);
       latch->Done();
     }
   }

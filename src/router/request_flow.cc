@@ -37,9 +37,10 @@ Reply Forwarded(const LegResult& r) {
 }
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
-/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; 503 `shutting_down` when
-/// the router stopped it; 502 `<role>_unreachable` otherwise.
-Reply LegFailureReply(Role role, const InstanceAddress& addr, const LegResult& r) {
+/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; 503 with
+/// Router::StopErrorJson when the router stopped it; 502 `<role>_unreachable` otherwise.
+Reply LegFailureReply(const Router& router, Role role, const InstanceAddress& addr,
+                      const LegResult& r) {
   const std::string role_name = RoleName(role);
   if (r.answered) return Forwarded(r);
   if (!r.cut_reason.empty()) {
@@ -49,7 +50,7 @@ Reply LegFailureReply(Role role, const InstanceAddress& addr, const LegResult& r
                           ")",
                       "server_error", role_name + "_unhealthy");
   }
-  if (r.stopped) return ErrorReply(503, "router is shutting down", "server_error", "shutting_down");
+  if (r.stopped) return Reply{503, router.StopErrorJson(), "application/json"};
   return ErrorReply(502, role_name + " instance " + addr.url + " unreachable: " + r.error,
                     "server_error", role_name + "_unreachable");
 }
@@ -206,7 +207,8 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
     if (!StartPushPrefill(t, std::move(*p_lease),
                           MakePrefillBody(body, tm, t->transfer_id).dump())) {
-      return fail(503, "router is shutting down", "shutting_down");
+      r.CountRequest(tm, false);
+      return Reply{503, r.StopErrorJson(), "application/json"}.WriteTo(res);
     }
     d_body = MakeDecodePushBody(body, t->transfer_id, t->p_addr);
     if (t->echo_logprobs) d_body["echo"] = false;
@@ -363,7 +365,7 @@ void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
   const bool refused = RefusedUnstarted(pr);
   if (refused && pr.answered) lease.MarkDraining();
   r.CountLegFailure(Role::kPrefill);
-  if (!t.RecordPrefillFailure(LegFailureReply(Role::kPrefill, t.p_addr, pr), refused)) {
+  if (!t.RecordPrefillFailure(LegFailureReply(r, Role::kPrefill, t.p_addr, pr), refused)) {
     spdlog::warn("request {}: prefill leg to {} {} (after D's answer was complete)", t.request_id,
                  t.p_addr.url, Describe(pr));
     return;
@@ -393,11 +395,11 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
     if (RefusedUnstarted(pr) && t.retries_left > 0) {
       t.retry_url = t.p_addr.url;
       t.retry_role = Role::kPrefill;
-      t.refused_reply = LegFailureReply(Role::kPrefill, t.p_addr, pr);
+      t.refused_reply = LegFailureReply(r, Role::kPrefill, t.p_addr, pr);
       return std::nullopt;  // nothing written: Handle retries (or writes refused_reply)
     }
     r.CountRequest(t.mode, false);
-    LegFailureReply(Role::kPrefill, t.p_addr, pr).WriteTo(res);
+    LegFailureReply(r, Role::kPrefill, t.p_addr, pr).WriteTo(res);
     return std::nullopt;
   }
   const json answer = json::parse(pr.body, nullptr, false);
@@ -454,11 +456,11 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   if (retry) {  // nothing written: Handle retries (or writes refused_reply)
     t.retry_url = t.d_addr.url;
     t.retry_role = t.d_role;
-    t.refused_reply = LegFailureReply(t.d_role, t.d_addr, dr);
+    t.refused_reply = LegFailureReply(r, t.d_role, t.d_addr, dr);
     return;
   }
   r.CountRequest(t.mode, false);
-  LegFailureReply(t.d_role, t.d_addr, dr).WriteTo(res);
+  LegFailureReply(r, t.d_role, t.d_addr, dr).WriteTo(res);
 }
 
 void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
@@ -557,8 +559,7 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
   if (r.stopping_.load()) {
     // Never a silent cut: the client's stream ends with an error event.
     if (!st.terminal_sent) {
-      const std::string ev =
-          "data: " + ErrorJson("router is shutting down", "server_error", "shutting_down") + "\n\n";
+      const std::string ev = "data: " + r.StopErrorJson() + "\n\n";
       st.terminal_sent = st.failed = true;
       if (!sink.write(ev.data(), ev.size())) return false;
     }
@@ -592,8 +593,7 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
   if (!st.terminal_sent) {
     std::string ev;
     if (r.stopping_.load()) {  // Stop() closed D's leg: say why
-      ev = "data: " + ErrorJson("router is shutting down", "server_error", "shutting_down") +
-           "\n\n";
+      ev = "data: " + r.StopErrorJson() + "\n\n";
     } else if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
       ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
     } else {

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/drain.h"
 #include "common/listen_backlog.h"
 #include "discovery/membership.h"
 #include "router/leg.h"
@@ -21,9 +22,6 @@ using nlohmann::json;
 
 /// Leg worker threads started with the router (more are added on demand, up to the maximum).
 constexpr size_t kInitialWorkers = 8;
-
-constexpr const char* kDrainingMessage =
-    "draining: the router is shutting down and takes no new requests";
 
 void ReplyError(httplib::Response& res, int status, const std::string& message,
                 const std::string& type, const std::string& code = {}) {
@@ -101,8 +99,7 @@ Status RouterOptions::Validate() const {
   }
   if (block_size < 0) return InvalidArgument("--block-size must be >= 0 (0 = from the instances)");
   if (prefix_index_blocks < 1) return InvalidArgument("--prefix-index-blocks must be >= 1");
-  const bool needs_tokens =
-      routing == RoutingPolicy::kCacheAware || local_prefill_threshold > 0;
+  const bool needs_tokens = routing == RoutingPolicy::kCacheAware || local_prefill_threshold > 0;
   if (needs_tokens && colocated()) {
     return InvalidArgument(
         "--routing cache-aware and --local-prefill-threshold apply to P/D mode, not --colocated");
@@ -407,9 +404,8 @@ void Router::RouteHealth() {
       res.status = 503;
       body["status"] = "unavailable";
       body["error"] = json::parse(
-          stopping_.load()
-              ? ErrorJson("router is shutting down", "server_error", "shutting_down")
-              : ErrorJson(kDrainingMessage, "server_error", "draining"))["error"];
+          stopping_.load() ? ErrorJson("router is shutting down", "server_error", "shutting_down")
+                           : ErrorJson(kDrainingMessage, "server_error", kDrainingCode))["error"];
     } else if (msg.empty()) {
       res.status = 200;
       body["status"] = "ok";
@@ -426,7 +422,8 @@ void Router::RouteHealth() {
 void Router::Route() {
   httplib::Server& s = *server_;
   auto completions = [this](const httplib::Request& req, httplib::Response& res) {
-    if (draining_.load()) return ReplyError(res, 503, kDrainingMessage, "server_error", "draining");
+    if (draining_.load())
+      return ReplyError(res, 503, kDrainingMessage, "server_error", kDrainingCode);
     RequestFlow(*this).Handle(req, res);
   };
   s.Post("/v1/completions", completions);
@@ -570,6 +567,11 @@ Status Router::Start() {
 size_t Router::inflight() {
   std::lock_guard<std::mutex> lock(legs_mu_);
   return legs_.size() + static_cast<size_t>(background_);
+}
+
+std::string Router::StopErrorJson() const {
+  return draining_.load() ? ErrorJson(kDrainTimeoutMessage, "server_error", kDrainTimeoutCode)
+                          : ErrorJson("router is shutting down", "server_error", "shutting_down");
 }
 
 void Router::Stop() {

@@ -109,10 +109,10 @@ struct RouterCounters {
   /// Decode choices by DecodeReason (prefix_hit, rendezvous, least_outstanding), plus [3]:
   /// requests whose prompt the router could not hash (no tokenizer answer or block size).
   int64_t decode_choices[4] = {0, 0, 0, 0};
-  int64_t load_cap_overrides = 0;        ///< cache-aware: the preferred D was over the load cap
-  int64_t prefill_skipped[2] = {0, 0};   ///< P legs not sent: [0] threshold, [1] cached
-  int64_t prompt_tokens = 0;             ///< prompt tokens of the requests the router tokenized
-  int64_t predicted_cached_tokens = 0;   ///< of which the chosen D's PrefixIndex predicted cached
+  int64_t load_cap_overrides = 0;       ///< cache-aware: the preferred D was over the load cap
+  int64_t prefill_skipped[2] = {0, 0};  ///< P legs not sent: [0] threshold, [1] cached
+  int64_t prompt_tokens = 0;            ///< prompt tokens of the requests the router tokenized
+  int64_t predicted_cached_tokens = 0;  ///< of which the chosen D's PrefixIndex predicted cached
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics on one port.
@@ -138,13 +138,17 @@ class Router {
   Status Start();
 
   /// Stops accepting, closes every in-flight leg (instances see their connections close; a
-  /// client's open stream gets an SSE error event `shutting_down`), joins the server, the health
-  /// thread and every leg thread. Idempotent.
+  /// client's open stream gets an SSE error event, an open non-streamed request a 503, with
+  /// StopErrorJson), joins the server, the health thread and every leg thread. Idempotent.
   void Stop();
 
   /// Graceful drain (kvpush router on SIGTERM): from now on new completion requests and /health
   /// get 503 `draining`; requests in flight go on. Thread-safe.
   void BeginDrain() { draining_.store(true); }
+  /// The OpenAI error body a request still in flight gets when Stop() cuts it (HTTP 503, or an
+  /// SSE error event): after BeginDrain the drain ran out, so code `draining_timeout` with the
+  /// words an instance uses (common/drain.h); otherwise `shutting_down`. Thread-safe.
+  std::string StopErrorJson() const;
   /// Legs in flight (each streamed answer's D leg counts until its stream ended) plus push P
   /// legs still awaited; 0 = no client request in flight. Thread-safe.
   size_t inflight();

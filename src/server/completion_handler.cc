@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/drain.h"
 #include "connector/pd_connector.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
@@ -116,16 +117,12 @@ struct RequestState {
 
 /// A new request on a draining instance (HttpServer::BeginDrain).
 ApiError Draining() {
-  return ApiError{503, "draining: this instance is shutting down and takes no new requests",
-                  "server_error", "", "draining"};
+  return ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode};
 }
 
 /// A request still open when the drain timeout passed (HttpServer::CutOpenRequests).
 ApiError DrainTimeout() {
-  return ApiError{503,
-                  "draining: this instance is shutting down and the request did not finish "
-                  "within its drain timeout (--drain-timeout-s)",
-                  "server_error", "", "draining_timeout"};
+  return ApiError{503, kDrainTimeoutMessage, "server_error", "", kDrainTimeoutCode};
 }
 
 /// A P/D leg whose transfer POST /kv/abort already ended.
@@ -318,7 +315,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   // Tokenize every prompt (BOS + text; token-id prompts are used as given).
   std::vector<std::vector<int32_t>> prompts;
   std::vector<int32_t> max_tokens;  ///< per prompt: the request's, or the default
-  if (kind == ApiKind::kChat) {  // the model's chat template (server/chat_template.h)
+  if (kind == ApiKind::kChat) {     // the model's chat template (server/chat_template.h)
     auto chat_ids = srv.chat_.Build(r.messages, r.chat_template);
     if (!chat_ids.ok()) {
       return ReplyError(res, ApiError::Invalid(chat_ids.status().message(), "messages"));

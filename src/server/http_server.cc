@@ -3,6 +3,7 @@
 #include <httplib.h>
 
 #include "common/clock.h"
+#include "common/drain.h"
 #include "common/listen_backlog.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
@@ -251,8 +252,7 @@ void HttpServer::Route() {
       return;
     }
     if (draining_.load()) {
-      ReplyError(res, ApiError{503, "draining: this instance is shutting down and takes no new "
-                               "requests", "server_error", "", "draining"});
+      ReplyError(res, ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode});
       return;
     }
     // Lock-free (Engine::load() reads atomics): /health stays fast under load. The router's

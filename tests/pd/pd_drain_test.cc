@@ -30,27 +30,6 @@ constexpr const char* kBlocksTotal = "kvpush_kv_blocks_total";
 constexpr const char* kBlocksFree = "kvpush_kv_blocks_free";
 constexpr const char* kBlocksCached = "kvpush_kv_blocks_cached";
 
-/// A prompt of `n` token ids (BOS first) from a fixed pseudo-random sequence.
-Req Prompt(int n, int max_tokens, uint32_t salt) {
-  Req r;
-  r.label = std::to_string(n) + "-token prompt #" + std::to_string(salt);
-  r.prompt = {1};
-  uint32_t x = 2463534242u ^ (salt * 2654435761u);
-  for (int i = 1; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    r.prompt.push_back(static_cast<int32_t>(3 + x % 500));
-  }
-  r.max_tokens = max_tokens;
-  return r;
-}
-
-json ErrorOf(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
-  return j.is_object() && j.contains("error") ? j["error"] : json(nullptr);
-}
-
 /// GET path on p: {status, body}; status 0 on a transport failure.
 std::pair<int, std::string> GetFrom(const Proc& p, const std::string& path) {
   httplib::Client cli(p.host, p.port);
@@ -70,14 +49,33 @@ class PdDrain : public PdFixture {
     return Spawn(name, ServeArgs(model_, role, host_, port, cfg, extra), host_, port);
   }
 
-  Proc* Router(const std::vector<Proc*>& ps, const std::vector<Proc*>& ds, int health_ms) {
+  /// A serve process of `role` on the sim executor (Qwen3-32B on an H200, modelled: ~20 ms per
+  /// decoded token, so a 2000-token answer outlives a 2 s drain timeout).
+  Proc* ServeSim(const std::string& name, const std::string& role,
+                 const std::vector<std::string>& extra) {
+    std::vector<std::string> sim = {"--executor", "sim",      "--sim-model",
+                                    "qwen3-32b",  "--sim-hw", "h200"};
+    sim.insert(sim.end(), extra.begin(), extra.end());
     const int port = Port();
-    std::vector<std::string> a = {"router", "--mode", "push", "--host", host_, "--port",
-                                  std::to_string(port), "--health-interval-ms",
+    const std::string cfg = role == "both" ? "" : KvCfg("ucx:tcp");
+    return Spawn(name, ServeArgs("", role, host_, port, cfg, sim), host_, port);
+  }
+
+  Proc* Router(const std::vector<Proc*>& ps, const std::vector<Proc*>& ds, int health_ms,
+               const std::vector<std::string>& extra = {"--mode", "push"},
+               const std::string& name = "router") {
+    const int port = Port();
+    std::vector<std::string> a = {"router",
+                                  "--host",
+                                  host_,
+                                  "--port",
+                                  std::to_string(port),
+                                  "--health-interval-ms",
                                   std::to_string(health_ms)};
     for (Proc* p : ps) a.insert(a.end(), {"--prefill", p->url()});
     for (Proc* d : ds) a.insert(a.end(), {"--decode", d->url()});
-    return Spawn("router", a, host_, port);
+    a.insert(a.end(), extra.begin(), extra.end());
+    return Spawn(name, a, host_, port);
   }
 
   bool BlocksBack(Proc* p, int ms, double* used) {
@@ -99,6 +97,18 @@ class PdDrain : public PdFixture {
   }
 
   void DrainDecodeUnderTraffic(int health_ms);
+
+  /// What a client saw of a drain (DrainWithRequestsOpen).
+  struct DrainSeen {
+    std::pair<int, std::string> health;  ///< GET /health once draining: {status, body}
+    Res refused;                         ///< a new request once draining
+    Res streamed, whole;   ///< 2000-token answers, streamed and not, open past the timeout
+    int exit_status = -1;  ///< `front`'s wait status; -1 when it did not exit within 10 s
+  };
+  /// Sends a 2000-token answer streamed and one not to `front` (started with
+  /// --drain-timeout-s 2), waits until both run on `engine`, sends `front` SIGTERM and records
+  /// what a client sees until `front` exits.
+  DrainSeen DrainWithRequestsOpen(Proc* front, Proc* engine);
 
   void SetUp() override {
     PdFixture::SetUp();
@@ -134,7 +144,8 @@ void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
       int after = 0;
       for (uint32_t i = 0; after < 4; ++i) {
         if (d1_gone.load()) ++after;
-        Req r = Prompt(24 + static_cast<int>(i % 5) * 8, 48, static_cast<uint32_t>(c * 1000) + i);
+        Req r =
+            RandomPrompt(24 + static_cast<int>(i % 5) * 8, 48, static_cast<uint32_t>(c * 1000) + i);
         r.stream = (i + static_cast<uint32_t>(c)) % 2 == 0;
         out[static_cast<size_t>(c)].push_back(Send(router->host, router->port, r, {}, nullptr, 60));
         reqs[static_cast<size_t>(c)].push_back(r);
@@ -143,8 +154,8 @@ void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
     });
   }
   // SIGTERM while D1 has legs in flight.
-  ASSERT_TRUE(WaitFor([&] { return Metric(router->host, router->port, d1_outstanding) >= 1; },
-                      20000))
+  ASSERT_TRUE(
+      WaitFor([&] { return Metric(router->host, router->port, d1_outstanding) >= 1; }, 20000))
       << "D1 never had a request in flight";
   const int sent_before = sent.load();
   const int status = TermAndWait(d1, 30000);
@@ -159,8 +170,8 @@ void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
       const Res& r = out[c][i];
       if (r.status != 200 || !r.error.empty() || r.ids.empty()) {
         ++failed;
-        ADD_FAILURE() << reqs[c][i].label << (reqs[c][i].stream ? " (stream)" : "")
-                      << ": HTTP " << r.status << " " << r.error << " " << r.raw.substr(0, 300);
+        ADD_FAILURE() << reqs[c][i].label << (reqs[c][i].stream ? " (stream)" : "") << ": HTTP "
+                      << r.status << " " << r.error << " " << r.raw.substr(0, 300);
       }
     }
   }
@@ -175,16 +186,19 @@ void PdDrain::DrainDecodeUnderTraffic(int health_ms) {
       }
     }
   }
-  std::printf("drain under traffic (health every %d ms): %d requests (%d completed before "
-              "SIGTERM), %d failed, %.0f retried%s\n",
-              health_ms, n, sent_before, failed, retries, drain_line.c_str());
+  std::printf(
+      "drain under traffic (health every %d ms): %d requests (%d completed before "
+      "SIGTERM), %d failed, %.0f retried%s\n",
+      health_ms, n, sent_before, failed, retries, drain_line.c_str());
   EXPECT_EQ(failed, 0);
   double used = -1;
   EXPECT_TRUE(BlocksBack(d2, 5000, &used)) << "D2 still uses " << used << " blocks";
   EXPECT_TRUE(BlocksBack(p, 5000, &used)) << "P still uses " << used << " blocks";
 }
 
-TEST_F(PdDrain, SigtermedDecodeUnderTrafficLosesNoRequest) { DrainDecodeUnderTraffic(200); }
+TEST_F(PdDrain, SigtermedDecodeUnderTrafficLosesNoRequest) {
+  DrainDecodeUnderTraffic(200);
+}
 
 // The router learns of the drain only from D1's own 503 `draining` answers and, once D1 is gone,
 // from refused connections: every such request is retried on D2.
@@ -192,55 +206,91 @@ TEST_F(PdDrain, SigtermedDecodeLearntFromItsRefusalsLosesNoRequest) {
   DrainDecodeUnderTraffic(600000);
 }
 
-TEST_F(PdDrain, RequestsOpenPastTheTimeoutEndWithAnError) {
-  // The sim executor decodes at a modelled ~20 ms per token: a 2000-token answer outlives the
-  // 2 s drain timeout.
-  const int port = Port();
-  Proc* colo = Spawn("colocated",
-                     {"serve", "--executor", "sim", "--sim-model", "qwen3-32b", "--sim-hw", "h200",
-                      "--host", host_, "--port", std::to_string(port), "--drain-timeout-s", "2",
-                      "--log-level", "info"},
-                     host_, port);
-  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo}));
+PdDrain::DrainSeen PdDrain::DrainWithRequestsOpen(Proc* front, Proc* engine) {
+  DrainSeen seen;
   const json long_answer = {{"ignore_eos", true}};
   Req r;
   r.label = "long answer";
   r.prompt = {1, 300, 301, 302, 303, 304, 305, 306};
   r.max_tokens = 2000;
-  Res streamed, whole;
   std::thread ts([&] {
     Req s = r;
     s.stream = true;
-    streamed = Send(colo->host, colo->port, s, {}, &long_answer, 60);
+    seen.streamed = Send(front->host, front->port, s, {}, &long_answer, 60);
   });
-  std::thread tw([&] { whole = Send(colo->host, colo->port, r, {}, &long_answer, 60); });
-  ASSERT_TRUE(WaitFor([&] { return Metric(host_, port, "kvpush_num_requests_running") >= 2; },
-                      20000));
-  ASSERT_EQ(::kill(colo->child.pid(), SIGTERM), 0);
+  std::thread tw([&] { seen.whole = Send(front->host, front->port, r, {}, &long_answer, 60); });
+  const bool running = WaitFor(
+      [&] { return Metric(engine->host, engine->port, "kvpush_num_requests_running") >= 2; },
+      20000);
+  EXPECT_TRUE(running) << "the two long answers never ran on " << engine->name;
+  EXPECT_EQ(::kill(front->child.pid(), SIGTERM), 0);
   // Draining: /health and new requests get 503 `draining`.
-  std::pair<int, std::string> health;
-  ASSERT_TRUE(WaitFor(
+  EXPECT_TRUE(WaitFor(
       [&] {
-        health = GetFrom(*colo, "/health");
-        return health.first == 503;
+        seen.health = GetFrom(*front, "/health");
+        return seen.health.first == 503;
       },
       1500))
-      << "HTTP " << health.first << " " << health.second;
-  EXPECT_EQ(ErrorOf(health.second)["code"], "draining") << health.second;
-  const Res refused = Send(colo->host, colo->port, Prompt(8, 4, 1), {}, nullptr, 10);
-  EXPECT_EQ(refused.status, 503) << refused.raw;
-  EXPECT_EQ(ErrorOf(refused.raw)["code"], "draining") << refused.raw;
+      << "HTTP " << seen.health.first << " " << seen.health.second;
+  seen.refused = Send(front->host, front->port, RandomPrompt(8, 4, 1), {}, nullptr, 10);
   ts.join();
   tw.join();
+  if (WaitFor([&] { return !front->child.Running(); }, 10000)) {
+    seen.exit_status = front->child.Stop(0);  // not running: the status it exited with
+  }
+  return seen;
+}
+
+TEST_F(PdDrain, RequestsOpenPastTheTimeoutEndWithAnError) {
+  Proc* colo = ServeSim("colocated", "both", {"--drain-timeout-s", "2"});
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo}));
+  const DrainSeen seen = DrainWithRequestsOpen(colo, colo);
+  EXPECT_EQ(ErrorOf(seen.health.second)["code"], "draining") << seen.health.second;
+  EXPECT_EQ(seen.refused.status, 503) << seen.refused.raw;
+  EXPECT_EQ(ErrorOf(seen.refused.raw)["code"], "draining") << seen.refused.raw;
   // The stream got tokens, then an error event (never a silent cut).
-  EXPECT_EQ(streamed.status, 200);
-  EXPECT_FALSE(streamed.ids.empty());
-  EXPECT_NE(streamed.error.find("drain timeout"), std::string::npos) << streamed.error;
-  EXPECT_EQ(whole.status, 503) << whole.raw;
-  EXPECT_EQ(ErrorOf(whole.raw)["code"], "draining_timeout") << whole.raw;
-  ASSERT_TRUE(WaitFor([&] { return !colo->child.Running(); }, 10000)) << "did not exit";
-  const int status = colo->child.Stop(0);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "wait status " << status;
+  EXPECT_EQ(seen.streamed.status, 200);
+  EXPECT_FALSE(seen.streamed.ids.empty());
+  EXPECT_NE(seen.streamed.error.find("drain timeout"), std::string::npos) << seen.streamed.error;
+  EXPECT_EQ(seen.whole.status, 503) << seen.whole.raw;
+  EXPECT_EQ(ErrorOf(seen.whole.raw)["code"], "draining_timeout") << seen.whole.raw;
+  EXPECT_TRUE(WIFEXITED(seen.exit_status) && WEXITSTATUS(seen.exit_status) == 0)
+      << "wait status " << seen.exit_status;
+}
+
+// The same drain seen through a router (push and pull, sim P and D) that gets the SIGTERM: the
+// client gets what a draining colocated instance answers — the same status and error object for
+// /health, a new request and the non-streamed request cut at the timeout, and the same error
+// event in the stream. (The router writes no [DONE] after an error event; the instance does:
+// docs/router.md "Shutdown".)
+TEST_F(PdDrain, ADrainingRouterAnswersAsADrainingInstance) {
+  Proc* colo = ServeSim("colocated", "both", {"--drain-timeout-s", "2"});
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo}));
+  const DrainSeen want = DrainWithRequestsOpen(colo, colo);
+  ASSERT_EQ(want.whole.status, 503) << want.whole.raw;
+  for (const std::string mode : {"push", "pull"}) {
+    SCOPED_TRACE("router --mode " + mode);
+    Proc* p = ServeSim("prefill-" + mode, "prefill", {});
+    Proc* d = ServeSim("decode-" + mode, "decode", {});
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({p, d}));
+    Proc* router =
+        Router({p}, {d}, 200, {"--mode", mode, "--drain-timeout-s", "2"}, "router-" + mode);
+    ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
+    const DrainSeen got = DrainWithRequestsOpen(router, d);
+    EXPECT_EQ(got.health.first, want.health.first) << got.health.second;
+    EXPECT_EQ(ErrorOf(got.health.second), ErrorOf(want.health.second)) << got.health.second;
+    EXPECT_EQ(got.refused.status, want.refused.status) << got.refused.raw;
+    EXPECT_EQ(json::parse(got.refused.raw, nullptr, false), json::parse(want.refused.raw))
+        << got.refused.raw;
+    EXPECT_EQ(got.streamed.status, 200);
+    EXPECT_FALSE(got.streamed.ids.empty());
+    EXPECT_EQ(got.streamed.error, want.streamed.error);
+    EXPECT_EQ(got.whole.status, want.whole.status) << got.whole.raw;
+    EXPECT_EQ(json::parse(got.whole.raw, nullptr, false), json::parse(want.whole.raw))
+        << got.whole.raw;
+    EXPECT_TRUE(WIFEXITED(got.exit_status) && WEXITSTATUS(got.exit_status) == 0)
+        << "router wait status " << got.exit_status;
+  }
 }
 
 TEST_F(PdDrain, KilledPrefillGetsTheClientAnErrorAndFreesDecodeBlocks) {
@@ -250,13 +300,14 @@ TEST_F(PdDrain, KilledPrefillGetsTheClientAnErrorAndFreesDecodeBlocks) {
   // Health checks far apart: the failure must be seen on the legs themselves.
   Proc* router = Router({p}, {d}, 600000);
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
-  ASSERT_EQ(Send(router->host, router->port, Prompt(40, 4, 7)).status, 200);  // warm (handshake)
+  ASSERT_EQ(Send(router->host, router->port, RandomPrompt(40, 4, 7)).status,
+            200);  // warm (handshake)
 
   // P stopped: the request's legs are accepted by its kernel, D reserves blocks and waits; then
   // P dies (SIGKILL) with the request in flight.
   ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
   Res got;
-  Req r = Prompt(60, 8, 11);
+  Req r = RandomPrompt(60, 8, 11);
   r.stream = true;
   std::atomic<bool> answered{false};
   std::thread client([&] {
@@ -292,10 +343,10 @@ TEST_F(PdDrain, CachedTokensAreTheInstancesOwnHitAndTransferredTokensAreCountedA
     const json j = json::parse(r.raw, nullptr, false);
     return j.is_object() ? j["usage"]["prompt_tokens_details"]["cached_tokens"] : json(nullptr);
   };
-  const Req a = Prompt(100, 4, 21);
+  const Req a = RandomPrompt(100, 4, 21);
   Req b = a;  // shares a's first 64 tokens
   b.label = "a's first 64 tokens + 36 others";
-  const Req tail = Prompt(37, 4, 22);
+  const Req tail = RandomPrompt(37, 4, 22);
   b.prompt.resize(64);
   b.prompt.insert(b.prompt.end(), tail.prompt.begin() + 1, tail.prompt.end());
   for (const Req& r : {a, a, b}) {
@@ -304,8 +355,8 @@ TEST_F(PdDrain, CachedTokensAreTheInstancesOwnHitAndTransferredTokensAreCountedA
     ASSERT_EQ(ref.status, 200) << ref.raw;
     ASSERT_EQ(got.status, 200) << got.raw;
     EXPECT_EQ(got.ids, ref.ids) << r.label;
-    EXPECT_EQ(cached(got), cached(ref)) << r.label << ": D " << got.raw << "\ncolocated "
-                                        << ref.raw;
+    EXPECT_EQ(cached(got), cached(ref))
+        << r.label << ": D " << got.raw << "\ncolocated " << ref.raw;
   }
   // D: a's 100 prompt tokens came over the connector the first time (or all but a cached
   // prefix); what D computed itself is counted apart.

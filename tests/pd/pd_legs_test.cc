@@ -58,28 +58,6 @@ double HealthSeconds(const Proc& p) {
   return r && r->status == 200 ? SecondsSince(t0) : -1;
 }
 
-/// A prompt of `n` token ids (BOS first) from a fixed pseudo-random sequence.
-Req Prompt(int n, int max_tokens, uint32_t salt) {
-  Req r;
-  r.label = std::to_string(n) + "-token prompt";
-  r.prompt = {1};
-  uint32_t x = 2463534242u ^ salt;
-  for (int i = 1; i < n; ++i) {
-    x ^= x << 13;
-    x ^= x >> 17;
-    x ^= x << 5;
-    r.prompt.push_back(static_cast<int32_t>(3 + x % 500));
-  }
-  r.max_tokens = max_tokens;
-  return r;
-}
-
-/// The error object of an OpenAI error body (null when there is none).
-json ErrorOf(const std::string& body) {
-  json j = json::parse(body, nullptr, false);
-  return j.is_object() && j.contains("error") ? j["error"] : json(nullptr);
-}
-
 class PdLegs : public PdFixture {
  protected:
   /// A serve process of `role` with `extra` flags; P/D instances use ucx:tcp and `kv`.
@@ -128,7 +106,7 @@ TEST_F(PdLegs, PushPrefillRefusalReachesTheClientAtOnceAndDecodeFreesItsBlocks) 
   Proc* router = Router(p, d, "push");
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
 
-  Req r = Prompt(70, 8, 1);
+  Req r = RandomPrompt(70, 8, 1);
   const Res ref = Send(colo->host, colo->port, r);
   ASSERT_EQ(ref.status, 400) << ref.raw;
   ASSERT_EQ(ErrorOf(ref.raw)["code"], "context_length_exceeded") << ref.raw;
@@ -166,7 +144,8 @@ TEST_F(PdLegs, DecodeRefusalFreesPrefillBlocksWithinARoundTrip) {
     const double aborted0 = Metric(p->host, p->port, kAborted);
     const int n = 5;
     for (int i = 0; i < n; ++i) {
-      const Req r = Prompt(70 + i, 8, 100 + static_cast<uint32_t>(i) + (mode[1] == 'u' ? 0 : 50));
+      const Req r =
+          RandomPrompt(70 + i, 8, 100 + static_cast<uint32_t>(i) + (mode[1] == 'u' ? 0 : 50));
       const Res got = Send(router->host, router->port, r, {{"x-kvpush-mode", mode}}, nullptr, 30);
       ASSERT_EQ(got.status, 400) << mode << ": " << got.raw;
       EXPECT_EQ(ErrorOf(got.raw)["code"], "context_length_exceeded") << got.raw;
@@ -192,7 +171,7 @@ TEST_F(PdLegs, StoppedPrefillFailsTheRequestWithinAHealthInterval) {
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({p, d}));
   Proc* router = Router(p, d, "pull");
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
-  const Req r = Prompt(40, 8, 7);
+  const Req r = RandomPrompt(40, 8, 7);
   const Res before = Send(router->host, router->port, r);
   ASSERT_EQ(before.status, 200) << before.raw;
 
@@ -204,7 +183,7 @@ TEST_F(PdLegs, StoppedPrefillFailsTheRequestWithinAHealthInterval) {
   for (const char* mode : {"pull", "push"}) {
     // A prompt D has not cached (a full prefix hit on D needs no P). Stop P, then send at once:
     // the leg is in flight when the router marks P unhealthy.
-    const Req fresh = Prompt(40, 8, ++salt);
+    const Req fresh = RandomPrompt(40, 8, ++salt);
     ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
     const auto t0 = Clock::now();
     const Res got = Send(router->host, router->port, fresh, {{"x-kvpush-mode", mode}}, nullptr, 60);
@@ -271,7 +250,7 @@ TEST_F(PdLegs, KvAbortEndpoint) {
     EXPECT_EQ(json::parse(body), json({{"transfer_id", tid}, {"aborted_requests", 0}}));
   }
   // A P leg of an aborted transfer is refused.
-  const Req r = Prompt(40, 8, 3);
+  const Req r = RandomPrompt(40, 8, 3);
   std::tie(status, body) = PostTo(*p, "/v1/completions", PLegBody(r, "push", tid).dump());
   EXPECT_EQ(status, 409) << body;
   EXPECT_EQ(ErrorOf(body)["code"], "transfer_aborted") << body;
@@ -312,8 +291,8 @@ TEST_F(PdLegs, BusyInstanceAnswersHealthAndKeepsItsLegs) {
   for (int i = 0; i < n; ++i) {
     legs.emplace_back([&, i] {
       const json extra = PushDExtra(NewTransferId(), *p);
-      out[static_cast<size_t>(i)] =
-          Send(d->host, d->port, Prompt(40, 4, 500 + static_cast<uint32_t>(i)), {}, &extra, 60);
+      out[static_cast<size_t>(i)] = Send(
+          d->host, d->port, RandomPrompt(40, 4, 500 + static_cast<uint32_t>(i)), {}, &extra, 60);
     });
   }
   double worst = 0;

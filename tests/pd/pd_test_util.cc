@@ -131,6 +131,26 @@ double Metric(const std::string& host, int port, const std::string& name) {
   return found ? sum : -2;
 }
 
+Req RandomPrompt(int n, int max_tokens, uint32_t seed) {
+  Req r;
+  r.label = std::to_string(n) + "-token prompt #" + std::to_string(seed);
+  r.prompt = {1};
+  uint32_t x = 2463534242u ^ seed;
+  for (int i = 1; i < n; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    r.prompt.push_back(static_cast<int32_t>(3 + x % 500));
+  }
+  r.max_tokens = max_tokens;
+  return r;
+}
+
+json ErrorOf(const std::string& body) {
+  json j = json::parse(body, nullptr, false);
+  return j.is_object() && j.contains("error") ? j["error"] : json(nullptr);
+}
+
 std::vector<Req> MakePrompts(int vocab, uint32_t seed, int n_short, int n_long, int n_prefix,
                              int n_repeat, int max_tokens) {
   std::mt19937 rng(seed);

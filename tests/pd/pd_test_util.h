@@ -69,6 +69,13 @@ std::vector<Res> SendAll(const std::string& host, int port, const std::vector<Re
 /// the metric is absent.
 double Metric(const std::string& host, int port, const std::string& name);
 
+/// A prompt of `n` token ids (BOS first, then ids in [3, 503) from a xorshift32 sequence started
+/// at 2463534242 ^ `seed`) asking for `max_tokens` tokens.
+Req RandomPrompt(int n, int max_tokens, uint32_t seed);
+
+/// The `error` object of an OpenAI error body; null when the body has none.
+json ErrorOf(const std::string& body);
+
 /// A prompt set: `n_short` prompts of < 16 tokens, `n_long` of 60..200 tokens, `n_prefix`
 /// sharing a prefix (whole and partial blocks) with a long one, `n_repeat` exact repeats of
 /// earlier prompts (the last ones, so that with one request in flight D has them cached).

@@ -1,0 +1,21 @@
+// The errors a draining server answers (docs/server.md "Graceful drain", docs/router.md
+// "Shutdown"). An instance and the router use the same words, so a client sees the same body
+// whichever of the two it talks to.
+#pragma once
+
+namespace kvpush {
+
+/// Error code and message of a new completion request (and of GET /health) while a server
+/// drains: HTTP 503, type `server_error`. Nothing was done for the request; a router retries it.
+inline constexpr const char* kDrainingCode = "draining";
+inline constexpr const char* kDrainingMessage =
+    "draining: this server is shutting down and takes no new requests";
+
+/// Error code and message of a request still open when the drain timeout ran out: an SSE error
+/// event in a stream, HTTP 503 (type `server_error`) otherwise.
+inline constexpr const char* kDrainTimeoutCode = "draining_timeout";
+inline constexpr const char* kDrainTimeoutMessage =
+    "draining: this server is shutting down and the request did not finish within its drain "
+    "timeout (--drain-timeout-s)";
+
+}  // namespace kvpush

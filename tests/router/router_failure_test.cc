@@ -56,8 +56,10 @@ TEST_F(RouterTest, PushPrefillErrorBeatsASlowDecodeAndAbortsIt) {
   ASSERT_EQ(p_[0]->count(), 1u);
   EXPECT_TRUE(AbortArrives(*d_[0], TransferIdOf(*p_[0])));
   EXPECT_TRUE(p_[0]->aborts().empty()) << "P failed: nothing to abort there";
-  EXPECT_TRUE(HasMetric(
-      "kvpush_router_transfer_aborts_total{role=\"decode\",outcome=\"ok\"} 1"));
+  // The outcome is counted once D's answer to the abort reached the router: after D saw it.
+  EXPECT_TRUE(WaitFor([&] {
+    return HasMetric("kvpush_router_transfer_aborts_total{role=\"decode\",outcome=\"ok\"} 1");
+  }));
 }
 
 TEST_F(RouterTest, PushPrefillErrorBeforeDecodeOutputIsAPlainHttpErrorWhenStreamed) {

@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -29,8 +30,9 @@ namespace kvpush::pd_test {
 namespace {
 
 long ListenOverflows() {
-  auto [rc, out] = Sh("awk '/^TcpExt:/{if(!h){for(i=1;i<=NF;i++)n[i]=$i;h=1}else{for(i=1;i<=NF;i++)"
-                      "if(n[i]==\"ListenOverflows\")print $i}}' /proc/net/netstat");
+  auto [rc, out] =
+      Sh("awk '/^TcpExt:/{if(!h){for(i=1;i<=NF;i++)n[i]=$i;h=1}else{for(i=1;i<=NF;i++)"
+         "if(n[i]==\"ListenOverflows\")print $i}}' /proc/net/netstat");
   return rc == 0 && !out.empty() ? std::stol(out) : -1;
 }
 
@@ -82,8 +84,8 @@ class PdE2E : public PdFixture {
     int pr = Port();
     c->router = Spawn("router",
                       {"router", "--prefill", c->p->url(), "--decode", c->d->url(), "--mode",
-                       "push", "--pull-profile", "vllm", "--host", h, "--port",
-                       std::to_string(pr), "--health-interval-ms", "500"},
+                       "push", "--pull-profile", "vllm", "--host", h, "--port", std::to_string(pr),
+                       "--health-interval-ms", "500"},
                       h, pr);
     ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({c->router}));
     c->model_label = label;
@@ -93,8 +95,8 @@ class PdE2E : public PdFixture {
   /// Polls /metrics until no block is used and no request waits for KV (5 s).
 
   void RunPhase(const Cluster& c, const Phase& ph) {
-    std::vector<Req> reqs = MakePrompts(c.vocab, ph.prompt_seed, ph.n_short, ph.n_long,
-                                        ph.n_prefix, ph.n_repeat, ph.max_tokens);
+    std::vector<Req> reqs = MakePrompts(c.vocab, ph.prompt_seed, ph.n_short, ph.n_long, ph.n_prefix,
+                                        ph.n_repeat, ph.max_tokens);
     for (size_t i = 0; i < reqs.size(); ++i) reqs[i].seeded = ph.seeded;
     const std::string what = "[" + c.model_label + " mode=" + ph.mode +
                              (ph.seeded ? " seeded(T=0.8,top_p=0.95)" : " greedy") +
@@ -115,8 +117,8 @@ class PdE2E : public PdFixture {
     const double p_sent0 = Metric(c.p->host, c.p->port, kReadySent);
 
     const auto t1 = Clock::now();
-    std::vector<Res> got = SendAll(c.router->host, c.router->port, reqs, ph.concurrency,
-                                   {{"x-kvpush-mode", ph.mode}});
+    std::vector<Res> got =
+        SendAll(c.router->host, c.router->port, reqs, ph.concurrency, {{"x-kvpush-mode", ph.mode}});
     const double t_pd = SecondsSince(t1);
     const long overflows = ListenOverflows() - overflows0;
     std::printf("%s %zu requests: colocated %.2f s, router+P+D %.2f s, listen overflows +%ld\n",
@@ -131,8 +133,8 @@ class PdE2E : public PdFixture {
           overflows > 0 ? " (TcpExtListenOverflows rose by " + std::to_string(overflows) +
                               " during the phase: an accept queue overflowed)"
                         : "";
-      ASSERT_EQ(ref[i].status, 200) << who << ": colocated failed: " << ref[i].error << " "
-                                    << ref[i].raw << overflow_note;
+      ASSERT_EQ(ref[i].status, 200)
+          << who << ": colocated failed: " << ref[i].error << " " << ref[i].raw << overflow_note;
       ASSERT_EQ(ref[i].ids.size(), static_cast<size_t>(reqs[i].max_tokens))
           << who << ": colocated token count";
       EXPECT_EQ(got[i].status, 200) << who << ": router answered " << got[i].status << " "
@@ -174,9 +176,8 @@ class PdE2E : public PdFixture {
       EXPECT_EQ(reads, 0) << what << ": push phase did pull READs";
     } else {
       EXPECT_GT(reads, 0) << what << ": D did no pull READ";
-      EXPECT_EQ(reads + nn, n) << what << ": every pull request READs or is a full hit ("
-                               << kReads << " +" << reads << ", " << kNotNeeded << " +" << nn
-                               << ")";
+      EXPECT_EQ(reads + nn, n) << what << ": every pull request READs or is a full hit (" << kReads
+                               << " +" << reads << ", " << kNotNeeded << " +" << nn << ")";
       EXPECT_EQ(ready, 0) << what << ": pull phase received KV_READY";
     }
   }
@@ -201,6 +202,26 @@ std::vector<Phase> FullMatrix() {
     }
   }
   return out;
+}
+
+// The fixture's crash check (PdFixture::TearDown) finds a report wherever it is in a log and
+// nothing in a clean one.
+TEST(PdFixtureCheck, CrashReportFindsSanitizerReportsOnly) {
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("kvpush-crash-" + std::to_string(getpid())))
+          .string();
+  std::ofstream(path) << "kvpush serve: listening\nrequest aborted: client went away\n";
+  EXPECT_EQ(CrashReport(path), "");
+  std::ofstream(path, std::ios::app)
+      << "==1==ERROR: AddressSanitizer: heap-use-after-free\n    #0 0x1 in f\n";
+  EXPECT_EQ(CrashReport(path),
+            "==1==ERROR: AddressSanitizer: heap-use-after-free\n    #0 0x1 in f\n");
+  std::ofstream(path) << "x\nWARNING: ThreadSanitizer: data race (pid=1)\n";
+  EXPECT_NE(CrashReport(path).find("data race"), std::string::npos);
+  std::ofstream(path) << "a.cc:3:5: runtime error: signed integer overflow\n";
+  EXPECT_NE(CrashReport(path), "");
+  std::filesystem::remove(path);
+  EXPECT_EQ(CrashReport(path), "");  // no file
 }
 
 TEST_F(PdE2E, Stories260KUcxTcpRouterBitIdentical) {
@@ -346,9 +367,9 @@ INSTANTIATE_TEST_SUITE_P(Archs, PdArchE2E, ::testing::Values("qwen3", "llama3"),
 // colocated == push == pull token for token, every received block verified, pools back to idle.
 TEST_F(PdE2E, SimQwen3RouterBitIdentical) {
   Cluster c;
-  ASSERT_NO_FATAL_FAILURE(StartLoopback("", "sim qwen3-32b@h200", 151936, "ucx:tcp", &c,
-                                        {"--executor", "sim", "--sim-model", "qwen3-32b",
-                                         "--sim-hw", "h200"}));
+  ASSERT_NO_FATAL_FAILURE(
+      StartLoopback("", "sim qwen3-32b@h200", 151936, "ucx:tcp", &c,
+                    {"--executor", "sim", "--sim-model", "qwen3-32b", "--sim-hw", "h200"}));
   uint32_t seed = 400;
   for (const char* mode : {"push", "pull-vllm", "pull-fast"}) {
     for (bool seeded : {false, true}) {
@@ -383,13 +404,14 @@ TEST_F(PdE2E, NetnsRouterPrefillDecodeUcxTcp) {
   const std::string cfg = KvCfg("ucx:tcp", x);
   const std::vector<std::string> chunked = {"--max-num-batched-tokens", "32"};
   auto in_ns = [&](size_t i) {
-    return std::vector<std::string>{"netns", "exec", netns_.ns(i), "/usr/bin/env",
-                                    "UCX_NET_DEVICES=" + netns_.dev(i), KvpushBin()};
+    return std::vector<std::string>{
+        "netns",    "exec", netns_.ns(i), "/usr/bin/env", "UCX_NET_DEVICES=" + netns_.dev(i),
+        KvpushBin()};
   };
   Cluster c;
   const int pc = Port(), pp = Port(), pd = Port(), pr = Port();
-  c.colo = Spawn("colocated", ServeArgs(model, "both", "127.0.0.1", pc, "", chunked),
-                 "127.0.0.1", pc);
+  c.colo =
+      Spawn("colocated", ServeArgs(model, "both", "127.0.0.1", pc, "", chunked), "127.0.0.1", pc);
   std::vector<std::string> pargs = ServeArgs(model, "prefill", netns_.ip(0), pp, cfg, chunked);
   pargs.push_back("--advertise-host");
   pargs.push_back(netns_.ip(0));
@@ -431,7 +453,6 @@ json PushDParams(const std::string& tid, const Proc& p) {
           {"transfer_id", tid},        {"remote_host", p.host},     {"remote_port", p.port}};
 }
 
-
 /// P is SIGKILLed while D waits for its KV (push: D's PUSH_TARGET is held by P, no P leg sent;
 /// pull: P answered, then died before D's READ). recompute -> colocated tokens; fail -> an error,
 /// never a 200 with tokens.
@@ -455,8 +476,8 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
   std::vector<Proc*> ps;
   for (int i = 0; i < 4; ++i) {
     const int port = Port();
-    ps.push_back(Spawn("prefill-" + std::to_string(i), ServeArgs(model, "prefill", h, port, pcfg),
-                       h, port));
+    ps.push_back(
+        Spawn("prefill-" + std::to_string(i), ServeArgs(model, "prefill", h, port, pcfg), h, port));
   }
   std::vector<Proc*> all = {colo, d_rec, d_fail};
   all.insert(all.end(), ps.begin(), ps.end());
@@ -477,8 +498,8 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
     const double waiting0 = Metric(d->host, d->port, kWaitingForKv);
     Res out;
     std::thread t([&] { out = Send(d->host, d->port, r, {}, &extra, 60.0); });
-    const bool waiting = WaitFor(
-        [&] { return Metric(d->host, d->port, kWaitingForKv) > waiting0; }, 10000);
+    const bool waiting =
+        WaitFor([&] { return Metric(d->host, d->port, kWaitingForKv) > waiting0; }, 10000);
     EXPECT_TRUE(waiting) << d->name << " never waited for KV";
     kill_p(p);
     const auto t0 = Clock::now();
@@ -492,9 +513,10 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
   {
     Res out = push_case(d_rec, ps[0], prompts[0]);
     EXPECT_EQ(out.status, 200) << "push, P killed, policy recompute: " << out.error << out.raw;
-    EXPECT_EQ(out.ids, ref[0].ids) << "push, P killed, policy recompute: tokens differ from "
-                                      "colocated\n  colocated: "
-                                   << IdsToString(ref[0].ids) << "\n  got: " << IdsToString(out.ids);
+    EXPECT_EQ(out.ids, ref[0].ids)
+        << "push, P killed, policy recompute: tokens differ from "
+           "colocated\n  colocated: "
+        << IdsToString(ref[0].ids) << "\n  got: " << IdsToString(out.ids);
     ExpectIdle(d_rec, true, "push, P killed, recompute");
   }
   // (2) fail, not streamed: an HTTP error.
@@ -531,8 +553,9 @@ TEST_F(PdE2E, FaultPrefillKilledWhileDecodeWaits) {
       json extra = {{"kv_transfer_params", pj["kv_transfer_params"]}, {"pull_profile", "fast"}};
       const auto t0 = Clock::now();
       Res out = Send(d_rec->host, d_rec->port, prompts[k], {}, &extra, 60.0);
-      const std::string who = k == 3 ? "pull warm-up" : "pull, P killed after answering, "
-                                                        "policy recompute";
+      const std::string who = k == 3 ? "pull warm-up"
+                                     : "pull, P killed after answering, "
+                                       "policy recompute";
       std::printf("%s: %.2f s\n", who.c_str(), SecondsSince(t0));
       if (k == 3) {
         EXPECT_EQ(out.status, 200) << who << ": " << out.raw;
@@ -588,20 +611,37 @@ TEST_F(PdE2E, FaultMalformedTransferParams) {
   json bad_count = pull_ok;
   bad_count["num_prompt_tokens"] = 3;
   const std::vector<Case> cases = {
-      {"D push, transfer_id not 32 hex", d,
-       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", "xyz"},
-        {"remote_host", h}, {"remote_port", p->port}}, {400}},
-      {"D push, remote_port with nothing listening", d,
-       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()},
-        {"remote_host", h}, {"remote_port", nothing}}, {400, 502, 503}},
-      {"D push, remote_port out of range", d,
-       {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", NewTransferId()},
-        {"remote_host", h}, {"remote_port", 70000}}, {400, 502}},
+      {"D push, transfer_id not 32 hex",
+       d,
+       {{"do_remote_prefill", true},
+        {"transfer_mode", "push"},
+        {"transfer_id", "xyz"},
+        {"remote_host", h},
+        {"remote_port", p->port}},
+       {400}},
+      {"D push, remote_port with nothing listening",
+       d,
+       {{"do_remote_prefill", true},
+        {"transfer_mode", "push"},
+        {"transfer_id", NewTransferId()},
+        {"remote_host", h},
+        {"remote_port", nothing}},
+       {400, 502, 503}},
+      {"D push, remote_port out of range",
+       d,
+       {{"do_remote_prefill", true},
+        {"transfer_mode", "push"},
+        {"transfer_id", NewTransferId()},
+        {"remote_host", h},
+        {"remote_port", 70000}},
+       {400, 502}},
       {"D pull, wrong prompt_hash", d, bad_hash, {400}},
       {"D pull, remote block id out of range", d, bad_blocks, {400}},
       {"D pull, wrong num_prompt_tokens", d, bad_count, {400}},
-      {"P leg, transfer_id not 32 hex", p,
-       {{"do_remote_decode", true}, {"transfer_mode", "push"}, {"transfer_id", "ABC"}}, {400}},
+      {"P leg, transfer_id not 32 hex",
+       p,
+       {{"do_remote_decode", true}, {"transfer_mode", "push"}, {"transfer_id", "ABC"}},
+       {400}},
       {"D leg sent to P", p, pull_ok, {400, 502}},
   };
   for (const Case& c : cases) {

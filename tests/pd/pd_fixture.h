@@ -56,8 +56,10 @@ inline json PLegBody(const Req& r, const std::string& mode, const std::string& t
   json b = r.Body();
   b["max_tokens"] = 1;
   b["stream"] = false;
-  b["kv_transfer_params"] = {{"do_remote_decode", true}, {"do_remote_prefill", false},
-                             {"transfer_mode", mode}, {"transfer_id", tid}};
+  b["kv_transfer_params"] = {{"do_remote_decode", true},
+                             {"do_remote_prefill", false},
+                             {"transfer_mode", mode},
+                             {"transfer_id", tid}};
   return b;
 }
 
@@ -73,6 +75,12 @@ class PdFixture : public ::testing::Test {
     // Stop in reverse start order (router before instances), then remove namespaces.
     for (auto it = procs_.rbegin(); it != procs_.rend(); ++it) (*it)->child.Stop(3000);
     netns_.Destroy();
+    // A child's sanitizer report (ASan/UBSan/LSan/TSan builds) or abort fails the test even when
+    // every answer was right: it may come at exit, after the last request.
+    for (const auto& p : procs_) {
+      const std::string report = CrashReport(p->log);
+      if (!report.empty()) ADD_FAILURE() << p->name << " logged a crash report:\n" << report;
+    }
     if (HasFailure()) {
       for (const auto& p : procs_) {
         std::printf("---- %s (%s) log tail: %s\n%s", p->name.c_str(), p->url().c_str(),
@@ -122,9 +130,19 @@ class PdFixture : public ::testing::Test {
                                             const std::string& host, int port,
                                             const std::string& kv_cfg,
                                             const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> a = {"serve",  "--model", model, "--role", role, "--host", host,
-                                  "--port", std::to_string(port), "--num-kv-blocks", "1024",
-                                  "--log-level", "info"};
+    std::vector<std::string> a = {"serve",
+                                  "--model",
+                                  model,
+                                  "--role",
+                                  role,
+                                  "--host",
+                                  host,
+                                  "--port",
+                                  std::to_string(port),
+                                  "--num-kv-blocks",
+                                  "1024",
+                                  "--log-level",
+                                  "info"};
     if (!kv_cfg.empty()) {
       a.push_back("--kv-transfer-config");
       a.push_back(kv_cfg);
@@ -150,8 +168,8 @@ class PdFixture : public ::testing::Test {
           return used == 0 && waiting == 0;
         },
         5000);
-    EXPECT_TRUE(ok) << what << ": " << p->name << " still has " << kBlocksUsed << "=" << used
-                    << " " << kWaitingForKv << "=" << waiting << " 5 s after the phase";
+    EXPECT_TRUE(ok) << what << ": " << p->name << " still has " << kBlocksUsed << "=" << used << " "
+                    << kWaitingForKv << "=" << waiting << " 5 s after the phase";
   }
 
   /// Runs one phase: the prompt set on the colocated instance, then through the router with the
@@ -163,7 +181,8 @@ class PdFixture : public ::testing::Test {
     const std::string out = dir_ + "/" + name + ".gguf";
     auto [rc, text] = Sh(KvpushBin() +
                          " gen-model --dim 128 --layers 4 --heads 4 --kv-heads 2 --hidden-dim 256"
-                         " --vocab 512 --context 512 --seed 7 " + extra + " --out " + out);
+                         " --vocab 512 --context 512 --seed 7 " +
+                         extra + " --out " + out);
     EXPECT_EQ(rc, 0) << text;
     return rc == 0 ? out : "";
   }

@@ -219,6 +219,25 @@ std::string NewTransferId() {
   return buf;
 }
 
+std::string CrashReport(const std::string& path) {
+  static const char* const kMarkers[] = {
+      "AddressSanitizer", "UndefinedBehaviorSanitizer", "LeakSanitizer", "ThreadSanitizer",
+      "runtime error:",   "terminate called",           "Assertion `"};
+  std::ifstream in(path);
+  std::string line, report;
+  int kept = 0;
+  while (std::getline(in, line) && kept < 40) {
+    if (kept == 0) {
+      bool hit = false;
+      for (const char* m : kMarkers) hit = hit || line.find(m) != std::string::npos;
+      if (!hit) continue;
+    }
+    report += line + "\n";
+    ++kept;
+  }
+  return report;
+}
+
 std::string Tail(const std::string& path, int lines) {
   std::ifstream in(path);
   std::deque<std::string> last;

@@ -88,6 +88,12 @@ std::string NewTransferId();
 /// Last `lines` lines of a file.
 std::string Tail(const std::string& path, int lines);
 
+/// The first sanitizer report, uncaught-exception abort or failed assertion in the log file at
+/// `path` (from its first line, up to 40 lines); empty when there is none or no such file. The
+/// markers are those of the chaos harness (tests/pylib/kvpush_harness.py CRASH_PATTERNS) that
+/// cannot occur in a healthy kvpush log.
+std::string CrashReport(const std::string& path);
+
 /// Runs a command line through /bin/sh; returns its exit status and output.
 std::pair<int, std::string> Sh(const std::string& cmd);
 

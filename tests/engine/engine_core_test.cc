@@ -17,6 +17,17 @@ std::unique_ptr<EngineCore> MakeCore(const EngineConfig& c, FakeTokenizer& tok,
   return std::move(r).value();
 }
 
+/// A load of `seq_id` given up while P's WRITEs may still land: failed (no CANCEL_ACK), to be
+/// recomputed, its blocks quarantined (KvLoadResult::quarantined).
+KvLoadResult QuarantinedRecomputeLoad(int64_t seq_id) {
+  KvLoadResult r;
+  r.seq_id = seq_id;
+  r.status = DeadlineExceeded("no CANCEL_ACK");
+  r.recompute = true;
+  r.quarantined = true;
+  return r;
+}
+
 TEST(EngineCoreTest, GreedyMatchesReferenceModel) {
   FakeTokenizer tok;
   auto core = MakeCore(FakeConfig(64, 4, 512), tok);
@@ -470,14 +481,12 @@ TEST(EngineCoreTest, AsyncKvLoadResumesWithTheConnectorsFirstToken) {
   // Built in place: GCC 12's -Wmaybe-uninitialized (under -fsanitize=address) misreads a copy of
   // a KvLoadResult whose optional was assigned after construction.
   conn.loads.push_back(KvLoadResult{7, Status::Ok(), false, TokenOutput{expected[0], 0.0f, {}}});
-  std::vector<int32_t> got;
+  Collected got;
   for (int i = 0; i < 10 && core->HasWork(); ++i) {
     core->Step();
-    for (auto& o : ch->TakeAll()) {
-      for (auto& t : o.tokens) got.push_back(t.id);
-    }
+    for (const auto& o : ch->TakeAll()) Accumulate(got, o);
   }
-  EXPECT_EQ(got, expected);
+  EXPECT_EQ(got.tokens, expected);
   EXPECT_EQ(core->stats().kv_loads, 1);
   ExpectNoLeak(*core);
 }
@@ -498,22 +507,18 @@ TEST(EngineCoreTest, FailedAsyncKvLoadIsRecomputedOrFailed) {
     r.status = PeerGone("prefill instance went away");
     r.recompute = recompute;
     conn.loads.push_back(r);
-    std::vector<int32_t> got;
-    RequestOutput last;
+    Collected got;
     for (int i = 0; i < 20 && core->HasWork(); ++i) {
       core->Step();
-      for (auto& o : ch->TakeAll()) {
-        for (auto& t : o.tokens) got.push_back(t.id);
-        last = o;
-      }
+      for (const auto& o : ch->TakeAll()) Accumulate(got, o);
     }
     if (recompute) {
-      EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+      EXPECT_EQ(got.tokens, FakeGreedy(prompt, 4, 64));
       EXPECT_EQ(core->stats().kv_load_recomputes, 1);
     } else {
-      EXPECT_TRUE(got.empty());
-      EXPECT_EQ(last.finish_reason, FinishReason::kError);
-      EXPECT_EQ(last.error.code(), StatusCode::kPeerGone);
+      EXPECT_TRUE(got.tokens.empty());
+      EXPECT_EQ(got.finish, FinishReason::kError);
+      EXPECT_EQ(got.error.code(), StatusCode::kPeerGone);
     }
     ExpectNoLeak(*core);
   }
@@ -544,14 +549,9 @@ TEST(EngineCoreTest, QuarantinedLoadRecomputesInFreshBlocksAndHoldsTheOldOnes) {
     const std::vector<BlockId> announced(conn.blocks.begin() + static_cast<long>(local_blocks),
                                          conn.blocks.end());
     ASSERT_FALSE(announced.empty());
-    KvLoadResult r;
-    r.seq_id = 2;
-    r.status = DeadlineExceeded("no CANCEL_ACK");
-    r.recompute = true;
-    r.quarantined = true;
-    conn.loads.push_back(r);
-    std::vector<int32_t> got;
-    for (int i = 0; i < 20 && got.size() < 4; ++i) {
+    conn.loads.push_back(QuarantinedRecomputeLoad(2));
+    Collected got;
+    for (int i = 0; i < 20 && got.tokens.size() < 4; ++i) {
       KvCache& kv = core->kv_cache();
       for (BlockId b : announced) {  // late WRITEs landing in the quarantined blocks
         for (int32_t layer = 0; layer < kv.layout().num_layers; ++layer) {
@@ -562,11 +562,9 @@ TEST(EngineCoreTest, QuarantinedLoadRecomputesInFreshBlocksAndHoldsTheOldOnes) {
         }
       }
       core->Step();
-      for (auto& o : ch->TakeAll()) {
-        for (auto& t : o.tokens) got.push_back(t.id);
-      }
+      for (const auto& o : ch->TakeAll()) Accumulate(got, o);
     }
-    EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+    EXPECT_EQ(got.tokens, FakeGreedy(prompt, 4, 64));
     EXPECT_EQ(core->stats().kv_load_quarantines, 1);
     EXPECT_EQ(core->stats().kv_load_recomputes, 1);
     // The request is done; its quarantined blocks are still held (used, not cached).
@@ -596,21 +594,14 @@ TEST(EngineCoreTest, QuarantineEndReportedWithItsLoadInOnePollReleasesTheBlocks)
   core->AddRequest(2, MakeRequest(prompt, 4), ch, NowNs());
   core->Step();
   ASSERT_EQ(core->stats().num_waiting_for_kv, 1);
-  KvLoadResult r;
-  r.seq_id = 2;
-  r.status = DeadlineExceeded("no CANCEL_ACK");
-  r.recompute = true;
-  r.quarantined = true;
-  conn.loads.push_back(r);
+  conn.loads.push_back(QuarantinedRecomputeLoad(2));
   conn.release = {2};  // the quarantine already ended by the next poll
-  std::vector<int32_t> got;
-  for (int i = 0; i < 20 && got.size() < 4; ++i) {
+  Collected got;
+  for (int i = 0; i < 20 && got.tokens.size() < 4; ++i) {
     core->Step();
-    for (auto& o : ch->TakeAll()) {
-      for (auto& t : o.tokens) got.push_back(t.id);
-    }
+    for (const auto& o : ch->TakeAll()) Accumulate(got, o);
   }
-  EXPECT_EQ(got, FakeGreedy(prompt, 4, 64));
+  EXPECT_EQ(got.tokens, FakeGreedy(prompt, 4, 64));
   EXPECT_EQ(core->stats().kv_load_quarantines, 1);
   EXPECT_EQ(core->block_pool().stats().num_used, held_by_1);  // only request 1's, still held
   conn.release = {1};

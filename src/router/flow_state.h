@@ -44,6 +44,9 @@ inline Reply ErrorReply(int status, const std::string& message, const std::strin
   return Reply{status, ErrorJson(message, type, code, param), "application/json"};
 }
 
+/// The 503 a request still in flight gets when the router stops it (Router::StopErrorJson).
+Reply StopReply(const Router& router);
+
 /// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
 /// a streamed answer's provider. `mu` guards `stage`, `prefill_settled`, `prefill_failure`,
 /// `prefill_done` and `prompt_echo`: whichever comes first of "P's leg failed" and "the handler

@@ -133,7 +133,7 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
       if (!queued) r.EndBackground();
     }
     if (!queued) {
-      Reply{503, r.StopErrorJson(), "application/json"}.WriteTo((*parts)[i].res);
+      StopReply(r).WriteTo((*parts)[i].res);
       latch->Done();
     }
   }

@@ -37,8 +37,8 @@ Reply Forwarded(const LegResult& r) {
 }
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
-/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; 503 with
-/// Router::StopErrorJson when the router stopped it; 502 `<role>_unreachable` otherwise.
+/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; StopReply when the
+/// router stopped it; 502 `<role>_unreachable` otherwise.
 Reply LegFailureReply(const Router& router, Role role, const InstanceAddress& addr,
                       const LegResult& r) {
   const std::string role_name = RoleName(role);
@@ -50,7 +50,7 @@ Reply LegFailureReply(const Router& router, Role role, const InstanceAddress& ad
                           ")",
                       "server_error", role_name + "_unhealthy");
   }
-  if (r.stopped) return Reply{503, router.StopErrorJson(), "application/json"};
+  if (r.stopped) return StopReply(router);
   return ErrorReply(502, role_name + " instance " + addr.url + " unreachable: " + r.error,
                     "server_error", role_name + "_unreachable");
 }
@@ -86,6 +86,10 @@ bool IsDroppedPrefillAnswer(const LegResult& r) {
 
 /// The same failure as one SSE event, for a stream whose 200 was already sent: the body when it
 /// is an OpenAI error object, else an error quoting the status.
+Reply StopReply(const Router& router) {
+  return Reply{503, router.StopErrorJson(), "application/json"};
+}
+
 std::string Reply::AsSseEvent() const {
   const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_object() && j.contains("error")) {
@@ -208,7 +212,7 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
     if (!StartPushPrefill(t, std::move(*p_lease),
                           MakePrefillBody(body, tm, t->transfer_id).dump())) {
       r.CountRequest(tm, false);
-      return Reply{503, r.StopErrorJson(), "application/json"}.WriteTo(res);
+      return StopReply(r).WriteTo(res);
     }
     d_body = MakeDecodePushBody(body, t->transfer_id, t->p_addr);
     if (t->echo_logprobs) d_body["echo"] = false;

@@ -1,8 +1,10 @@
 // kvpush demo: the main job. Starts a router, one prefill and one decode instance (and a colocated
-// instance as the reference) on loopback as child processes, sends a handful of prompts in push
-// mode and in pull mode (vLLM default and fast options), prints the generated text, a table of
-// TTFT / TPOT / end-to-end latency and the handoff time per mode, checks that every mode produced
-// the colocated tokens, and shuts everything down.
+// instance as the reference) on loopback as child processes, warms every mode up, then sends the
+// same prompts in push mode and in pull mode (vLLM default and fast options) for several rounds,
+// modes interleaved prompt by prompt in rotating order, prints the generated text, a table of
+// TTFT / TPOT / end-to-end latency, the handoff overhead H per mode (p50 and p99) with the
+// transfer counters behind it, checks that every mode produced the colocated tokens, and shuts
+// everything down.
 //
 // Model: --model, else ../shared/models/stories260K.gguf (looked up beside the checkout), else a
 // small random-weight model generated with `kvpush gen-model` into the log folder (its text is
@@ -10,9 +12,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -31,19 +36,32 @@ struct DemoOptions {
   std::string model;
   std::string backend = "ucx:tcp";
   int max_tokens = 48;
+  int rounds = 5;
   std::string log_dir;
 };
 
+// Every prompt is longer than one KV block (16 tokens) so that every P/D request moves KV: a
+// prompt that fits in one block is a full prefix hit for the decode instance, which then computes
+// it itself and moves nothing (push: NOT_NEEDED drops P's prefill; pull: D recomputes the one
+// block), so it would measure no handoff.
 const std::vector<std::string>& DemoPrompts() {
   static const std::vector<std::string> prompts = {
-      "Once upon a time, there was a little girl named Lily.",
-      "Tom had a big red ball.",
-      "The sun was shining and the birds were singing.",
-      "One day, a small dog found a bone in the park.",
-      "Sara and Ben went to the beach with their mom.",
-      "The old man had a magic box.",
-      "Once upon a time, in a big forest, there lived a little bear.",
-      "Mia wanted to fly like a bird.",
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "sun with her friends.",
+      "Tom had a big red ball. Every day he took it to the park and kicked it as high as he "
+      "could.",
+      "The sun was shining and the birds were singing. A little rabbit hopped out of its hole "
+      "to look around.",
+      "One day, a small dog found a bone in the park. He was very happy and ran home to show "
+      "his friend the cat.",
+      "Sara and Ben went to the beach with their mom. They built a big castle out of sand and "
+      "shells.",
+      "The old man had a magic box. When he opened it, a bright light came out and filled the "
+      "room.",
+      "Once upon a time, in a big forest, there lived a little bear. He liked to eat honey and "
+      "sleep under the trees.",
+      "Mia wanted to fly like a bird. She made wings out of paper and ran up the hill behind "
+      "her house.",
   };
   return prompts;
 }
@@ -158,192 +176,365 @@ Status StartProc(Proc& p, const std::vector<std::string>& args, const std::strin
   return Status::Ok();
 }
 
-// Median of per-prompt differences a[i] - b[i] (both TTFTs in ms, same prompt order).
-double MedianDiff(const RunStats& a, const RunStats& b) {
-  std::vector<double> d;
-  for (size_t i = 0; i < a.results.size() && i < b.results.size(); ++i) {
-    d.push_back(a.results[i].TtftMs() - b.results[i].TtftMs());
+// The P/D counters the demo reports beside H (from an instance's /metrics; absent ones are 0).
+struct ConnectorCounters {
+  double push_targets = 0, writes = 0, kv_ready = 0, kv_ready_on_write = 0, push_tail_s = 0,
+         push_tail_n = 0, reads = 0, read_s = 0, read_n = 0, recomputes = 0, not_needed = 0;
+  ConnectorCounters operator-(const ConnectorCounters& o) const {
+    return {push_targets - o.push_targets, writes - o.writes,
+            kv_ready - o.kv_ready,         kv_ready_on_write - o.kv_ready_on_write,
+            push_tail_s - o.push_tail_s,   push_tail_n - o.push_tail_n,
+            reads - o.reads,               read_s - o.read_s,
+            read_n - o.read_n,             recomputes - o.recomputes,
+            not_needed - o.not_needed};
   }
-  return Percentile(d, 0.5);
+};
+
+// The value of the unlabelled sample `name` in a Prometheus text body, or 0.
+double MetricValue(const std::string& body, const std::string& name) {
+  size_t pos = 0;
+  while ((pos = body.find(name, pos)) != std::string::npos) {
+    const bool line_start = pos == 0 || body[pos - 1] == '\n';
+    const size_t after = pos + name.size();
+    if (line_start && after < body.size() && (body[after] == ' ' || body[after] == '{')) {
+      const size_t value = body.find(' ', after);
+      if (value != std::string::npos) return std::strtod(body.c_str() + value + 1, nullptr);
+    }
+    pos = after;
+  }
+  return 0.0;
 }
 
-int RunDemo(const DemoOptions& opt) {
+ConnectorCounters ReadConnectorCounters(const OpenAiClient& client) {
+  ConnectorCounters c;
+  auto m = client.Get("/metrics");
+  if (!m.ok()) return c;
+  const std::string k = "kvpush_kv_transfer_";
+  c.push_targets = MetricValue(*m, k + "push_targets_sent_total") +
+                   MetricValue(*m, k + "push_targets_received_total");
+  c.writes = MetricValue(*m, k + "writes_total");
+  c.kv_ready = MetricValue(*m, k + "kv_ready_sent_total");
+  c.kv_ready_on_write = MetricValue(*m, k + "kv_ready_on_write_total");
+  c.push_tail_s = MetricValue(*m, k + "push_tail_seconds_sum");
+  c.push_tail_n = MetricValue(*m, k + "push_tail_seconds_count");
+  c.reads = MetricValue(*m, k + "reads_total");
+  c.read_s = MetricValue(*m, k + "read_seconds_sum");
+  c.read_n = MetricValue(*m, k + "read_seconds_count");
+  c.recomputes = MetricValue(*m, "kvpush_kv_load_recomputes_total");
+  c.not_needed = MetricValue(*m, k + "not_needed_total");
+  return c;
+}
+
+// What the measured rounds moved, from P's and D's counters: per push request the WRITEs and how
+// KV_READY travelled, P's push tail (engine done -> KV_READY posted) and D's pull READ time.
+void PrintTransferCounters(const ConnectorCounters& p, const ConnectorCounters& d) {
+  std::printf("\nTransfers in the measured rounds (P's and D's /metrics):\n");
+  if (p.kv_ready > 0) {
+    std::printf("  push: %.0f transfers, %.2f WRITEs each, KV_READY as the last WRITE's "
+                "notification in %.0f%%; P's tail (prefill done -> KV_READY posted) mean %.3f "
+                "ms\n",
+                p.kv_ready, p.writes / p.kv_ready, 100.0 * p.kv_ready_on_write / p.kv_ready,
+                p.push_tail_n > 0 ? 1e3 * p.push_tail_s / p.push_tail_n : 0.0);
+  }
+  if (d.read_n > 0) {
+    std::printf("  pull: %.0f READs, mean %.3f ms from post to completion (D)\n", d.read_n,
+                1e3 * d.read_s / d.read_n);
+  }
+  std::printf("  decode recomputes after a failed load: %.0f; full prefix hits (no KV moved): "
+              "%.0f\n",
+              d.recomputes, d.not_needed);
+}
+
+// The log folder: --log-dir, else a fresh temp dir. "" on failure (printed).
+std::string MakeLogDir(const DemoOptions& opt) {
   std::string log_dir = opt.log_dir;
   if (log_dir.empty()) {
     char tmpl[] = "/tmp/kvpush-demo-XXXXXX";
     if (mkdtemp(tmpl) == nullptr) {
       std::perror("mkdtemp");
-      return 1;
+      return "";
     }
     log_dir = tmpl;
   }
   fs::create_directories(log_dir);
-  std::string model = opt.model.empty() ? FindDefaultModel() : opt.model;
-  if (model.empty()) {
-    model = log_dir + "/random-llama.gguf";
-    std::printf(
-        "No model given and ../shared/models/stories260K.gguf not found: generating a small "
-        "random-weight Llama model at %s (its text is gibberish).\n",
-        model.c_str());
-    ChildProcess gen;
-    Status s = gen.Start({"gen-model", "--out", model, "--dim", "128", "--layers", "4", "--heads",
-                          "4", "--kv-heads", "2", "--hidden-dim", "344", "--vocab", "512"},
-                         log_dir + "/gen-model.log");
-    if (s.ok()) {
-      while (gen.Running()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (!s.ok() || gen.Stop() != 0 || !fs::exists(model)) {
-      std::fprintf(stderr, "demo: gen-model failed (%s); see %s/gen-model.log\n",
-                   s.ToString().c_str(), log_dir.c_str());
-      return 1;
-    }
-  } else if (!fs::exists(model)) {
-    std::fprintf(stderr, "demo: model %s does not exist\n", model.c_str());
-    return 1;
-  }
-  std::printf("kvpush demo: router + 1 prefill + 1 decode on loopback, push vs pull\n");
-  std::printf("  model:    %s\n  backend:  %s\n  logs:     %s\n", model.c_str(),
-              opt.backend.c_str(), log_dir.c_str());
+  return log_dir;
+}
 
+// The model to serve: --model, else stories260K beside the checkout, else a generated random
+// model in the log folder. "" on failure (printed).
+std::string ResolveModel(const DemoOptions& opt, const std::string& log_dir) {
+  std::string model = opt.model.empty() ? FindDefaultModel() : opt.model;
+  if (!model.empty()) {
+    if (fs::exists(model)) return model;
+    std::fprintf(stderr, "demo: model %s does not exist\n", model.c_str());
+    return "";
+  }
+  model = log_dir + "/random-llama.gguf";
+  std::printf(
+      "No model given and ../shared/models/stories260K.gguf not found: generating a small "
+      "random-weight Llama model at %s (its text is gibberish).\n",
+      model.c_str());
+  ChildProcess gen;
+  Status s = gen.Start({"gen-model", "--out", model, "--dim", "128", "--layers", "4", "--heads",
+                        "4", "--kv-heads", "2", "--hidden-dim", "344", "--vocab", "512"},
+                       log_dir + "/gen-model.log");
+  if (s.ok()) {
+    while (gen.Running()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!s.ok() || gen.Stop() != 0 || !fs::exists(model)) {
+    std::fprintf(stderr, "demo: gen-model failed (%s); see %s/gen-model.log\n",
+                 s.ToString().c_str(), log_dir.c_str());
+    return "";
+  }
+  return model;
+}
+
+// The demo's processes: a colocated reference, one prefill, one decode and a router over them.
+struct DemoCluster {
+  Proc colocated{"colocated", 0, {}};
+  Proc prefill{"prefill", 0, {}};
+  Proc decode{"decode", 0, {}};
+  Proc router{"router", 0, {}};
+};
+
+// Starts the cluster and waits until every process answers /health. False on failure (printed).
+bool StartCluster(DemoCluster& c, const DemoOptions& opt, const std::string& model,
+                  const std::string& log_dir) {
   // The prefix cache is off so that every mode moves the whole prompt's KV (the same prompts
   // are sent in every mode).
   const std::string kv_config =
       R"({"kv_connector_extra_config":{"backend":")" + opt.backend + R"("}})";
   const std::vector<std::string> serve = {"serve", "--model", model,
                                           "--no-enable-prefix-caching"};
-  Proc colocated{"colocated", 0, {}}, prefill{"prefill", 0, {}}, decode{"decode", 0, {}},
-      router{"router", 0, {}};
   auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
     a.insert(a.end(), more);
     return a;
   };
-  Status s = StartProc(colocated, with(serve, {"--role", "both"}), log_dir);
+  Status s = StartProc(c.colocated, with(serve, {"--role", "both"}), log_dir);
   if (s.ok()) {
-    s = StartProc(prefill, with(serve, {"--role", "prefill", "--kv-transfer-config", kv_config}),
-                  log_dir);
+    s = StartProc(c.prefill,
+                  with(serve, {"--role", "prefill", "--kv-transfer-config", kv_config}), log_dir);
   }
   if (s.ok()) {
-    s = StartProc(decode, with(serve, {"--role", "decode", "--kv-transfer-config", kv_config}),
+    s = StartProc(c.decode, with(serve, {"--role", "decode", "--kv-transfer-config", kv_config}),
                   log_dir);
   }
-  for (Proc* p : {&colocated, &prefill, &decode}) {
+  for (Proc* p : {&c.colocated, &c.prefill, &c.decode}) {
     if (s.ok()) s = WaitHealthy("127.0.0.1", p->port, p->child, 60000);
     if (!s.ok()) {
       std::fprintf(stderr, "demo: %s instance did not start: %s (see %s/%s.log)\n",
                    p->name.c_str(), s.ToString().c_str(), log_dir.c_str(), p->name.c_str());
-      return 1;
+      return false;
     }
   }
-  s = StartProc(router,
-                {"router", "--prefill", "http://127.0.0.1:" + std::to_string(prefill.port),
-                 "--decode", "http://127.0.0.1:" + std::to_string(decode.port), "--mode", "push"},
+  s = StartProc(c.router,
+                {"router", "--prefill", "http://127.0.0.1:" + std::to_string(c.prefill.port),
+                 "--decode", "http://127.0.0.1:" + std::to_string(c.decode.port), "--mode",
+                 "push"},
                 log_dir);
-  if (s.ok()) s = WaitHealthy("127.0.0.1", router.port, router.child, 30000);
+  if (s.ok()) s = WaitHealthy("127.0.0.1", c.router.port, c.router.child, 30000);
   if (!s.ok()) {
     std::fprintf(stderr, "demo: router did not start: %s (see %s/router.log)\n",
                  s.ToString().c_str(), log_dir.c_str());
-    return 1;
+    return false;
   }
   std::printf("  colocated http://127.0.0.1:%d   prefill http://127.0.0.1:%d   decode "
               "http://127.0.0.1:%d   router http://127.0.0.1:%d\n\n",
-              colocated.port, prefill.port, decode.port, router.port);
+              c.colocated.port, c.prefill.port, c.decode.port, c.router.port);
+  return true;
+}
 
-  OpenAiClient colo_client("127.0.0.1", colocated.port);
-  OpenAiClient router_client("127.0.0.1", router.port);
-  auto served = ServedModelName(colo_client);
-  if (!served.ok()) {
-    std::fprintf(stderr, "demo: %s\n", served.status().ToString().c_str());
-    return 1;
+// A demo mode: the colocated reference (no header) or a P/D mode through the router.
+struct DemoMode {
+  const char* name;
+  const char* header;  // x-kvpush-mode, or null for the colocated instance
+};
+constexpr DemoMode kDemoModes[] = {{"colocated", nullptr},
+                                   {"push", "push"},
+                                   {"pull (vLLM default)", "pull-vllm"},
+                                   {"pull (fast)", "pull-fast"}};
+constexpr size_t kNumModes = std::size(kDemoModes);
+
+// Sends requests in the demo's modes and gathers what they returned.
+class DemoSession {
+ public:
+  DemoSession(const DemoCluster& c, std::string model_name, int max_tokens)
+      : colo_("127.0.0.1", c.colocated.port),
+        router_("127.0.0.1", c.router.port),
+        model_name_(std::move(model_name)),
+        max_tokens_(max_tokens) {
+    for (const DemoMode& m : kDemoModes) runs_.push_back(RunStats{m.name, {}});
   }
-  const std::string model_name = *served;
-  OpenAiClient p_client("127.0.0.1", prefill.port), d_client("127.0.0.1", decode.port);
 
-  // Modes, run prompt by prompt in turn so that machine noise hits them alike.
-  struct Mode {
-    const char* name;
-    const char* header;  // x-kvpush-mode, or null for the colocated instance
-  };
-  const Mode modes[] = {{"colocated", nullptr},
-                        {"push", "push"},
-                        {"pull (vLLM default)", "pull-vllm"},
-                        {"pull (fast)", "pull-fast"}};
-  const auto& prompts = DemoPrompts();
-  std::vector<RunStats> runs;
-  for (const Mode& m : modes) runs.push_back(RunStats{m.name, {}});
-  int failures = 0;
-  std::vector<bool> same(std::size(modes), true);
-  auto stream = [&](const Mode& m, const std::string& prompt) {
-    nlohmann::json body = CompletionBody(model_name, prompt, opt.max_tokens);
+  // One streamed request in mode `k`; nullopt (counted, printed) when it failed.
+  std::optional<StreamedCompletion> Send(size_t k, const std::string& prompt,
+                                         const char* what = "") {
+    nlohmann::json body = CompletionBody(model_name_, prompt, max_tokens_);
     body["return_token_ids"] = true;
-    if (m.header == nullptr) return colo_client.Stream("/v1/completions", body);
-    return router_client.Stream("/v1/completions", body, {{"x-kvpush-mode", m.header}});
-  };
-  for (const auto& p : prompts) {
-    for (size_t k = 0; k < std::size(modes); ++k) {
-      auto r = stream(modes[k], p);
-      if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
-        ++failures;
-        std::fprintf(stderr, "%s request failed: %s\n", modes[k].name,
-                     r.ok() ? r->error.c_str() : r.status().ToString().c_str());
-        continue;
-      }
-      if (k == 1) std::printf("> %s\n%s\n\n", p.c_str(), r->text.c_str());
-      if (k > 0 && !runs[0].results.empty() &&
-          r->token_ids != runs[0].results.back().token_ids) {
-        same[k] = false;
-      }
-      runs[k].results.push_back(std::move(*r));
+    const DemoMode& m = kDemoModes[k];
+    auto r = m.header == nullptr
+                 ? OpenAiClient(colo_).Stream("/v1/completions", body)
+                 : OpenAiClient(router_).Stream("/v1/completions", body,
+                                                {{"x-kvpush-mode", m.header}});
+    if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
+      failures_.fetch_add(1);
+      std::fprintf(stderr, "%s%s request failed: %s\n", m.name, what,
+                   r.ok() ? r->error.c_str() : r.status().ToString().c_str());
+      return std::nullopt;
+    }
+    return std::move(*r);
+  }
+
+  // Warm-up (not measured): every prompt once in every mode, so that connections, handshakes,
+  // first-touched pages and the instances' code paths are warm for every mode alike.
+  void WarmUp(const std::vector<std::string>& prompts) {
+    for (const auto& p : prompts) {
+      for (size_t k = 0; k < kNumModes; ++k) (void)Send(k, p, " warm-up");
     }
   }
-  // All prompts at once, push and pull (vLLM default), through the router.
-  for (size_t k : {size_t{1}, size_t{2}}) {
-    RunStats conc{std::string(modes[k].name) + ", " + std::to_string(prompts.size()) + " at once",
+
+  // `rounds` rounds over `prompts`, one request at a time, every prompt in every mode in
+  // rotating order. Records H = TTFT(mode) - TTFT(colocated) of the same prompt and round, and
+  // whether the tokens equal colocated's; prints each prompt's push text once.
+  void MeasureInterleaved(const std::vector<std::string>& prompts, int rounds) {
+    prompt_tokens_.assign(prompts.size(), -1);
+    for (int round = 0; round < rounds; ++round) {
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<std::optional<StreamedCompletion>> got(kNumModes);
+        for (size_t j = 0; j < kNumModes; ++j) {
+          const size_t k = (j + i + static_cast<size_t>(round)) % kNumModes;
+          got[k] = Send(k, prompts[i]);
+        }
+        if (round == 0 && got[1]) {
+          prompt_tokens_[i] = got[1]->prompt_tokens;
+          std::printf("> %s\n%s\n\n", prompts[i].c_str(), got[1]->text.c_str());
+        }
+        Record(got);
+      }
+    }
+  }
+
+  // Every prompt at once in mode `k`; adds a run named after it.
+  void Concurrent(size_t k, const std::vector<std::string>& prompts) {
+    RunStats conc{std::string(kDemoModes[k].name) + ", " + std::to_string(prompts.size()) +
+                      " at once",
                   {}};
     std::mutex mu;
     std::vector<std::thread> threads;
     threads.reserve(prompts.size());
     for (const auto& p : prompts) {
       threads.emplace_back([&, p] {
-        auto r = stream(modes[k], p);
+        auto r = Send(k, p, " (concurrent)");
         std::lock_guard<std::mutex> lock(mu);
-        if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
-          ++failures;
-          return;
-        }
-        conc.results.push_back(std::move(*r));
+        if (r) conc.results.push_back(std::move(*r));
       });
     }
     for (auto& t : threads) t.join();
-    runs.push_back(std::move(conc));
+    runs_.push_back(std::move(conc));
   }
 
-  if (failures > 0 && runs[1].results.empty()) {
-    std::fprintf(stderr, "demo: every push request failed; see the errors above and %s\n",
-                 log_dir.c_str());
-    return 1;
+  void PrintH() const {
+    std::printf("\nHandoff overhead H = TTFT(mode) - TTFT(colocated) of the same prompt in the "
+                "same round:\n");
+    for (size_t k = 1; k < kNumModes; ++k) {
+      std::printf("  %-20s H p50 = %6.2f ms  p90 = %6.2f ms  p99 = %6.2f ms  (%zu)  tokens "
+                  "identical to colocated: %s\n",
+                  kDemoModes[k].name, Percentile(h_[k], 0.5), Percentile(h_[k], 0.9),
+                  Percentile(h_[k], 0.99), h_[k].size(), same_[k] ? "yes" : "NO");
+    }
   }
-  PrintTable(runs);
-  std::printf("\nHandoff overhead H = TTFT(mode) - TTFT(colocated), median over the same prompts:\n");
-  for (size_t k = 1; k < std::size(modes); ++k) {
-    std::printf("  %-22s H = %7.2f ms   tokens identical to colocated: %s\n", modes[k].name,
-                MedianDiff(runs[k], runs[0]), same[k] ? "yes" : "NO");
+
+  const std::vector<RunStats>& runs() const { return runs_; }
+  const std::vector<int64_t>& prompt_tokens() const { return prompt_tokens_; }
+  int failures() const { return failures_.load(); }
+  bool identical() const {
+    return std::all_of(same_.begin() + 1, same_.end(), [](bool b) { return b; });
   }
-  std::printf("\n");
-  PrintKvGauges(p_client, "on prefill at end");
-  PrintKvGauges(d_client, "on decode at end ");
+
+ private:
+  void Record(std::vector<std::optional<StreamedCompletion>>& got) {
+    for (size_t k = 0; k < kNumModes; ++k) {
+      if (!got[k]) continue;
+      if (k > 0 && got[0]) {
+        if (got[k]->token_ids != got[0]->token_ids) same_[k] = false;
+        h_[k].push_back(got[k]->TtftMs() - got[0]->TtftMs());
+      }
+      runs_[k].results.push_back(std::move(*got[k]));
+    }
+  }
+
+  const OpenAiClient colo_;
+  const OpenAiClient router_;
+  const std::string model_name_;
+  const int max_tokens_;
+  std::vector<RunStats> runs_;
+  std::vector<std::vector<double>> h_ = std::vector<std::vector<double>>(kNumModes);
+  std::vector<bool> same_ = std::vector<bool>(kNumModes, true);
+  std::vector<int64_t> prompt_tokens_;
+  std::atomic<int> failures_{0};
+};
+
+// Stops every process; true when all exited cleanly.
+bool StopCluster(DemoCluster& c) {
   bool clean = true;
-  for (Proc* p : {&router, &decode, &prefill, &colocated}) {
+  for (Proc* p : {&c.router, &c.decode, &c.prefill, &c.colocated}) {
     const int st = p->child.Stop();
     clean = clean && WIFEXITED(st) && WEXITSTATUS(st) == 0;
   }
   std::printf("all instances stopped (%s)\n", clean ? "clean exit" : "killed or failed");
-  bool identical = true;
-  for (size_t k = 1; k < std::size(modes); ++k) identical = identical && same[k];
-  if (failures > 0) {
-    std::fprintf(stderr, "demo: %d request(s) failed\n", failures);
+  return clean;
+}
+
+int RunDemo(const DemoOptions& opt) {
+  const std::string log_dir = MakeLogDir(opt);
+  if (log_dir.empty()) return 1;
+  const std::string model = ResolveModel(opt, log_dir);
+  if (model.empty()) return 1;
+  std::printf("kvpush demo: router + 1 prefill + 1 decode on loopback, push vs pull\n");
+  std::printf("  model:    %s\n  backend:  %s\n  logs:     %s\n", model.c_str(),
+              opt.backend.c_str(), log_dir.c_str());
+  DemoCluster cluster;
+  if (!StartCluster(cluster, opt, model, log_dir)) return 1;
+  OpenAiClient p_client("127.0.0.1", cluster.prefill.port);
+  OpenAiClient d_client("127.0.0.1", cluster.decode.port);
+  auto served = ServedModelName(OpenAiClient("127.0.0.1", cluster.colocated.port));
+  if (!served.ok()) {
+    std::fprintf(stderr, "demo: %s\n", served.status().ToString().c_str());
     return 1;
   }
-  if (!identical) {
+  DemoSession session(cluster, *served, opt.max_tokens);
+  const auto& prompts = DemoPrompts();
+  session.WarmUp(prompts);
+  const ConnectorCounters p_before = ReadConnectorCounters(p_client);
+  const ConnectorCounters d_before = ReadConnectorCounters(d_client);
+  session.MeasureInterleaved(prompts, opt.rounds);
+  const ConnectorCounters p_after = ReadConnectorCounters(p_client);
+  const ConnectorCounters d_after = ReadConnectorCounters(d_client);
+  session.Concurrent(1, prompts);  // push
+  session.Concurrent(2, prompts);  // pull (vLLM default)
+  if (session.runs()[1].results.empty()) {
+    std::fprintf(stderr, "demo: every push request failed; see the errors above and %s\n",
+                 log_dir.c_str());
+    return 1;
+  }
+  std::printf("Prompt lengths (tokens):");
+  for (int64_t n : session.prompt_tokens()) std::printf(" %lld", static_cast<long long>(n));
+  std::printf("  (all > 16: every P/D request moves KV)\n");
+  std::printf("Measured: %d round(s) x %zu prompts per mode after a warm-up round, modes "
+              "interleaved in rotating order, one request at a time.\n",
+              opt.rounds, prompts.size());
+  PrintTable(session.runs());
+  session.PrintH();
+  PrintTransferCounters(p_after - p_before, d_after - d_before);
+  std::printf("\n");
+  PrintKvGauges(p_client, "on prefill at end");
+  PrintKvGauges(d_client, "on decode at end ");
+  const bool clean = StopCluster(cluster);
+  if (session.failures() > 0) {
+    std::fprintf(stderr, "demo: %d request(s) failed\n", session.failures());
+    return 1;
+  }
+  if (!session.identical()) {
     std::fprintf(stderr, "demo: P/D output differs from colocated output\n");
     return 1;
   }
@@ -366,6 +557,11 @@ void RegisterDemoCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-tokens", opt->max_tokens, "Tokens to generate per prompt")
       ->check(CLI::Range(1, 1024));
+  cmd->add_option("--rounds", opt->rounds,
+                  "Measured rounds over the prompts, after one warm-up round (H p50/p99 are over "
+                  "rounds x 8 requests per mode)")
+      ->check(CLI::Range(1, 100))
+      ->capture_default_str();
   cmd->add_option("--log-dir", opt->log_dir,
                   "Folder for the instances' logs (default: a temp dir)");
   cmd->callback([opt] {

@@ -14,6 +14,9 @@ struct ConnectorStats {
   int64_t writes_posted = 0;  ///< layer WRITE transfers
   int64_t bytes_written = 0;
   int64_t kv_ready_sent = 0;
+  /// P, push: KV_READYs that were the notification of the transfer's last WRITE (the rest went
+  /// as a message of their own after every WRITE ended).
+  int64_t kv_ready_on_write = 0;
   int64_t kv_ready_received = 0;
   int64_t reads_completed = 0;
   int64_t bytes_read = 0;

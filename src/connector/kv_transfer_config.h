@@ -43,6 +43,10 @@ struct KvTransferConfig {
   /// Decode: verify every received block against the XXH3 digest P sends (kv/block_checksum.h)
   /// before using it. P always computes the digest; `false` only skips D's check (measurements).
   bool verify_checksums = true;
+  /// Push, layer by layer: a layer's WRITE carries a LAYER_READY notification (so that D hashes
+  /// the chunks while P computes on) only when it moves at least this many bytes; smaller ones
+  /// are hashed when KV_READY arrives, which costs less than one more message. Not a JSON key.
+  uint64_t layer_ready_min_bytes = 256 * 1024;
 
   /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
   /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON

@@ -218,12 +218,12 @@ void PdConnector::BindEngine(std::function<void()> wake, std::function<void(int6
   abort_request_ = std::move(abort);
 }
 
-void PdConnector::Push(EngineEvent ev) {
+void PdConnector::Push(EngineEvent ev, bool wake) {
   {
     MutexLock lock(mu_);
     inbox_.push_back(std::move(ev));
   }
-  cv_.NotifyOne();
+  if (wake) cv_.NotifyOne();
 }
 
 KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
@@ -306,7 +306,7 @@ LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
                   std::vector<BlockId>(c.block_table.begin(), c.block_table.end())});
   }
   if (ev.chunks.empty()) return nullptr;
-  Push(std::move(ev));
+  Push(std::move(ev), layer_events_wanted_.load(std::memory_order_relaxed));
   return this;
 }
 
@@ -342,7 +342,9 @@ void PdConnector::OnLayerDone(int32_t layer) {
   EngineEvent ev;
   ev.kind = EngineEvent::kLayer;
   ev.layer = layer;
-  Push(std::move(ev));
+  // No wake-up while no target can use it: a prefill with no target yet posts nothing per
+  // layer; PostRest sends it all in one WRITE when the target comes.
+  Push(std::move(ev), layer_events_wanted_.load(std::memory_order_relaxed));
 }
 
 bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
@@ -477,6 +479,7 @@ void PdConnector::Loop() {
     }
     core_->Tick();
     PublishStats();
+    layer_events_wanted_.store(core_->wants_layer_events(), std::memory_order_relaxed);
     bool news = false;
     {
       MutexLock lock(out_mu_);
@@ -493,6 +496,9 @@ void PdConnector::HandleEvent(EngineEvent& ev) {
   if (read_posted && !ev.error.ok() && ev.transfer != 0) {
     (void)agent_->ReleaseTransfer(HandleOf(ev.transfer));  // created, but its post failed
   }
+  // WRITEs that already ended let the rest go in one WRITE with KV_READY as its notification
+  // (TransferCore::PostRest) instead of a KV_READY message after the last completion.
+  if (ev.kind == EngineEvent::kProducerDone && core_->busy()) PollTransfers();
   core_->HandleEvent(ev);
   if (read_posted) PollTransfers();  // the READ may already be done
 }

@@ -21,7 +21,9 @@
 // connector thread (the "writer") owns the TransferCore: it feeds it the queued events, the
 // agent's notifications, transfer completions and timer ticks, and carries out its actions;
 // HTTP threads call HandleHandshake/EnsurePeer/ValidateRequest. Idle, the connector thread
-// sleeps on a condition variable (1 s safety timeout; 20 ms while transfers are tracked).
+// sleeps on a condition variable (1 s safety timeout; 20 ms while transfers are tracked). Step
+// and layer events wake it only while a target is attached or waiting
+// (TransferCore::wants_layer_events); otherwise they wait for its next wake-up.
 #pragma once
 
 #include <atomic>
@@ -154,7 +156,9 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   /// Engine thread (vllm pull profile): posts a READ the core handed over; queues kReadPosted.
   void PostHandedRead(PendingRead& r);
 
-  void Push(EngineEvent ev);
+  /// Queues `ev` for the connector thread; wakes it unless `wake` is false (the event then waits
+  /// for the thread's next wake-up).
+  void Push(EngineEvent ev, bool wake = true);
   void Loop();
   /// Feeds one queued event to the core (connector thread).
   void HandleEvent(EngineEvent& ev);
@@ -177,6 +181,9 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::unique_ptr<PeerAuth> auth_;       ///< null without --kv-auth-key-file; thread-safe
   std::unique_ptr<PeerRegistry> peers_;  ///< thread-safe
   std::unique_ptr<TransferCore> core_;   ///< connector thread only
+  /// TransferCore::wants_layer_events() as of the connector thread's last pass: the engine
+  /// thread wakes the connector thread for step and layer events only while it is true.
+  std::atomic<bool> layer_events_wanted_{true};
 
   std::function<void()> wake_engine_;
   std::function<void(int64_t)> abort_request_;

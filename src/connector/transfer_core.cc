@@ -67,6 +67,14 @@ bool TransferCore::busy() const {
   return !producers_.empty() || !consumers_.empty() || !pending_targets_.empty();
 }
 
+bool TransferCore::wants_layer_events() const {
+  if (!pending_targets_.empty()) return true;
+  return std::any_of(producers_.begin(), producers_.end(), [](const auto& kv) {
+    const Producer& p = kv.second;
+    return p.targeted() && !p.engine_done && p.state == ProducerState::kPrefilling;
+  });
+}
+
 std::vector<TransferToken> TransferCore::OutstandingTokens() const {
   std::vector<TransferToken> out;
   out.reserve(outstanding_.size());

@@ -156,7 +156,9 @@ enum class ProducerState : uint8_t {
   kPrefilling,   ///< the engine computes the prompt; push WRITEs go out layer by layer
   kHeld,         ///< prefill done: blocks held under the lease (push: until every WRITE ended)
   kPinned,       ///< pull: a D pinned the lease (PINNED sent); until RELEASE or the lease ends
-  kReadyPosted,  ///< push: every WRITE done, blocks released, KV_READY on its way
+  /// push: KV_READY on its way, either as a message once every WRITE was done (blocks released),
+  /// or as the notification of the last WRITE (blocks released once it ended).
+  kReadyPosted,
   kDropping,     ///< no (more) WRITEs: waits for posted ones to end and the engine to finish
 };
 
@@ -211,6 +213,11 @@ class TransferCore {
   // ---- queries ----
   /// True while any transfer is tracked (the shell then wakes up more often).
   bool busy() const;
+  /// True while a layer event can make the core post something now: a push producer with a
+  /// target is prefilling, or a target waits for its request. When false the shell queues step
+  /// and layer events without waking its thread (they are applied at its next wake-up, before
+  /// any message, so a target arriving meanwhile still sees every computed layer).
+  bool wants_layer_events() const;
   /// Tokens of every posted transfer and message not yet reported ended.
   std::vector<TransferToken> OutstandingTokens() const;
   /// Counters (gauges producers_active / consumers_waiting filled in).
@@ -256,6 +263,9 @@ class TransferCore {
     Status failure;
     int outstanding = 0;  ///< WRITEs posted and not ended
     bool released = false;
+    /// kReadyPosted: KV_READY is the notification of the last WRITE (not a message of its own);
+    /// the blocks are released once that WRITE ended.
+    bool ready_on_write = false;
     TimePoint lease_deadline = TimePoint::max();
     int64_t finished_ns = 0;  ///< when the engine finished the request (first token sampled)
     /// Push: h(layer, kind, block) of each block-table entry, [i * 2L + layer * 2 + kind].
@@ -345,7 +355,15 @@ class TransferCore {
   /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
   /// (it may have been erased: the caller must not touch it any more).
   bool TryPostAll(Producer& p);
+  /// During the prefill: the WRITE of `layer`'s computed blocks not sent yet (LAYER_READY as its
+  /// notification when it moves at least layer_ready_min_bytes). The last layer's WRITE that
+  /// would complete the prompt waits for the engine's end (PostRest). Same return as TryPostAll.
   bool TryPostLayer(Producer& p, int32_t layer);
+  /// After the prefill: ONE WRITE of every chunk not sent yet, all layers, whose notification is
+  /// KV_READY when no other WRITE of the transfer is in flight (then the transfer needs no
+  /// message of its own). Same return as TryPostAll.
+  bool PostRest(Producer& p);
+  PdMessage KvReadyMessage(const Producer& p) const;
   void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void DropProducer(Producer& p, Status why, bool tell_peer);

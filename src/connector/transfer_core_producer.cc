@@ -125,7 +125,7 @@ void TransferCore::FinishProducer(Producer& p, EngineEvent& ev) {
     }
     stats_.checksum_ns_sum += clock_.NowNanos() - p.finished_ns;
   }
-  if (p.targeted() && !TryPostAll(p)) return;  // dropped: p may be gone
+  if (p.targeted() && !PostRest(p)) return;  // dropped: p may be gone
   AdvanceProducer(p);
 }
 
@@ -275,7 +275,10 @@ void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage&
   p.first_block = m.first_block;
   p.dst = std::move(m.block_ids);
   for (auto& s : p.layer_sent) s = std::max(s, static_cast<int32_t>(p.first_block));
-  if (TryPostAll(p)) AdvanceProducer(p);  // else dropped: p may be gone
+  // A target that arrives after the prefill ended gets one WRITE of every layer, whose
+  // notification is KV_READY; during the prefill, the layers computed so far go out.
+  const bool posted = p.engine_done ? PostRest(p) : TryPostAll(p);
+  if (posted) AdvanceProducer(p);  // else dropped: p may be gone
 }
 
 bool TransferCore::TryPostAll(Producer& p) {
@@ -294,6 +297,9 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   const int32_t upto = done >= p.n ? nblocks : done / bs;  // a partial block goes at the end
   int32_t& sent = p.layer_sent[static_cast<size_t>(layer)];
   if (upto <= sent) return true;
+  // The last layer's WRITE that completes the prompt waits for the engine's end (the first
+  // token is sampled right after it): PostRest then sends it with KV_READY as its notification.
+  if (!p.engine_done && layer + 1 == layout_.num_layers && upto == nblocks) return true;
   if (static_cast<int32_t>(p.blocks.size()) < upto) {
     DropProducer(p, Internal("block table shorter than the computed tokens"), true);
     return false;
@@ -318,15 +324,21 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
                      p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
     }
   }
-  // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
-  PdMessage landed;
-  landed.tag = MsgTag::kLayerReady;
-  landed.transfer_id = p.tid;
-  landed.layer = static_cast<uint32_t>(layer);
-  landed.first_block = static_cast<uint32_t>(sent);
-  landed.num_blocks = static_cast<uint32_t>(count);
-  if (auto payload = EncodeMessage(landed); payload.ok()) order.notification = std::move(*payload);
   const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
+  if (bytes >= config_.layer_ready_min_bytes) {
+    // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
+    // Below the threshold hashing them at KV_READY costs less than the notification (one more
+    // message, and a flush round trip on tcp).
+    PdMessage landed;
+    landed.tag = MsgTag::kLayerReady;
+    landed.transfer_id = p.tid;
+    landed.layer = static_cast<uint32_t>(layer);
+    landed.first_block = static_cast<uint32_t>(sent);
+    landed.num_blocks = static_cast<uint32_t>(count);
+    if (auto payload = EncodeMessage(landed); payload.ok()) {
+      order.notification = std::move(*payload);
+    }
+  }
   Status err;
   if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
     DropProducer(p,
@@ -426,7 +438,15 @@ void TransferCore::AdvanceProducer(Producer& p) {
     EraseProducer(p);
     return;
   }
-  if (p.mode == Mode::kPull || p.state != ProducerState::kHeld || !p.targeted()) return;
+  if (p.mode == Mode::kPull) return;
+  if (p.state == ProducerState::kReadyPosted && p.ready_on_write) {
+    // KV_READY rode on the last WRITE: once it ended (remote completion) the blocks can go.
+    if (p.outstanding > 0) return;
+    ReleaseProducer(p);
+    EraseProducer(p);
+    return;
+  }
+  if (p.state != ProducerState::kHeld || !p.targeted()) return;
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
   for (int32_t s : p.layer_sent) {
@@ -438,7 +458,7 @@ void TransferCore::AdvanceProducer(Producer& p) {
   PostKvReady(p);
 }
 
-void TransferCore::PostKvReady(Producer& p) {
+PdMessage TransferCore::KvReadyMessage(const Producer& p) const {
   PdMessage r;
   r.tag = MsgTag::kKvReady;
   r.transfer_id = p.tid;
@@ -447,6 +467,78 @@ void TransferCore::PostKvReady(Producer& p) {
   r.kv_digest = PushDigest(p);
   r.top_logprobs = p.token.top_logprobs;
   if (r.top_logprobs.size() > kMaxTopLogprobs) r.top_logprobs.resize(kMaxTopLogprobs);
+  return r;
+}
+
+bool TransferCore::PostRest(Producer& p) {
+  if (!p.targeted() || p.state == ProducerState::kDropping) return true;
+  const int32_t bs = layout_.block_size;
+  const int32_t nblocks = (p.n + bs - 1) / bs;
+  const auto L = static_cast<size_t>(layout_.num_layers);
+  size_t chunks = 0;
+  for (int32_t s : p.layer_sent) chunks += static_cast<size_t>(std::max(0, nblocks - s));
+  if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
+  if (static_cast<int32_t>(p.blocks.size()) < nblocks) {
+    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
+    return false;
+  }
+  auto ps = peers_.Find(p.peer);
+  if (!ps) {
+    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
+    return false;
+  }
+  TransferOrder order;
+  order.op = xfer::Op::kWrite;
+  order.peer = p.peer;
+  order.local_indices.reserve(chunks * 2);
+  order.remote_indices.reserve(chunks * 2);
+  for (size_t layer = 0; layer < L; ++layer) {
+    const int32_t from = p.layer_sent[layer];
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (int32_t i = from; i < nblocks; ++i) {
+        const auto l = static_cast<int32_t>(layer);
+        order.local_indices.push_back(
+            EntryIndex(layout_.num_blocks, l, kind, p.blocks[static_cast<size_t>(i)]));
+        order.remote_indices.push_back(
+            EntryIndex(ps->num_blocks, l, kind,
+                       p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
+      }
+    }
+    // Final (the request finished): hashed now, as the KV_READY below carries their digest.
+    if (from < nblocks) HashSentChunks(p, static_cast<int32_t>(layer), from, nblocks);
+  }
+  // KV_READY rides on this WRITE (the notification is delivered only after its data) when no
+  // other WRITE of the transfer is in flight; else it follows once they all ended.
+  const bool with_ready = p.outstanding == 0;
+  if (with_ready) {
+    auto payload = EncodeMessage(KvReadyMessage(p));
+    if (payload.ok()) order.notification = std::move(*payload);
+  }
+  const uint64_t bytes = static_cast<uint64_t>(chunks) * 2 * layout_.chunk_bytes();
+  Status err;
+  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
+    DropProducer(p, Status(err.code(), "posting the WRITE of the prompt's KV: " + err.message()),
+                 true);
+    return false;
+  }
+  spdlog::debug("kv connector: {} WRITE of the rest ({} chunks{}) posted", p.tid, chunks * 2,
+                with_ready ? ", KV_READY as its notification" : "");
+  for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
+  ++p.outstanding;
+  ++stats_.writes_posted;
+  if (with_ready && !order.notification.empty()) {
+    p.ready_on_write = true;
+    p.state = ProducerState::kReadyPosted;
+    ++stats_.kv_ready_sent;
+    ++stats_.kv_ready_on_write;
+    stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
+    ++stats_.push_tail_count;
+  }
+  return true;
+}
+
+void TransferCore::PostKvReady(Producer& p) {
+  const PdMessage r = KvReadyMessage(p);
   auto t = actions_.SendMessage(p.peer, r);
   if (!t.ok()) {
     spdlog::warn("kv connector: cannot send KV_READY of {}: {}", p.tid, t.status().ToString());

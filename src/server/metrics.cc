@@ -161,11 +161,17 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
           c.push_targets_sent);
   counter("kvpush_kv_transfer_push_targets_received_total", "PUSH_TARGETs received (prefill).",
           c.push_targets_received);
-  counter("kvpush_kv_transfer_writes_total", "Layer WRITE transfers posted (prefill).",
+  counter("kvpush_kv_transfer_writes_total", "KV WRITE transfers posted (prefill).",
           c.writes_posted);
   counter("kvpush_kv_transfer_bytes_written_total", "KV bytes written to decode instances.",
           c.bytes_written);
-  counter("kvpush_kv_transfer_kv_ready_sent_total", "KV_READY messages sent.", c.kv_ready_sent);
+  counter("kvpush_kv_transfer_kv_ready_sent_total",
+          "KV_READY sent (prefill, push), as a message or as the last WRITE's notification.",
+          c.kv_ready_sent);
+  counter("kvpush_kv_transfer_kv_ready_on_write_total",
+          "Prefill, push: KV_READYs that were the notification of the transfer's last WRITE (no "
+          "message of their own).",
+          c.kv_ready_on_write);
   counter("kvpush_kv_transfer_kv_ready_received_total", "KV_READY messages received.",
           c.kv_ready_received);
   counter("kvpush_kv_transfer_reads_total", "Pull READs completed (decode).", c.reads_completed);

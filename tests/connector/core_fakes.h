@@ -77,6 +77,10 @@ class RecordingActions final : public CoreActions {
     a.token = next_token++;
     a.order = order;
     a.peer = order.peer;
+    if (!order.notification.empty()) {
+      auto m = DecodeMessage(order.notification);
+      if (m.ok()) a.msg = *m;
+    }
     log.push_back(a);
     return a.token;
   }
@@ -135,6 +139,16 @@ class RecordingActions final : public CoreActions {
     std::vector<Action> out;
     for (const auto& a : log) {
       if (a.kind == Action::kSend && a.msg.tag == tag) out.push_back(a);
+    }
+    return out;
+  }
+  /// Messages with `tag` delivered to anyone: sent alone, or as the notification of a post.
+  std::vector<Action> Delivered(MsgTag tag) const {
+    std::vector<Action> out;
+    for (const auto& a : log) {
+      const bool carries = a.kind == Action::kSend ||
+                           (a.kind == Action::kPost && !a.order.notification.empty());
+      if (carries && a.msg.tag == tag) out.push_back(a);
     }
     return out;
   }

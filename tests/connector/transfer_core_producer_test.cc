@@ -15,7 +15,7 @@ using std::chrono::milliseconds;
 
 class ProducerTest : public CoreTest {};
 
-TEST_F(ProducerTest, TargetAfterPrefillWritesEveryLayerThenKvReadyAfterTheWrites) {
+TEST_F(ProducerTest, TargetAfterPrefillGetsOneWriteOfEveryLayerWhoseNotificationIsKvReady) {
   const std::string t = Tid(1);
   StartProducer(1, t, Mode::kPush);
   EXPECT_EQ(core_->producer_state(t), ProducerState::kPrefilling);
@@ -24,56 +24,100 @@ TEST_F(ProducerTest, TargetAfterPrefillWritesEveryLayerThenKvReadyAfterTheWrites
   EXPECT_EQ(rec_.Count(Action::kPost), 0u);
   Deliver(kD, Target(t));
   auto posts = rec_.Of(Action::kPost);
-  ASSERT_EQ(posts.size(), 2u);  // one WRITE per layer
+  ASSERT_EQ(posts.size(), 1u);  // one WRITE: every layer, K and V, every block
+  const auto& o = posts[0].order;
+  EXPECT_EQ(o.op, xfer::Op::kWrite);
+  EXPECT_EQ(o.peer, kD);
+  ASSERT_EQ(o.local_indices.size(), 12u);  // 2 layers x K,V x 3 blocks
+  ASSERT_EQ(o.remote_indices.size(), 12u);
+  size_t k = 0;
   for (int layer = 0; layer < 2; ++layer) {
-    const auto& o = posts[static_cast<size_t>(layer)].order;
-    EXPECT_EQ(o.op, xfer::Op::kWrite);
-    EXPECT_EQ(o.peer, kD);
-    ASSERT_EQ(o.local_indices.size(), 6u);  // 3 blocks x K,V
-    EXPECT_EQ(o.local_indices[0], TransferCore::EntryIndex(16, layer, KvKind::kKey, 1));
-    EXPECT_EQ(o.remote_indices[0], TransferCore::EntryIndex(16, layer, KvKind::kKey, 5));
-    EXPECT_EQ(o.remote_indices[5], TransferCore::EntryIndex(16, layer, KvKind::kValue, 7));
-    auto landed = DecodeMessage(o.notification);
-    ASSERT_TRUE(landed.ok());
-    EXPECT_EQ(landed->tag, MsgTag::kLayerReady);
-    EXPECT_EQ(landed->layer, static_cast<uint32_t>(layer));
-    EXPECT_EQ(landed->num_blocks, 3u);
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (int i = 0; i < 3; ++i, ++k) {
+        EXPECT_EQ(o.local_indices[k], TransferCore::EntryIndex(16, layer, kind, 1 + i));
+        EXPECT_EQ(o.remote_indices[k], TransferCore::EntryIndex(16, layer, kind, 5 + i));
+      }
+    }
   }
-  // No KV_READY and no release while a WRITE is outstanding.
-  Done(posts[0].token);
+  // Its notification is KV_READY (delivered only after the WRITE's data): no message of its own.
   EXPECT_TRUE(rec_.Sent(MsgTag::kKvReady).empty());
-  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
-  Done(posts[1].token);
-  ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
-  auto ready = rec_.Sent(MsgTag::kKvReady);
+  auto ready = rec_.Delivered(MsgTag::kKvReady);
   ASSERT_EQ(ready.size(), 1u);
-  EXPECT_EQ(ready[0].peer, kD);
+  EXPECT_EQ(ready[0].token, posts[0].token);
+  EXPECT_EQ(ready[0].msg.transfer_id, t);
   EXPECT_EQ(ready[0].msg.token_id, 42);
   EXPECT_EQ(ready[0].msg.top_logprobs.size(), 2u);
   const std::vector<BlockId> src = {1, 2, 3};
   EXPECT_EQ(ready[0].msg.kv_digest, KvBlocksDigest(layout_, arena_, src));
   EXPECT_EQ(core_->producer_state(t), ProducerState::kReadyPosted);
-  Done(ready[0].token);
+  // P's blocks are read by the WRITE until it ends.
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+  Done(posts[0].token);
+  ASSERT_EQ(rec_.Of(Action::kRelease).size(), 1u);
   EXPECT_FALSE(core_->producer_state(t).has_value());
   EXPECT_TRUE(core_->IsTombstoned(t));
+  EXPECT_TRUE(rec_.Of(Action::kSend).empty());  // nothing but the one WRITE went to D
   auto s = core_->stats();
-  EXPECT_EQ(s.writes_posted, 2);
+  EXPECT_EQ(s.writes_posted, 1);
   EXPECT_EQ(s.kv_ready_sent, 1);
+  EXPECT_EQ(s.kv_ready_on_write, 1);
   EXPECT_EQ(s.bytes_written, static_cast<int64_t>(2 * 3 * 2 * layout_.chunk_bytes()));
   EXPECT_EQ(s.push_targets_received, 1);
   EXPECT_EQ(s.descriptors_posted, 12);
+}
+
+TEST_F(ProducerTest, FailureOfTheOneWriteTellsDecodeAndReleasesOnlyAfterItEnded) {
+  const std::string t = Tid(40);
+  StartProducer(1, t, Mode::kPush);
+  FinishProducer(1);
+  Deliver(kD, Target(t));
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+  Done(posts[0].token, false);  // its KV_READY was not delivered (notification after data)
+  EXPECT_FALSE(core_->producer_state(t).has_value());
+  auto failed = rec_.Sent(MsgTag::kTransferFailed);
+  ASSERT_EQ(failed.size(), 1u);
+  EXPECT_EQ(failed[0].peer, kD);
+  EXPECT_EQ(failed[0].msg.code, static_cast<uint8_t>(StatusCode::kPeerGone));
+  EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+  EXPECT_TRUE(core_->IsTombstoned(t));
+}
+
+TEST_F(ProducerTest, AbortBetweenThePostOfTheOneWriteAndItsEndCancelsItAndWaits) {
+  const std::string t = Tid(41);
+  StartProducer(1, t, Mode::kPush);
+  FinishProducer(1);
+  Deliver(kD, Target(t));
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EngineEvent ev;
+  ev.kind = EngineEvent::kAbortTransfer;
+  ev.params.transfer_id = t;
+  core_->HandleEvent(ev);
+  ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);  // its KV_READY is never sent if this wins
+  EXPECT_EQ(rec_.Of(Action::kCancel)[0].token, posts[0].token);
+  EXPECT_EQ(core_->producer_state(t), ProducerState::kDropping);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);  // its data may still land on D
+  EXPECT_TRUE(rec_.Sent(MsgTag::kTransferFailed).empty());
+  Done(posts[0].token, false);
+  EXPECT_EQ(rec_.Sent(MsgTag::kTransferFailed).size(), 1u);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+  EXPECT_EQ(core_->num_producers(), 0u);
 }
 
 TEST_F(ProducerTest, LayerwiseWritesFollowTheComputedBlocksAndThePartialBlockGoesLast) {
   const std::string t = Tid(2);
   StartProducer(1, t, Mode::kPush);
   Deliver(kD, Target(t));
+  EXPECT_TRUE(core_->wants_layer_events());
   EXPECT_EQ(rec_.Count(Action::kPost), 0u);  // nothing computed yet
   Step(1, 6);                                // a 6-token chunk: one full block
   Layer(0);
   auto posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 1u);
   EXPECT_EQ(posts[0].order.local_indices.size(), 2u);  // block 0, K and V
+  EXPECT_TRUE(posts[0].order.notification.empty());    // too small for a LAYER_READY
   Layer(1);
   EXPECT_EQ(rec_.Count(Action::kPost), 2u);
   Layer(7);  // out of range: ignored
@@ -83,12 +127,99 @@ TEST_F(ProducerTest, LayerwiseWritesFollowTheComputedBlocksAndThePartialBlockGoe
   posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 3u);
   EXPECT_EQ(posts[2].order.local_indices.size(), 4u);
-  FinishProducer(1);  // layer 1's tail goes now
+  Layer(1);  // the last layer's completing WRITE waits for the first token
+  EXPECT_EQ(rec_.Count(Action::kPost), 3u);
+  FinishProducer(1);  // layer 1's tail goes now; three WRITEs are in flight, so no KV_READY on it
   posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 4u);
+  EXPECT_EQ(posts[3].order.local_indices.size(), 4u);
+  EXPECT_TRUE(posts[3].order.notification.empty());
+  EXPECT_FALSE(core_->wants_layer_events());
   DrainPosts();
-  EXPECT_EQ(rec_.Sent(MsgTag::kKvReady).size(), 1u);
+  EXPECT_EQ(rec_.Sent(MsgTag::kKvReady).size(), 1u);  // a message once every WRITE ended
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+  EXPECT_EQ(core_->stats().kv_ready_on_write, 0);
+}
+
+TEST_F(ProducerTest, LayerwiseLastLayerCarriesKvReadyWhenTheEarlierWritesEnded) {
+  const std::string t = Tid(42);
+  StartProducer(1, t, Mode::kPush);
+  Deliver(kD, Target(t));
+  Step(1, 10);
+  Layer(0);
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(posts[0].order.local_indices.size(), 6u);
+  Done(posts[0].token);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+  Layer(1);
+  EXPECT_EQ(rec_.Count(Action::kPost), 1u);  // waits for the first token
+  FinishProducer(1);
+  posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 2u);
+  EXPECT_EQ(posts[1].order.local_indices.size(), 6u);  // layer 1, K and V, 3 blocks
+  EXPECT_EQ(posts[1].order.local_indices[0], TransferCore::EntryIndex(16, 1, KvKind::kKey, 1));
+  auto ready = rec_.Delivered(MsgTag::kKvReady);
+  ASSERT_EQ(ready.size(), 1u);
+  EXPECT_EQ(ready[0].token, posts[1].token);
+  const std::vector<BlockId> src = {1, 2, 3};
+  EXPECT_EQ(ready[0].msg.kv_digest, KvBlocksDigest(layout_, arena_, src));
+  Done(posts[1].token);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+  EXPECT_TRUE(rec_.Of(Action::kSend).empty());
+  EXPECT_EQ(core_->num_producers(), 0u);
+}
+
+TEST_F(ProducerTest, LayerReadyOnlyForWritesAboveTheThreshold) {
+  config_.layer_ready_min_bytes = 2 * layout_.chunk_bytes();  // one block, K and V
+  Rebuild();
+  const std::string t = Tid(43);
+  StartProducer(1, t, Mode::kPush);
+  Deliver(kD, Target(t));
+  Step(1, 6);
+  Layer(0);
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  auto landed = DecodeMessage(posts[0].order.notification);
+  ASSERT_TRUE(landed.ok());
+  EXPECT_EQ(landed->tag, MsgTag::kLayerReady);
+  EXPECT_EQ(landed->layer, 0u);
+  EXPECT_EQ(landed->first_block, 0u);
+  EXPECT_EQ(landed->num_blocks, 1u);
+  config_.layer_ready_min_bytes = 2 * layout_.chunk_bytes() + 1;
+  Rebuild();
+  rec_.Clear();
+  const std::string u = Tid(44);
+  StartProducer(2, u, Mode::kPush);
+  Deliver(kD, Target(u));
+  Step(2, 6);
+  Layer(0);
+  posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_TRUE(posts[0].order.notification.empty());
+}
+
+TEST_F(ProducerTest, LayerEventsAreWantedOnlyWhileATargetIsAttachedOrWaiting) {
+  EXPECT_FALSE(core_->wants_layer_events());
+  const std::string t = Tid(45);
+  StartProducer(1, t, Mode::kPush);
+  EXPECT_FALSE(core_->wants_layer_events());  // no target: layers post nothing
+  const std::string u = Tid(46);
+  Deliver(kD, Target(u));  // a target waiting for its request
+  EXPECT_TRUE(core_->wants_layer_events());
+  StartProducer(2, u, Mode::kPush);
+  EXPECT_TRUE(core_->wants_layer_events());  // attached while prefilling
+  FinishProducer(2);
+  EXPECT_FALSE(core_->wants_layer_events());
+  // Layer events of the untargeted prefill, applied late, still count when its target comes.
+  Step(1, 10);
+  Layer(0);
+  Layer(1);
+  EXPECT_EQ(rec_.Of(Action::kPost).size(), 1u);  // only request 2's one WRITE
+  Deliver(kD, Target(t));
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 2u);  // layer 0 goes at once; layer 1 waits for the first token
+  EXPECT_EQ(posts[1].order.local_indices.size(), 6u);
 }
 
 TEST_F(ProducerTest, WithoutLayerwiseNothingIsWrittenBeforeThePrefillEnds) {
@@ -102,7 +233,8 @@ TEST_F(ProducerTest, WithoutLayerwiseNothingIsWrittenBeforeThePrefillEnds) {
   Layer(1);
   EXPECT_EQ(rec_.Count(Action::kPost), 0u);
   FinishProducer(1);
-  EXPECT_EQ(rec_.Count(Action::kPost), 2u);
+  EXPECT_EQ(rec_.Count(Action::kPost), 1u);
+  EXPECT_EQ(rec_.Delivered(MsgTag::kKvReady).size(), 1u);
 }
 
 TEST_F(ProducerTest, TargetBeforeItsRequestIsKeptAndAttachedWhenTheRequestArrives) {
@@ -114,14 +246,15 @@ TEST_F(ProducerTest, TargetBeforeItsRequestIsKeptAndAttachedWhenTheRequestArrive
   EXPECT_EQ(core_->num_pending_targets(), 0u);
   FinishProducer(1);
   auto posts = rec_.Of(Action::kPost);
-  ASSERT_EQ(posts.size(), 2u);
-  EXPECT_EQ(posts[0].order.local_indices.size(), 4u);  // blocks 1 and 2 only
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(posts[0].order.local_indices.size(), 8u);  // blocks 1 and 2 only, both layers
   EXPECT_EQ(posts[0].order.remote_indices[0], TransferCore::EntryIndex(16, 0, KvKind::kKey, 6));
-  DrainPosts();
-  auto ready = rec_.Sent(MsgTag::kKvReady);
+  auto ready = rec_.Delivered(MsgTag::kKvReady);
   ASSERT_EQ(ready.size(), 1u);
   const std::vector<BlockId> sent = {2, 3};
   EXPECT_EQ(ready[0].msg.kv_digest, KvBlocksDigest(layout_, arena_, sent));
+  DrainPosts();
+  EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
 }
 
 TEST_F(ProducerTest, UnmatchedTargetExpiresAfterTheLeaseAndTheLateRequestIsDropped) {
@@ -227,29 +360,36 @@ TEST_F(ProducerTest, NotNeededAfterWritesStartedCancelsThemAndReleasesOnlyAfterT
   Done(posts[0].token, false);
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
   EXPECT_TRUE(rec_.Sent(MsgTag::kTransferFailed).empty());
-  EXPECT_TRUE(rec_.Sent(MsgTag::kKvReady).empty());
+  EXPECT_TRUE(rec_.Delivered(MsgTag::kKvReady).empty());
   EXPECT_EQ(core_->num_producers(), 0u);
 }
 
 TEST_F(ProducerTest, CancelFromTheTargetsDecodeIsAcknowledgedOnlyOnceNoWriteCanLand) {
-  const std::string t = Tid(12);
-  StartProducer(1, t, Mode::kPush);
-  FinishProducer(1);
-  Deliver(kD, Target(t));
-  Deliver(kD, Signal(MsgTag::kCancel, t));
-  EXPECT_EQ(rec_.Count(Action::kAbort), 0u);  // the prefill had finished
-  EXPECT_EQ(rec_.Count(Action::kCancel), 2u);
-  EXPECT_TRUE(rec_.Sent(MsgTag::kCancelAck).empty());
-  auto posts = rec_.Of(Action::kPost);
-  Done(posts[0].token, false);
-  EXPECT_TRUE(rec_.Sent(MsgTag::kCancelAck).empty());
-  Done(posts[1].token);  // one had completed anyway
-  auto acks = rec_.Sent(MsgTag::kCancelAck);
-  ASSERT_EQ(acks.size(), 1u);
-  EXPECT_EQ(acks[0].peer, kD);
-  EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
-  EXPECT_TRUE(rec_.Sent(MsgTag::kKvReady).empty());
-  EXPECT_TRUE(core_->IsTombstoned(t));
+  for (bool cancel_won : {true, false}) {
+    SCOPED_TRACE(cancel_won ? "the cancel stopped the WRITE" : "the WRITE completed anyway");
+    rec_.Clear();
+    const std::string t = Tid(cancel_won ? 12 : 47);
+    const int64_t seq = cancel_won ? 1 : 2;
+    StartProducer(seq, t, Mode::kPush);
+    FinishProducer(seq);
+    Deliver(kD, Target(t));
+    Deliver(kD, Signal(MsgTag::kCancel, t));
+    EXPECT_EQ(rec_.Count(Action::kAbort), 0u);  // the prefill had finished
+    EXPECT_EQ(rec_.Count(Action::kCancel), 1u);
+    EXPECT_TRUE(rec_.Sent(MsgTag::kCancelAck).empty());
+    EXPECT_EQ(rec_.Count(Action::kRelease), 0u);
+    auto posts = rec_.Of(Action::kPost);
+    ASSERT_EQ(posts.size(), 1u);
+    // Either way (KV_READY not sent, or delivered before the CANCEL_ACK) nothing lands after.
+    Done(posts[0].token, !cancel_won);
+    auto acks = rec_.Sent(MsgTag::kCancelAck);
+    ASSERT_EQ(acks.size(), 1u);
+    EXPECT_EQ(acks[0].peer, kD);
+    EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+    EXPECT_TRUE(rec_.Sent(MsgTag::kTransferFailed).empty());
+    EXPECT_TRUE(core_->IsTombstoned(t));
+  }
+  EXPECT_EQ(core_->num_producers(), 0u);
 }
 
 TEST_F(ProducerTest, CancelRaces) {
@@ -342,10 +482,14 @@ TEST_F(ProducerTest, PromptHashMismatchAndSecondTargetAndDroppedTransferAreRefus
 TEST_F(ProducerTest, WriteFailureTellsDecodeOnlyAfterEveryOtherWriteEnded) {
   const std::string t = Tid(13);
   StartProducer(1, t, Mode::kPush);
-  FinishProducer(1);
   Deliver(kD, Target(t));
+  Step(1, 10);
+  Layer(0);
+  Layer(1);
+  FinishProducer(1);  // layer 0 in flight: layer 1 goes without KV_READY
   auto posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 2u);
+  EXPECT_TRUE(rec_.Delivered(MsgTag::kKvReady).empty());
   Done(posts[0].token, false);
   EXPECT_EQ(core_->producer_state(t), ProducerState::kDropping);
   EXPECT_TRUE(rec_.Sent(MsgTag::kTransferFailed).empty());
@@ -356,6 +500,7 @@ TEST_F(ProducerTest, WriteFailureTellsDecodeOnlyAfterEveryOtherWriteEnded) {
   EXPECT_EQ(failed[0].peer, kD);
   EXPECT_EQ(failed[0].msg.code, static_cast<uint8_t>(StatusCode::kPeerGone));
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
+  EXPECT_TRUE(rec_.Delivered(MsgTag::kKvReady).empty());
   EXPECT_EQ(core_->stats().transfers_failed, 1);
 }
 
@@ -367,7 +512,7 @@ TEST_F(ProducerTest, AWriteThatCannotBePostedFailsTheTransferAtOnce) {
   Deliver(kD, Target(t));
   auto failed = rec_.Sent(MsgTag::kTransferFailed);
   ASSERT_EQ(failed.size(), 1u);
-  EXPECT_NE(failed[0].msg.message.find("posting the WRITE of layer 0"), std::string::npos);
+  EXPECT_NE(failed[0].msg.message.find("posting the WRITE of the prompt's KV"), std::string::npos);
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
   EXPECT_EQ(core_->num_producers(), 0u);
 }
@@ -458,8 +603,11 @@ TEST_F(ProducerTest, AbortTransferFreesTheBlocksAndTellsTheDecode) {
 TEST_F(ProducerTest, KvReadyThatCannotBeSentEndsTheTransfer) {
   const std::string t = Tid(24);
   StartProducer(1, t, Mode::kPush);
-  FinishProducer(1);
   Deliver(kD, Target(t));
+  Step(1, 10);
+  Layer(0);
+  FinishProducer(1);  // two WRITEs in flight: KV_READY is a message of its own, after them
+  ASSERT_EQ(rec_.Count(Action::kPost), 2u);
   rec_.send_error = Unavailable("peer gone");
   DrainPosts();
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
@@ -471,8 +619,10 @@ TEST_F(ProducerTest, KvReadyThatCannotBeSentEndsTheTransfer) {
 TEST_F(ProducerTest, CancelAfterKvReadyPostedAcknowledgesAtOnce) {
   const std::string t = Tid(25);
   StartProducer(1, t, Mode::kPush);
-  FinishProducer(1);
   Deliver(kD, Target(t));
+  Step(1, 10);
+  Layer(0);
+  FinishProducer(1);
   DrainPosts();
   ASSERT_EQ(rec_.Sent(MsgTag::kKvReady).size(), 1u);
   Deliver(kD, Signal(MsgTag::kCancel, t));
@@ -480,6 +630,16 @@ TEST_F(ProducerTest, CancelAfterKvReadyPostedAcknowledgesAtOnce) {
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);  // not twice
   EXPECT_EQ(core_->num_producers(), 0u);
   Done(rec_.Sent(MsgTag::kKvReady)[0].token);  // its end finds nothing
+  // The one-WRITE path: once that WRITE ended the transfer is over and a CANCEL is answered.
+  const std::string u = Tid(48);
+  StartProducer(2, u, Mode::kPush);
+  FinishProducer(2);
+  Deliver(kD, Target(u));
+  Done(rec_.Of(Action::kPost).back().token);
+  EXPECT_EQ(core_->num_producers(), 0u);
+  Deliver(kD, Signal(MsgTag::kCancel, u));
+  EXPECT_EQ(rec_.Sent(MsgTag::kCancelAck).size(), 2u);
+  EXPECT_EQ(rec_.Count(Action::kRelease), 2u);
 }
 
 TEST_F(ProducerTest, FinishOfAnUnannouncedRequestReleasesAtOnce) {
@@ -627,12 +787,12 @@ TEST_F(ProducerTest, DroppedLeaseFailedKvReadyAndUnsendableMessages) {
   StartProducer(2, t, Mode::kPush);
   FinishProducer(2);
   Deliver(kD, Target(t));
-  DrainPosts();
-  auto ready = rec_.Sent(MsgTag::kKvReady);
+  auto ready = rec_.Delivered(MsgTag::kKvReady);
   ASSERT_EQ(ready.size(), 1u);
-  Done(ready[0].token, false);  // KV_READY lost: D's watchdog decides; P is done either way
+  Done(ready[0].token, false);  // the WRITE and its KV_READY failed: D is told, P is done
   EXPECT_FALSE(core_->producer_state(t).has_value());
   EXPECT_TRUE(core_->IsTombstoned(t));
+  EXPECT_EQ(rec_.Sent(MsgTag::kTransferFailed).size(), 2u);
   rec_.Clear();
   rec_.send_error = Unavailable("no route");
   const size_t tracked = core_->OutstandingTokens().size();

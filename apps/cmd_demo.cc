@@ -453,13 +453,13 @@ class DemoSession {
 
  private:
   void Record(std::vector<std::optional<StreamedCompletion>>& got) {
+    for (size_t k = 1; k < kNumModes; ++k) {
+      if (!got[k] || !got[0]) continue;
+      if (got[k]->token_ids != got[0]->token_ids) same_[k] = false;
+      h_[k].push_back(got[k]->TtftMs() - got[0]->TtftMs());
+    }
     for (size_t k = 0; k < kNumModes; ++k) {
-      if (!got[k]) continue;
-      if (k > 0 && got[0]) {
-        if (got[k]->token_ids != got[0]->token_ids) same_[k] = false;
-        h_[k].push_back(got[k]->TtftMs() - got[0]->TtftMs());
-      }
-      runs_[k].results.push_back(std::move(*got[k]));
+      if (got[k]) runs_[k].results.push_back(std::move(*got[k]));
     }
   }
 

@@ -519,6 +519,7 @@ void PdConnector::PollTransfers() {
 }
 
 void PdConnector::PublishStats() {
+  for (const HandoffRecord& r : core_->TakeFinishedRecords()) timelines_.Add(r);
   ConnectorStats s = core_->stats();
   MutexLock lock(stats_mu_);
   published_ = s;

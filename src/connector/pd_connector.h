@@ -119,6 +119,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
 
   /// Snapshot of the counters. Thread-safe.
   ConnectorStats stats() const;
+  /// The handoff timelines of the transfers that ended here (handoff_timeline.h). Thread-safe.
+  const HandoffTimelineLog& timelines() const { return timelines_; }
 
   // KvConnector (engine thread).
   void BindEngine(std::function<void()> wake, std::function<void(int64_t)> abort) override;
@@ -181,6 +183,7 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::unique_ptr<PeerAuth> auth_;       ///< null without --kv-auth-key-file; thread-safe
   std::unique_ptr<PeerRegistry> peers_;  ///< thread-safe
   std::unique_ptr<TransferCore> core_;   ///< connector thread only
+  HandoffTimelineLog timelines_;         ///< thread-safe
   /// TransferCore::wants_layer_events() as of the connector thread's last pass: the engine
   /// thread wakes the connector thread for step and layer events only while it is true.
   std::atomic<bool> layer_events_wanted_{true};

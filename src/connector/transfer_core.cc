@@ -181,7 +181,14 @@ void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_
   HandleDecoded(peer, *m);
 }
 
+HandoffRecord* TransferCore::TimelineOf(const std::string& tid) {
+  if (auto p = producers_.find(tid); p != producers_.end()) return &p->second.timeline;
+  if (auto c = consumers_.find(tid); c != consumers_.end()) return &c->second.timeline;
+  return nullptr;
+}
+
 void TransferCore::HandleDecoded(const std::string& peer, PdMessage& m) {
+  if (HandoffRecord* r = TimelineOf(m.transfer_id)) ++r->messages_received;
   switch (m.tag) {
     case MsgTag::kPushTarget:
     case MsgTag::kNotNeeded:
@@ -254,6 +261,7 @@ void TransferCore::SendMessage(const std::string& peer, const PdMessage& m) {
     return;
   }
   outstanding_[*t] = Outstanding{m.transfer_id, XferKind::kMessage, 0};
+  if (HandoffRecord* r = TimelineOf(m.transfer_id)) ++r->messages_sent;
 }
 
 void TransferCore::SendSignal(const std::string& peer, MsgTag tag, const std::string& tid) {

@@ -20,6 +20,7 @@
 
 #include "common/clock.h"
 #include "connector/connector_stats.h"
+#include "connector/handoff_timeline.h"
 #include "connector/kv_transfer_config.h"
 #include "connector/messages.h"
 #include "connector/peer_auth.h"
@@ -222,6 +223,9 @@ class TransferCore {
   std::vector<TransferToken> OutstandingTokens() const;
   /// Counters (gauges producers_active / consumers_waiting filled in).
   ConnectorStats stats() const;
+  /// The handoff timelines (handoff_timeline.h) of the transfers that ended since the last call,
+  /// in the order they ended.
+  std::vector<HandoffRecord> TakeFinishedRecords() { return std::exchange(finished_records_, {}); }
   std::optional<ProducerState> producer_state(const std::string& tid) const;
   std::optional<ConsumerState> consumer_state(const std::string& tid) const;
   bool IsTombstoned(const std::string& tid) const;
@@ -274,6 +278,7 @@ class TransferCore {
     std::vector<uint64_t> block_sums;
     /// Pull: a PIN that arrived before the prefill's end was seen; answered then.
     std::optional<std::pair<std::string, PdMessage>> early_pin;
+    HandoffRecord timeline;
     bool targeted() const { return mode == KvTransferParams::Mode::kPush && !peer.empty(); }
   };
   struct Consumer {
@@ -310,6 +315,7 @@ class TransferCore {
     /// Why a cancel began when not the watchdog's (a PUSH_TARGET of unknown fate): what the
     /// request is told when the cancel ends. OK: the watchdog's message.
     Status cancel_reason;
+    HandoffRecord timeline;
   };
   struct PendingTarget {
     std::string peer;
@@ -327,6 +333,10 @@ class TransferCore {
   bool PostTracked(const TransferOrder& order, const std::string& tid, XferKind kind,
                    uint64_t bytes, Status* error);
   void Tombstone(const std::string& tid);
+  /// The timeline of transfer `tid` here (its producer's, else its consumer's), or null.
+  HandoffRecord* TimelineOf(const std::string& tid);
+  /// Marks `phase` now on `r`.
+  void Mark(HandoffRecord& r, HandoffPhase phase) const { r.Mark(phase, clock_.NowNanos()); }
   void ExpireTimers(TimePoint now);
   void CheckConsumerTimers(TimePoint now);
   void Quarantine(Consumer& c, TimePoint now);
@@ -364,6 +374,8 @@ class TransferCore {
   /// message of its own). Same return as TryPostAll.
   bool PostRest(Producer& p);
   PdMessage KvReadyMessage(const Producer& p) const;
+  /// Timeline: a WRITE of `p` was posted (`notified`: with a notification).
+  void NoteWritePosted(Producer& p, bool notified);
   void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void DropProducer(Producer& p, Status why, bool tell_peer);
@@ -407,6 +419,7 @@ class TransferCore {
   std::unordered_map<std::string, TimePoint> tombstones_;
   std::deque<std::pair<TimePoint, std::string>> tombstone_order_;
   std::vector<StepChunk> step_chunks_;
+  std::vector<HandoffRecord> finished_records_;
   TimePoint next_timer_check_{};
   ConnectorStats stats_;
 };

@@ -61,6 +61,8 @@ void TransferCore::OnReadPosted(EngineEvent& ev) {
     return;
   }
   c.read_posted_ns = clock_.NowNanos();
+  c.timeline.Mark(HandoffPhase::kReadPosted, c.read_posted_ns);
+  ++c.timeline.reads;
   outstanding_[ev.transfer] = Outstanding{tid, XferKind::kRead, 0};
   if (c.state == ConsumerState::kCancelling || c.state == ConsumerState::kQuarantined) {
     // The watchdog fired while the READ waited for the engine thread: end it at once (the
@@ -102,6 +104,10 @@ void TransferCore::OnConsumerStart(EngineEvent& ev) {
                        c.local_tokens + c.external_tokens == c.n;
   c.peer = PeerOf(ev.params);
   if (auto view = peers_.Find(c.peer)) c.peer_incarnation = view->incarnation;
+  c.timeline.transfer_id = tid;
+  c.timeline.push = c.mode == Mode::kPush;
+  c.timeline.blocks = static_cast<int32_t>(c.num_blocks);
+  Mark(c.timeline, HandoffPhase::kConsumerStart);
   auto [it, inserted] = consumers_.emplace(tid, std::move(c));
   (void)inserted;
   Consumer& con = it->second;
@@ -149,6 +155,7 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
     spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", con.tid,
                   con.peer, m.block_ids.size(), m.first_block);
     SendMessage(con.peer, m);
+    Mark(con.timeline, HandoffPhase::kRequestSent);
     ++stats_.push_targets_sent;
     return;
   }
@@ -164,6 +171,7 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
   m.tag = MsgTag::kPin;
   m.num_blocks = con.num_blocks;
   SendMessage(con.peer, m);
+  Mark(con.timeline, HandoffPhase::kRequestSent);
   ++stats_.pins_sent;
 }
 
@@ -179,6 +187,7 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
                      std::nullopt);
     return;
   }
+  Mark(c.timeline, HandoffPhase::kPinnedReceived);
   c.expected_digest = m.kv_digest;
   if (c.take_first_token) {
     c.first_token = TokenOutput{m.token_id, m.logprob, std::move(m.top_logprobs)};
@@ -195,6 +204,8 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
   Status err = order.status();
   c.read_posted_ns = clock_.NowNanos();
   if (order.ok() && PostTracked(*order, c.tid, XferKind::kRead, 0, &err)) {
+    c.timeline.Mark(HandoffPhase::kReadPosted, c.read_posted_ns);
+    ++c.timeline.reads;
     c.state = ConsumerState::kReading;
     return;
   }
@@ -359,12 +370,14 @@ void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
   }
   // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,
   // unless something corrupted them on the way, which the digest tells.
+  Mark(c.timeline, HandoffPhase::kKvArrived);
   c.expected_digest = m.kv_digest;
   Status verified = VerifyReceived(c);
   if (!verified.ok()) {
     CompleteConsumer(c, std::move(verified), std::nullopt);
     return;
   }
+  Mark(c.timeline, HandoffPhase::kVerified);
   TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
   CompleteConsumer(c, Status::Ok(), std::move(t));
 }
@@ -381,7 +394,9 @@ void TransferCore::OnConsumerTransferDone(const Outstanding& o, const xfer::Tran
   ++stats_.reads_completed;
   stats_.read_ns_sum += clock_.NowNanos() - c.read_posted_ns;
   ++stats_.read_count;
+  Mark(c.timeline, HandoffPhase::kKvArrived);
   Status verified = VerifyReceived(c);
+  if (verified.ok()) Mark(c.timeline, HandoffPhase::kVerified);
   CompleteConsumer(c, verified, verified.ok() ? c.first_token : std::nullopt);
 }
 
@@ -407,6 +422,9 @@ void TransferCore::CompleteConsumer(Consumer& c, Status status, std::optional<To
     r.first_token = std::move(token);
     actions_.FinishLoad(std::move(r));
   }
+  Mark(c.timeline, HandoffPhase::kLoadFinished);
+  c.timeline.ok = c.timeline.at(HandoffPhase::kVerified) != 0;
+  finished_records_.push_back(std::move(c.timeline));
   const std::string tid = c.tid;
   consumers_.erase(tid);  // c is dangling after this line
 }

@@ -36,6 +36,10 @@ void TransferCore::OnProducerStart(EngineEvent& ev) {
   p.prompt_hash = ev.prompt_hash;
   p.answer_needed = ev.answer_needed;
   p.blocks = std::move(ev.blocks);
+  p.timeline.transfer_id = tid;
+  p.timeline.producer = true;
+  p.timeline.push = p.mode == Mode::kPush;
+  Mark(p.timeline, HandoffPhase::kProducerStart);
   p.layer_done.assign(static_cast<size_t>(layout_.num_layers), 0);
   p.layer_sent.assign(static_cast<size_t>(layout_.num_layers), 0);
   if (p.mode == Mode::kPush) {
@@ -112,6 +116,7 @@ void TransferCore::FinishProducer(Producer& p, EngineEvent& ev) {
   // Every layer of every prompt token is computed now (the request finished after its prefill).
   std::fill(p.layer_done.begin(), p.layer_done.end(), p.n);
   p.finished_ns = clock_.NowNanos();
+  p.timeline.Mark(HandoffPhase::kPrefillDone, p.finished_ns);
   p.lease_deadline = clock_.Now() + config_.lease;
   if (p.mode == Mode::kPull) {
     // The blocks are final and held: checksum them now, off the PIN round trip.
@@ -274,6 +279,8 @@ void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage&
   p.peer = peer;
   p.first_block = m.first_block;
   p.dst = std::move(m.block_ids);
+  Mark(p.timeline, HandoffPhase::kTargetAttached);
+  p.timeline.blocks = static_cast<int32_t>(p.dst.size());
   for (auto& s : p.layer_sent) s = std::max(s, static_cast<int32_t>(p.first_block));
   // A target that arrives after the prefill ended gets one WRITE of every layer, whose
   // notification is KV_READY; during the prefill, the layers computed so far go out.
@@ -353,7 +360,17 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   sent = upto;
   ++p.outstanding;
   ++stats_.writes_posted;
+  NoteWritePosted(p, !order.notification.empty());
   return true;
+}
+
+void TransferCore::NoteWritePosted(Producer& p, bool notified) {
+  HandoffRecord& r = p.timeline;
+  const int64_t now = clock_.NowNanos();
+  r.Mark(HandoffPhase::kFirstWritePosted, now);
+  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = now;
+  ++r.writes;
+  if (notified) ++r.write_notifications;
 }
 
 void TransferCore::HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto) {
@@ -416,6 +433,10 @@ void TransferCore::ReleaseProducer(Producer& p) {
 }
 
 void TransferCore::EraseProducer(Producer& p) {
+  if (IsValidTransferId(p.tid)) {  // not a locally dropped duplicate
+    Mark(p.timeline, HandoffPhase::kProducerEnd);
+    finished_records_.push_back(std::move(p.timeline));
+  }
   Tombstone(p.tid);
   producer_by_seq_.erase(p.seq_id);
   const std::string tid = p.tid;
@@ -442,6 +463,8 @@ void TransferCore::AdvanceProducer(Producer& p) {
   if (p.state == ProducerState::kReadyPosted && p.ready_on_write) {
     // KV_READY rode on the last WRITE: once it ended (remote completion) the blocks can go.
     if (p.outstanding > 0) return;
+    Mark(p.timeline, HandoffPhase::kWritesDone);
+    p.timeline.ok = true;
     ReleaseProducer(p);
     EraseProducer(p);
     return;
@@ -454,6 +477,7 @@ void TransferCore::AdvanceProducer(Producer& p) {
   }
   if (p.outstanding > 0) return;
   // Every WRITE completed (remote visibility): P's blocks can go, and KV_READY follows the data.
+  Mark(p.timeline, HandoffPhase::kWritesDone);
   ReleaseProducer(p);
   PostKvReady(p);
 }
@@ -526,9 +550,11 @@ bool TransferCore::PostRest(Producer& p) {
   for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
   ++p.outstanding;
   ++stats_.writes_posted;
+  NoteWritePosted(p, !order.notification.empty());
   if (with_ready && !order.notification.empty()) {
     p.ready_on_write = true;
     p.state = ProducerState::kReadyPosted;
+    Mark(p.timeline, HandoffPhase::kKvReadyPosted);
     ++stats_.kv_ready_sent;
     ++stats_.kv_ready_on_write;
     stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
@@ -547,6 +573,9 @@ void TransferCore::PostKvReady(Producer& p) {
   }
   outstanding_[*t] = Outstanding{p.tid, XferKind::kReady, 0};
   p.state = ProducerState::kReadyPosted;
+  Mark(p.timeline, HandoffPhase::kKvReadyPosted);
+  ++p.timeline.messages_sent;
+  p.timeline.ok = true;
   spdlog::debug("kv connector: KV_READY of {} posted", p.tid);
   ++stats_.kv_ready_sent;
   stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
@@ -608,6 +637,9 @@ void TransferCore::OnPin(const std::string& peer, const PdMessage& m) {
   a.block_ids.assign(p.blocks.begin() + first, p.blocks.begin() + last);
   a.kv_digest = KvDigest(std::span<const uint64_t>(p.block_sums.data() + first, m.num_blocks));
   SendMessage(peer, a);
+  Mark(p.timeline, HandoffPhase::kPinAnswered);
+  p.timeline.blocks = static_cast<int32_t>(m.num_blocks);
+  p.timeline.ok = true;
 }
 
 }  // namespace kvpush::connector

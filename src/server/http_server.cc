@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -274,6 +275,7 @@ void HttpServer::Route() {
     if (options_.connector != nullptr) {
       text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name,
                                      local_prefills_.load());
+      text += RenderHandoffMetrics(options_.connector->timelines(), options_.served_model_name);
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -378,6 +380,24 @@ void HttpServer::RouteKv() {
       return;
     }
     res.set_content(r->dump(), "application/json");
+  });
+  // The handoff timelines of the latest transfers (docs/pd_protocol.md, Handoff timeline).
+  s.Get("/debug/handoff_timeline", [this](const httplib::Request& req, httplib::Response& res) {
+    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
+    size_t limit = 256;
+    if (req.has_param("limit")) {
+      const std::string v = req.get_param_value("limit");
+      char* end = nullptr;
+      const unsigned long n = std::strtoul(v.c_str(), &end, 10);
+      if (v.empty() || end == nullptr || *end != '\0' || v[0] == '-' || n < 1 || n > 4096) {
+        return ReplyError(res, ApiError::Invalid("limit must be an integer in [1, 4096]",
+                                                 "limit", "invalid_limit"));
+      }
+      limit = n;
+    }
+    nlohmann::json body = {{"object", "list"},
+                           {"data", options_.connector->timelines().Recent(limit)}};
+    res.set_content(body.dump(), "application/json");
   });
   // The router saw the other leg of a transfer fail: end this instance's part of it now.
   s.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {

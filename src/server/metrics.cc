@@ -55,6 +55,19 @@ class Writer {
     Sample(name + "_sum", h.sum());
     Sample(name + "_count", static_cast<double>(h.count()));
   }
+  /// One series of a histogram family (call Header once before the first).
+  void HistSeries(const std::string& name, const std::string& labels, const Histogram& h) {
+    uint64_t cum = 0;
+    for (size_t i = 0; i < h.bounds().size(); ++i) {
+      cum += h.counts()[i];
+      Sample(name + "_bucket", static_cast<double>(cum),
+             labels + ",le=\"" + Num(h.bounds()[i]) + "\"");
+    }
+    cum += h.counts().empty() ? 0 : h.counts().back();
+    Sample(name + "_bucket", static_cast<double>(cum), labels + ",le=\"+Inf\"");
+    Sample(name + "_sum", h.sum(), labels);
+    Sample(name + "_count", static_cast<double>(h.count()), labels);
+  }
   std::string str() const { return os_.str(); }
 
  private:
@@ -254,6 +267,22 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
   w.Scalar("kvpush_kv_blocks_quarantined", "gauge",
            "KV blocks held out of use until no WRITE or READ can land in them.",
            static_cast<double>(c.blocks_quarantined));
+  return w.str();
+}
+
+std::string RenderHandoffMetrics(const connector::HandoffTimelineLog& log,
+                                 const std::string& model_name) {
+  const auto series = log.Histograms();
+  if (series.empty()) return "";
+  Writer w(model_name);
+  const std::string name = "kvpush_pd_handoff_phase_seconds";
+  w.Header(name, "histogram",
+           "P/D handoff intervals of the transfers that moved KV here (phase: prefill_compute, "
+           "target_after_prefill, prefill_tail, writes, decode_request, decode_kv_wait, "
+           "decode_verify, decode_load; docs/pd_protocol.md, Handoff timeline).");
+  for (const auto& s : series) {
+    w.HistSeries(name, "phase=\"" + s.interval + "\",mode=\"" + s.mode + "\"", s.histogram);
+  }
   return w.str();
 }
 

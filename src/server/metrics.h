@@ -11,6 +11,7 @@
 
 namespace kvpush::connector {
 struct ConnectorStats;
+class HandoffTimelineLog;
 }  // namespace kvpush::connector
 
 namespace kvpush::server {
@@ -28,5 +29,10 @@ std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& http,
 std::string RenderConnectorMetrics(const connector::ConnectorStats& stats,
                                    const std::string& model_name,
                                    int64_t local_prefill_requests = 0);
+
+/// kvpush_pd_handoff_phase_seconds{phase, mode}: one histogram per handoff interval
+/// (connector/handoff_timeline.h, HandoffIntervals) and mode observed on this instance.
+std::string RenderHandoffMetrics(const connector::HandoffTimelineLog& log,
+                                 const std::string& model_name);
 
 }  // namespace kvpush::server

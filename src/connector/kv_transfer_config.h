@@ -43,10 +43,13 @@ struct KvTransferConfig {
   /// Decode: verify every received block against the XXH3 digest P sends (kv/block_checksum.h)
   /// before using it. P always computes the digest; `false` only skips D's check (measurements).
   bool verify_checksums = true;
-  /// Push, layer by layer: a layer's WRITE carries a LAYER_READY notification (so that D hashes
-  /// the chunks while P computes on) only when it moves at least this many bytes; smaller ones
-  /// are hashed when KV_READY arrives, which costs less than one more message. Not a JSON key.
-  uint64_t layer_ready_min_bytes = 256 * 1024;
+  /// Push, layer by layer: during the prefill a layer's computed blocks are written once they
+  /// amount to at least this many bytes (K and V), with a LAYER_READY notification so that D
+  /// hashes them while P computes on. Below it a WRITE's fixed cost (a flush round trip on tcp,
+  /// wake-ups of both progress threads on 2 cores) exceeds the overlap it buys: the blocks go
+  /// with the rest in the one WRITE that carries KV_READY after the prefill. 256 KiB is 64
+  /// tokens of one Qwen3-32B layer (8 KV heads x 128 x bf16 x K,V). Not a JSON key.
+  uint64_t layerwise_min_bytes = 256 * 1024;
 
   /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
   /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON

@@ -365,8 +365,8 @@ class TransferCore {
   /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
   /// (it may have been erased: the caller must not touch it any more).
   bool TryPostAll(Producer& p);
-  /// During the prefill: the WRITE of `layer`'s computed blocks not sent yet (LAYER_READY as its
-  /// notification when it moves at least layer_ready_min_bytes). The last layer's WRITE that
+  /// During the prefill: the WRITE of `layer`'s computed blocks not sent yet, with LAYER_READY
+  /// as its notification, once they amount to layerwise_min_bytes. The last layer's WRITE that
   /// would complete the prompt waits for the engine's end (PostRest). Same return as TryPostAll.
   bool TryPostLayer(Producer& p, int32_t layer);
   /// After the prefill: ONE WRITE of every chunk not sent yet, all layers, whose notification is

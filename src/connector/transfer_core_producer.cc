@@ -317,6 +317,8 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
     return false;
   }
   const int32_t count = upto - sent;
+  const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
+  if (bytes < config_.layerwise_min_bytes) return true;  // goes with the rest (PostRest)
   TransferOrder order;
   order.op = xfer::Op::kWrite;
   order.peer = p.peer;
@@ -331,21 +333,14 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
                      p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
     }
   }
-  const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
-  if (bytes >= config_.layer_ready_min_bytes) {
-    // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
-    // Below the threshold hashing them at KV_READY costs less than the notification (one more
-    // message, and a flush round trip on tcp).
-    PdMessage landed;
-    landed.tag = MsgTag::kLayerReady;
-    landed.transfer_id = p.tid;
-    landed.layer = static_cast<uint32_t>(layer);
-    landed.first_block = static_cast<uint32_t>(sent);
-    landed.num_blocks = static_cast<uint32_t>(count);
-    if (auto payload = EncodeMessage(landed); payload.ok()) {
-      order.notification = std::move(*payload);
-    }
-  }
+  // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
+  PdMessage landed;
+  landed.tag = MsgTag::kLayerReady;
+  landed.transfer_id = p.tid;
+  landed.layer = static_cast<uint32_t>(layer);
+  landed.first_block = static_cast<uint32_t>(sent);
+  landed.num_blocks = static_cast<uint32_t>(count);
+  if (auto payload = EncodeMessage(landed); payload.ok()) order.notification = std::move(*payload);
   Status err;
   if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
     DropProducer(p,

@@ -75,7 +75,7 @@ class UcxBackend final : public Backend, private ProgressHooks {
  public:
   explicit UcxBackend(const UcxOptions& o)
       : options_(o),
-        shell_({.name = "ucx", .linger_ns = o.linger_us * 1000ll, .yield_when_idle = false}) {
+        shell_({.name = "ucx", .linger_ns = o.linger_us * 1000ll, .yield_when_idle = true}) {
     caps_.name = "ucx";
     caps_.needs_target_progress = true;
     caps_.allocates_for_one_sided = true;

@@ -172,6 +172,7 @@ class CoreTest : public ::testing::Test {
     config_.watchdog = std::chrono::milliseconds(500);
     config_.cancel_ack = std::chrono::milliseconds(200);
     config_.pull_profile = PullProfile::kFast;
+    config_.layerwise_min_bytes = 0;  // layer by layer at any size (its threshold: one test)
     peers_.peers[kP] = PeerView{16};
     peers_.peers[kD] = PeerView{16};
     peers_.peers[kD2] = PeerView{16};

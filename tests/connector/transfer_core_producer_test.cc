@@ -117,7 +117,12 @@ TEST_F(ProducerTest, LayerwiseWritesFollowTheComputedBlocksAndThePartialBlockGoe
   auto posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 1u);
   EXPECT_EQ(posts[0].order.local_indices.size(), 2u);  // block 0, K and V
-  EXPECT_TRUE(posts[0].order.notification.empty());    // too small for a LAYER_READY
+  auto landed = DecodeMessage(posts[0].order.notification);
+  ASSERT_TRUE(landed.ok());
+  EXPECT_EQ(landed->tag, MsgTag::kLayerReady);
+  EXPECT_EQ(landed->layer, 0u);
+  EXPECT_EQ(landed->first_block, 0u);
+  EXPECT_EQ(landed->num_blocks, 1u);
   Layer(1);
   EXPECT_EQ(rec_.Count(Action::kPost), 2u);
   Layer(7);  // out of range: ignored
@@ -170,33 +175,45 @@ TEST_F(ProducerTest, LayerwiseLastLayerCarriesKvReadyWhenTheEarlierWritesEnded) 
   EXPECT_EQ(core_->num_producers(), 0u);
 }
 
-TEST_F(ProducerTest, LayerReadyOnlyForWritesAboveTheThreshold) {
-  config_.layer_ready_min_bytes = 2 * layout_.chunk_bytes();  // one block, K and V
+TEST_F(ProducerTest, LayerWritesDuringThePrefillStartAtTheThreshold) {
+  config_.layerwise_min_bytes = 2 * layout_.chunk_bytes() + 1;  // more than one block's K,V
   Rebuild();
   const std::string t = Tid(43);
   StartProducer(1, t, Mode::kPush);
   Deliver(kD, Target(t));
   Step(1, 6);
-  Layer(0);
+  Layer(0);  // one block computed: below the threshold, it waits
+  Layer(1);
+  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
+  Step(1, 10);
+  Layer(0);  // three blocks: written, with LAYER_READY
   auto posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 1u);
-  auto landed = DecodeMessage(posts[0].order.notification);
-  ASSERT_TRUE(landed.ok());
-  EXPECT_EQ(landed->tag, MsgTag::kLayerReady);
-  EXPECT_EQ(landed->layer, 0u);
-  EXPECT_EQ(landed->first_block, 0u);
-  EXPECT_EQ(landed->num_blocks, 1u);
-  config_.layer_ready_min_bytes = 2 * layout_.chunk_bytes() + 1;
+  EXPECT_EQ(posts[0].order.local_indices.size(), 6u);
+  EXPECT_EQ(posts[0].msg.tag, MsgTag::kLayerReady);
+  Done(posts[0].token);
+  Layer(1);  // the last layer waits for the first token
+  FinishProducer(1);
+  posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 2u);
+  EXPECT_EQ(posts[1].order.local_indices.size(), 6u);
+  EXPECT_EQ(posts[1].msg.tag, MsgTag::kKvReady);
+  // At the default (256 KiB) a short prompt of this layout goes in one WRITE after the prefill.
+  config_.layerwise_min_bytes = KvTransferConfig{}.layerwise_min_bytes;
   Rebuild();
   rec_.Clear();
   const std::string u = Tid(44);
   StartProducer(2, u, Mode::kPush);
   Deliver(kD, Target(u));
-  Step(2, 6);
+  Step(2, 10);
   Layer(0);
+  Layer(1);
+  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
+  FinishProducer(2);
   posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 1u);
-  EXPECT_TRUE(posts[0].order.notification.empty());
+  EXPECT_EQ(posts[0].order.local_indices.size(), 12u);
+  EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
 }
 
 TEST_F(ProducerTest, LayerEventsAreWantedOnlyWhileATargetIsAttachedOrWaiting) {

@@ -44,6 +44,7 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/metrics", "GET"},
                                  {"/kv/handshake", "POST"},
                                  {"/kv/abort", "POST"},
+                                 {"/debug/handoff_timeline", "GET"},
                                  {"/tokenize", "POST"},
                                  {"/detokenize", "POST"}};
 

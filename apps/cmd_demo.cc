@@ -23,8 +23,10 @@
 #include <vector>
 
 #include "apps/child_process.h"
+#include "apps/demo_report.h"
 #include "apps/commands.h"
 #include "client/openai_client.h"
+#include "common/clock.h"
 
 namespace kvpush::apps {
 
@@ -174,75 +176,6 @@ Status StartProc(Proc& p, const std::vector<std::string>& args, const std::strin
                      "warn"});
   KVP_RETURN_IF_ERROR(p.child.Start(a, log_dir + "/" + p.name + ".log"));
   return Status::Ok();
-}
-
-// The P/D counters the demo reports beside H (from an instance's /metrics; absent ones are 0).
-struct ConnectorCounters {
-  double push_targets = 0, writes = 0, kv_ready = 0, kv_ready_on_write = 0, push_tail_s = 0,
-         push_tail_n = 0, reads = 0, read_s = 0, read_n = 0, recomputes = 0, not_needed = 0;
-  ConnectorCounters operator-(const ConnectorCounters& o) const {
-    return {push_targets - o.push_targets, writes - o.writes,
-            kv_ready - o.kv_ready,         kv_ready_on_write - o.kv_ready_on_write,
-            push_tail_s - o.push_tail_s,   push_tail_n - o.push_tail_n,
-            reads - o.reads,               read_s - o.read_s,
-            read_n - o.read_n,             recomputes - o.recomputes,
-            not_needed - o.not_needed};
-  }
-};
-
-// The value of the unlabelled sample `name` in a Prometheus text body, or 0.
-double MetricValue(const std::string& body, const std::string& name) {
-  size_t pos = 0;
-  while ((pos = body.find(name, pos)) != std::string::npos) {
-    const bool line_start = pos == 0 || body[pos - 1] == '\n';
-    const size_t after = pos + name.size();
-    if (line_start && after < body.size() && (body[after] == ' ' || body[after] == '{')) {
-      const size_t value = body.find(' ', after);
-      if (value != std::string::npos) return std::strtod(body.c_str() + value + 1, nullptr);
-    }
-    pos = after;
-  }
-  return 0.0;
-}
-
-ConnectorCounters ReadConnectorCounters(const OpenAiClient& client) {
-  ConnectorCounters c;
-  auto m = client.Get("/metrics");
-  if (!m.ok()) return c;
-  const std::string k = "kvpush_kv_transfer_";
-  c.push_targets = MetricValue(*m, k + "push_targets_sent_total") +
-                   MetricValue(*m, k + "push_targets_received_total");
-  c.writes = MetricValue(*m, k + "writes_total");
-  c.kv_ready = MetricValue(*m, k + "kv_ready_sent_total");
-  c.kv_ready_on_write = MetricValue(*m, k + "kv_ready_on_write_total");
-  c.push_tail_s = MetricValue(*m, k + "push_tail_seconds_sum");
-  c.push_tail_n = MetricValue(*m, k + "push_tail_seconds_count");
-  c.reads = MetricValue(*m, k + "reads_total");
-  c.read_s = MetricValue(*m, k + "read_seconds_sum");
-  c.read_n = MetricValue(*m, k + "read_seconds_count");
-  c.recomputes = MetricValue(*m, "kvpush_kv_load_recomputes_total");
-  c.not_needed = MetricValue(*m, k + "not_needed_total");
-  return c;
-}
-
-// What the measured rounds moved, from P's and D's counters: per push request the WRITEs and how
-// KV_READY travelled, P's push tail (engine done -> KV_READY posted) and D's pull READ time.
-void PrintTransferCounters(const ConnectorCounters& p, const ConnectorCounters& d) {
-  std::printf("\nTransfers in the measured rounds (P's and D's /metrics):\n");
-  if (p.kv_ready > 0) {
-    std::printf("  push: %.0f transfers, %.2f WRITEs each, KV_READY as the last WRITE's "
-                "notification in %.0f%%; P's tail (prefill done -> KV_READY posted) mean %.3f "
-                "ms\n",
-                p.kv_ready, p.writes / p.kv_ready, 100.0 * p.kv_ready_on_write / p.kv_ready,
-                p.push_tail_n > 0 ? 1e3 * p.push_tail_s / p.push_tail_n : 0.0);
-  }
-  if (d.read_n > 0) {
-    std::printf("  pull: %.0f READs, mean %.3f ms from post to completion (D)\n", d.read_n,
-                1e3 * d.read_s / d.read_n);
-  }
-  std::printf("  decode recomputes after a failed load: %.0f; full prefix hits (no KV moved): "
-              "%.0f\n",
-              d.recomputes, d.not_needed);
 }
 
 // The log folder: --log-dir, else a fresh temp dir. "" on failure (printed).
@@ -507,7 +440,9 @@ int RunDemo(const DemoOptions& opt) {
   session.WarmUp(prompts);
   const ConnectorCounters p_before = ReadConnectorCounters(p_client);
   const ConnectorCounters d_before = ReadConnectorCounters(d_client);
+  const int64_t measured_from_ns = NowNs();
   session.MeasureInterleaved(prompts, opt.rounds);
+  const int64_t measured_until_ns = NowNs();
   const ConnectorCounters p_after = ReadConnectorCounters(p_client);
   const ConnectorCounters d_after = ReadConnectorCounters(d_client);
   session.Concurrent(1, prompts);  // push
@@ -526,6 +461,7 @@ int RunDemo(const DemoOptions& opt) {
   PrintTable(session.runs());
   session.PrintH();
   PrintTransferCounters(p_after - p_before, d_after - d_before);
+  PrintHandoffMedians(p_client, d_client, measured_from_ns, measured_until_ns);
   std::printf("\n");
   PrintKvGauges(p_client, "on prefill at end");
   PrintKvGauges(d_client, "on decode at end ");

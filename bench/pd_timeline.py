@@ -5,10 +5,11 @@ Starts, on loopback, a colocated instance, one prefill (P) and one decode (D) in
 router (prefix cache off everywhere: every request moves its whole prompt's KV), warms every mode
 up, then sends prompts of random token ids of each --lengths, one request at a time, each prompt
 in every mode (colocated, push, pull-vllm, pull-fast) in rotating order. For every request it
-records the client's send and first-token times (time.monotonic_ns: CLOCK_MONOTONIC, the clock P
-and D stamp their handoff timelines with on this host), the context switches of the router, P and
-D (/proc/PID/task/*/status, read between requests) and afterwards joins P's and D's records
-(GET /debug/handoff_timeline) to it: D's by the request's time window, P's by transfer id.
+records the client's send and first-token times (time.monotonic_ns: CLOCK_MONOTONIC, the clock
+the router, P and D stamp their handoff timelines with on this host), the context switches of the
+router, P and D (/proc/PID/task/*/status, read between requests) and afterwards joins their
+records (GET /debug/handoff_timeline) to it: D's by the request's time window, P's and the
+router's (R) by transfer id.
 
 Prints, per prompt length: H = TTFT(mode) - TTFT(colocated) of the same prompt (p50/p90/p99),
 then the median timeline of each P/D mode (ms after the client sent the request), the wake-ups
@@ -30,13 +31,17 @@ import time
 HOST = "127.0.0.1"
 MODES = ["colocated", "push", "pull-vllm", "pull-fast"]
 # The phases shown, in the order a request normally passes them; (role, phase) as recorded.
-PUSH_PHASES = [("D", "consumer_start"), ("D", "request_sent"), ("P", "producer_start"),
+PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
+               ("D", "consumer_start"), ("D", "request_sent"), ("P", "producer_start"),
                ("P", "prefill_done"), ("P", "target_attached"), ("P", "first_write_posted"),
                ("P", "kv_ready_posted"), ("D", "kv_arrived"), ("D", "verified"),
-               ("D", "load_finished"), ("P", "writes_done")]
-PULL_PHASES = [("P", "producer_start"), ("P", "prefill_done"), ("D", "consumer_start"),
+               ("D", "load_finished"), ("P", "writes_done"), ("R", "prefill_answered"),
+               ("R", "first_output_relayed")]
+PULL_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("P", "producer_start"), ("P", "prefill_done"), ("D", "consumer_start"),
                ("D", "request_sent"), ("P", "pin_answered"), ("D", "pinned_received"),
-               ("D", "read_posted"), ("D", "kv_arrived"), ("D", "verified"), ("D", "load_finished")]
+               ("R", "prefill_answered"), ("R", "decode_leg_written"), ("D", "read_posted"),
+               ("D", "kv_arrived"), ("D", "verified"), ("D", "load_finished"),
+               ("R", "first_output_relayed")]
 
 
 def free_port():
@@ -173,10 +178,11 @@ def timelines(port):
     return json.loads(body)["data"]
 
 
-def join(results, p_recs, d_recs):
+def join(results, p_recs, d_recs, r_recs):
     """Attaches to each P/D result the D record whose consumer_start lies in its window and the P
-    record of the same transfer id."""
+    and router records of the same transfer id."""
     p_by_tid = {r["transfer_id"]: r for r in p_recs}
+    r_by_tid = {r["transfer_id"]: r for r in r_recs}
     d_sorted = sorted(d_recs, key=lambda r: r["t_ns"].get("consumer_start", 0))
     for res in results:
         if res["mode"] == "colocated":
@@ -186,6 +192,7 @@ def join(results, p_recs, d_recs):
             if res["t0"] <= t <= res["end"]:
                 res["D"] = r
                 res["P"] = p_by_tid.get(r["transfer_id"])
+                res["R"] = r_by_tid.get(r["transfer_id"])
                 break
 
 
@@ -285,7 +292,8 @@ def main():
                     r = run_request(ports, pids, mode, prompt, args.max_tokens)
                     r.update(round=0, prompt=i)
                     results.append(r)
-            join(results, timelines(ports["prefill"]), timelines(ports["decode"]))
+            join(results, timelines(ports["prefill"]), timelines(ports["decode"]),
+                 timelines(ports["router"]))
             s = summarize(results, length)
             print_summary(s)
             summaries.append(s)

@@ -109,7 +109,7 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       static const char* kKnown[] = {"backend",      "lease_ms",       "watchdog_ms",
                                      "cancel_ack_ms", "stall_ms",      "failure_policy",
                                      "pull_profile", "layerwise",      "engine_id",
-                                     "verify_checksums"};
+                                     "verify_checksums", "layerwise_min_bytes"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
       if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
@@ -150,6 +150,13 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
       c.layerwise = x["layerwise"].get<bool>();
     }
+    if (x.contains("layerwise_min_bytes")) {
+      const auto& v = x["layerwise_min_bytes"];
+      if (!v.is_number_unsigned() || v.get<uint64_t>() > (uint64_t{1} << 40)) {
+        return InvalidArgument("layerwise_min_bytes must be an integer in [0, 2^40]");
+      }
+      c.layerwise_min_bytes = v.get<uint64_t>();
+    }
     if (x.contains("verify_checksums")) {
       if (!x["verify_checksums"].is_boolean()) {
         return InvalidArgument("verify_checksums must be a boolean");
@@ -178,6 +185,7 @@ std::string KvTransferConfig::ToString() const {
          (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
          " pull_profile=" + std::string(PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
+         " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +
          " verify_checksums=" + (verify_checksums ? "true" : "false");
 }
 

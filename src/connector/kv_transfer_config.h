@@ -48,7 +48,8 @@ struct KvTransferConfig {
   /// hashes them while P computes on. Below it a WRITE's fixed cost (a flush round trip on tcp,
   /// wake-ups of both progress threads on 2 cores) exceeds the overlap it buys: the blocks go
   /// with the rest in the one WRITE that carries KV_READY after the prefill. 256 KiB is 64
-  /// tokens of one Qwen3-32B layer (8 KV heads x 128 x bf16 x K,V). Not a JSON key.
+  /// tokens of one Qwen3-32B layer (8 KV heads x 128 x bf16 x K,V). 0: every layer as soon as
+  /// it is computed, whatever its size.
   uint64_t layerwise_min_bytes = 256 * 1024;
 
   /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no

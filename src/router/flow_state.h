@@ -20,6 +20,7 @@
 #include "router/pd_legs.h"
 #include "router/prompt_echo.h"
 #include "router/request_flow.h"
+#include "router/router_timeline.h"
 
 namespace kvpush::router {
 
@@ -75,6 +76,9 @@ struct RequestFlow::Transfer {
   std::optional<Reply> refused_reply;  ///< with retry_url: the answer if no retry can be made
   /// The request skipped its P leg (--local-prefill-threshold): D prefills; no transfer to abort.
   bool local_prefill = false;
+  /// The router's phases of this transfer (router_timeline.h); set from the moment it exists.
+  RouterTimeline timeline;
+  Transfer() { timeline.Mark(RouterPhase::kReceived); }
 
   std::mutex mu;
   std::condition_variable prefill_cv;  ///< notified when prefill_done is set

@@ -329,6 +329,8 @@ bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease le
   LegResult failed;
   if (!t->p_leg->Send("POST", t->path, t->request_id, body, /*sse=*/false, &failed)) {
     *sent = std::move(failed);
+  } else {
+    t->timeline.Mark(RouterPhase::kPrefillLegWritten);
   }
   // std::function needs a copyable callable: the move-only lease travels in a shared_ptr.
   auto held = std::make_shared<InstanceLease>(std::move(lease));
@@ -349,6 +351,7 @@ bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease le
 
 void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
                                  const LegResult& pr) {
+  if (pr.answered) t.timeline.Mark(RouterPhase::kPrefillAnswered);
   if (pr.answered && (pr.status == 200 || IsDroppedPrefillAnswer(pr))) {
     spdlog::debug("request {}: prefill leg answered HTTP {}: {}", t.request_id, pr.status,
                   Head(pr.body));
@@ -387,8 +390,10 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
                                                 const std::string& pull_profile,
                                                 httplib::Response& res) {
   Router& r = router_;
+  t.timeline.Mark(RouterPhase::kPrefillLegWritten);
   const LegResult pr =
       t.p_leg->Post(t.path, t.request_id, MakePrefillBody(body, t.mode, t.transfer_id).dump());
+  if (pr.answered) t.timeline.Mark(RouterPhase::kPrefillAnswered);
   t.p_leg.reset();
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
   if (pr.answered && RefusedUnstarted(pr)) lease.MarkDraining();
@@ -470,6 +475,7 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
 void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                              InstanceLease d_lease, httplib::Response& res) {
   Router& r = router_;
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
   const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
   if (t->echo_logprobs && dr.answered && dr.status == 200) {
     // P's answer (its prompt_echo) follows the KV that D already has.
@@ -500,10 +506,21 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
     r.CountRequest(t->mode, true);
     Reply merged = Forwarded(dr);
     merged.body = answer.dump(-1, ' ', false, json::error_handler_t::replace);
+    RecordTimeline(r, *t, true);
     return merged.WriteTo(res);
   }
   r.CountRequest(t->mode, true);
+  RecordTimeline(r, *t, true);
   Forwarded(dr).WriteTo(res);
+}
+
+void RequestFlow::RecordTimeline(Router& r, Transfer& t, bool ok) {
+  if (t.mode == TransferMode::kColocated || t.local_prefill) return;
+  // A JSON answer is handed to the HTTP layer whole: its first byte and its end go out together.
+  t.timeline.Mark(RouterPhase::kFirstOutputRelayed);
+  t.timeline.Mark(RouterPhase::kDone);
+  r.timelines_.Add(t.timeline.ToJson(t.request_id, t.transfer_id,
+                                     t.mode == TransferMode::kPush ? "push" : "pull", ok));
 }
 
 void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
@@ -511,6 +528,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
                                std::shared_ptr<StreamState>* capture) {
   Router& r = router_;
   auto ds = std::make_shared<DecodeStream>(t->d_leg);
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
   const int status = ds->Start(t->path, t->request_id, d_body);
   std::vector<std::string> held;
   if (status == 200 && t->mode == TransferMode::kPush && !t->local_prefill) {
@@ -586,6 +604,7 @@ bool RequestFlow::Pump(Router& r, StreamState& st, httplib::DataSink& sink,
     }
     const std::string& ev = out.empty() ? e : out;
     if (!sink.write(ev.data(), ev.size())) return false;
+    if (kind == SseEventKind::kData) st.t->timeline.Mark(RouterPhase::kFirstOutputRelayed);
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {
       st.terminal_sent = true;
@@ -631,6 +650,8 @@ void RequestFlow::EndStream(Router& r, StreamState& st) {
     st.stream->Stop();
   }
   t.Finish();
+  t.timeline.Mark(RouterPhase::kDone);
+  RecordTimeline(r, t, st.completed && !st.failed);
   // D failed or the client left (not P: P's failure already aborted D): P's part is moot.
   if ((!st.completed || st.failed) && !t.PrefillFailure()) AbortPrefill(r, t);
   r.CountRequest(t.mode, st.completed && !st.failed);

@@ -111,6 +111,8 @@ class RequestFlow {
   static bool Pump(Router& r, StreamState& st, httplib::DataSink& sink,
                    std::chrono::milliseconds wait);
   static void EndStream(Router& r, StreamState& st);
+  /// Adds `t`'s router timeline (done now) to the router's log; P/D transfers only.
+  static void RecordTimeline(Router& r, Transfer& t, bool ok);
 
   Router& router_;
 };

@@ -39,6 +39,7 @@ constexpr RouteSpec kRoutes[] = {{"/v1/completions", "POST"},
                                  {"/v1/models", "GET"},
                                  {"/health", "GET"},
                                  {"/metrics", "GET"},
+                                 {"/debug/handoff_timeline", "GET"},
                                  {"/tokenize", "POST"},
                                  {"/detokenize", "POST"}};
 
@@ -432,6 +433,26 @@ void Router::Route() {
   RouteHealth();
   s.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
     res.set_content(RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");
+  });
+  // The router's part of the handoff timelines of the latest P/D requests (pd_protocol.md §7).
+  s.Get("/debug/handoff_timeline", [this](const httplib::Request& req, httplib::Response& res) {
+    size_t limit = 256;
+    if (req.has_param("limit")) {
+      const std::string v = req.get_param_value("limit");
+      const bool digits = !v.empty() && v.size() <= 4 &&
+                          v.find_first_not_of("0123456789") == std::string::npos;
+      const int n = digits ? std::stoi(v) : 0;
+      if (n < 1 || n > 4096) {
+        res.status = 400;
+        res.set_content(ErrorJson("limit must be an integer in [1, 4096]",
+                                  "invalid_request_error", "invalid_limit", "limit"),
+                        "application/json");
+        return;
+      }
+      limit = static_cast<size_t>(n);
+    }
+    const nlohmann::json body = {{"object", "list"}, {"data", timelines_.Recent(limit)}};
+    res.set_content(body.dump(), "application/json");
   });
   // Wrong method on a known path: 405 with an Allow header.
   for (const RouteSpec& r : kRoutes) {

@@ -22,6 +22,7 @@
 #include "router/connection_pool.h"
 #include "router/instance_pool.h"
 #include "router/pd_legs.h"
+#include "router/router_timeline.h"
 #include "router/routing_policy.h"
 #include "router/transfer_aborter.h"
 #include "router/worker_pool.h"
@@ -214,6 +215,7 @@ class Router {
   std::unique_ptr<TransferAborter> aborter_;
   std::unique_ptr<ConnectionPool> connections_;
   std::unique_ptr<WorkerPool> workers_;  ///< created by Start()
+  RouterTimelineLog timelines_;          ///< P/D requests' router timelines (thread-safe)
 
   mutable std::mutex mu_;  ///< guards counters_
   RouterCounters counters_;

@@ -39,6 +39,7 @@ TEST(KvTransferConfig, Defaults) {
     EXPECT_EQ(c.failure_policy, FailurePolicy::kRecompute);
     EXPECT_EQ(c.pull_profile, PullProfile::kFast);
     EXPECT_TRUE(c.layerwise);
+    EXPECT_EQ(c.layerwise_min_bytes, 256u * 1024u);
     EXPECT_TRUE(c.verify_checksums);
   }
   // Default lease outlasts the default watchdog + 1 s (the handshake rule).
@@ -65,7 +66,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
       "kv_connector_extra_config": {"backend": "libfabric:shm", "lease_ms": 45000,
         "watchdog_ms": 1234, "cancel_ack_ms": 777, "stall_ms": 999, "failure_policy": "fail",
         "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a",
-        "verify_checksums": false}})",
+        "verify_checksums": false, "layerwise_min_bytes": 0}})",
                     "decode");
   EXPECT_EQ(c.kv_connector, "PullConnector");
   EXPECT_EQ(c.role, KvRole::kConsumer);
@@ -77,6 +78,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
   EXPECT_EQ(c.failure_policy, FailurePolicy::kFail);
   EXPECT_EQ(c.pull_profile, PullProfile::kVllm);
   EXPECT_FALSE(c.layerwise);
+  EXPECT_EQ(c.layerwise_min_bytes, 0u);
   EXPECT_FALSE(c.verify_checksums);
   EXPECT_EQ(c.engine_id, "decode-a");
 
@@ -143,6 +145,13 @@ TEST(KvTransferConfig, RefusesWrongTypes) {
   Err(R"({"kv_connector_extra_config": {"layerwise": "true"}})", {"layerwise", "boolean"});
   Err(R"({"kv_connector_extra_config": {"layerwise": 1}})", {"layerwise"});
   Err(R"({"kv_connector_extra_config": {"verify_checksums": "yes"}})", {"verify_checksums"});
+  for (const char* v : {"-1", "1.5", "\"65536\"", "true", "1099511627777"}) {
+    Err(std::string(R"({"kv_connector_extra_config": {"layerwise_min_bytes": )") + v + "}}",
+        {"layerwise_min_bytes", "integer"});
+  }
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"layerwise_min_bytes": 1099511627776}})", "both")
+                .layerwise_min_bytes,
+            uint64_t{1} << 40);
 }
 
 TEST(KvTransferConfig, MillisecondRanges) {

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -180,6 +181,59 @@ class PdE2E : public PdFixture {
                                << " +" << reads << ", " << kNotNeeded << " +" << nn << ")";
       EXPECT_EQ(ready, 0) << what << ": pull phase received KV_READY";
     }
+    ExpectTimelines(c, ph.mode == "push", what);
+  }
+
+  /// The handoff timelines P and D recorded (GET /debug/handoff_timeline) join by transfer id
+  /// and their phases follow the protocol's order, across the two processes (one host: one
+  /// monotonic clock). Checks every transfer of `push` mode that moved KV so far.
+  void ExpectTimelines(const Cluster& c, bool push, const std::string& what) {
+    auto fetch = [](const Proc* p) {
+      httplib::Client cli(p->host, p->port);
+      auto r = cli.Get("/debug/handoff_timeline?limit=4096");
+      EXPECT_TRUE(r && r->status == 200) << p->name << ": /debug/handoff_timeline failed";
+      return r ? json::parse(r->body, nullptr, false) : json();
+    };
+    const json pj = fetch(c.p), dj = fetch(c.d);
+    ASSERT_TRUE(pj.contains("data") && dj.contains("data")) << what;
+    std::map<std::string, json> by_tid;
+    for (const json& r : pj["data"]) by_tid[r["transfer_id"].get<std::string>()] = r;
+    const std::string mode = push ? "push" : "pull";
+    int checked = 0;
+    for (const json& d : dj["data"]) {
+      if (d["mode"] != mode || !d["ok"].get<bool>()) continue;
+      const std::string tid = d["transfer_id"];
+      ASSERT_EQ(by_tid.count(tid), 1u) << what << ": no P record of transfer " << tid;
+      const json& p = by_tid[tid];
+      const json& dt = d["t_ns"];
+      const json& pt = p["t_ns"];
+      auto le = [&](const json& a, const char* x, const json& b, const char* y) {
+        ASSERT_TRUE(a.contains(x) && b.contains(y)) << what << " " << tid << ": no " << x
+                                                    << " or " << y << "\nP " << p.dump()
+                                                    << "\nD " << d.dump();
+        EXPECT_LE(a[x].get<int64_t>(), b[y].get<int64_t>())
+            << what << " " << tid << ": " << x << " after " << y << "\nP " << p.dump() << "\nD "
+            << d.dump();
+      };
+      le(pt, "producer_start", pt, "prefill_done");
+      le(dt, "consumer_start", dt, "request_sent");
+      le(dt, "kv_arrived", dt, "verified");
+      le(dt, "verified", dt, "load_finished");
+      if (push) {
+        le(pt, "prefill_done", pt, "kv_ready_posted");
+        le(pt, "kv_ready_posted", dt, "kv_arrived");  // the notification follows the data
+        le(pt, "first_write_posted", pt, "writes_done");
+        EXPECT_GE(p["writes"].get<int>(), 1) << what << " " << tid;
+      } else {
+        le(pt, "prefill_done", pt, "pin_answered");
+        le(pt, "pin_answered", dt, "pinned_received");
+        le(dt, "pinned_received", dt, "read_posted");
+        le(dt, "read_posted", dt, "kv_arrived");
+        EXPECT_EQ(d["reads"].get<int>(), 1) << what << " " << tid;
+      }
+      ++checked;
+    }
+    EXPECT_GT(checked, 0) << what << ": no " << mode << " transfer in D's handoff timeline";
   }
 
   /// Generates a small Llama-shaped GGUF in the temp dir.

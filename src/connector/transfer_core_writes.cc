@@ -1,0 +1,214 @@
+// TransferCore, prefill (P) side, push: the KV WRITEs into D's target blocks (layer by layer
+// during the prefill, the rest in one WRITE after it, KV_READY as its notification or alone), the
+// chunk hashes they carry and KV_READY (docs/pd_protocol.md §3, *The push path*).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "connector/transfer_core.h"
+#include "kv/block_checksum.h"
+
+namespace kvpush::connector {
+
+bool TransferCore::TryPostAll(Producer& p) {
+  for (int32_t layer = 0; layer < static_cast<int32_t>(p.layer_done.size()); ++layer) {
+    if (!TryPostLayer(p, layer)) return false;
+  }
+  return true;
+}
+
+bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
+  if (!p.targeted() || p.state == ProducerState::kDropping) return true;
+  if (!config_.layerwise && !p.engine_done) return true;
+  const int32_t bs = layout_.block_size;
+  const int32_t nblocks = (p.n + bs - 1) / bs;
+  const int32_t done = p.layer_done[static_cast<size_t>(layer)];
+  const int32_t upto = done >= p.n ? nblocks : done / bs;  // a partial block goes at the end
+  int32_t& sent = p.layer_sent[static_cast<size_t>(layer)];
+  if (upto <= sent) return true;
+  // The last layer's WRITE that completes the prompt waits for the engine's end (the first
+  // token is sampled right after it): PostRest then sends it with KV_READY as its notification.
+  if (!p.engine_done && layer + 1 == layout_.num_layers && upto == nblocks) return true;
+  if (static_cast<int32_t>(p.blocks.size()) < upto) {
+    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
+    return false;
+  }
+  auto ps = peers_.Find(p.peer);
+  if (!ps) {
+    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
+    return false;
+  }
+  const int32_t count = upto - sent;
+  const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
+  if (bytes < config_.layerwise_min_bytes) return true;  // goes with the rest (PostRest)
+  TransferOrder order;
+  order.op = xfer::Op::kWrite;
+  order.peer = p.peer;
+  order.local_indices.reserve(static_cast<size_t>(count) * 2);
+  order.remote_indices.reserve(static_cast<size_t>(count) * 2);
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+    for (int32_t i = sent; i < upto; ++i) {
+      order.local_indices.push_back(
+          EntryIndex(layout_.num_blocks, layer, kind, p.blocks[static_cast<size_t>(i)]));
+      order.remote_indices.push_back(
+          EntryIndex(ps->num_blocks, layer, kind,
+                     p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
+    }
+  }
+  // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
+  PdMessage landed;
+  landed.tag = MsgTag::kLayerReady;
+  landed.transfer_id = p.tid;
+  landed.layer = static_cast<uint32_t>(layer);
+  landed.first_block = static_cast<uint32_t>(sent);
+  landed.num_blocks = static_cast<uint32_t>(count);
+  if (auto payload = EncodeMessage(landed); payload.ok()) order.notification = std::move(*payload);
+  Status err;
+  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
+    DropProducer(p,
+                 Status(err.code(), "posting the WRITE of layer " + std::to_string(layer) + ": " +
+                                        err.message()),
+                 true);
+    return false;
+  }
+  spdlog::debug("kv connector: {} layer {} WRITE of blocks [{}, {}) posted", p.tid, layer, sent,
+                upto);
+  HashSentChunks(p, layer, sent, upto);
+  sent = upto;
+  ++p.outstanding;
+  ++stats_.writes_posted;
+  NoteWritePosted(p, !order.notification.empty());
+  return true;
+}
+
+void TransferCore::NoteWritePosted(Producer& p, bool notified) {
+  HandoffRecord& r = p.timeline;
+  const int64_t now = clock_.NowNanos();
+  r.Mark(HandoffPhase::kFirstWritePosted, now);
+  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = now;
+  ++r.writes;
+  if (notified) ++r.write_notifications;
+}
+
+void TransferCore::HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto) {
+  // The chunks are final (this layer's K/V of these tokens are stored): hash them while the
+  // WRITE is on the wire and the engine computes the next layer.
+  const int64_t hash_start = clock_.NowNanos();
+  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
+  for (int32_t i = from; i < upto; ++i) {
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      p.chunk_sums[static_cast<size_t>(i) * per_block + static_cast<size_t>(layer) * 2 +
+                   static_cast<size_t>(kind)] =
+          KvChunkHash(layout_, arena_, layer, kind, p.blocks[static_cast<size_t>(i)]);
+    }
+  }
+  stats_.checksum_ns_sum += clock_.NowNanos() - hash_start;
+}
+
+PdMessage TransferCore::KvReadyMessage(const Producer& p) const {
+  PdMessage r;
+  r.tag = MsgTag::kKvReady;
+  r.transfer_id = p.tid;
+  r.token_id = p.token.id;
+  r.logprob = p.token.logprob;
+  r.kv_digest = PushDigest(p);
+  r.top_logprobs = p.token.top_logprobs;
+  if (r.top_logprobs.size() > kMaxTopLogprobs) r.top_logprobs.resize(kMaxTopLogprobs);
+  return r;
+}
+
+bool TransferCore::PostRest(Producer& p) {
+  if (!p.targeted() || p.state == ProducerState::kDropping) return true;
+  const int32_t bs = layout_.block_size;
+  const int32_t nblocks = (p.n + bs - 1) / bs;
+  const auto L = static_cast<size_t>(layout_.num_layers);
+  size_t chunks = 0;
+  for (int32_t s : p.layer_sent) chunks += static_cast<size_t>(std::max(0, nblocks - s));
+  if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
+  if (static_cast<int32_t>(p.blocks.size()) < nblocks) {
+    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
+    return false;
+  }
+  auto ps = peers_.Find(p.peer);
+  if (!ps) {
+    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
+    return false;
+  }
+  TransferOrder order;
+  order.op = xfer::Op::kWrite;
+  order.peer = p.peer;
+  order.local_indices.reserve(chunks * 2);
+  order.remote_indices.reserve(chunks * 2);
+  for (size_t layer = 0; layer < L; ++layer) {
+    const int32_t from = p.layer_sent[layer];
+    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+      for (int32_t i = from; i < nblocks; ++i) {
+        const auto l = static_cast<int32_t>(layer);
+        order.local_indices.push_back(
+            EntryIndex(layout_.num_blocks, l, kind, p.blocks[static_cast<size_t>(i)]));
+        order.remote_indices.push_back(
+            EntryIndex(ps->num_blocks, l, kind,
+                       p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
+      }
+    }
+    // Final (the request finished): hashed now, as the KV_READY below carries their digest.
+    if (from < nblocks) HashSentChunks(p, static_cast<int32_t>(layer), from, nblocks);
+  }
+  // KV_READY rides on this WRITE (the notification is delivered only after its data) when no
+  // other WRITE of the transfer is in flight; else it follows once they all ended.
+  const bool with_ready = p.outstanding == 0;
+  if (with_ready) {
+    auto payload = EncodeMessage(KvReadyMessage(p));
+    if (payload.ok()) order.notification = std::move(*payload);
+  }
+  const uint64_t bytes = static_cast<uint64_t>(chunks) * 2 * layout_.chunk_bytes();
+  Status err;
+  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
+    DropProducer(p, Status(err.code(), "posting the WRITE of the prompt's KV: " + err.message()),
+                 true);
+    return false;
+  }
+  spdlog::debug("kv connector: {} WRITE of the rest ({} chunks{}) posted", p.tid, chunks * 2,
+                with_ready ? ", KV_READY as its notification" : "");
+  for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
+  ++p.outstanding;
+  ++stats_.writes_posted;
+  NoteWritePosted(p, !order.notification.empty());
+  if (with_ready && !order.notification.empty()) {
+    p.ready_on_write = true;
+    p.state = ProducerState::kReadyPosted;
+    Mark(p.timeline, HandoffPhase::kKvReadyPosted);
+    ++stats_.kv_ready_sent;
+    ++stats_.kv_ready_on_write;
+    stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
+    ++stats_.push_tail_count;
+  }
+  return true;
+}
+
+void TransferCore::PostKvReady(Producer& p) {
+  const PdMessage r = KvReadyMessage(p);
+  auto t = actions_.SendMessage(p.peer, r);
+  if (!t.ok()) {
+    spdlog::warn("kv connector: cannot send KV_READY of {}: {}", p.tid, t.status().ToString());
+    EraseProducer(p);
+    return;
+  }
+  outstanding_[*t] = Outstanding{p.tid, XferKind::kReady, 0};
+  p.state = ProducerState::kReadyPosted;
+  Mark(p.timeline, HandoffPhase::kKvReadyPosted);
+  ++p.timeline.messages_sent;
+  p.timeline.ok = true;
+  spdlog::debug("kv connector: KV_READY of {} posted", p.tid);
+  ++stats_.kv_ready_sent;
+  stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
+  ++stats_.push_tail_count;
+}
+
+uint64_t TransferCore::PushDigest(const Producer& p) const {
+  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
+  const std::span<const uint64_t> sent(p.chunk_sums);
+  return KvDigestFromChunks(sent.subspan(p.first_block * per_block), layout_.num_layers);
+}
+
+}  // namespace kvpush::connector

@@ -13,8 +13,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <mutex>
 #include <optional>
@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "apps/child_process.h"
-#include "apps/demo_report.h"
 #include "apps/commands.h"
+#include "apps/demo_report.h"
 #include "client/openai_client.h"
 #include "common/clock.h"
 
@@ -172,8 +172,8 @@ struct Proc {
 Status StartProc(Proc& p, const std::vector<std::string>& args, const std::string& log_dir) {
   KVP_ASSIGN_OR_RETURN(p.port, PickFreePort());
   std::vector<std::string> a = args;
-  a.insert(a.end(), {"--host", "127.0.0.1", "--port", std::to_string(p.port), "--log-level",
-                     "warn"});
+  a.insert(a.end(),
+           {"--host", "127.0.0.1", "--port", std::to_string(p.port), "--log-level", "warn"});
   KVP_RETURN_IF_ERROR(p.child.Start(a, log_dir + "/" + p.name + ".log"));
   return Status::Ok();
 }
@@ -237,16 +237,15 @@ bool StartCluster(DemoCluster& c, const DemoOptions& opt, const std::string& mod
   // are sent in every mode).
   const std::string kv_config =
       R"({"kv_connector_extra_config":{"backend":")" + opt.backend + R"("}})";
-  const std::vector<std::string> serve = {"serve", "--model", model,
-                                          "--no-enable-prefix-caching"};
+  const std::vector<std::string> serve = {"serve", "--model", model, "--no-enable-prefix-caching"};
   auto with = [](std::vector<std::string> a, std::initializer_list<std::string> more) {
     a.insert(a.end(), more);
     return a;
   };
   Status s = StartProc(c.colocated, with(serve, {"--role", "both"}), log_dir);
   if (s.ok()) {
-    s = StartProc(c.prefill,
-                  with(serve, {"--role", "prefill", "--kv-transfer-config", kv_config}), log_dir);
+    s = StartProc(c.prefill, with(serve, {"--role", "prefill", "--kv-transfer-config", kv_config}),
+                  log_dir);
   }
   if (s.ok()) {
     s = StartProc(c.decode, with(serve, {"--role", "decode", "--kv-transfer-config", kv_config}),
@@ -255,15 +254,14 @@ bool StartCluster(DemoCluster& c, const DemoOptions& opt, const std::string& mod
   for (Proc* p : {&c.colocated, &c.prefill, &c.decode}) {
     if (s.ok()) s = WaitHealthy("127.0.0.1", p->port, p->child, 60000);
     if (!s.ok()) {
-      std::fprintf(stderr, "demo: %s instance did not start: %s (see %s/%s.log)\n",
-                   p->name.c_str(), s.ToString().c_str(), log_dir.c_str(), p->name.c_str());
+      std::fprintf(stderr, "demo: %s instance did not start: %s (see %s/%s.log)\n", p->name.c_str(),
+                   s.ToString().c_str(), log_dir.c_str(), p->name.c_str());
       return false;
     }
   }
   s = StartProc(c.router,
                 {"router", "--prefill", "http://127.0.0.1:" + std::to_string(c.prefill.port),
-                 "--decode", "http://127.0.0.1:" + std::to_string(c.decode.port), "--mode",
-                 "push"},
+                 "--decode", "http://127.0.0.1:" + std::to_string(c.decode.port), "--mode", "push"},
                 log_dir);
   if (s.ok()) s = WaitHealthy("127.0.0.1", c.router.port, c.router.child, 30000);
   if (!s.ok()) {
@@ -271,9 +269,10 @@ bool StartCluster(DemoCluster& c, const DemoOptions& opt, const std::string& mod
                  s.ToString().c_str(), log_dir.c_str());
     return false;
   }
-  std::printf("  colocated http://127.0.0.1:%d   prefill http://127.0.0.1:%d   decode "
-              "http://127.0.0.1:%d   router http://127.0.0.1:%d\n\n",
-              c.colocated.port, c.prefill.port, c.decode.port, c.router.port);
+  std::printf(
+      "  colocated http://127.0.0.1:%d   prefill http://127.0.0.1:%d   decode "
+      "http://127.0.0.1:%d   router http://127.0.0.1:%d\n\n",
+      c.colocated.port, c.prefill.port, c.decode.port, c.router.port);
   return true;
 }
 
@@ -305,10 +304,9 @@ class DemoSession {
     nlohmann::json body = CompletionBody(model_name_, prompt, max_tokens_);
     body["return_token_ids"] = true;
     const DemoMode& m = kDemoModes[k];
-    auto r = m.header == nullptr
-                 ? OpenAiClient(colo_).Stream("/v1/completions", body)
-                 : OpenAiClient(router_).Stream("/v1/completions", body,
-                                                {{"x-kvpush-mode", m.header}});
+    auto r = m.header == nullptr ? OpenAiClient(colo_).Stream("/v1/completions", body)
+                                 : OpenAiClient(router_).Stream("/v1/completions", body,
+                                                                {{"x-kvpush-mode", m.header}});
     if (!r.ok() || r->http_status != 200 || !r->error.empty()) {
       failures_.fetch_add(1);
       std::fprintf(stderr, "%s%s request failed: %s\n", m.name, what,
@@ -349,9 +347,8 @@ class DemoSession {
 
   // Every prompt at once in mode `k`; adds a run named after it.
   void Concurrent(size_t k, const std::vector<std::string>& prompts) {
-    RunStats conc{std::string(kDemoModes[k].name) + ", " + std::to_string(prompts.size()) +
-                      " at once",
-                  {}};
+    RunStats conc{
+        std::string(kDemoModes[k].name) + ", " + std::to_string(prompts.size()) + " at once", {}};
     std::mutex mu;
     std::vector<std::thread> threads;
     threads.reserve(prompts.size());
@@ -367,13 +364,15 @@ class DemoSession {
   }
 
   void PrintH() const {
-    std::printf("\nHandoff overhead H = TTFT(mode) - TTFT(colocated) of the same prompt in the "
-                "same round:\n");
+    std::printf(
+        "\nHandoff overhead H = TTFT(mode) - TTFT(colocated) of the same prompt in the "
+        "same round:\n");
     for (size_t k = 1; k < kNumModes; ++k) {
-      std::printf("  %-20s H p50 = %6.2f ms  p90 = %6.2f ms  p99 = %6.2f ms  (%zu)  tokens "
-                  "identical to colocated: %s\n",
-                  kDemoModes[k].name, Percentile(h_[k], 0.5), Percentile(h_[k], 0.9),
-                  Percentile(h_[k], 0.99), h_[k].size(), same_[k] ? "yes" : "NO");
+      std::printf(
+          "  %-20s H p50 = %6.2f ms  p90 = %6.2f ms  p99 = %6.2f ms  (%zu)  tokens "
+          "identical to colocated: %s\n",
+          kDemoModes[k].name, Percentile(h_[k], 0.5), Percentile(h_[k], 0.9),
+          Percentile(h_[k], 0.99), h_[k].size(), same_[k] ? "yes" : "NO");
     }
   }
 
@@ -455,9 +454,10 @@ int RunDemo(const DemoOptions& opt) {
   std::printf("Prompt lengths (tokens):");
   for (int64_t n : session.prompt_tokens()) std::printf(" %lld", static_cast<long long>(n));
   std::printf("  (all > 16: every P/D request moves KV)\n");
-  std::printf("Measured: %d round(s) x %zu prompts per mode after a warm-up round, modes "
-              "interleaved in rotating order, one request at a time.\n",
-              opt.rounds, prompts.size());
+  std::printf(
+      "Measured: %d round(s) x %zu prompts per mode after a warm-up round, modes "
+      "interleaved in rotating order, one request at a time.\n",
+      opt.rounds, prompts.size());
   PrintTable(session.runs());
   session.PrintH();
   PrintTransferCounters(p_after - p_before, d_after - d_before);

@@ -12,11 +12,16 @@
 namespace kvpush::apps {
 
 ConnectorCounters ConnectorCounters::operator-(const ConnectorCounters& o) const {
-  return {push_targets - o.push_targets, writes - o.writes,
-          kv_ready - o.kv_ready,         kv_ready_on_write - o.kv_ready_on_write,
-          push_tail_s - o.push_tail_s,   push_tail_n - o.push_tail_n,
-          reads - o.reads,               read_s - o.read_s,
-          read_n - o.read_n,             recomputes - o.recomputes,
+  return {push_targets - o.push_targets,
+          writes - o.writes,
+          kv_ready - o.kv_ready,
+          kv_ready_on_write - o.kv_ready_on_write,
+          push_tail_s - o.push_tail_s,
+          push_tail_n - o.push_tail_n,
+          reads - o.reads,
+          read_s - o.read_s,
+          read_n - o.read_n,
+          recomputes - o.recomputes,
           not_needed - o.not_needed};
 }
 
@@ -63,19 +68,21 @@ ConnectorCounters ReadConnectorCounters(const OpenAiClient& client) {
 void PrintTransferCounters(const ConnectorCounters& p, const ConnectorCounters& d) {
   std::printf("\nTransfers in the measured rounds (P's and D's /metrics):\n");
   if (p.kv_ready > 0) {
-    std::printf("  push: %.0f transfers, %.2f WRITEs each, KV_READY as the last WRITE's "
-                "notification in %.0f%%; P's tail (prefill done -> KV_READY posted) mean %.3f "
-                "ms\n",
-                p.kv_ready, p.writes / p.kv_ready, 100.0 * p.kv_ready_on_write / p.kv_ready,
-                p.push_tail_n > 0 ? 1e3 * p.push_tail_s / p.push_tail_n : 0.0);
+    std::printf(
+        "  push: %.0f transfers, %.2f WRITEs each, KV_READY as the last WRITE's "
+        "notification in %.0f%%; P's tail (prefill done -> KV_READY posted) mean %.3f "
+        "ms\n",
+        p.kv_ready, p.writes / p.kv_ready, 100.0 * p.kv_ready_on_write / p.kv_ready,
+        p.push_tail_n > 0 ? 1e3 * p.push_tail_s / p.push_tail_n : 0.0);
   }
   if (d.read_n > 0) {
     std::printf("  pull: %.0f READs, mean %.3f ms from post to completion (D)\n", d.read_n,
                 1e3 * d.read_s / d.read_n);
   }
-  std::printf("  decode recomputes after a failed load: %.0f; full prefix hits (no KV moved): "
-              "%.0f\n",
-              d.recomputes, d.not_needed);
+  std::printf(
+      "  decode recomputes after a failed load: %.0f; full prefix hits (no KV moved): "
+      "%.0f\n",
+      d.recomputes, d.not_needed);
 }
 
 namespace {

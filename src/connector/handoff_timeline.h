@@ -59,12 +59,12 @@ struct HandoffRecord {
   bool ok = false;        ///< the KV moved (P: every WRITE done / lease read; D: load verified)
   /// Steady-clock ns of each phase; 0 = not reached.
   std::array<int64_t, kNumHandoffPhases> t_ns{};
-  int32_t messages_sent = 0;      ///< control messages sent alone (not on a WRITE)
-  int32_t messages_received = 0;  ///< control messages and notifications received
-  int32_t writes = 0;             ///< WRITEs posted (P, push)
+  int32_t messages_sent = 0;        ///< control messages sent alone (not on a WRITE)
+  int32_t messages_received = 0;    ///< control messages and notifications received
+  int32_t writes = 0;               ///< WRITEs posted (P, push)
   int32_t write_notifications = 0;  ///< WRITEs posted with a notification (LAYER_READY, KV_READY)
-  int32_t reads = 0;              ///< READs posted (D, pull)
-  int32_t blocks = 0;             ///< KV blocks moved
+  int32_t reads = 0;                ///< READs posted (D, pull)
+  int32_t blocks = 0;               ///< KV blocks moved
 
   /// Sets phase `p` to `ns` unless it was set already (the first time counts).
   void Mark(HandoffPhase p, int64_t ns) {

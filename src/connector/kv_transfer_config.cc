@@ -106,9 +106,9 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     const auto& x = j["kv_connector_extra_config"];
     if (!x.is_object()) return InvalidArgument("kv_connector_extra_config must be an object");
     for (const auto& [k, v] : x.items()) {
-      static const char* kKnown[] = {"backend",      "lease_ms",       "watchdog_ms",
-                                     "cancel_ack_ms", "stall_ms",      "failure_policy",
-                                     "pull_profile", "layerwise",      "engine_id",
+      static const char* kKnown[] = {"backend",          "lease_ms",           "watchdog_ms",
+                                     "cancel_ack_ms",    "stall_ms",           "failure_policy",
+                                     "pull_profile",     "layerwise",          "engine_id",
                                      "verify_checksums", "layerwise_min_bytes"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
@@ -181,8 +181,8 @@ std::string KvTransferConfig::ToString() const {
          " lease_ms=" + std::to_string(lease.count()) +
          " watchdog_ms=" + std::to_string(watchdog.count()) +
          " cancel_ack_ms=" + std::to_string(cancel_ack.count()) +
-         " stall_ms=" + std::to_string(stall.count()) + " failure_policy=" +
-         (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
+         " stall_ms=" + std::to_string(stall.count()) +
+         " failure_policy=" + (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
          " pull_profile=" + std::string(PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
          " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +

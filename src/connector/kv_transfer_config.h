@@ -29,10 +29,10 @@ struct KvTransferConfig {
   /// the instance's default mode for requests that do not say.
   std::string kv_connector = "PushConnector";
   KvRole role = KvRole::kBoth;
-  std::string backend = "ucx:tcp";  ///< xfer backend spec (xfer/backend_factory.h)
-  std::string engine_id;            ///< agent name; "" = "<role>-<host>:<port>"
-  std::chrono::milliseconds lease{30000};     ///< P holds blocks for a pull / unmatched push
-  std::chrono::milliseconds watchdog{10000};  ///< D waits for KV at most this long
+  std::string backend = "ucx:tcp";             ///< xfer backend spec (xfer/backend_factory.h)
+  std::string engine_id;                       ///< agent name; "" = "<role>-<host>:<port>"
+  std::chrono::milliseconds lease{30000};      ///< P holds blocks for a pull / unmatched push
+  std::chrono::milliseconds watchdog{10000};   ///< D waits for KV at most this long
   std::chrono::milliseconds cancel_ack{2000};  ///< D waits for P's CANCEL_ACK this long
   std::chrono::milliseconds stall{5000};       ///< transfer stall deadline (xfer)
   FailurePolicy failure_policy = FailurePolicy::kRecompute;

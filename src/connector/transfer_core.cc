@@ -430,8 +430,9 @@ void TransferCore::Quarantine(Consumer& c, TimePoint now) {
   r.recompute = config_.failure_policy == FailurePolicy::kRecompute;
   r.quarantined = true;
   if (!c.cancel_reason.ok()) {
-    r.status = Status(c.cancel_reason.code(),
-                      c.cancel_reason.message() + "; the prefill instance did not answer the cancel");
+    r.status =
+        Status(c.cancel_reason.code(),
+               c.cancel_reason.message() + "; the prefill instance did not answer the cancel");
   } else {
     r.status = c.mode == Mode::kPush
                    ? DeadlineExceeded("KV did not arrive within " +

@@ -154,13 +154,13 @@ struct EngineEvent {
 
 /// Per-transfer protocol state of a producer (P). See docs/pd_protocol.md §3.
 enum class ProducerState : uint8_t {
-  kPrefilling,   ///< the engine computes the prompt; push WRITEs go out layer by layer
-  kHeld,         ///< prefill done: blocks held under the lease (push: until every WRITE ended)
-  kPinned,       ///< pull: a D pinned the lease (PINNED sent); until RELEASE or the lease ends
+  kPrefilling,  ///< the engine computes the prompt; push WRITEs go out layer by layer
+  kHeld,        ///< prefill done: blocks held under the lease (push: until every WRITE ended)
+  kPinned,      ///< pull: a D pinned the lease (PINNED sent); until RELEASE or the lease ends
   /// push: KV_READY on its way, either as a message once every WRITE was done (blocks released),
   /// or as the notification of the last WRITE (blocks released once it ended).
   kReadyPosted,
-  kDropping,     ///< no (more) WRITEs: waits for posted ones to end and the engine to finish
+  kDropping,  ///< no (more) WRITEs: waits for posted ones to end and the engine to finish
 };
 
 /// Per-transfer protocol state of a consumer (D).
@@ -374,8 +374,8 @@ class TransferCore {
   /// message of its own). Same return as TryPostAll.
   bool PostRest(Producer& p);
   PdMessage KvReadyMessage(const Producer& p) const;
-  /// Timeline: a WRITE of `p` was posted (`notified`: with a notification).
-  void NoteWritePosted(Producer& p, bool notified);
+  /// Timeline: a WRITE of `p` was posted at `post_ns` (`notified`: with a notification).
+  void NoteWritePosted(Producer& p, bool notified, int64_t post_ns);
   void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void DropProducer(Producer& p, Status why, bool tell_peer);

@@ -154,8 +154,8 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
     }
     spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", con.tid,
                   con.peer, m.block_ids.size(), m.first_block);
+    Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
     SendMessage(con.peer, m);
-    Mark(con.timeline, HandoffPhase::kRequestSent);
     ++stats_.push_targets_sent;
     return;
   }
@@ -170,8 +170,8 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
   }
   m.tag = MsgTag::kPin;
   m.num_blocks = con.num_blocks;
+  Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
   SendMessage(con.peer, m);
-  Mark(con.timeline, HandoffPhase::kRequestSent);
   ++stats_.pins_sent;
 }
 

@@ -430,8 +430,8 @@ void TransferCore::OnPin(const std::string& peer, const PdMessage& m) {
   const auto last = first + static_cast<ptrdiff_t>(m.num_blocks);
   a.block_ids.assign(p.blocks.begin() + first, p.blocks.begin() + last);
   a.kv_digest = KvDigest(std::span<const uint64_t>(p.block_sums.data() + first, m.num_blocks));
+  Mark(p.timeline, HandoffPhase::kPinAnswered);  // before the send: D may see it first
   SendMessage(peer, a);
-  Mark(p.timeline, HandoffPhase::kPinAnswered);
   p.timeline.blocks = static_cast<int32_t>(m.num_blocks);
   p.timeline.ok = true;
 }

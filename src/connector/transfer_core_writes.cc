@@ -64,6 +64,7 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   landed.num_blocks = static_cast<uint32_t>(count);
   if (auto payload = EncodeMessage(landed); payload.ok()) order.notification = std::move(*payload);
   Status err;
+  const int64_t post_ns = clock_.NowNanos();  // before the post: D may see it before it returns
   if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
     DropProducer(p,
                  Status(err.code(), "posting the WRITE of layer " + std::to_string(layer) + ": " +
@@ -77,15 +78,14 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   sent = upto;
   ++p.outstanding;
   ++stats_.writes_posted;
-  NoteWritePosted(p, !order.notification.empty());
+  NoteWritePosted(p, !order.notification.empty(), post_ns);
   return true;
 }
 
-void TransferCore::NoteWritePosted(Producer& p, bool notified) {
+void TransferCore::NoteWritePosted(Producer& p, bool notified, int64_t post_ns) {
   HandoffRecord& r = p.timeline;
-  const int64_t now = clock_.NowNanos();
-  r.Mark(HandoffPhase::kFirstWritePosted, now);
-  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = now;
+  r.Mark(HandoffPhase::kFirstWritePosted, post_ns);
+  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = post_ns;
   ++r.writes;
   if (notified) ++r.write_notifications;
 }
@@ -163,6 +163,7 @@ bool TransferCore::PostRest(Producer& p) {
   }
   const uint64_t bytes = static_cast<uint64_t>(chunks) * 2 * layout_.chunk_bytes();
   Status err;
+  const int64_t post_ns = clock_.NowNanos();  // before the post: D may see it before it returns
   if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
     DropProducer(p, Status(err.code(), "posting the WRITE of the prompt's KV: " + err.message()),
                  true);
@@ -173,11 +174,11 @@ bool TransferCore::PostRest(Producer& p) {
   for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
   ++p.outstanding;
   ++stats_.writes_posted;
-  NoteWritePosted(p, !order.notification.empty());
+  NoteWritePosted(p, !order.notification.empty(), post_ns);
   if (with_ready && !order.notification.empty()) {
     p.ready_on_write = true;
     p.state = ProducerState::kReadyPosted;
-    Mark(p.timeline, HandoffPhase::kKvReadyPosted);
+    p.timeline.Mark(HandoffPhase::kKvReadyPosted, post_ns);
     ++stats_.kv_ready_sent;
     ++stats_.kv_ready_on_write;
     stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
@@ -188,6 +189,7 @@ bool TransferCore::PostRest(Producer& p) {
 
 void TransferCore::PostKvReady(Producer& p) {
   const PdMessage r = KvReadyMessage(p);
+  const int64_t post_ns = clock_.NowNanos();  // before the send: D may see it before it returns
   auto t = actions_.SendMessage(p.peer, r);
   if (!t.ok()) {
     spdlog::warn("kv connector: cannot send KV_READY of {}: {}", p.tid, t.status().ToString());
@@ -196,7 +198,7 @@ void TransferCore::PostKvReady(Producer& p) {
   }
   outstanding_[*t] = Outstanding{p.tid, XferKind::kReady, 0};
   p.state = ProducerState::kReadyPosted;
-  Mark(p.timeline, HandoffPhase::kKvReadyPosted);
+  p.timeline.Mark(HandoffPhase::kKvReadyPosted, post_ns);
   ++p.timeline.messages_sent;
   p.timeline.ok = true;
   spdlog::debug("kv connector: KV_READY of {} posted", p.tid);

@@ -28,20 +28,22 @@ const char* RouterPhaseName(RouterPhase p) {
 
 void RouterTimeline::Mark(RouterPhase p) {
   int64_t unset = 0;
-  t_ns_[static_cast<size_t>(p)].compare_exchange_strong(unset, NowNs(),
-                                                        std::memory_order_relaxed);
+  t_ns_[static_cast<size_t>(p)].compare_exchange_strong(unset, NowNs(), std::memory_order_relaxed);
 }
 
-nlohmann::json RouterTimeline::ToJson(const std::string& request_id,
-                                      const std::string& transfer_id, const std::string& mode,
-                                      bool ok) const {
+nlohmann::json RouterTimeline::ToJson(const std::string& request_id, const std::string& transfer_id,
+                                      const std::string& mode, bool ok) const {
   nlohmann::json t = nlohmann::json::object();
   for (size_t i = 0; i < kNumRouterPhases; ++i) {
     const int64_t ns = t_ns_[i].load(std::memory_order_relaxed);
     if (ns != 0) t[RouterPhaseName(static_cast<RouterPhase>(i))] = ns;
   }
-  return {{"request_id", request_id}, {"transfer_id", transfer_id}, {"role", "router"},
-          {"mode", mode},             {"ok", ok},                   {"t_ns", std::move(t)}};
+  return {{"request_id", request_id},
+          {"transfer_id", transfer_id},
+          {"role", "router"},
+          {"mode", mode},
+          {"ok", ok},
+          {"t_ns", std::move(t)}};
 }
 
 void RouterTimelineLog::Add(nlohmann::json record) {

@@ -3,7 +3,12 @@
 #include <ucp/api/ucp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cstddef>
 #include <cstring>
+#include <random>
+#include <span>
 
 #include "xfer/ucx_backend_internal.h"
 
@@ -15,9 +20,49 @@ namespace {
 // (same host and pid namespace, which UCX's posix transport assumes too: /proc/<pid>/fd) watch
 // this process exit through a pidfd.
 constexpr uint32_t kAddressMagic = 0x5855564b;  // "KVUX"
-constexpr uint32_t kAddressVersion = 1;
-// magic u32, version u32, pid u64, process start time u64 (host byte order: same-host use only).
-constexpr size_t kAddressHeader = 24;
+// Version 1: magic u32, version u32, pid u64, process start time u64 (host byte order: same-host
+// use only). Version 2 adds the doorbell's abstract socket name, NUL-padded to kDoorbellName
+// bytes (all NUL: no doorbell). Both are read; version 2 is written.
+constexpr uint32_t kAddressVersion = 2;
+constexpr size_t kAddressHeaderV1 = 24;
+constexpr size_t kDoorbellName = 40;
+constexpr size_t kAddressHeader = kAddressHeaderV1 + kDoorbellName;
+
+// The doorbell name of a peer's address (NUL-padded; all NUL: none) into `peer`. Only names this
+// backend makes are accepted ("kvpush-ucx-" then digits, hex and '-'), so a forged address cannot
+// aim the rings at another socket. Errors: kInvalidArgument.
+Status ParseDoorbell(std::span<const uint8_t> field, UcxPeer* peer) {
+  const auto end = std::find(field.begin(), field.end(), uint8_t{0});
+  const std::string name(field.begin(), end);
+  if (std::any_of(end, field.end(), [](uint8_t c) { return c != 0; }))
+    return InvalidArgument("ucx: address: bytes after the doorbell name's end");
+  if (name.empty()) return Status::Ok();
+  const std::string prefix = "kvpush-ucx-";
+  const bool ok =
+      name.size() > prefix.size() && name.compare(0, prefix.size(), prefix) == 0 &&
+      std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                  [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-'; });
+  if (!ok) return InvalidArgument("ucx: address: malformed doorbell name");
+  peer->doorbell.sun_family = AF_UNIX;
+  std::memcpy(peer->doorbell.sun_path + 1, name.data(), name.size());
+  peer->doorbell_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return Status::Ok();
+}
+
+// An abstract Unix datagram socket (Linux), non-blocking, bound to `name`: the shm doorbell.
+int OpenDoorbell(const std::string& name) {
+  const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::memcpy(a.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (bind(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
 
 }  // namespace
 
@@ -63,8 +108,17 @@ Status UcxBackend::Init() {
     tls = "posix,sysv,cma";
     peer_errors_ = false;
     // Wakeups through the shm transports' event fd were not reliable with UCX 1.13 here (an AM
-    // could sit until the next timeout), so the thread re-polls after at most 1 ms asleep.
-    idle_timeout_ms_ = 1;
+    // could sit until the next timeout). A peer that puts something in this process's FIFO
+    // therefore rings its doorbell too (Ring), and the idle thread sleeps on it; the 20 ms
+    // re-poll is only a safety net (a 1 ms one cost 3% of a core per idle instance).
+    std::random_device rd;
+    char name[kDoorbellName];
+    std::snprintf(name, sizeof name, "kvpush-ucx-%d-%08x%08x", static_cast<int>(getpid()), rd(),
+                  rd());
+    doorbell_name_ = name;
+    doorbell_fd_ = OpenDoorbell(doorbell_name_);
+    if (doorbell_fd_ < 0) doorbell_name_.clear();
+    idle_timeout_ms_ = doorbell_fd_ >= 0 ? 20 : 1;
   } else {
     return InvalidArgument("ucx: unknown preset '" + options_.preset + "' (tcp, shm)");
   }
@@ -99,6 +153,7 @@ Status UcxBackend::Init() {
   std::memcpy(address_.data() + 4, &kAddressVersion, 4);
   std::memcpy(address_.data() + 8, &pid, 8);
   std::memcpy(address_.data() + 16, &start, 8);
+  std::memcpy(address_.data() + kAddressHeaderV1, doorbell_name_.data(), doorbell_name_.size());
   address_.insert(address_.end(), reinterpret_cast<uint8_t*>(addr),
                   reinterpret_cast<uint8_t*>(addr) + addr_len);
   ucp_worker_release_address(worker_, addr);
@@ -113,11 +168,27 @@ Status UcxBackend::Init() {
   int efd = -1;
   s = ucp_worker_get_efd(worker_, &efd);
   if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
-  return shell_.Start(this, {efd});
+  return shell_.Start(this, {efd, doorbell_fd_});
+}
+
+void UcxBackend::Ring(const UcxPeer* peer) const {
+  if (doorbell_fd_ < 0 || peer == nullptr || peer->doorbell_len == 0) return;
+  const char one = 1;
+  (void)sendto(doorbell_fd_, &one, 1, MSG_DONTWAIT,
+               reinterpret_cast<const sockaddr*>(&peer->doorbell), peer->doorbell_len);
+}
+
+bool UcxBackend::DrainDoorbell() {
+  if (doorbell_fd_ < 0) return false;
+  bool any = false;
+  char buf[64];
+  while (recv(doorbell_fd_, buf, sizeof buf, MSG_DONTWAIT) > 0) any = true;
+  return any;
 }
 
 UcxBackend::~UcxBackend() {
   shell_.Stop();
+  if (doorbell_fd_ >= 0) close(doorbell_fd_);
   if (worker_ != nullptr) {
     // Let pending wireup messages go out first (e.g. the reply to a peer that connected just
     // before shutdown): UCX 1.13 asserts when ucp_worker_destroy purges a pending wireup REP
@@ -168,6 +239,7 @@ Result<std::shared_ptr<BackendPeer>> UcxBackend::Connect(std::span<const uint8_t
   peer->owner = this;
   peer->pid = pid;
   peer->start_time = start;
+  KVP_RETURN_IF_ERROR(ParseDoorbell(address.subspan(kAddressHeaderV1, kDoorbellName), peer.get()));
   std::vector<uint8_t> addr(address.begin() + kAddressHeader, address.end());
   Status st = shell_.RunSync([&]() -> Status {
     shell_.mu().AssertHeld();  // runs on the progress thread

@@ -4,6 +4,8 @@
 // lock comments below (the "worker lock" is the ProgressShell's mu()).
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <ucp/api/ucp.h>
 
 #include <atomic>
@@ -45,6 +47,10 @@ struct UcxPeer : BackendPeer {
   bool failed = false;      // worker lock
   uint64_t pid = 0;         // the peer's process id (from its address)
   uint64_t start_time = 0;  // and its start time (a reused pid has another)
+  // shm: the peer's doorbell (an abstract Unix datagram socket its progress thread sleeps on);
+  // doorbell_len 0: none (tcp, or a peer without one).
+  sockaddr_un doorbell{};
+  socklen_t doorbell_len = 0;
   class UcxBackend* owner = nullptr;
 };
 struct UcxRemote : BackendRemoteRegion {
@@ -171,6 +177,7 @@ class UcxBackend final : public Backend, private ProgressHooks {
     f->owner->shell_.mu().AssertHeld();  // UCX calls back from ucp_worker_progress or a send
     ucp_request_free(request);
     f->ucx_owned = false;
+    if (status == UCS_OK) f->owner->Ring(static_cast<const UcxPeer*>(f->req.peer.get()));
     f->owner->Complete(f, status == UCS_OK ? Status::Ok() : FromUcs(status, "am_send"));
   }
 
@@ -202,9 +209,18 @@ class UcxBackend final : public Backend, private ProgressHooks {
   }
   int Arm() override {
     shell_.mu().AssertHeld();
+    // A ring since the last sleep: a peer sent something; poll once more before sleeping.
+    if (DrainDoorbell()) return -1;
     if (ucp_worker_arm(worker_) != UCS_OK) return -1;  // events pending: poll again
     return outstanding_ > 0 ? 10 : idle_timeout_ms_;
   }
+  /// shm: wakes `peer`'s progress thread (one datagram to its doorbell) after something was put
+  /// in its shared-memory FIFO that it must progress to see (a notification's AM, an emulated
+  /// RMA op); the shm transports' event fd does not reliably wake it (Init). No-op without a
+  /// doorbell. Never blocks: a full doorbell already has rings pending.
+  void Ring(const UcxPeer* peer) const;
+  /// Reads every pending ring; true when there was one.
+  bool DrainDoorbell();
   void BeginStop() override {
     shell_.mu().AssertHeld();
     for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
@@ -230,6 +246,8 @@ class UcxBackend final : public Backend, private ProgressHooks {
   bool peer_errors_ = true;
   bool efd_wakes_ = false;      // the worker's event fd reliably reports completions (tcp)
   int idle_timeout_ms_ = 1000;  // longest epoll sleep when idle
+  int doorbell_fd_ = -1;        // shm: this process's doorbell (see Ring); -1: none
+  std::string doorbell_name_;   // its abstract socket name (without the leading NUL)
   BackendSink* sink_ = nullptr;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

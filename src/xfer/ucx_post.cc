@@ -157,6 +157,7 @@ void UcxBackend::Issue(InFlight* f) {
     auto via_ucp = IssueOps(f->req, peer);
     if (!via_ucp.ok()) return Complete(f, via_ucp.status());
     if (*via_ucp) {
+      Ring(peer);  // emulated RMA on shm needs the peer's progress
       ucp_request_param_t param{};
       param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
       param.cb.send = &UcxBackend::OnFlushDone;
@@ -196,7 +197,10 @@ void UcxBackend::AfterData(InFlight* f) {
       ucp_am_send_nbx(peer->ep, kNotifyAmId, nullptr, 0, f->req.notification.data(),
                       f->req.notification.size(), &param);
   if (UCS_PTR_IS_ERR(p)) return Complete(f, FromUcs(UCS_PTR_STATUS(p), "am_send"));
-  if (p == nullptr) return Complete(f, Status::Ok());
+  if (p == nullptr) {
+    Ring(peer);  // the notification sits in the peer's FIFO: wake it (OnAmDone does otherwise)
+    return Complete(f, Status::Ok());
+  }
   f->ucx_owned = true;  // OnAmDone follows
 }
 

@@ -146,8 +146,8 @@ class RecordingActions final : public CoreActions {
   std::vector<Action> Delivered(MsgTag tag) const {
     std::vector<Action> out;
     for (const auto& a : log) {
-      const bool carries = a.kind == Action::kSend ||
-                           (a.kind == Action::kPost && !a.order.notification.empty());
+      const bool carries =
+          a.kind == Action::kSend || (a.kind == Action::kPost && !a.order.notification.empty());
       if (carries && a.msg.tag == tag) out.push_back(a);
     }
     return out;

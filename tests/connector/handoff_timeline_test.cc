@@ -1,8 +1,9 @@
 // The handoff timeline (connector/handoff_timeline.h): what TransferCore records per transfer on
 // P and D, in push and pull, with an injected clock; and the log's ring, JSON and histograms.
+#include "connector/handoff_timeline.h"
+
 #include <gtest/gtest.h>
 
-#include "connector/handoff_timeline.h"
 #include "connector/transfer_core.h"
 #include "core_fakes.h"
 
@@ -15,9 +16,7 @@ using std::chrono::microseconds;
 
 class TimelineTest : public CoreTest {
  protected:
-  int64_t Us(const HandoffRecord& r, P from, P to) const {
-    return (r.at(to) - r.at(from)) / 1000;
-  }
+  int64_t Us(const HandoffRecord& r, P from, P to) const { return (r.at(to) - r.at(from)) / 1000; }
   void Tick(int us) { clock_.Advance(microseconds(us)); }
 };
 

@@ -173,10 +173,10 @@ TEST(KvTransferConfig, MillisecondRanges) {
   for (const auto& r : ranges) {
     EXPECT_EQ(Ok(json(r.field, r.lo)).*r.member, std::chrono::milliseconds(r.lo)) << r.field;
     EXPECT_EQ(Ok(json(r.field, r.hi)).*r.member, std::chrono::milliseconds(r.hi)) << r.field;
-    Err(json(r.field, r.lo - 1), {std::string("kv_connector_extra_config.") + r.field,
-                                  std::to_string(r.lo - 1)});
-    Err(json(r.field, r.hi + 1), {std::string("kv_connector_extra_config.") + r.field,
-                                  std::to_string(r.hi + 1)});
+    Err(json(r.field, r.lo - 1),
+        {std::string("kv_connector_extra_config.") + r.field, std::to_string(r.lo - 1)});
+    Err(json(r.field, r.hi + 1),
+        {std::string("kv_connector_extra_config.") + r.field, std::to_string(r.hi + 1)});
     Err(json(r.field, -1), {r.field});
   }
 }
@@ -226,10 +226,10 @@ TEST(KvTransferConfig, ToStringMentionsEveryField) {
   }
   EXPECT_EQ(s.find('\n'), std::string::npos);
   const std::string d = KvTransferConfig{}.ToString();
-  for (const char* want : {"kv_connector=PushConnector", "kv_role=kv_both", "backend=ucx:tcp",
-                           "engine_id=(auto)", "lease_ms=30000", "watchdog_ms=10000",
-                           "cancel_ack_ms=2000", "stall_ms=5000", "failure_policy=recompute",
-                           "pull_profile=fast", "layerwise=true"}) {
+  for (const char* want :
+       {"kv_connector=PushConnector", "kv_role=kv_both", "backend=ucx:tcp", "engine_id=(auto)",
+        "lease_ms=30000", "watchdog_ms=10000", "cancel_ack_ms=2000", "stall_ms=5000",
+        "failure_policy=recompute", "pull_profile=fast", "layerwise=true"}) {
     EXPECT_NE(d.find(want), std::string::npos) << "'" << d << "' lacks '" << want << "'";
   }
 }

@@ -412,8 +412,8 @@ TEST_F(ProducerTest, CancelFromTheTargetsDecodeIsAcknowledgedOnlyOnceNoWriteCanL
 TEST_F(ProducerTest, CancelRaces) {
   struct Case {
     const char* name;
-    bool start;       // P leg arrived
-    bool target;      // kD's target attached
+    bool start;        // P leg arrived
+    bool target;       // kD's target attached
     const char* from;  // who cancels
     size_t acks_at_once;
   };

@@ -194,11 +194,26 @@ class PdE2E : public PdFixture {
       EXPECT_TRUE(r && r->status == 200) << p->name << ": /debug/handoff_timeline failed";
       return r ? json::parse(r->body, nullptr, false) : json();
     };
-    const json pj = fetch(c.p), dj = fetch(c.d);
-    ASSERT_TRUE(pj.contains("data") && dj.contains("data")) << what;
-    std::map<std::string, json> by_tid;
-    for (const json& r : pj["data"]) by_tid[r["transfer_id"].get<std::string>()] = r;
     const std::string mode = push ? "push" : "pull";
+    // P adds its record when its part ends (blocks released), which may come a moment after the
+    // engine freed the blocks: wait until every D record of the mode has its P record.
+    json pj, dj;
+    std::map<std::string, json> by_tid;
+    auto joined = [&] {
+      pj = fetch(c.p);
+      dj = fetch(c.d);
+      if (!pj.contains("data") || !dj.contains("data")) return false;
+      by_tid.clear();
+      for (const json& r : pj["data"]) by_tid[r["transfer_id"].get<std::string>()] = r;
+      for (const json& d : dj["data"]) {
+        if (d["mode"] == mode && d["ok"].get<bool>() && by_tid.count(d["transfer_id"]) == 0) {
+          return false;
+        }
+      }
+      return true;
+    };
+    WaitFor(joined, 5000);
+    ASSERT_TRUE(pj.contains("data") && dj.contains("data")) << what;
     int checked = 0;
     for (const json& d : dj["data"]) {
       if (d["mode"] != mode || !d["ok"].get<bool>()) continue;
@@ -208,9 +223,9 @@ class PdE2E : public PdFixture {
       const json& dt = d["t_ns"];
       const json& pt = p["t_ns"];
       auto le = [&](const json& a, const char* x, const json& b, const char* y) {
-        ASSERT_TRUE(a.contains(x) && b.contains(y)) << what << " " << tid << ": no " << x
-                                                    << " or " << y << "\nP " << p.dump()
-                                                    << "\nD " << d.dump();
+        ASSERT_TRUE(a.contains(x) && b.contains(y))
+            << what << " " << tid << ": no " << x << " or " << y << "\nP " << p.dump() << "\nD "
+            << d.dump();
         EXPECT_LE(a[x].get<int64_t>(), b[y].get<int64_t>())
             << what << " " << tid << ": " << x << " after " << y << "\nP " << p.dump() << "\nD "
             << d.dump();

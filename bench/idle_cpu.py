@@ -17,49 +17,11 @@ import sys
 import tempfile
 import time
 
-HOST = "127.0.0.1"
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind((HOST, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_healthy(port, proc, timeout=120.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
-        try:
-            c = http.client.HTTPConnection(HOST, port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not become healthy")
+from pd_bench_util import HOST, cpu_seconds, ctx_switches, free_port, wait_healthy
 
 
 def cpu_and_switches(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    sw = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        sw += int(line.split()[1])
-        except OSError:
-            pass
-    return cpu, sw
-
+    return cpu_seconds(pid), ctx_switches(pid)
 
 def measure(args, backend, tmp):
     kv = json.dumps({"kv_connector_extra_config": {"backend": backend}})

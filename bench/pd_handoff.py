@@ -33,35 +33,10 @@ import tempfile
 import threading
 import time
 
-HOST = "127.0.0.1"
+from pd_bench_util import HOST, cpu_seconds, free_port, pct, wait_healthy
 TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
 VERIFY_SUM = "kvpush_kv_transfer_verify_seconds_sum"
 VERIFY_EARLY_SUM = "kvpush_kv_transfer_verify_early_seconds_sum"
-
-
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind((HOST, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
-def wait_healthy(port, proc, timeout=120.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
-        try:
-            c = http.client.HTTPConnection(HOST, port, timeout=1)
-            c.request("GET", "/health")
-            if c.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not become healthy")
 
 
 def stream(port, body, mode=None, timeout=600):
@@ -112,16 +87,6 @@ def stream(port, body, mode=None, timeout=600):
     }
 
 
-def pct(v, q):
-    v = sorted(x for x in v if x is not None)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
-
-
 def metrics(port):
     """Prometheus text of an instance -> {metric name: value} (first sample of each name)."""
     c = http.client.HTTPConnection(HOST, port, timeout=5)
@@ -138,12 +103,6 @@ def metrics(port):
 def mean_delta(before, after, sum_name, count_name):
     n = after.get(count_name, 0) - before.get(count_name, 0)
     return (after.get(sum_name, 0) - before.get(sum_name, 0)) / n * 1e3 if n > 0 else None
-
-
-def cpu_seconds(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main():

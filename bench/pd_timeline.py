@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-HOST = "127.0.0.1"
+from pd_bench_util import HOST, ctx_switches, free_port, pct, wait_healthy
 MODES = ["colocated", "push", "pull-vllm", "pull-fast"]
 # The phases shown, in the order a request normally passes them; (role, phase) as recorded.
 PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
@@ -44,34 +44,11 @@ PULL_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("P", "producer_
                ("R", "first_output_relayed")]
 
 
-def free_port():
-    import socket
-    s = socket.socket()
-    s.bind((HOST, 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
-
-
 def get(port, path, timeout=10):
     c = http.client.HTTPConnection(HOST, port, timeout=timeout)
     c.request("GET", path)
     r = c.getresponse()
     return r.status, r.read()
-
-
-def wait_healthy(port, proc, timeout=120.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process on port {port} exited with {proc.returncode}")
-        try:
-            if get(port, "/health", 1)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"port {port} did not become healthy")
 
 
 def stream(port, body, mode=None):
@@ -108,31 +85,6 @@ def stream(port, body, mode=None):
     if first is None:
         raise RuntimeError("no tokens streamed")
     return t0, first, time.monotonic_ns(), tokens
-
-
-def ctx_switches(pid):
-    """Voluntary + involuntary context switches of every thread of `pid` (wake-ups and
-    preemptions)."""
-    total = 0
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/status") as f:
-                for line in f:
-                    if line.startswith(("voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")):
-                        total += int(line.split()[1])
-        except OSError:
-            pass
-    return total
-
-
-def pct(v, q):
-    v = sorted(x for x in v if x is not None)
-    if not v:
-        return float("nan")
-    k = (len(v) - 1) * q
-    lo = int(k)
-    hi = min(lo + 1, len(v) - 1)
-    return v[lo] + (v[hi] - v[lo]) * (k - lo)
 
 
 def start_cluster(args, tmp):

@@ -374,6 +374,9 @@ class TransferCore {
   /// message of its own). Same return as TryPostAll.
   bool PostRest(Producer& p);
   PdMessage KvReadyMessage(const Producer& p) const;
+  /// The peer a WRITE of `p`'s blocks [.., upto) goes to; drops `p` (then nullopt; p may be
+  /// gone) when its block table is shorter or its D is no longer known.
+  std::optional<PeerView> WriteTarget(Producer& p, int32_t upto);
   /// Timeline: a WRITE of `p` was posted at `post_ns` (`notified`: with a notification).
   void NoteWritePosted(Producer& p, bool notified, int64_t post_ns);
   void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);

@@ -29,18 +29,11 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   // The last layer's WRITE that completes the prompt waits for the engine's end (the first
   // token is sampled right after it): PostRest then sends it with KV_READY as its notification.
   if (!p.engine_done && layer + 1 == layout_.num_layers && upto == nblocks) return true;
-  if (static_cast<int32_t>(p.blocks.size()) < upto) {
-    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
-    return false;
-  }
-  auto ps = peers_.Find(p.peer);
-  if (!ps) {
-    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
-    return false;
-  }
   const int32_t count = upto - sent;
   const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
   if (bytes < config_.layerwise_min_bytes) return true;  // goes with the rest (PostRest)
+  const std::optional<PeerView> ps = WriteTarget(p, upto);
+  if (!ps) return false;
   TransferOrder order;
   order.op = xfer::Op::kWrite;
   order.peer = p.peer;
@@ -80,6 +73,19 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   ++stats_.writes_posted;
   NoteWritePosted(p, !order.notification.empty(), post_ns);
   return true;
+}
+
+std::optional<PeerView> TransferCore::WriteTarget(Producer& p, int32_t upto) {
+  if (static_cast<int32_t>(p.blocks.size()) < upto) {
+    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
+    return std::nullopt;
+  }
+  auto ps = peers_.Find(p.peer);
+  if (!ps) {
+    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
+    return std::nullopt;
+  }
+  return ps;
 }
 
 void TransferCore::NoteWritePosted(Producer& p, bool notified, int64_t post_ns) {
@@ -125,15 +131,8 @@ bool TransferCore::PostRest(Producer& p) {
   size_t chunks = 0;
   for (int32_t s : p.layer_sent) chunks += static_cast<size_t>(std::max(0, nblocks - s));
   if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
-  if (static_cast<int32_t>(p.blocks.size()) < nblocks) {
-    DropProducer(p, Internal("block table shorter than the computed tokens"), true);
-    return false;
-  }
-  auto ps = peers_.Find(p.peer);
-  if (!ps) {
-    DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
-    return false;
-  }
+  const std::optional<PeerView> ps = WriteTarget(p, nblocks);
+  if (!ps) return false;
   TransferOrder order;
   order.op = xfer::Op::kWrite;
   order.peer = p.peer;

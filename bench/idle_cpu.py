@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import HOST, cpu_seconds, ctx_switches, free_port, wait_healthy
+from pd_bench_util import HOST, stop_all, cpu_seconds, ctx_switches, free_port, wait_healthy
 
 
 def cpu_and_switches(pid):
@@ -61,13 +61,7 @@ def measure(args, backend, tmp):
                       "switches_per_s": (after[n][1] - before[n][1]) / args.seconds}
         return out
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
 
 
 def main():

@@ -4,6 +4,7 @@ loopback ports, waiting for /health, percentiles and per-process CPU and context
 import http.client
 import os
 import socket
+import subprocess
 import time
 
 HOST = "127.0.0.1"
@@ -67,3 +68,16 @@ def ctx_switches(pid):
         except OSError:
             pass
     return total
+
+
+def stop_all(procs):
+    """Terminates every process of `procs` (subprocess.Popen), then waits up to 10 s for each and
+    kills what is left."""
+    procs = list(procs)
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -28,7 +28,7 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import HOST, ctx_switches, free_port, pct, wait_healthy
+from pd_bench_util import HOST, stop_all, ctx_switches, free_port, pct, wait_healthy
 MODES = ["colocated", "push", "pull-vllm", "pull-fast"]
 # The phases shown, in the order a request normally passes them; (role, phase) as recorded.
 PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
@@ -254,13 +254,7 @@ def main():
             json.dump({"backend": args.backend, "model": args.model, "summaries": summaries,
                        "loadavg_end": os.getloadavg()}, f, indent=1)
     finally:
-        for p in procs.values():
-            p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs.values())
         if args.keep:
             print(f"logs in {tmp}")
         else:

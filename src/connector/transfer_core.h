@@ -377,8 +377,19 @@ class TransferCore {
   /// The peer a WRITE of `p`'s blocks [.., upto) goes to; drops `p` (then nullopt; p may be
   /// gone) when its block table is shorter or its D is no longer known.
   std::optional<PeerView> WriteTarget(Producer& p, int32_t upto);
-  /// Timeline: a WRITE of `p` was posted at `post_ns` (`notified`: with a notification).
-  void NoteWritePosted(Producer& p, bool notified, int64_t post_ns);
+  /// An empty WRITE order to `p`'s D, room reserved for `blocks` blocks' K and V.
+  TransferOrder NewWriteOrder(const Producer& p, size_t blocks) const;
+  /// Appends layer `layer`'s K and V chunks of `p`'s block-table entries [from, upto), paired
+  /// with D's target blocks in a pool of `peer_num_blocks`.
+  void AppendLayerChunks(TransferOrder& order, const Producer& p, int32_t peer_num_blocks,
+                         int32_t layer, int32_t from, int32_t upto) const;
+  /// Posts `order` (a WRITE of `bytes`; `what` names it in the failure): counted as in flight
+  /// and on the timeline. Returns the time it was posted; nullopt when the post failed and `p`
+  /// was dropped (it may be gone).
+  std::optional<int64_t> PostWrite(Producer& p, const TransferOrder& order, uint64_t bytes,
+                                   const std::string& what);
+  /// KV_READY of `p` was posted at `post_ns` (alone or on a WRITE): state, timeline, counters.
+  void NoteKvReadyPosted(Producer& p, int64_t post_ns);
   void HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto);
   void OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void DropProducer(Producer& p, Status why, bool tell_peer);

@@ -34,20 +34,8 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   if (bytes < config_.layerwise_min_bytes) return true;  // goes with the rest (PostRest)
   const std::optional<PeerView> ps = WriteTarget(p, upto);
   if (!ps) return false;
-  TransferOrder order;
-  order.op = xfer::Op::kWrite;
-  order.peer = p.peer;
-  order.local_indices.reserve(static_cast<size_t>(count) * 2);
-  order.remote_indices.reserve(static_cast<size_t>(count) * 2);
-  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-    for (int32_t i = sent; i < upto; ++i) {
-      order.local_indices.push_back(
-          EntryIndex(layout_.num_blocks, layer, kind, p.blocks[static_cast<size_t>(i)]));
-      order.remote_indices.push_back(
-          EntryIndex(ps->num_blocks, layer, kind,
-                     p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
-    }
-  }
+  TransferOrder order = NewWriteOrder(p, static_cast<size_t>(count));
+  AppendLayerChunks(order, p, ps->num_blocks, layer, sent, upto);
   // Delivered once these chunks are visible on D, so D can checksum them while P computes on.
   PdMessage landed;
   landed.tag = MsgTag::kLayerReady;
@@ -56,23 +44,62 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   landed.first_block = static_cast<uint32_t>(sent);
   landed.num_blocks = static_cast<uint32_t>(count);
   if (auto payload = EncodeMessage(landed); payload.ok()) order.notification = std::move(*payload);
-  Status err;
-  const int64_t post_ns = clock_.NowNanos();  // before the post: D may see it before it returns
-  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
-    DropProducer(p,
-                 Status(err.code(), "posting the WRITE of layer " + std::to_string(layer) + ": " +
-                                        err.message()),
-                 true);
-    return false;
-  }
+  if (!PostWrite(p, order, bytes, "layer " + std::to_string(layer))) return false;
   spdlog::debug("kv connector: {} layer {} WRITE of blocks [{}, {}) posted", p.tid, layer, sent,
                 upto);
   HashSentChunks(p, layer, sent, upto);
   sent = upto;
+  return true;
+}
+
+TransferOrder TransferCore::NewWriteOrder(const Producer& p, size_t blocks) const {
+  TransferOrder order;
+  order.op = xfer::Op::kWrite;
+  order.peer = p.peer;
+  order.local_indices.reserve(blocks * 2);
+  order.remote_indices.reserve(blocks * 2);
+  return order;
+}
+
+void TransferCore::AppendLayerChunks(TransferOrder& order, const Producer& p,
+                                     int32_t peer_num_blocks, int32_t layer, int32_t from,
+                                     int32_t upto) const {
+  for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+    for (int32_t i = from; i < upto; ++i) {
+      order.local_indices.push_back(
+          EntryIndex(layout_.num_blocks, layer, kind, p.blocks[static_cast<size_t>(i)]));
+      order.remote_indices.push_back(
+          EntryIndex(peer_num_blocks, layer, kind,
+                     p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
+    }
+  }
+}
+
+std::optional<int64_t> TransferCore::PostWrite(Producer& p, const TransferOrder& order,
+                                               uint64_t bytes, const std::string& what) {
+  Status err;
+  const int64_t post_ns = clock_.NowNanos();  // before the post: D may see it before it returns
+  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
+    DropProducer(p, Status(err.code(), "posting the WRITE of " + what + ": " + err.message()),
+                 true);
+    return std::nullopt;
+  }
   ++p.outstanding;
   ++stats_.writes_posted;
-  NoteWritePosted(p, !order.notification.empty(), post_ns);
-  return true;
+  HandoffRecord& r = p.timeline;
+  r.Mark(HandoffPhase::kFirstWritePosted, post_ns);
+  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = post_ns;
+  ++r.writes;
+  if (!order.notification.empty()) ++r.write_notifications;
+  return post_ns;
+}
+
+void TransferCore::NoteKvReadyPosted(Producer& p, int64_t post_ns) {
+  p.state = ProducerState::kReadyPosted;
+  p.timeline.Mark(HandoffPhase::kKvReadyPosted, post_ns);
+  ++stats_.kv_ready_sent;
+  stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
+  ++stats_.push_tail_count;
 }
 
 std::optional<PeerView> TransferCore::WriteTarget(Producer& p, int32_t upto) {
@@ -86,14 +113,6 @@ std::optional<PeerView> TransferCore::WriteTarget(Producer& p, int32_t upto) {
     return std::nullopt;
   }
   return ps;
-}
-
-void TransferCore::NoteWritePosted(Producer& p, bool notified, int64_t post_ns) {
-  HandoffRecord& r = p.timeline;
-  r.Mark(HandoffPhase::kFirstWritePosted, post_ns);
-  r.t_ns[static_cast<size_t>(HandoffPhase::kLastWritePosted)] = post_ns;
-  ++r.writes;
-  if (notified) ++r.write_notifications;
 }
 
 void TransferCore::HashSentChunks(Producer& p, int32_t layer, int32_t from, int32_t upto) {
@@ -127,31 +146,17 @@ bool TransferCore::PostRest(Producer& p) {
   if (!p.targeted() || p.state == ProducerState::kDropping) return true;
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
-  const auto L = static_cast<size_t>(layout_.num_layers);
   size_t chunks = 0;
   for (int32_t s : p.layer_sent) chunks += static_cast<size_t>(std::max(0, nblocks - s));
   if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
   const std::optional<PeerView> ps = WriteTarget(p, nblocks);
   if (!ps) return false;
-  TransferOrder order;
-  order.op = xfer::Op::kWrite;
-  order.peer = p.peer;
-  order.local_indices.reserve(chunks * 2);
-  order.remote_indices.reserve(chunks * 2);
-  for (size_t layer = 0; layer < L; ++layer) {
-    const int32_t from = p.layer_sent[layer];
-    for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      for (int32_t i = from; i < nblocks; ++i) {
-        const auto l = static_cast<int32_t>(layer);
-        order.local_indices.push_back(
-            EntryIndex(layout_.num_blocks, l, kind, p.blocks[static_cast<size_t>(i)]));
-        order.remote_indices.push_back(
-            EntryIndex(ps->num_blocks, l, kind,
-                       p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
-      }
-    }
+  TransferOrder order = NewWriteOrder(p, chunks);
+  for (int32_t layer = 0; layer < layout_.num_layers; ++layer) {
+    const int32_t from = p.layer_sent[static_cast<size_t>(layer)];
+    AppendLayerChunks(order, p, ps->num_blocks, layer, from, nblocks);
     // Final (the request finished): hashed now, as the KV_READY below carries their digest.
-    if (from < nblocks) HashSentChunks(p, static_cast<int32_t>(layer), from, nblocks);
+    if (from < nblocks) HashSentChunks(p, layer, from, nblocks);
   }
   // KV_READY rides on this WRITE (the notification is delivered only after its data) when no
   // other WRITE of the transfer is in flight; else it follows once they all ended.
@@ -161,27 +166,15 @@ bool TransferCore::PostRest(Producer& p) {
     if (payload.ok()) order.notification = std::move(*payload);
   }
   const uint64_t bytes = static_cast<uint64_t>(chunks) * 2 * layout_.chunk_bytes();
-  Status err;
-  const int64_t post_ns = clock_.NowNanos();  // before the post: D may see it before it returns
-  if (!PostTracked(order, p.tid, XferKind::kWrite, bytes, &err)) {
-    DropProducer(p, Status(err.code(), "posting the WRITE of the prompt's KV: " + err.message()),
-                 true);
-    return false;
-  }
+  const std::optional<int64_t> post_ns = PostWrite(p, order, bytes, "the prompt's KV");
+  if (!post_ns) return false;
   spdlog::debug("kv connector: {} WRITE of the rest ({} chunks{}) posted", p.tid, chunks * 2,
                 with_ready ? ", KV_READY as its notification" : "");
   for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
-  ++p.outstanding;
-  ++stats_.writes_posted;
-  NoteWritePosted(p, !order.notification.empty(), post_ns);
   if (with_ready && !order.notification.empty()) {
     p.ready_on_write = true;
-    p.state = ProducerState::kReadyPosted;
-    p.timeline.Mark(HandoffPhase::kKvReadyPosted, post_ns);
-    ++stats_.kv_ready_sent;
     ++stats_.kv_ready_on_write;
-    stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
-    ++stats_.push_tail_count;
+    NoteKvReadyPosted(p, *post_ns);
   }
   return true;
 }
@@ -196,14 +189,10 @@ void TransferCore::PostKvReady(Producer& p) {
     return;
   }
   outstanding_[*t] = Outstanding{p.tid, XferKind::kReady, 0};
-  p.state = ProducerState::kReadyPosted;
-  p.timeline.Mark(HandoffPhase::kKvReadyPosted, post_ns);
+  NoteKvReadyPosted(p, post_ns);
   ++p.timeline.messages_sent;
   p.timeline.ok = true;
   spdlog::debug("kv connector: KV_READY of {} posted", p.tid);
-  ++stats_.kv_ready_sent;
-  stats_.push_tail_ns_sum += clock_.NowNanos() - p.finished_ns;
-  ++stats_.push_tail_count;
 }
 
 uint64_t TransferCore::PushDigest(const Producer& p) const {

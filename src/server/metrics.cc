@@ -45,26 +45,19 @@ class Writer {
   }
   void Hist(const std::string& name, const char* help, const Histogram& h) {
     Header(name, "histogram", help);
-    uint64_t cum = 0;
-    for (size_t i = 0; i < h.bounds().size(); ++i) {
-      cum += h.counts()[i];
-      Sample(name + "_bucket", static_cast<double>(cum), "le=\"" + Num(h.bounds()[i]) + "\"");
-    }
-    cum += h.counts().empty() ? 0 : h.counts().back();
-    Sample(name + "_bucket", static_cast<double>(cum), "le=\"+Inf\"");
-    Sample(name + "_sum", h.sum());
-    Sample(name + "_count", static_cast<double>(h.count()));
+    HistSeries(name, "", h);
   }
-  /// One series of a histogram family (call Header once before the first).
+  /// One series of a histogram family, `labels` ("k=\"v\",..." or empty) on every sample (call
+  /// Header once before the first series).
   void HistSeries(const std::string& name, const std::string& labels, const Histogram& h) {
+    const std::string le = labels.empty() ? "le=\"" : labels + ",le=\"";
     uint64_t cum = 0;
     for (size_t i = 0; i < h.bounds().size(); ++i) {
       cum += h.counts()[i];
-      Sample(name + "_bucket", static_cast<double>(cum),
-             labels + ",le=\"" + Num(h.bounds()[i]) + "\"");
+      Sample(name + "_bucket", static_cast<double>(cum), le + Num(h.bounds()[i]) + "\"");
     }
     cum += h.counts().empty() ? 0 : h.counts().back();
-    Sample(name + "_bucket", static_cast<double>(cum), labels + ",le=\"+Inf\"");
+    Sample(name + "_bucket", static_cast<double>(cum), le + "+Inf\"");
     Sample(name + "_sum", h.sum(), labels);
     Sample(name + "_count", static_cast<double>(h.count()), labels);
   }

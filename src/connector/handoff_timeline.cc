@@ -83,14 +83,12 @@ std::vector<double> HandoffTimelineLog::Bounds() {
 }
 
 HandoffTimelineLog::HandoffTimelineLog(size_t capacity)
-    : capacity_(std::max<size_t>(capacity, 1)),
-      hist_(HandoffIntervals().size() * 2, Histogram(Bounds())) {}
+    : ring_(capacity), hist_(HandoffIntervals().size() * 2, Histogram(Bounds())) {}
 
 void HandoffTimelineLog::Add(const HandoffRecord& r) {
-  MutexLock lock(mu_);
-  ring_.push_back(r);
-  if (ring_.size() > capacity_) ring_.pop_front();
+  ring_.Add(r);
   if (!r.ok) return;
+  MutexLock lock(mu_);
   const auto& intervals = HandoffIntervals();
   for (size_t i = 0; i < intervals.size(); ++i) {
     const int64_t from = r.at(intervals[i].from);
@@ -103,9 +101,7 @@ void HandoffTimelineLog::Add(const HandoffRecord& r) {
 
 nlohmann::json HandoffTimelineLog::Recent(size_t limit) const {
   nlohmann::json out = nlohmann::json::array();
-  MutexLock lock(mu_);
-  const size_t n = std::min(limit, ring_.size());
-  for (size_t i = ring_.size() - n; i < ring_.size(); ++i) out.push_back(ring_[i].ToJson());
+  for (const HandoffRecord& r : ring_.Newest(limit)) out.push_back(r.ToJson());
   return out;
 }
 

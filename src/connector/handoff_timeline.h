@@ -12,7 +12,6 @@
 
 #include <array>
 #include <cstdint>
-#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -20,6 +19,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "common/recent_records.h"
 #include "common/thread_annotations.h"
 #include "engine/histogram.h"
 
@@ -112,9 +112,8 @@ class HandoffTimelineLog {
   static std::vector<double> Bounds();
 
  private:
-  const size_t capacity_;
+  RecentRecords<HandoffRecord> ring_;
   mutable Mutex mu_;
-  std::deque<HandoffRecord> ring_ GUARDED_BY(mu_);
   /// [interval index * 2 + (push ? 0 : 1)]
   std::vector<Histogram> hist_ GUARDED_BY(mu_);
 };

@@ -436,22 +436,19 @@ void Router::Route() {
   });
   // The router's part of the handoff timelines of the latest P/D requests (pd_protocol.md §7).
   s.Get("/debug/handoff_timeline", [this](const httplib::Request& req, httplib::Response& res) {
-    size_t limit = 256;
-    if (req.has_param("limit")) {
-      const std::string v = req.get_param_value("limit");
-      const bool digits = !v.empty() && v.size() <= 4 &&
-                          v.find_first_not_of("0123456789") == std::string::npos;
-      const int n = digits ? std::stoi(v) : 0;
-      if (n < 1 || n > 4096) {
-        res.status = 400;
-        res.set_content(ErrorJson("limit must be an integer in [1, 4096]",
-                                  "invalid_request_error", "invalid_limit", "limit"),
-                        "application/json");
-        return;
-      }
-      limit = static_cast<size_t>(n);
+    const auto limit = req.has_param("limit")
+                           ? ParseListLimit(req.get_param_value("limit"), 4096)
+                           : std::optional<size_t>(256);
+    if (!limit) {
+      res.status = 400;
+      res.set_content(ErrorJson("limit must be an integer in [1, 4096]", "invalid_request_error",
+                                "invalid_limit", "limit"),
+                      "application/json");
+      return;
     }
-    const nlohmann::json body = {{"object", "list"}, {"data", timelines_.Recent(limit)}};
+    nlohmann::json data = nlohmann::json::array();
+    for (nlohmann::json& r : timelines_.Newest(*limit)) data.push_back(std::move(r));
+    const nlohmann::json body = {{"object", "list"}, {"data", std::move(data)}};
     res.set_content(body.dump(), "application/json");
   });
   // Wrong method on a known path: 405 with an Allow header.

@@ -18,6 +18,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/recent_records.h"
 #include "common/status.h"
 #include "router/connection_pool.h"
 #include "router/instance_pool.h"
@@ -215,7 +216,8 @@ class Router {
   std::unique_ptr<TransferAborter> aborter_;
   std::unique_ptr<ConnectionPool> connections_;
   std::unique_ptr<WorkerPool> workers_;  ///< created by Start()
-  RouterTimelineLog timelines_;          ///< P/D requests' router timelines (thread-safe)
+  /// The router timelines (RouterTimeline::ToJson) of the last 4,096 P/D requests.
+  RecentRecords<nlohmann::json> timelines_{4096};
 
   mutable std::mutex mu_;  ///< guards counters_
   RouterCounters counters_;

@@ -1,7 +1,5 @@
 #include "router/router_timeline.h"
 
-#include <algorithm>
-
 #include "common/clock.h"
 
 namespace kvpush::router {
@@ -44,20 +42,6 @@ nlohmann::json RouterTimeline::ToJson(const std::string& request_id, const std::
           {"mode", mode},
           {"ok", ok},
           {"t_ns", std::move(t)}};
-}
-
-void RouterTimelineLog::Add(nlohmann::json record) {
-  MutexLock lock(mu_);
-  ring_.push_back(std::move(record));
-  while (ring_.size() > capacity_) ring_.pop_front();
-}
-
-nlohmann::json RouterTimelineLog::Recent(size_t limit) const {
-  nlohmann::json out = nlohmann::json::array();
-  MutexLock lock(mu_);
-  const size_t n = std::min(limit, ring_.size());
-  for (size_t i = ring_.size() - n; i < ring_.size(); ++i) out.push_back(ring_[i]);
-  return out;
 }
 
 }  // namespace kvpush::router

@@ -7,12 +7,8 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <nlohmann/json.hpp>
 #include <string>
-
-#include "common/mutex.h"
-#include "common/thread_annotations.h"
 
 namespace kvpush::router {
 
@@ -44,20 +40,6 @@ class RouterTimeline {
 
  private:
   std::array<std::atomic<int64_t>, kNumRouterPhases> t_ns_{};
-};
-
-/// The last `capacity` records (JSON objects of RouterTimeline::ToJson). Thread-safe.
-class RouterTimelineLog {
- public:
-  explicit RouterTimelineLog(size_t capacity = 4096) : capacity_(capacity) {}
-  void Add(nlohmann::json record);
-  /// The newest `limit` records, oldest first.
-  nlohmann::json Recent(size_t limit) const;
-
- private:
-  const size_t capacity_;
-  mutable Mutex mu_;
-  std::deque<nlohmann::json> ring_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvpush::router

@@ -5,13 +5,13 @@
 #include "common/clock.h"
 #include "common/drain.h"
 #include "common/listen_backlog.h"
+#include "common/recent_records.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
-#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -385,19 +385,15 @@ void HttpServer::RouteKv() {
   // The handoff timelines of the latest transfers (docs/pd_protocol.md, Handoff timeline).
   s.Get("/debug/handoff_timeline", [this](const httplib::Request& req, httplib::Response& res) {
     if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
-    size_t limit = 256;
-    if (req.has_param("limit")) {
-      const std::string v = req.get_param_value("limit");
-      char* end = nullptr;
-      const unsigned long n = std::strtoul(v.c_str(), &end, 10);
-      if (v.empty() || end == nullptr || *end != '\0' || v[0] == '-' || n < 1 || n > 4096) {
-        return ReplyError(res, ApiError::Invalid("limit must be an integer in [1, 4096]",
-                                                 "limit", "invalid_limit"));
-      }
-      limit = n;
+    const auto limit = req.has_param("limit")
+                           ? ParseListLimit(req.get_param_value("limit"), 4096)
+                           : std::optional<size_t>(256);
+    if (!limit) {
+      return ReplyError(res, ApiError::Invalid("limit must be an integer in [1, 4096]", "limit",
+                                               "invalid_limit"));
     }
     nlohmann::json body = {{"object", "list"},
-                           {"data", options_.connector->timelines().Recent(limit)}};
+                           {"data", options_.connector->timelines().Recent(*limit)}};
     res.set_content(body.dump(), "application/json");
   });
   // The router saw the other leg of a transfer fail: end this instance's part of it now.

@@ -487,6 +487,8 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
     return p_failed->WriteTo(res);
   }
   if (!dr.answered || dr.status != 200) return DecodeFailed(*t, d_lease, dr, res);
+  // A JSON answer is handed to the HTTP layer whole: its first byte goes with the rest.
+  t->timeline.Mark(RouterPhase::kFirstOutputRelayed);
   if (t->echo_logprobs) {
     const std::optional<PromptEcho> echo = t->PromptEchoOf();
     json answer = json::parse(dr.body, nullptr, /*allow_exceptions=*/false);
@@ -516,8 +518,6 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
 
 void RequestFlow::RecordTimeline(Router& r, Transfer& t, bool ok) {
   if (t.mode == TransferMode::kColocated || t.local_prefill) return;
-  // A JSON answer is handed to the HTTP layer whole: its first byte and its end go out together.
-  t.timeline.Mark(RouterPhase::kFirstOutputRelayed);
   t.timeline.Mark(RouterPhase::kDone);
   r.timelines_.Add(t.timeline.ToJson(t.request_id, t.transfer_id,
                                      t.mode == TransferMode::kPush ? "push" : "pull", ok));
@@ -650,7 +650,6 @@ void RequestFlow::EndStream(Router& r, StreamState& st) {
     st.stream->Stop();
   }
   t.Finish();
-  t.timeline.Mark(RouterPhase::kDone);
   RecordTimeline(r, t, st.completed && !st.failed);
   // D failed or the client left (not P: P's failure already aborted D): P's part is moot.
   if ((!st.completed || st.failed) && !t.PrefillFailure()) AbortPrefill(r, t);

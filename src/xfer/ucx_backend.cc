@@ -20,13 +20,22 @@ namespace {
 // (same host and pid namespace, which UCX's posix transport assumes too: /proc/<pid>/fd) watch
 // this process exit through a pidfd.
 constexpr uint32_t kAddressMagic = 0x5855564b;  // "KVUX"
-// Version 1: magic u32, version u32, pid u64, process start time u64 (host byte order: same-host
-// use only). Version 2 adds the doorbell's abstract socket name, NUL-padded to kDoorbellName
-// bytes (all NUL: no doorbell). Both are read; version 2 is written.
+// magic u32, version u32, pid u64, process start time u64 (host byte order: same-host use only),
+// then (since version 2) the doorbell's abstract socket name, NUL-padded to kDoorbellName bytes
+// (all NUL: no doorbell). Only this version is accepted: both ends run the same build.
 constexpr uint32_t kAddressVersion = 2;
 constexpr size_t kAddressHeaderV1 = 24;
 constexpr size_t kDoorbellName = 40;
 constexpr size_t kAddressHeader = kAddressHeaderV1 + kDoorbellName;
+
+// The Linux abstract-namespace address of `name` (at most kDoorbellName bytes) into `a`; returns
+// its length.
+socklen_t AbstractAddress(const std::string& name, sockaddr_un* a) {
+  *a = sockaddr_un{};
+  a->sun_family = AF_UNIX;
+  std::memcpy(a->sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+}
 
 // The doorbell name of a peer's address (NUL-padded; all NUL: none) into `peer`. Only names this
 // backend makes are accepted ("kvpush-ucx-" then digits, hex and '-'), so a forged address cannot
@@ -43,9 +52,7 @@ Status ParseDoorbell(std::span<const uint8_t> field, UcxPeer* peer) {
       std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
                   [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) || c == '-'; });
   if (!ok) return InvalidArgument("ucx: address: malformed doorbell name");
-  peer->doorbell.sun_family = AF_UNIX;
-  std::memcpy(peer->doorbell.sun_path + 1, name.data(), name.size());
-  peer->doorbell_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  peer->doorbell_len = AbstractAddress(name, &peer->doorbell);
   return Status::Ok();
 }
 
@@ -53,10 +60,8 @@ Status ParseDoorbell(std::span<const uint8_t> field, UcxPeer* peer) {
 int OpenDoorbell(const std::string& name) {
   const int fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return -1;
-  sockaddr_un a{};
-  a.sun_family = AF_UNIX;
-  std::memcpy(a.sun_path + 1, name.data(), name.size());  // sun_path[0] = 0: abstract
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  sockaddr_un a;
+  const socklen_t len = AbstractAddress(name, &a);
   if (bind(fd, reinterpret_cast<const sockaddr*>(&a), len) != 0) {
     close(fd);
     return -1;

@@ -17,7 +17,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import HOST, stop_all, cpu_seconds, ctx_switches, free_port, wait_healthy
+from pd_bench_util import (HOST, add_kvpush_and_model_args, cpu_seconds, ctx_switches,
+                           free_port, stop_all, wait_healthy)
 
 
 def cpu_and_switches(pid):
@@ -67,10 +68,7 @@ def measure(args, backend, tmp):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    ap.add_argument("--kvpush", default=os.path.join(root, "build", "apps", "kvpush"))
-    ap.add_argument("--model", default=os.path.join(root, "..", "shared", "models",
-                                                   "stories260K.gguf"))
+    add_kvpush_and_model_args(ap)
     ap.add_argument("--backends", default="ucx:tcp,ucx:shm,libfabric:tcp")
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--settle", type=float, default=2.0)

@@ -1,7 +1,8 @@
 """Helpers shared by the P/D benchmark scripts (pd_handoff.py, pd_timeline.py, idle_cpu.py):
-loopback ports, waiting for /health, percentiles and per-process CPU and context switches from
-/proc. Only the Python standard library is used."""
+loopback ports, waiting for /health, a streamed completion's token times, percentiles and
+per-process CPU and context switches from /proc. Only the Python standard library is used."""
 import http.client
+import json
 import os
 import socket
 import subprocess
@@ -81,3 +82,52 @@ def stop_all(procs):
             p.wait(10)
         except subprocess.TimeoutExpired:
             p.kill()
+
+
+def stream_tokens(port, body, mode=None, timeout=600):
+    """POSTs `body` to /v1/completions on `port` as a stream (with return_token_ids; header
+    x-kvpush-mode: `mode` when given) and reads it to the end. Returns (send ns, [arrival ns of
+    each token], end ns, token ids), time.monotonic_ns (CLOCK_MONOTONIC). Raises on an HTTP error,
+    an SSE error event or a stream without tokens."""
+    body = dict(body, stream=True, return_token_ids=True)
+    headers = {"content-type": "application/json"}
+    if mode:
+        headers["x-kvpush-mode"] = mode
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    t0 = time.monotonic_ns()
+    c.request("POST", "/v1/completions", json.dumps(body), headers)
+    r = c.getresponse()
+    if r.status != 200:
+        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
+    times, tokens, buf = [], [], b""
+    while True:
+        chunk = r.read1(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            for line in ev.split(b"\n"):
+                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                    continue
+                j = json.loads(line[5:])
+                if "error" in j:
+                    raise RuntimeError(f"stream error: {j['error']}")
+                for ch in j.get("choices", []):
+                    ids = ch.get("token_ids") or []
+                    if ids:
+                        now = time.monotonic_ns()
+                        tokens.extend(ids)
+                        times.extend([now] * len(ids))
+    if not times:
+        raise RuntimeError("no tokens streamed")
+    return t0, times, time.monotonic_ns(), tokens
+
+
+def add_kvpush_and_model_args(ap):
+    """--kvpush (default: build/apps/kvpush of this checkout) and --model (default:
+    ../shared/models/stories260K.gguf beside it) on the argparse parser `ap`."""
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    ap.add_argument("--kvpush", default=os.path.join(root, "build", "apps", "kvpush"))
+    ap.add_argument("--model", default=os.path.join(root, "..", "shared", "models",
+                                                   "stories260K.gguf"))

@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 
-from pd_bench_util import HOST, cpu_seconds, free_port, pct, wait_healthy
+from pd_bench_util import HOST, cpu_seconds, free_port, pct, stream_tokens, wait_healthy
 TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
 VERIFY_SUM = "kvpush_kv_transfer_verify_seconds_sum"
 VERIFY_EARLY_SUM = "kvpush_kv_transfer_verify_early_seconds_sum"
@@ -41,51 +41,14 @@ VERIFY_EARLY_SUM = "kvpush_kv_transfer_verify_early_seconds_sum"
 
 def stream(port, body, mode=None, timeout=600):
     """POSTs a streaming completion; returns dict(ttft_ms, tpot_ms, tokens, e2e_ms)."""
-    body = dict(body, stream=True, return_token_ids=True)
-    headers = {"content-type": "application/json"}
-    if mode:
-        headers["x-kvpush-mode"] = mode
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    t0 = time.perf_counter()
-    c.request("POST", "/v1/completions", json.dumps(body), headers)
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    times, tokens = [], []
-    buf = b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    continue
-                j = json.loads(data)
-                if "error" in j:
-                    raise RuntimeError(f"stream error: {j['error']}")
-                for ch in j.get("choices", []):
-                    ids = ch.get("token_ids") or []
-                    if ids:
-                        now = time.perf_counter()
-                        tokens.extend(ids)
-                        times.extend([now] * len(ids))
-    t1 = time.perf_counter()
-    if not times:
-        raise RuntimeError("no tokens streamed")
+    t0, times, t1, tokens = stream_tokens(port, body, mode, timeout)
     n = len(times)
     return {
-        "ttft_ms": (times[0] - t0) * 1e3,
-        "tpot_ms": (times[-1] - times[0]) * 1e3 / (n - 1) if n > 1 else None,
-        "e2e_ms": (t1 - t0) * 1e3,
+        "ttft_ms": (times[0] - t0) / 1e6,
+        "tpot_ms": (times[-1] - times[0]) / 1e6 / (n - 1) if n > 1 else None,
+        "e2e_ms": (t1 - t0) / 1e6,
         "tokens": tokens,
     }
-
 
 def metrics(port):
     """Prometheus text of an instance -> {metric name: value} (first sample of each name)."""

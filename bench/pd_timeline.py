@@ -28,7 +28,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import HOST, stop_all, ctx_switches, free_port, pct, wait_healthy
+from pd_bench_util import (HOST, add_kvpush_and_model_args, ctx_switches, free_port, pct,
+                           stop_all, stream_tokens, wait_healthy)
 MODES = ["colocated", "push", "pull-vllm", "pull-fast"]
 # The phases shown, in the order a request normally passes them; (role, phase) as recorded.
 PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
@@ -49,42 +50,6 @@ def get(port, path, timeout=10):
     c.request("GET", path)
     r = c.getresponse()
     return r.status, r.read()
-
-
-def stream(port, body, mode=None):
-    """A streamed completion: (send ns, first-token ns, token ids), CLOCK_MONOTONIC."""
-    body = dict(body, stream=True, return_token_ids=True)
-    headers = {"content-type": "application/json"}
-    if mode:
-        headers["x-kvpush-mode"] = mode
-    c = http.client.HTTPConnection(HOST, port, timeout=600)
-    t0 = time.monotonic_ns()
-    c.request("POST", "/v1/completions", json.dumps(body), headers)
-    r = c.getresponse()
-    if r.status != 200:
-        raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    first, tokens, buf = None, [], b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                j = json.loads(line[5:])
-                if "error" in j:
-                    raise RuntimeError(f"stream error: {j['error']}")
-                for ch in j.get("choices", []):
-                    ids = ch.get("token_ids") or []
-                    if ids and first is None:
-                        first = time.monotonic_ns()
-                    tokens.extend(ids)
-    if first is None:
-        raise RuntimeError("no tokens streamed")
-    return t0, first, time.monotonic_ns(), tokens
 
 
 def start_cluster(args, tmp):
@@ -117,7 +82,8 @@ def run_request(ports, pids, mode, prompt, max_tokens):
     body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
     port = ports["colocated"] if mode == "colocated" else ports["router"]
     cs0 = sum(ctx_switches(p) for p in pids)
-    t0, first, end, tokens = stream(port, body, None if mode == "colocated" else mode)
+    t0, times, end, tokens = stream_tokens(port, body, None if mode == "colocated" else mode)
+    first = times[0]
     cs1 = sum(ctx_switches(p) for p in pids)
     return {"mode": mode, "t0": t0, "first": first, "end": end, "tokens": tokens,
             "ttft_ms": (first - t0) / 1e6, "ctx_switches": cs1 - cs0}
@@ -205,10 +171,7 @@ def print_summary(s):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-    ap.add_argument("--kvpush", default=os.path.join(root, "build", "apps", "kvpush"))
-    ap.add_argument("--model", default=os.path.join(root, "..", "shared", "models",
-                                                   "stories260K.gguf"))
+    add_kvpush_and_model_args(ap)
     ap.add_argument("--backend", default="ucx:tcp")
     ap.add_argument("--lengths", default="8,16,17,24,64,256", help="prompt lengths (tokens)")
     ap.add_argument("--requests", type=int, default=40, help="prompts per length (per mode)")

@@ -21,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (!IsValidTransferId(m->transfer_id)) std::abort();
-  if (m->block_ids.size() > kMaxTargetBlocks || m->top_logprobs.size() > kMaxTopLogprobs) {
+  if (m->block_ids.size() > kMaxPartBlocks || m->top_logprobs.size() > kMaxTopLogprobs) {
     std::abort();
   }
   for (int32_t b : m->block_ids) {

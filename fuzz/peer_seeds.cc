@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "connector/block_list.h"
 #include "connector/handshake.h"
 #include "connector/messages.h"
 #include "xfer/byte_io.h"
@@ -48,7 +49,7 @@ bool PdMessages(const std::filesystem::path& out) {
     m.num_prompt_tokens = 37;
     m.prompt_hash = 0x1122334455667788ull;
     m.first_block = 1;
-    m.num_blocks = 2;
+    m.num_blocks = 3;
     m.layer = 3;
     m.kv_digest = 0xabcdefull;
     m.token_id = 42;
@@ -64,6 +65,25 @@ bool PdMessages(const std::filesystem::path& out) {
                    bytes.status().ToString().c_str());
       return false;
     }
+  }
+  return true;
+}
+
+/// block_list_fuzz inputs: u32 count, budget byte, part-size byte, then the runs of a contiguous,
+/// a scattered and a mixed list.
+bool BlockLists(const std::filesystem::path& out) {
+  SeedDir dir(out, "block_list_fuzz");
+  std::vector<std::vector<int32_t>> lists(3);
+  for (int32_t i = 0; i < 64; ++i) lists[0].push_back(100 + i);
+  for (int32_t i = 0; i < 64; ++i) lists[1].push_back((i * 37) % 4096 + 70000);
+  for (int32_t i = 0; i < 64; ++i) lists[2].push_back(i % 8 == 7 ? 5000 + i : 10 + i);
+  for (const auto& ids : lists) {
+    std::vector<uint8_t> b;
+    for (int k = 0; k < 4; ++k) b.push_back(static_cast<uint8_t>(ids.size() >> (8 * k)));
+    b.push_back(8);
+    b.push_back(20);
+    connector::AppendBlockRuns(b, ids);
+    if (!dir.Write(b)) return false;
   }
   return true;
 }
@@ -227,6 +247,6 @@ bool PromptLists(const std::filesystem::path& out) {
 }  // namespace
 
 bool WritePeerSeeds(const std::filesystem::path& out) {
-  return PdMessages(out) && Metadata(out) && Frames(out) && Handshakes(out) &&
+  return PdMessages(out) && BlockLists(out) && Metadata(out) && Frames(out) && Handshakes(out) &&
          KvTransferParams(out) && SseStreams(out) && PromptLists(out);
 }

@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz
+TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz block_list_fuzz
   xfer_metadata_fuzz notification_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
   prompt_list_fuzz discovery_fuzz)
 # Per-target libFuzzer options (max input length etc.).
@@ -25,6 +25,7 @@ declare -A OPTIONS=(
   [bpe_encode_fuzz]="-max_len=4096"
   [request_json_fuzz]="-max_len=8192 -dict=fuzz/request_json.dict"
   [pd_message_fuzz]="-max_len=4096"
+  [block_list_fuzz]="-max_len=4096"
   [xfer_metadata_fuzz]="-max_len=16384"
   [notification_frame_fuzz]="-max_len=8192"
   [handshake_fuzz]="-max_len=8192 -dict=fuzz/handshake.dict"

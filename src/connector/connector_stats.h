@@ -51,6 +51,11 @@ struct ConnectorStats {
   /// e.g. `--kv-block-allocation scattered`).
   int64_t descriptors_posted = 0;
   int64_t transfer_ops_posted = 0;
+  /// Control messages sent to peers on their own (PUSH_TARGET parts, PIN, PINNED parts, CANCEL,
+  /// ...; not the notifications that ride on a WRITE), and their payload bytes as sent (MAC
+  /// trailer included).
+  int64_t control_messages_sent = 0;
+  int64_t control_bytes_sent = 0;
   /// --kv-auth-key-file set; refusals of unauthenticated or forged handshakes and messages,
   /// indexed by AuthFailure (peer_auth.h).
   bool auth_enabled = false;

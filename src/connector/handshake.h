@@ -15,7 +15,7 @@
 namespace kvpush::connector {
 
 /// Version of the P/D protocol implemented here; peers must match.
-inline constexpr int kConnectorVersion = 1;
+inline constexpr int kConnectorVersion = 2;
 
 struct HandshakeInfo {
   std::string engine_id;  ///< the peer's agent name

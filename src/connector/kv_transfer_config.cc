@@ -109,7 +109,8 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       static const char* kKnown[] = {"backend",          "lease_ms",           "watchdog_ms",
                                      "cancel_ack_ms",    "stall_ms",           "failure_policy",
                                      "pull_profile",     "layerwise",          "engine_id",
-                                     "verify_checksums", "layerwise_min_bytes"};
+                                     "verify_checksums", "layerwise_min_bytes",
+                                     "block_list_part_bytes"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
       if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
@@ -157,6 +158,15 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       }
       c.layerwise_min_bytes = v.get<uint64_t>();
     }
+    if (x.contains("block_list_part_bytes")) {
+      const auto& v = x["block_list_part_bytes"];
+      if (!v.is_number_unsigned() || v.get<uint64_t>() < 16 ||
+          v.get<uint64_t>() > kMaxBlockListBytes) {
+        return InvalidArgument("block_list_part_bytes must be an integer in [16, " +
+                               std::to_string(kMaxBlockListBytes) + "]");
+      }
+      c.block_list_part_bytes = v.get<uint32_t>();
+    }
     if (x.contains("verify_checksums")) {
       if (!x["verify_checksums"].is_boolean()) {
         return InvalidArgument("verify_checksums must be a boolean");
@@ -186,6 +196,7 @@ std::string KvTransferConfig::ToString() const {
          " pull_profile=" + std::string(PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
          " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +
+         " block_list_part_bytes=" + std::to_string(block_list_part_bytes) +
          " verify_checksums=" + (verify_checksums ? "true" : "false");
 }
 

@@ -8,6 +8,7 @@
 #include <string_view>
 
 #include "common/status.h"
+#include "connector/messages.h"
 
 namespace kvpush::connector {
 
@@ -51,6 +52,10 @@ struct KvTransferConfig {
   /// tokens of one Qwen3-32B layer (8 KV heads x 128 x bf16 x K,V). 0: every layer as soon as
   /// it is computed, whatever its size.
   uint64_t layerwise_min_bytes = 256 * 1024;
+  /// Byte budget of one PUSH_TARGET or PINNED part's block list (block_list.h): a longer list
+  /// goes in several messages. In [16, kMaxBlockListBytes]; smaller values only multiply the
+  /// messages (tests and the chaos run use 16 to make every list come in parts).
+  uint32_t block_list_part_bytes = kMaxBlockListBytes;
 
   /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
   /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON

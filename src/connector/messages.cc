@@ -2,7 +2,10 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
 #include <cstring>
+
+#include "connector/block_list.h"
 
 namespace kvpush::connector {
 namespace {
@@ -54,27 +57,55 @@ class Reader {
     return true;
   }
   size_t left() const { return b_.size() - pos_; }
+  void Skip(size_t n) { pos_ += std::min(n, left()); }
 
  private:
   std::span<const uint8_t> b_;
   size_t pos_ = 0;
 };
 
-/// Reads the trailing block-id list of a PUSH_TARGET or PINNED (`n` ids that must fill the rest of
-/// the payload exactly, each a non-negative int32).
-Status ReadBlockIds(Reader& r, uint32_t n, uint32_t min_n, const char* what,
-                    std::vector<int32_t>& out) {
-  if (n < min_n || n > kMaxTargetBlocks || r.left() != static_cast<size_t>(n) * 4) {
-    return InvalidArgument(std::string(what) + ": block count " + std::to_string(n) +
-                           " does not match the payload");
+/// Writes `num_blocks u32 | part_offset u32 | part_count u32 | runs` of a PUSH_TARGET or PINNED
+/// part; checks the limits the decoder checks.
+Status PutBlockPart(std::vector<uint8_t>& b, const PdMessage& m, const char* what) {
+  const size_t n = m.block_ids.size();
+  if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks || n == 0 || n > kMaxPartBlocks ||
+      static_cast<uint64_t>(m.part_offset) + n > m.num_blocks) {
+    return InvalidArgument(std::string(what) + ": part [" + std::to_string(m.part_offset) + ", +" +
+                           std::to_string(n) + ") of a " + std::to_string(m.num_blocks) +
+                           "-block list is outside the limits (list <= " +
+                           std::to_string(kMaxTransferBlocks) + ", part <= " +
+                           std::to_string(kMaxPartBlocks) + ")");
   }
-  out.resize(n);
-  for (auto& id : out) {
-    uint32_t v = 0;
-    r.U32(v);
-    if (v > 0x7fffffffu) return InvalidArgument(std::string(what) + ": negative block id");
-    id = static_cast<int32_t>(v);
+  for (int32_t id : m.block_ids) {
+    if (id < 0) return InvalidArgument(std::string(what) + ": negative block id");
   }
+  if (HasDuplicateBlocks(m.block_ids)) {
+    return InvalidArgument(std::string(what) + ": a block is named twice");
+  }
+  PutU32(b, m.num_blocks);
+  PutU32(b, m.part_offset);
+  PutU32(b, static_cast<uint32_t>(n));
+  AppendBlockRuns(b, m.block_ids);
+  return Status::Ok();
+}
+
+/// Reads the trailing block part of a PUSH_TARGET or PINNED: its header, then runs that fill the
+/// rest of the payload exactly.
+Status ReadBlockPart(Reader& r, std::span<const uint8_t> payload, const char* what,
+                     PdMessage& m) {
+  uint32_t n = 0;
+  if (!r.U32(m.num_blocks) || !r.U32(m.part_offset) || !r.U32(n)) {
+    return InvalidArgument(std::string(what) + ": truncated block list header");
+  }
+  if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks || n == 0 || n > kMaxPartBlocks ||
+      static_cast<uint64_t>(m.part_offset) + n > m.num_blocks) {
+    return InvalidArgument(std::string(what) + ": part [" + std::to_string(m.part_offset) + ", +" +
+                           std::to_string(n) + ") of a " + std::to_string(m.num_blocks) +
+                           "-block list is outside the limits");
+  }
+  Status s = DecodeBlockRuns(payload.subspan(payload.size() - r.left()), n, m.block_ids);
+  if (!s.ok()) return InvalidArgument(std::string(what) + ": " + s.message());
+  r.Skip(r.left());
   return Status::Ok();
 }
 
@@ -126,20 +157,15 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
     return InvalidArgument("message: transfer id must be 32 lowercase hex chars");
   }
   std::vector<uint8_t> b;
-  b.reserve(64 + m.block_ids.size() * 4);
+  b.reserve(256 + (m.block_ids.empty() ? 0 : BlockRunsBytes(m.block_ids)));
   b.push_back(static_cast<uint8_t>(m.tag));
   b.insert(b.end(), m.transfer_id.begin(), m.transfer_id.end());
   switch (m.tag) {
     case MsgTag::kPushTarget:
-      if (m.block_ids.size() > kMaxTargetBlocks) {
-        return InvalidArgument("push target of " + std::to_string(m.block_ids.size()) +
-                               " blocks exceeds the limit of " + std::to_string(kMaxTargetBlocks));
-      }
       PutU32(b, m.num_prompt_tokens);
       PutU64(b, m.prompt_hash);
       PutU32(b, m.first_block);
-      PutU32(b, static_cast<uint32_t>(m.block_ids.size()));
-      for (int32_t id : m.block_ids) PutU32(b, static_cast<uint32_t>(id));
+      KVP_RETURN_IF_ERROR(PutBlockPart(b, m, "push target"));
       break;
     case MsgTag::kKvReady:
       if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
@@ -150,9 +176,9 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       break;
     case MsgTag::kPin:
     case MsgTag::kLayerReady:
-      if (m.num_blocks == 0 || m.num_blocks > kMaxPinnedBlocks) {
+      if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks) {
         return InvalidArgument("block count " + std::to_string(m.num_blocks) + " outside [1, " +
-                               std::to_string(kMaxPinnedBlocks) + "]");
+                               std::to_string(kMaxTransferBlocks) + "]");
       }
       if (m.tag == MsgTag::kPin) {
         PutU32(b, m.first_block);
@@ -165,10 +191,6 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       break;
     case MsgTag::kPinned:
       if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
-      if (m.block_ids.size() > kMaxPinnedBlocks) {
-        return InvalidArgument("pinned answer of " + std::to_string(m.block_ids.size()) +
-                               " blocks exceeds the limit of " + std::to_string(kMaxPinnedBlocks));
-      }
       PutU32(b, m.num_prompt_tokens);
       PutU64(b, m.prompt_hash);
       PutU32(b, static_cast<uint32_t>(m.token_id));
@@ -176,8 +198,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU64(b, m.kv_digest);
       PutTopLogprobs(b, m.top_logprobs);
       PutU32(b, m.first_block);
-      PutU32(b, static_cast<uint32_t>(m.block_ids.size()));
-      for (int32_t id : m.block_ids) PutU32(b, static_cast<uint32_t>(id));
+      KVP_RETURN_IF_ERROR(PutBlockPart(b, m, "pinned"));
       break;
     case MsgTag::kTransferFailed:
       b.push_back(m.code);
@@ -205,12 +226,10 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
   if (!IsValidTransferId(m.transfer_id)) return InvalidArgument("message: malformed transfer id");
   switch (m.tag) {
     case MsgTag::kPushTarget: {
-      uint32_t n = 0;
-      if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(m.first_block) ||
-          !r.U32(n)) {
+      if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(m.first_block)) {
         return InvalidArgument("push target: truncated header");
       }
-      KVP_RETURN_IF_ERROR(ReadBlockIds(r, n, 0, "push target", m.block_ids));
+      KVP_RETURN_IF_ERROR(ReadBlockPart(r, payload, "push target", m));
       break;
     }
     case MsgTag::kKvReady: {
@@ -225,22 +244,22 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
     }
     case MsgTag::kPin:
       if (!r.U32(m.first_block) || !r.U32(m.num_blocks)) return InvalidArgument("pin: truncated");
-      if (m.num_blocks == 0 || m.num_blocks > kMaxPinnedBlocks) {
+      if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks) {
         return InvalidArgument("pin: block count " + std::to_string(m.num_blocks) +
-                               " outside [1, " + std::to_string(kMaxPinnedBlocks) + "]");
+                               " outside [1, " + std::to_string(kMaxTransferBlocks) + "]");
       }
       break;
     case MsgTag::kLayerReady:
       if (!r.U32(m.layer) || !r.U32(m.first_block) || !r.U32(m.num_blocks)) {
         return InvalidArgument("layer ready: truncated");
       }
-      if (m.num_blocks == 0 || m.num_blocks > kMaxTargetBlocks) {
+      if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks) {
         return InvalidArgument("layer ready: block count " + std::to_string(m.num_blocks) +
-                               " outside [1, " + std::to_string(kMaxTargetBlocks) + "]");
+                               " outside [1, " + std::to_string(kMaxTransferBlocks) + "]");
       }
       break;
     case MsgTag::kPinned: {
-      uint32_t tok = 0, n = 0;
+      uint32_t tok = 0;
       if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(tok) ||
           !r.F32(m.logprob) || !r.U64(m.kv_digest)) {
         return InvalidArgument("pinned: truncated header");
@@ -248,8 +267,8 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
       if (tok > 0x7fffffffu) return InvalidArgument("pinned: negative token id");
       m.token_id = static_cast<int32_t>(tok);
       KVP_RETURN_IF_ERROR(ReadTopLogprobs(r, "pinned", false, m.top_logprobs));
-      if (!r.U32(m.first_block) || !r.U32(n)) return InvalidArgument("pinned: truncated header");
-      KVP_RETURN_IF_ERROR(ReadBlockIds(r, n, 1, "pinned", m.block_ids));
+      if (!r.U32(m.first_block)) return InvalidArgument("pinned: truncated header");
+      KVP_RETURN_IF_ERROR(ReadBlockPart(r, payload, "pinned", m));
       break;
     }
     case MsgTag::kTransferFailed:

@@ -26,11 +26,17 @@ enum class MsgTag : uint8_t {
   kLayerReady = 10,
 };
 
-/// Upper bound on block ids in one PUSH_TARGET (the notification frame limit is 4 KiB;
-/// larger targets are refused by the encoder with kInvalidArgument).
-inline constexpr uint32_t kMaxTargetBlocks = 900;
-/// Upper bound on block ids in one PINNED (the same frame limit).
-inline constexpr uint32_t kMaxPinnedBlocks = kMaxTargetBlocks;
+/// Wire bound on the blocks one transfer names (a PUSH_TARGET's or PINNED's whole list, a PIN,
+/// a LAYER_READY): 2^20 blocks, 16M tokens at 16 per block, far above any model's context. The
+/// real bound is checked where it is known: a target must cover exactly the prompt's blocks
+/// that P computed, a PINNED exactly the range D asked for (docs/pd_protocol.md §3).
+inline constexpr uint32_t kMaxTransferBlocks = 1u << 20;
+/// Bound on the block ids one PUSH_TARGET or PINNED part carries (what a decoder expands).
+inline constexpr uint32_t kMaxPartBlocks = 1u << 16;
+/// Byte budget of one part's encoded block list (block_list.h): with the largest header (a
+/// PINNED with 20 top logprobs, 241 bytes) and the MAC trailer it stays under the 4 KiB
+/// notification frame.
+inline constexpr size_t kMaxBlockListBytes = 3072;
 /// Upper bound on top-logprob pairs in a KV_READY.
 inline constexpr uint32_t kMaxTopLogprobs = 20;
 
@@ -42,9 +48,12 @@ struct PdMessage {
   uint32_t num_prompt_tokens = 0;
   uint64_t prompt_hash = 0;
   uint32_t first_block = 0;  ///< index in the request's block table of the first target block
-  std::vector<int32_t> block_ids;  ///< kPushTarget: D's targets; kPinned: P's leased blocks
-  // kPin, kLayerReady: blocks [first_block, first_block + num_blocks) of the request's block table
+  // kPin, kLayerReady: blocks [first_block, first_block + num_blocks) of the request's block
+  // table; kPushTarget, kPinned: the whole list has num_blocks ids, sent in one or more parts.
   uint32_t num_blocks = 0;
+  // kPushTarget, kPinned: this part's ids are the list's [part_offset, part_offset + size).
+  uint32_t part_offset = 0;
+  std::vector<int32_t> block_ids;  ///< kPushTarget: D's targets; kPinned: P's leased blocks
   // kLayerReady: the layer whose K/V of those blocks landed
   uint32_t layer = 0;
   // kKvReady, kPinned: KvDigest (kv/block_checksum.h) of the blocks the transfer moves
@@ -64,7 +73,8 @@ bool IsValidTransferId(std::string_view id);
 /// XXH3-64 of the token ids as int32 little-endian (the prompt_hash of the protocol).
 uint64_t PromptHash(std::span<const int32_t> tokens);
 
-/// Encodes `m`. Errors: kInvalidArgument (bad transfer id, too many blocks or top logprobs).
+/// Encodes `m`. Errors: kInvalidArgument (bad transfer id, block counts outside the limits, a
+/// part beyond its list or naming a block twice, too many top logprobs).
 Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m);
 
 /// Decodes and validates a payload. Errors: kInvalidArgument with the reason (truncated, unknown

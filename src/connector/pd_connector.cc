@@ -203,6 +203,8 @@ ConnectorStats PdConnector::stats() const {
     s = published_;
     s.descriptors_posted += engine_descriptors_;
     s.transfer_ops_posted = transfer_ops_;
+    s.control_messages_sent = control_messages_;
+    s.control_bytes_sent = control_bytes_;
   }
   s.handshakes = peers_->handshakes();
   s.auth_enabled = auth_ != nullptr;
@@ -569,6 +571,9 @@ Result<TransferToken> PdConnector::SendMessage(const std::string& peer, const Pd
     (void)agent_->ReleaseTransfer(t);
     return st;
   }
+  MutexLock lock(stats_mu_);
+  ++control_messages_;
+  control_bytes_ += static_cast<int64_t>(payload->size());
   return t.packed();
 }
 

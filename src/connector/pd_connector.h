@@ -218,6 +218,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   /// Descriptors of READs posted by the engine thread.
   int64_t engine_descriptors_ GUARDED_BY(stats_mu_) = 0;
   int64_t transfer_ops_ GUARDED_BY(stats_mu_) = 0;  ///< backend ops of every WRITE/READ posted
+  int64_t control_messages_ GUARDED_BY(stats_mu_) = 0;  ///< messages sent on their own
+  int64_t control_bytes_ GUARDED_BY(stats_mu_) = 0;     ///< their payload bytes
 
   std::thread thread_;
 };

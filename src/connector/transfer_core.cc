@@ -319,7 +319,9 @@ void TransferCore::ExpireTimers(TimePoint now) {
       continue;
     }
     SendFailure(it->second.peer, it->first, StatusCode::kDeadlineExceeded,
-                "the prefill request for this transfer never arrived at P");
+                it->second.partial()
+                    ? "the push target's last parts never arrived at P"
+                    : "the prefill request for this transfer never arrived at P");
     Tombstone(it->first);
     it = pending_targets_.erase(it);
   }

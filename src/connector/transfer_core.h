@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "connector/block_list.h"
 #include "connector/connector_stats.h"
 #include "connector/handoff_timeline.h"
 #include "connector/kv_transfer_config.h"
@@ -292,7 +293,9 @@ class TransferCore {
     int32_t external_tokens = 0;
     int32_t n = 0;
     uint64_t prompt_hash = 0;
-    TimePoint deadline{};  ///< of the whole load, from the request's arrival
+    /// Of the whole load, from the request's arrival; push: also from the last LAYER_READY that
+    /// brought chunks not seen before (a transfer streaming in is not stuck).
+    TimePoint deadline{};
     /// Blocks [first_block, first_block + num_blocks) of the block table receive remote KV.
     uint32_t first_block = 0;
     uint32_t num_blocks = 0;
@@ -312,15 +315,21 @@ class TransferCore {
     bool aborted = false;
     int64_t read_posted_ns = 0;
     std::optional<TokenOutput> first_token;  ///< pull fast profile
+    /// Pull: the PINNED parts received so far when P's list comes in several (block_list.h).
+    BlockListAssembly pinned_parts;
     /// Why a cancel began when not the watchdog's (a PUSH_TARGET of unknown fate): what the
     /// request is told when the cancel ends. OK: the watchdog's message.
     Status cancel_reason;
     HandoffRecord timeline;
   };
+  /// A PUSH_TARGET whose request has not arrived yet, or (partial()) the parts of one received
+  /// so far (`msg` then holds the first part's header, no ids).
   struct PendingTarget {
     std::string peer;
     PdMessage msg;
     TimePoint expiry;
+    BlockListAssembly parts;  ///< total() == 0: `msg` is the whole target
+    bool partial() const { return parts.total() != 0; }
   };
 
   // transfer_core.cc
@@ -361,6 +370,10 @@ class TransferCore {
   void OnProducerMessage(const std::string& peer, PdMessage& m);
   void OnProducerCancel(const std::string& peer, const PdMessage& m);
   void OnPushTarget(const std::string& peer, PdMessage& m);
+  /// Adds a part of a target sent in several (pending until complete; at most the lease).
+  /// True when `m` now holds the whole target; false while parts are missing or when the part
+  /// was refused (TRANSFER_FAILED sent, the parts dropped).
+  bool AddTargetPart(const std::string& peer, PdMessage& m);
   void AttachTarget(Producer& p, const std::string& peer, PdMessage& m);
   /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
   /// (it may have been erased: the caller must not touch it any more).
@@ -410,8 +423,13 @@ class TransferCore {
   void OnKvReady(Consumer& c, PdMessage& m);
   void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void OnPinned(Consumer& c, PdMessage& m);
+  /// Adds a PINNED part; true when `m` now holds P's whole, duplicate-free list. False while
+  /// parts are missing, or when the answer was malformed (then `c` completed with kDataLoss).
+  bool AddPinnedPart(Consumer& c, PdMessage& m);
+  bool CheckPinnedList(Consumer& c, const PdMessage& m);
   void OnLayerReady(Consumer& c, const PdMessage& m);
-  void HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind);
+  /// Hashes chunk (layer, kind) of received block i once; true when it was not hashed before.
+  bool HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind);
   Status VerifyReceived(Consumer& c);
   void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);
   Result<TransferOrder> BuildRead(const std::string& peer, std::span<const BlockId> local,

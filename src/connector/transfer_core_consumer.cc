@@ -2,6 +2,8 @@
 // watchdog outcomes.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "connector/transfer_core.h"
 #include "kv/block_checksum.h"
 
@@ -134,43 +136,40 @@ void TransferCore::OnConsumerStart(EngineEvent& ev) {
 }
 
 void TransferCore::SendConsumerRequest(Consumer& con) {
+  if (con.num_blocks > kMaxTransferBlocks) {
+    CompleteConsumer(con,
+                     InvalidArgument("prompt needs " + std::to_string(con.num_blocks) +
+                                     " blocks moved; one transfer names at most " +
+                                     std::to_string(kMaxTransferBlocks)),
+                     std::nullopt);
+    return;
+  }
   PdMessage m;
   m.transfer_id = con.tid;
   m.first_block = con.first_block;
+  m.num_blocks = con.num_blocks;
+  Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
   if (con.mode == Mode::kPush) {
     m.tag = MsgTag::kPushTarget;
     m.num_prompt_tokens = static_cast<uint32_t>(con.n);
     // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
     m.prompt_hash = con.prompt_hash;
-    m.block_ids.assign(con.blocks.begin() + con.first_block,
-                       con.blocks.begin() + con.first_block + con.num_blocks);
-    if (m.block_ids.size() > kMaxTargetBlocks) {
-      CompleteConsumer(con,
-                       InvalidArgument("prompt needs " + std::to_string(m.block_ids.size()) +
-                                       " target blocks; one push target carries at most " +
-                                       std::to_string(kMaxTargetBlocks)),
-                       std::nullopt);
-      return;
+    const std::span<const BlockId> target(con.blocks.data() + con.first_block, con.num_blocks);
+    // A list longer than one notification goes in parts, each a whole PUSH_TARGET
+    // (block_list.h); P attaches the target once it has every part.
+    const auto parts = SplitBlockList(target, config_.block_list_part_bytes, kMaxPartBlocks);
+    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {}, {} parts)",
+                  con.tid, con.peer, con.num_blocks, m.first_block, parts.size());
+    for (const auto& [offset, count] : parts) {
+      m.part_offset = offset;
+      m.block_ids.assign(target.begin() + offset, target.begin() + offset + count);
+      SendMessage(con.peer, m);
     }
-    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {})", con.tid,
-                  con.peer, m.block_ids.size(), m.first_block);
-    Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
-    SendMessage(con.peer, m);
     ++stats_.push_targets_sent;
     return;
   }
   // Pull: read only what P confirms it still holds (DESIGN.md §3 pull step 3).
-  if (con.num_blocks > kMaxPinnedBlocks) {
-    CompleteConsumer(con,
-                     InvalidArgument("prompt needs " + std::to_string(con.num_blocks) +
-                                     " blocks read; one pinned lease covers at most " +
-                                     std::to_string(kMaxPinnedBlocks)),
-                     std::nullopt);
-    return;
-  }
   m.tag = MsgTag::kPin;
-  m.num_blocks = con.num_blocks;
-  Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
   SendMessage(con.peer, m);
   ++stats_.pins_sent;
 }
@@ -180,13 +179,14 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
     ++stats_.bad_messages;
     return;
   }
-  if (m.first_block != c.first_block || m.block_ids.size() != c.num_blocks ||
+  if (m.first_block != c.first_block || m.num_blocks != c.num_blocks ||
       static_cast<int32_t>(m.num_prompt_tokens) != c.n || m.prompt_hash != c.prompt_hash) {
     ++stats_.bad_messages;
     CompleteConsumer(c, DataLoss("the prefill instance pinned a different prompt or block range"),
                      std::nullopt);
     return;
   }
+  if (!AddPinnedPart(c, m)) return;  // parts still missing, or refused
   Mark(c.timeline, HandoffPhase::kPinnedReceived);
   c.expected_digest = m.kv_digest;
   if (c.take_first_token) {
@@ -212,16 +212,45 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
   CompleteConsumer(c, Status(err.code(), "posting the READ: " + err.message()), std::nullopt);
 }
 
-void TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
+bool TransferCore::AddPinnedPart(Consumer& c, PdMessage& m) {
+  const bool whole = m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
+  if (whole && c.pinned_parts.total() == 0) return CheckPinnedList(c, m);
+  if (c.pinned_parts.total() == 0) {
+    c.pinned_parts = BlockListAssembly(c.num_blocks);
+    c.expected_digest = m.kv_digest;
+  }
+  // Every part repeats the header: they must agree, or the answer is not one lease.
+  Status s = m.kv_digest == c.expected_digest
+                 ? c.pinned_parts.Add(m.part_offset, m.block_ids)
+                 : InvalidArgument("the parts disagree on the KV digest");
+  if (!s.ok()) {
+    ++stats_.bad_messages;
+    CompleteConsumer(c, DataLoss("malformed pinned answer: " + s.message()), std::nullopt);
+    return false;
+  }
+  if (!c.pinned_parts.complete()) return false;
+  m.block_ids = c.pinned_parts.Take();
+  return CheckPinnedList(c, m);
+}
+
+bool TransferCore::CheckPinnedList(Consumer& c, const PdMessage& m) {
+  if (!HasDuplicateBlocks(m.block_ids)) return true;
+  ++stats_.bad_messages;
+  CompleteConsumer(c, DataLoss("the prefill instance pinned a block twice"), std::nullopt);
+  return false;
+}
+
+bool TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
   const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
   if (c.chunk_sums.empty()) {
     c.chunk_sums.assign(c.num_blocks * per_block, 0);
     c.chunk_hashed.assign(c.num_blocks * per_block, 0);
   }
   const size_t k = i * per_block + static_cast<size_t>(layer) * 2 + static_cast<size_t>(kind);
-  if (c.chunk_hashed[k] != 0) return;
+  if (c.chunk_hashed[k] != 0) return false;
   c.chunk_sums[k] = KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]);
   c.chunk_hashed[k] = 1;
+  return true;
 }
 
 void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
@@ -239,12 +268,19 @@ void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
     return;
   }
   const int64_t start = clock_.NowNanos();
+  bool progress = false;
   for (uint32_t b = m.first_block; b < m.first_block + m.num_blocks; ++b) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      HashReceivedChunk(c, b - c.first_block, static_cast<int32_t>(m.layer), kind);
+      progress |= HashReceivedChunk(c, b - c.first_block, static_cast<int32_t>(m.layer), kind);
     }
   }
   stats_.verify_early_ns_sum += clock_.NowNanos() - start;
+  // KV that had not landed before did: the transfer progresses, so the watchdog counts from
+  // now. A long prefill pushed layer by layer is not given up while it streams in; each chunk
+  // counts once, so a peer cannot keep a transfer alive by repeating itself.
+  if (progress && c.state == ConsumerState::kAwaitingKv) {
+    c.deadline = std::max(c.deadline, clock_.Now() + config_.watchdog);
+  }
 }
 
 Status TransferCore::VerifyReceived(Consumer& c) {

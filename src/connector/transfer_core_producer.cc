@@ -51,7 +51,7 @@ void TransferCore::OnProducerStart(EngineEvent& ev) {
   auto [it, inserted] = producers_.emplace(tid, std::move(p));
   (void)inserted;
   auto pending = pending_targets_.find(tid);
-  if (pending != pending_targets_.end()) {
+  if (pending != pending_targets_.end() && !pending->second.partial()) {
     PendingTarget t = std::move(pending->second);
     pending_targets_.erase(pending);
     AttachTarget(it->second, t.peer, t.msg);
@@ -227,15 +227,18 @@ void TransferCore::OnAbortTransfer(const std::string& tid) {
 }
 
 void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
-  ++stats_.push_targets_received;
-  spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {})", m.transfer_id, peer,
-                m.block_ids.size(), m.first_block);
+  spdlog::debug("kv connector: push target {} from '{}' (blocks [{}, +{}) of {} from {})",
+                m.transfer_id, peer, m.part_offset, m.block_ids.size(), m.num_blocks,
+                m.first_block);
   if (IsTombstoned(m.transfer_id)) {
     const char* why = "unknown or expired transfer (its lease ran out or it already ended)";
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", m.transfer_id, peer, why);
     SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
     return;
   }
+  const bool whole = m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
+  if (!whole && !AddTargetPart(peer, m)) return;  // more parts to come, or refused
+  ++stats_.push_targets_received;
   auto it = producers_.find(m.transfer_id);
   if (it == producers_.end()) {
     // Target first, prefill request later: keep it until the request arrives (bounded by the
@@ -245,6 +248,45 @@ void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
     return;
   }
   AttachTarget(it->second, peer, m);
+}
+
+bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m) {
+  const std::string& tid = m.transfer_id;
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("kv connector: refusing a push target part of {} from '{}': {}", tid, peer, why);
+    ++stats_.bad_messages;
+    SendFailure(peer, tid, StatusCode::kInvalidArgument, why);
+    return false;
+  };
+  if (m.num_blocks > static_cast<uint32_t>(layout_.num_blocks)) {
+    // No prompt computed here can need more blocks than this instance's pool holds.
+    return refuse("a target of " + std::to_string(m.num_blocks) + " blocks is longer than " +
+                  "any prompt of this instance (" + std::to_string(layout_.num_blocks) +
+                  " blocks)");
+  }
+  auto it = pending_targets_.find(tid);
+  if (it == pending_targets_.end()) {
+    PendingTarget t{peer, m, clock_.Now() + config_.lease, BlockListAssembly(m.num_blocks)};
+    t.msg.block_ids.clear();
+    it = pending_targets_.emplace(tid, std::move(t)).first;
+  }
+  PendingTarget& t = it->second;
+  if (!t.partial()) return refuse("a target for this transfer was already received");
+  if (t.peer != peer) return refuse("the first part of this target came from '" + t.peer + "'");
+  if (m.num_prompt_tokens != t.msg.num_prompt_tokens || m.prompt_hash != t.msg.prompt_hash ||
+      m.first_block != t.msg.first_block || m.num_blocks != t.msg.num_blocks) {
+    pending_targets_.erase(it);
+    return refuse("the parts of the target disagree on its prompt or block range");
+  }
+  if (Status s = t.parts.Add(m.part_offset, m.block_ids); !s.ok()) {
+    pending_targets_.erase(it);
+    return refuse(s.message());
+  }
+  if (!t.parts.complete()) return false;
+  m.block_ids = t.parts.Take();
+  m.part_offset = 0;
+  pending_targets_.erase(it);
+  return true;
 }
 
 void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage& m) {
@@ -276,6 +318,7 @@ void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage&
       return fail("target block " + std::to_string(b) + " is outside the decode pool");
     }
   }
+  if (HasDuplicateBlocks(m.block_ids)) return fail("the target names a decode block twice");
   p.peer = peer;
   p.first_block = m.first_block;
   p.dst = std::move(m.block_ids);
@@ -426,12 +469,18 @@ void TransferCore::OnPin(const std::string& peer, const PdMessage& m) {
   a.top_logprobs = p.token.top_logprobs;
   if (a.top_logprobs.size() > kMaxTopLogprobs) a.top_logprobs.resize(kMaxTopLogprobs);
   a.first_block = m.first_block;
-  const auto first = static_cast<ptrdiff_t>(m.first_block);
-  const auto last = first + static_cast<ptrdiff_t>(m.num_blocks);
-  a.block_ids.assign(p.blocks.begin() + first, p.blocks.begin() + last);
-  a.kv_digest = KvDigest(std::span<const uint64_t>(p.block_sums.data() + first, m.num_blocks));
+  a.num_blocks = m.num_blocks;
+  const std::span<const BlockId> pinned(p.blocks.data() + m.first_block, m.num_blocks);
+  a.kv_digest = KvDigest(std::span<const uint64_t>(p.block_sums.data() + m.first_block,
+                                                   m.num_blocks));
   Mark(p.timeline, HandoffPhase::kPinAnswered);  // before the send: D may see it first
-  SendMessage(peer, a);
+  // A list longer than one notification goes in parts, each a whole PINNED (block_list.h).
+  for (const auto& [offset, count] : SplitBlockList(pinned, config_.block_list_part_bytes,
+                                                         kMaxPartBlocks)) {
+    a.part_offset = offset;
+    a.block_ids.assign(pinned.begin() + offset, pinned.begin() + offset + count);
+    SendMessage(peer, a);
+  }
   p.timeline.blocks = static_cast<int32_t>(m.num_blocks);
   p.timeline.ok = true;
 }

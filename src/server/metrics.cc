@@ -244,6 +244,12 @@ std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
   counter("kvpush_kv_transfer_ops_total",
           "Backend ops of those WRITEs/READs after coalescing adjacent descriptors.",
           c.transfer_ops_posted);
+  counter("kvpush_kv_transfer_control_messages_sent_total",
+          "P/D control messages sent on their own (not riding on a WRITE).",
+          c.control_messages_sent);
+  counter("kvpush_kv_transfer_control_bytes_sent_total",
+          "Payload bytes of those control messages (MAC trailer included).",
+          c.control_bytes_sent);
   w.Scalar("kvpush_kv_transfer_producers_active", "gauge", "Prefill-side transfers in flight.",
            static_cast<double>(c.producers_active));
   w.Scalar("kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight.",

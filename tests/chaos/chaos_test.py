@@ -89,8 +89,12 @@ class Chaos:
     # -- set-up ----------------------------------------------------------------------------------
 
     def kv_cfg(self, policy):
+        # block_list_part_bytes 16 with scattered blocks: every PUSH_TARGET and PINNED of more
+        # than a few blocks comes in parts (docs/pd_protocol.md §3, *Block lists*), so the faults
+        # also fall between the parts of one list.
         x = {"backend": "ucx:tcp", "lease_ms": LEASE_MS, "watchdog_ms": WATCHDOG_MS,
-             "cancel_ack_ms": CANCEL_ACK_MS, "stall_ms": STALL_MS, "failure_policy": policy}
+             "cancel_ack_ms": CANCEL_ACK_MS, "stall_ms": STALL_MS, "failure_policy": policy,
+             "block_list_part_bytes": 16}
         return json.dumps({"kv_connector_extra_config": x})
 
     def fault_plan(self, salt):
@@ -104,7 +108,8 @@ class Chaos:
         args = ["serve", "--model", self.a.model, "--role", role, "--host", host, "--port",
                 str(port), "--num-kv-blocks", str(self.a.kv_blocks), "--log-level", self.a.log_level]
         if role != "both":
-            args += ["--kv-transfer-config", self.kv_cfg(policy or "recompute")]
+            args += ["--kv-transfer-config", self.kv_cfg(policy or "recompute"),
+                     "--kv-block-allocation", "scattered"]
         if fault_salt is not None and self.fault_flag:
             args += ["--xfer-fault-plan", self.fault_plan(fault_salt)]
         return args

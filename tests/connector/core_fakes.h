@@ -251,7 +251,11 @@ class CoreTest : public ::testing::Test {
     m.num_blocks = count;
     return m;
   }
-  void Deliver(const std::string& peer, const PdMessage& m) {
+  /// Encodes and hands `m` to the core. A PUSH_TARGET or PINNED without num_blocks is sent
+  /// whole (num_blocks = its ids).
+  void Deliver(const std::string& peer, PdMessage m) {
+    const bool listed = m.tag == MsgTag::kPushTarget || m.tag == MsgTag::kPinned;
+    if (listed && m.num_blocks == 0) m.num_blocks = static_cast<uint32_t>(m.block_ids.size());
     auto bytes = EncodeMessage(m);
     ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
     core_->HandleMessage(peer, *bytes);

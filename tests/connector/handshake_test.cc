@@ -70,7 +70,7 @@ TEST(Handshake, JsonHasTheDocumentedShape) {
   EXPECT_EQ(j["engine_id"], "prefill-127.0.0.1:8100");
   EXPECT_EQ(j["incarnation"], "0123456789abcdef");
   EXPECT_EQ(j["role"], "prefill");
-  EXPECT_EQ(j["connector_version"], 1);
+  EXPECT_EQ(j["connector_version"], 2);  // 2: block lists as runs, in parts
   EXPECT_EQ(j["transfer_backend"], "ucx:tcp");
   EXPECT_EQ(j["model_fingerprint"], "fedcba9876543210");
   EXPECT_EQ(j["layout"]["num_layers"], 5);
@@ -116,7 +116,7 @@ TEST(Handshake, CompatHashCoversTheDocumentedFieldsOnly) {
   EXPECT_TRUE(changed([](HandshakeInfo& h) { h.layout.head_dim = 16; }));
   EXPECT_TRUE(changed([](HandshakeInfo& h) { h.layout.block_size = 32; }));
   EXPECT_TRUE(changed([](HandshakeInfo& h) { h.layout.dtype = KvDtype::kF16; }));
-  EXPECT_TRUE(changed([](HandshakeInfo& h) { h.connector_version = 2; }));
+  EXPECT_TRUE(changed([](HandshakeInfo& h) { h.connector_version = 1; }));
   EXPECT_TRUE(changed([](HandshakeInfo& h) { h.transfer_backend = "ucx:shm"; }));
   EXPECT_FALSE(changed([](HandshakeInfo& h) { h.layout.num_blocks = 17; }));
   EXPECT_FALSE(changed([](HandshakeInfo& h) { h.engine_id = "other"; }));
@@ -295,7 +295,7 @@ TEST(Handshake, FromJsonRefusesCompatHashMismatch) {
   j["transfer_backend"] = "ucx:shm";
   EXPECT_FALSE(HandshakeInfo::FromJson(j).ok());
   j = Info().ToJson();
-  j["connector_version"] = 2;
+  j["connector_version"] = 1;
   EXPECT_FALSE(HandshakeInfo::FromJson(j).ok());
   j = Info().ToJson();
   j["model_fingerprint"] = "0000000000000001";
@@ -372,7 +372,7 @@ TEST(Handshake, CheckCompatibleNamesTheFirstDifference) {
     const char* there;
   };
   const std::vector<Case> cases = {
-      {"connector_version", [](HandshakeInfo& h) { h.connector_version = 2; }, "1", "2"},
+      {"connector_version", [](HandshakeInfo& h) { h.connector_version = 1; }, "2", "1"},
       {"model_fingerprint", [](HandshakeInfo& h) { h.model_fingerprint = 1; }, "fedcba9876543210",
        "0000000000000001"},
       {"num_layers", [](HandshakeInfo& h) { h.layout.num_layers = 6; }, "5", "6"},

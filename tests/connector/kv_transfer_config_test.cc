@@ -152,6 +152,14 @@ TEST(KvTransferConfig, RefusesWrongTypes) {
   EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"layerwise_min_bytes": 1099511627776}})", "both")
                 .layerwise_min_bytes,
             uint64_t{1} << 40);
+  for (const char* v : {"15", "3073", "-1", "16.5", "\"64\"", "null"}) {
+    Err(std::string(R"({"kv_connector_extra_config": {"block_list_part_bytes": )") + v + "}}",
+        {"block_list_part_bytes", "[16, 3072]"});
+  }
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"block_list_part_bytes": 16}})", "both")
+                .block_list_part_bytes,
+            16u);
+  EXPECT_EQ(Ok("{}", "both").block_list_part_bytes, 3072u);
 }
 
 TEST(KvTransferConfig, MillisecondRanges) {

@@ -29,6 +29,7 @@ PdMessage PushTarget() {
   m.num_prompt_tokens = 37;
   m.prompt_hash = 0x0123456789abcdefull;
   m.first_block = 2;
+  m.num_blocks = 5;
   m.block_ids = {3, 4, 5, 0x7fffffff, 0};
   return m;
 }
@@ -48,29 +49,45 @@ void PutU32(std::vector<uint8_t>& b, uint32_t v) {
   for (int i = 0; i < 4; ++i) b.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
-// Byte layout of a PUSH_TARGET header, built by hand from the table in §3.
-std::vector<uint8_t> RawPushTarget(uint32_t count, const std::vector<uint32_t>& ids) {
+// A PUSH_TARGET built by hand from the table in §3: header, then the part's `count` ids as
+// runs (start, length), each varint a single byte unless given as raw bytes in `tail`.
+std::vector<uint8_t> RawPushTarget(uint32_t count, const std::vector<std::pair<uint8_t, uint8_t>>& runs,
+                                   uint32_t num_blocks = 0, uint32_t part_offset = 0,
+                                   const std::vector<uint8_t>& tail = {}) {
   std::vector<uint8_t> b{1};
   b.insert(b.end(), kTid.begin(), kTid.end());
   PutU32(b, 10);                               // num_prompt_tokens
   for (int i = 0; i < 8; ++i) b.push_back(0);  // prompt_hash
   PutU32(b, 0);                                // first_block
+  PutU32(b, num_blocks == 0 ? count : num_blocks);
+  PutU32(b, part_offset);
   PutU32(b, count);
-  for (uint32_t id : ids) PutU32(b, id);
+  PutU32(b, static_cast<uint32_t>(runs.size() + (tail.empty() ? 0 : 1)));
+  for (auto [start, len] : runs) {
+    b.push_back(start);
+    b.push_back(len);
+  }
+  b.insert(b.end(), tail.begin(), tail.end());
   return b;
 }
 
 TEST(Messages, PushTargetRoundTripAndWireLayout) {
   const PdMessage m = PushTarget();
   const auto b = Enc(m);
-  // tag + id + u32 + u64 + u32 + u32 + 5 x u32
-  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 5 * 4);
+  // tag + id + u32 + u64 + first u32 + num_blocks u32 + part_offset u32 + count u32 + runs:
+  // nruns u32, (3, 3) (0x7fffffff, 1) (0, 1) as varints 1+1, 5+1, 1+1.
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 4 + 4 + 4 + 2 + 6 + 2);
   EXPECT_EQ(b[0], 1);
   EXPECT_EQ(std::string(b.begin() + 1, b.begin() + 33), kTid);
   EXPECT_EQ(b[33], 37);  // num_prompt_tokens little-endian
   EXPECT_EQ(b[34], 0);
   EXPECT_EQ(b[37], 0xef);  // prompt_hash low byte first
   EXPECT_EQ(b[44], 0x01);
+  EXPECT_EQ(b[49], 5);  // num_blocks
+  EXPECT_EQ(b[57], 5);  // ids in this part
+  EXPECT_EQ(b[61], 3);  // runs
+  EXPECT_EQ(b[65], 3);  // first run: start 3, length 3
+  EXPECT_EQ(b[66], 3);
   auto d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->tag, MsgTag::kPushTarget);
@@ -78,23 +95,54 @@ TEST(Messages, PushTargetRoundTripAndWireLayout) {
   EXPECT_EQ(d->num_prompt_tokens, 37u);
   EXPECT_EQ(d->prompt_hash, 0x0123456789abcdefull);
   EXPECT_EQ(d->first_block, 2u);
+  EXPECT_EQ(d->num_blocks, 5u);
+  EXPECT_EQ(d->part_offset, 0u);
   EXPECT_EQ(d->block_ids, m.block_ids);
 }
 
-TEST(Messages, PushTargetWithZeroAndMaxBlocksRoundTrips) {
+TEST(Messages, PushTargetPartsAndLimits) {
   PdMessage m = PushTarget();
-  m.block_ids.clear();
+  m.block_ids.clear();  // a part names at least one block
+  EXPECT_FALSE(EncodeMessage(m).ok());
+  // A part of a longer list: [3, 8) of 8.
+  m = PushTarget();
+  m.num_blocks = 8;
+  m.part_offset = 3;
   auto d = Dec(Enc(m));
   ASSERT_TRUE(d.ok()) << d.status().ToString();
-  EXPECT_TRUE(d->block_ids.empty());
-
-  m.block_ids.resize(kMaxTargetBlocks);
-  for (uint32_t i = 0; i < kMaxTargetBlocks; ++i) m.block_ids[i] = static_cast<int32_t>(i * 7);
-  const auto b = Enc(m);
-  EXPECT_LE(b.size(), 4096u);  // fits a notification frame
+  EXPECT_EQ(d->num_blocks, 8u);
+  EXPECT_EQ(d->part_offset, 3u);
+  EXPECT_EQ(d->block_ids, m.block_ids);
+  m.part_offset = 4;  // [4, 9) of 8: beyond the list
+  EXPECT_FALSE(EncodeMessage(m).ok());
+  // The whole 128k-token target of a fresh pool (8,192 contiguous blocks) is one small frame.
+  m = PushTarget();
+  m.num_blocks = 8192;
+  m.block_ids.resize(8192);
+  for (int32_t i = 0; i < 8192; ++i) m.block_ids[static_cast<size_t>(i)] = 100 + i;
+  auto b = Enc(m);
+  EXPECT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 4 + 4 + 4 + 1 + 2);
   d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
   EXPECT_EQ(d->block_ids, m.block_ids);
+  // The largest list and part the limits allow encode; one more block does not.
+  m.num_blocks = kMaxTransferBlocks;
+  m.block_ids.resize(kMaxPartBlocks);
+  for (uint32_t i = 0; i < kMaxPartBlocks; ++i) m.block_ids[i] = static_cast<int32_t>(i);
+  m.part_offset = kMaxTransferBlocks - kMaxPartBlocks;
+  ASSERT_TRUE(Dec(Enc(m)).ok());
+  m.num_blocks = kMaxTransferBlocks + 1;
+  m.part_offset = 0;
+  EXPECT_FALSE(EncodeMessage(m).ok());
+  m.num_blocks = kMaxTransferBlocks;
+  m.block_ids.push_back(static_cast<int32_t>(kMaxPartBlocks));
+  EXPECT_FALSE(EncodeMessage(m).ok());
+  // A block named twice in one part cannot be encoded.
+  m = PushTarget();
+  m.block_ids = {3, 4, 3, 9, 1};
+  auto r = EncodeMessage(m);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("twice"), std::string::npos) << r.status().message();
 }
 
 TEST(Messages, KvReadyRoundTrip) {
@@ -261,22 +309,43 @@ TEST(Messages, DecodeRefusesTrailingBytes) {
 }
 
 TEST(Messages, DecodeRefusesBlockCountThatDisagreesWithPayload) {
-  EXPECT_TRUE(Dec(RawPushTarget(2, {1, 2})).ok());
-  EXPECT_FALSE(Dec(RawPushTarget(3, {1, 2})).ok());
-  EXPECT_FALSE(Dec(RawPushTarget(1, {1, 2})).ok());
-  EXPECT_FALSE(Dec(RawPushTarget(0, {1})).ok());
-  EXPECT_FALSE(Dec(RawPushTarget(0xffffffffu, {1, 2})).ok());
-  // A count whose byte size wraps around 32 bits (0x40000002 * 4 = 8 mod 2^32).
-  EXPECT_FALSE(Dec(RawPushTarget(0x40000002u, {1, 2})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(2, {{1, 2}})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(3, {{1, 2}, {7, 1}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(3, {{1, 2}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {{1, 2}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(0, {{1, 1}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(0xffffffffu, {{1, 2}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(2, {{1, 0}, {2, 2}})).ok());  // an empty run
+  // The part must lie inside the list: [1, 3) of 2, [0xffffffff, +2) of 2.
+  EXPECT_FALSE(Dec(RawPushTarget(2, {{1, 2}}, 2, 1)).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(2, {{1, 2}}, 2, 0xffffffffu)).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(2, {{1, 2}}, 3, 1)).ok());
+}
+
+TEST(Messages, DecodeRefusesMalformedRuns) {
+  // Overlapping runs (block 2 named twice), in either order, and runs that continue each other
+  // (not canonical: one run).
+  EXPECT_FALSE(Dec(RawPushTarget(4, {{1, 2}, {2, 2}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(4, {{2, 2}, {0, 3}})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(4, {{1, 2}, {3, 2}})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(4, {{3, 2}, {1, 2}})).ok());  // adjacent, out of order: two runs
+  // Varints: not shortest (0x81 0x00 is 1), longer than 5 bytes, above 2^32 - 1, a start whose
+  // run passes 2^31 - 1.
+  EXPECT_FALSE(Dec(RawPushTarget(1, {}, 0, 0, {0x81, 0x00, 0x01})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(1, {}, 0, 0, {0x81, 0x01, 0x01})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {}, 0, 0, {0x80, 0x80, 0x80, 0x80, 0x80, 0x01, 0x01})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {}, 0, 0, {0xff, 0xff, 0xff, 0xff, 0x1f, 0x01})).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(1, {}, 0, 0, {0xff, 0xff, 0xff, 0xff, 0x07, 0x01})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(2, {}, 0, 0, {0xff, 0xff, 0xff, 0xff, 0x07, 0x02})).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {}, 0, 0, {0x80, 0x80, 0x80, 0x80, 0x08, 0x01})).ok());
 }
 
 TEST(Messages, DecodeRefusesCountAboveLimit) {
-  std::vector<uint32_t> ids(kMaxTargetBlocks + 1, 1);
-  auto d = Dec(RawPushTarget(kMaxTargetBlocks + 1, ids));
+  auto d = Dec(RawPushTarget(kMaxPartBlocks + 1, {{0, 1}}));
   ASSERT_FALSE(d.ok());
   EXPECT_EQ(d.status().code(), StatusCode::kInvalidArgument);
-  ids.pop_back();
-  EXPECT_TRUE(Dec(RawPushTarget(kMaxTargetBlocks, ids)).ok());
+  EXPECT_FALSE(Dec(RawPushTarget(1, {{0, 1}}, kMaxTransferBlocks + 1)).ok());
+  EXPECT_TRUE(Dec(RawPushTarget(1, {{0, 1}}, kMaxTransferBlocks, kMaxTransferBlocks - 1)).ok());
 
   // KV_READY with more than kMaxTopLogprobs pairs, hand-built.
   std::vector<uint8_t> b{2};
@@ -306,12 +375,12 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   EXPECT_EQ(d->first_block, 3u);
   EXPECT_EQ(d->num_blocks, 5u);
   // Nothing to pin, or more than a PINNED answer can carry: refused both ways.
-  for (uint32_t bad : {0u, kMaxPinnedBlocks + 1}) {
+  for (uint32_t bad : {0u, kMaxTransferBlocks + 1}) {
     pin.num_blocks = bad;
     EXPECT_FALSE(EncodeMessage(pin).ok()) << bad;
   }
   std::vector<uint8_t> raw(b.begin(), b.begin() + 37);  // tag, id, first_block
-  for (uint32_t bad : {0u, kMaxPinnedBlocks + 1}) {
+  for (uint32_t bad : {0u, kMaxTransferBlocks + 1}) {
     std::vector<uint8_t> x = raw;
     for (int i = 0; i < 4; ++i) x.push_back(static_cast<uint8_t>(bad >> (8 * i)));
     EXPECT_FALSE(Dec(x).ok()) << bad;
@@ -327,11 +396,13 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   a.kv_digest = 0x1122334455667788ull;
   a.top_logprobs = {{99, -1.5f}, {5, -2.25f}};
   a.first_block = 1;
+  a.num_blocks = 3;
   a.block_ids = {9, 4, 7};
   b = Enc(a);
   // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + ntop u32 +
-  // 2 x (u32, f32) + first u32 + n u32 + 3 x u32
-  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 2 * 8 + 4 + 4 + 3 * 4);
+  // 2 x (u32, f32) + first u32 + num_blocks u32 + part_offset u32 + count u32 + nruns u32 +
+  // 3 runs of 2 one-byte varints
+  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 2 * 8 + 4 + 4 + 4 + 4 + 4 + 3 * 2);
   EXPECT_EQ(b[0], 9);
   d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -352,8 +423,8 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   b.push_back(0);
   EXPECT_FALSE(Dec(b).ok());
   a.block_ids.clear();  // a pinned answer names at least one block
-  EXPECT_FALSE(Dec(Enc(a)).ok());
-  a.block_ids.assign(kMaxPinnedBlocks + 1, 1);
+  EXPECT_FALSE(EncodeMessage(a).ok());
+  a.block_ids = {9, 4, 7, 8};  // more ids than the list has
   EXPECT_FALSE(EncodeMessage(a).ok());
 }
 
@@ -377,7 +448,7 @@ TEST(Messages, LayerReadyRoundTrip) {
     EXPECT_FALSE(Dec(std::vector<uint8_t>(b.begin(), b.begin() + static_cast<ptrdiff_t>(len))).ok());
   }
   std::vector<uint8_t> raw(b.begin(), b.begin() + 41);
-  for (uint32_t bad : {0u, kMaxTargetBlocks + 1}) {
+  for (uint32_t bad : {0u, kMaxTransferBlocks + 1}) {
     m.num_blocks = bad;
     EXPECT_FALSE(EncodeMessage(m).ok()) << bad;
     std::vector<uint8_t> x = raw;
@@ -387,11 +458,13 @@ TEST(Messages, LayerReadyRoundTrip) {
 }
 
 TEST(Messages, DecodeRefusesNegativeIds) {
-  auto d = Dec(RawPushTarget(2, {5, 0x80000000u}));
+  // A run starting at 2^31 (varint 80 80 80 80 08).
+  auto d = Dec(RawPushTarget(2, {{5, 1}}, 0, 0, {0x80, 0x80, 0x80, 0x80, 0x08, 0x01}));
   ASSERT_FALSE(d.ok());
   EXPECT_NE(d.status().message().find("negative"), std::string::npos) << d.status().message();
-  EXPECT_FALSE(Dec(RawPushTarget(1, {0xffffffffu})).ok());
-  EXPECT_TRUE(Dec(RawPushTarget(1, {0x7fffffffu})).ok());
+  PdMessage neg = PushTarget();
+  neg.block_ids[1] = -1;
+  EXPECT_FALSE(EncodeMessage(neg).ok());
 
   // KV_READY token id and top token id.
   std::vector<uint8_t> b{2};
@@ -452,11 +525,11 @@ TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
     }
   }
   PdMessage m = PushTarget();
-  m.block_ids.assign(kMaxTargetBlocks + 1, 1);
+  m.num_blocks = kMaxTransferBlocks + 1;
   auto r = EncodeMessage(m);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(r.status().message().find(std::to_string(kMaxTargetBlocks)), std::string::npos);
+  EXPECT_NE(r.status().message().find(std::to_string(kMaxTransferBlocks)), std::string::npos);
 
   PdMessage k = KvReady();
   k.top_logprobs.assign(kMaxTopLogprobs + 1, {1, -1.0f});
@@ -497,7 +570,7 @@ TEST(Messages, RandomPayloadsNeverCrash) {
     }
     ++accepted;
     EXPECT_TRUE(IsValidTransferId(d->transfer_id));
-    EXPECT_LE(d->block_ids.size(), kMaxTargetBlocks);
+    EXPECT_LE(d->block_ids.size(), kMaxPartBlocks);
     EXPECT_LE(d->top_logprobs.size(), kMaxTopLogprobs);
     for (int32_t id : d->block_ids) EXPECT_GE(id, 0);
     auto again = EncodeMessage(*d);

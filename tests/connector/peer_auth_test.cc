@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 
+#include "connector/block_list.h"
 #include "connector/messages.h"
 
 namespace kvpush::connector {
@@ -226,7 +227,10 @@ std::vector<PdMessage> EveryMessageType() {
     m.tag = static_cast<MsgTag>(t);
     m.transfer_id = tid;
     m.token_id = 1;
-    if (m.tag == MsgTag::kPushTarget || m.tag == MsgTag::kPinned) m.block_ids = {4, 5, 6};
+    if (m.tag == MsgTag::kPushTarget || m.tag == MsgTag::kPinned) {
+      m.block_ids = {4, 5, 6};
+      m.num_blocks = 3;
+    }
     if (m.tag == MsgTag::kPin || m.tag == MsgTag::kLayerReady) m.num_blocks = 2;
     if (m.tag == MsgTag::kTransferFailed) m.message = "no";
     out.push_back(m);
@@ -305,7 +309,12 @@ TEST_F(MessageAuthTest, LargestMessagesStillFitANotificationFrame) {
   PdMessage m;
   m.tag = MsgTag::kPinned;
   m.transfer_id = std::string(32, 'a');
-  m.block_ids.assign(kMaxPinnedBlocks, 1);
+  m.top_logprobs.assign(kMaxTopLogprobs, {0x7fffffff, -1.0f});
+  // The largest part: ids so scattered that each is a run of its own, up to the byte budget.
+  for (int32_t id = 0x7fff0000; BlockRunsBytes(m.block_ids) + 10 <= kMaxBlockListBytes; id += 2) {
+    m.block_ids.push_back(id);
+  }
+  m.num_blocks = kMaxTransferBlocks;
   auto bytes = EncodeMessage(m);
   ASSERT_TRUE(bytes.ok());
   auto sealed = p_->Seal("d-0", *bytes);

@@ -97,6 +97,7 @@ std::vector<Case> AuthCoreTest::Cases() {
     return m;
   };
   PdMessage target = CoreTest::Target(Tid(1));
+  target.num_blocks = 3;
   PdMessage pin = CoreTest::Pin(Tid(1));
   PdMessage failed_p = sig(MsgTag::kTransferFailed, 1);
   failed_p.message = "forged";
@@ -106,6 +107,7 @@ std::vector<Case> AuthCoreTest::Cases() {
   ready.token_id = 42;
   PdMessage pinned = sig(MsgTag::kPinned, 2);
   pinned.block_ids = {1, 2, 3};
+  pinned.num_blocks = 3;
   pinned.num_prompt_tokens = 10;
   pinned.token_id = 42;
   PdMessage layer = sig(MsgTag::kLayerReady, 2);

@@ -128,6 +128,31 @@ TEST_F(ConsumerTest, WatchdogCancelsAndTheAckEndsTheLoad) {
   EXPECT_EQ(Loads().size(), 1u);
 }
 
+TEST_F(ConsumerTest, PushWatchdogCountsFromTheLastLayerThatBroughtNewKv) {
+  // A long prefill pushed layer by layer: every LAYER_READY with chunks not seen before restarts
+  // the watchdog (500 ms); a repeated one does not, and neither does progress once it expired.
+  const std::string t = Tid(5);
+  StartConsumer(1, t, Mode::kPush);
+  PdMessage landed = Signal(MsgTag::kLayerReady, t);
+  landed.num_blocks = 1;
+  for (int32_t layer = 0; layer < 2; ++layer) {
+    Advance(milliseconds(400));
+    landed.layer = static_cast<uint32_t>(layer);
+    Deliver(kP, landed);
+  }
+  Advance(milliseconds(400));  // 1,200 ms since arrival, 400 since the last new chunk
+  EXPECT_TRUE(rec_.Sent(MsgTag::kCancel).empty());
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kAwaitingKv);
+  Deliver(kP, landed);  // the same chunk again: no progress
+  Advance(milliseconds(110));
+  ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
+  EXPECT_EQ(core_->stats().watchdog_expired, 1);
+  landed.first_block = 1;  // new KV after the cancel began changes nothing
+  landed.layer = 0;
+  Deliver(kP, landed);
+  EXPECT_EQ(core_->consumer_state(t), ConsumerState::kCancelling);
+}
+
 TEST_F(ConsumerTest, KvReadyThatCrossesTheCancelStillLoads) {
   const std::string t = Tid(4);
   StartConsumer(1, t, Mode::kPush);
@@ -398,10 +423,14 @@ TEST_F(ConsumerTest, RequestsThatCannotAskForKvEndAtOnce) {
   core_->HandleEvent(ev);
   ASSERT_EQ(rec_.Sent(MsgTag::kPushTarget).size(), 1u);
   EXPECT_EQ(rec_.Sent(MsgTag::kPushTarget)[0].peer, kP);
-  // Too many blocks for one message, push and pull.
-  std::vector<BlockId> many(901, 1);
-  StartConsumer(3, Tid(32), Mode::kPush, 0, 901 * 4, 901 * 4, many);
-  StartConsumer(4, Tid(33), Mode::kPull, 0, 901 * 4, 901 * 4, many);
+  // More blocks than one transfer may name (kMaxTransferBlocks), push and pull: refused before
+  // anything is sent. Any fewer go in parts (transfer_core_long_test.cc).
+  const int32_t over = static_cast<int32_t>(kMaxTransferBlocks) + 1;
+  std::vector<BlockId> many(static_cast<size_t>(over), 1);
+  StartConsumer(3, Tid(32), Mode::kPush, 0, over * 4, over * 4, many);
+  StartConsumer(4, Tid(33), Mode::kPull, 0, over * 4, over * 4, many);
+  EXPECT_EQ(rec_.Sent(MsgTag::kPushTarget).size(), 1u);
+  EXPECT_EQ(rec_.Sent(MsgTag::kPin).size(), 0u);
   auto loads = Loads();
   ASSERT_EQ(loads.size(), 3u);
   EXPECT_EQ(loads[1].status.code(), StatusCode::kInvalidArgument);

@@ -327,16 +327,19 @@ def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=
 
 
 def make_pool(rng, n, vocab):
-    """Prompt/sampling entries: short, long, shared prefixes, repeats; greedy and seeded."""
+    """Prompt/sampling entries: short, long (up to 440 tokens of the model's 512), shared
+    prefixes, repeats; greedy and seeded."""
     pool = []
     longs = []
     for i in range(n):
         kind = rng.random()
         if kind < 0.35:
             prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(3, 16))]
-        elif kind < 0.75 or not longs:
+        elif kind < 0.70 or not longs:
             prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(40, 200))]
             longs.append(prompt)
+        elif kind < 0.75:  # near the context: 16-28 blocks, many list parts
+            prompt = [1] + [rng.randrange(3, vocab) for _ in range(rng.randrange(250, 440))]
         else:  # a prefix (whole and partial blocks) of an earlier long prompt plus a new tail
             base = rng.choice(longs)
             cut = rng.randrange(8, len(base))

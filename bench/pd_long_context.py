@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Long-context P/D handoff (issue 27; docs/benchmarks/pd.md, *Long contexts*): prompts of 16k to
+128k tokens answered colocated, in push, pull (vLLM default) and pull (fast), on the sim executor
+(docs/sim.md) with a model preset's real shapes and a fraction of its KV bytes.
+
+H mixes the handoff with the prefill's own run-to-run spread, and on this 2-core machine with P's
+connector work (hashing, posting) on the core of P's engine; Hc, as in pd_handoff.py, takes each
+request's client TTFT minus the TTFT the computing engine (P, or the colocated instance) recorded
+for itself, minus the same for colocated: the handoff alone.
+
+Starts on loopback, per model: a colocated instance, one prefill (P), one decode (D) and a router,
+all `kvpush serve --executor sim --sim-model M --sim-kv-scale S`, prefix cache off, KV pools sized
+for the longest prompt. Requests go one at a time; for each prompt every mode runs in turn. For
+every P/D request it checks, from D's and P's /metrics before and after:
+
+- the tokens equal colocated's;
+- D's kvpush_prompt_tokens_transferred_total grew by the whole prompt (pull-vllm: all but the
+  last token, which D computes to sample the first token, as vLLM does) and nothing was
+  recomputed (kvpush_kv_load_recomputes_total unchanged) and kvpush_kv_transfer_blocks_verified_total by
+  its blocks;
+- the KV bytes moved (P's bytes written for push, D's READ count for pull) and the control
+  messages and bytes of P and D together.
+
+At the end both pools must be whole (no block used or quarantined). Reports TTFT per mode and
+H(mode) = TTFT(mode) - TTFT(colocated), prints a table and the load average, writes JSON.
+Any check that fails is printed and makes the exit status 1.
+
+    python3 bench/pd_long_context.py                       # both models, 16k..128k
+    python3 bench/pd_long_context.py --models llama-3.1-8b --lengths 16384 --kv-scale 0.0625
+
+Only the Python standard library is used.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from pd_bench_util import (HOST, add_kvpush_and_model_args, free_port, stop_all, stream_tokens,
+                           wait_healthy)
+
+# Preset shapes (src/model/sim_model.cc): layers, KV heads, head dim, vocab, context.
+PRESETS = {
+    "llama-3.1-8b": (32, 8, 128, 128256, 131072),
+    "qwen3-32b": (64, 8, 128, 151936, 40960),
+    "llama-3.1-70b": (80, 8, 128, 128256, 131072),
+}
+TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
+MODES = [("colocated", None), ("push", "push"), ("pull-vllm", "pull-vllm"),
+         ("pull-fast", "pull-fast")]
+
+
+def metrics(port):
+    """Prometheus text of an instance -> {name: value}, summed over label sets."""
+    c = http.client.HTTPConnection(HOST, port, timeout=10)
+    c.request("GET", "/metrics")
+    out = {}
+    for line in c.getresponse().read().decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            pass
+    return out
+
+
+def delta(before, after, name):
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+def run_model(a, model, failures):
+    layers, kv_heads, head_dim, vocab, context = PRESETS[model]
+    kv_bytes_token = layers * 2 * kv_heads * head_dim * 2 * a.kv_scale  # bf16 at --sim-kv-scale
+    lengths = [n for n in (int(x) for x in a.lengths.split(",")) if n + a.max_tokens <= context]
+    if not lengths:
+        return None
+    longest = max(lengths) + a.max_tokens
+    blocks = -(-longest // 16) + 64
+    pool_bytes = int(blocks * 16 * kv_bytes_token)
+    tmp = tempfile.mkdtemp(prefix="kvpush-long-")
+    procs, ports = [], {}
+    cfg = json.dumps({"kv_connector_extra_config": {
+        "backend": a.backend, "watchdog_ms": 600000, "lease_ms": 900000}})
+    common = ["serve", "--executor", "sim", "--sim-model", model, "--sim-hw", a.sim_hw,
+              "--sim-kv-scale", str(a.kv_scale), "--kv-cache-memory", str(pool_bytes),
+              "--max-model-len", str(longest), "--no-enable-prefix-caching", "--log-level", "warn"]
+
+    def start(name, cpu, args):
+        ports[name] = free_port()
+        pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
+        p = subprocess.Popen(pin + [a.kvpush] + args + ["--host", HOST, "--port", str(ports[name])],
+                             stdout=open(os.path.join(tmp, name + ".log"), "w"),
+                             stderr=subprocess.STDOUT)
+        procs.append(p)
+        return p
+
+    try:
+        for name, cpu, extra in (("colocated", 0, ["--role", "both"]),
+                                 ("prefill", 0, ["--role", "prefill", "--kv-transfer-config", cfg]),
+                                 ("decode", 1, ["--role", "decode", "--kv-transfer-config", cfg])):
+            proc = start(name, cpu, common + extra)
+            wait_healthy(ports[name], proc, 300)
+        rtr = start("router", None, ["router", "--prefill", f"http://{HOST}:{ports['prefill']}",
+                                     "--decode", f"http://{HOST}:{ports['decode']}",
+                                     "--log-level", "warn"])
+        wait_healthy(ports["router"], rtr)
+        rng = random.Random(27)
+        warm = {"prompt": [rng.randrange(3, vocab) for _ in range(600)], "max_tokens": 2,
+                "temperature": 0, "ignore_eos": True}
+        for _, m in MODES:
+            stream_tokens(ports["router"] if m else ports["colocated"], warm, m)
+        rows = []
+        for length in lengths:
+            prompt = [rng.randrange(3, vocab) for _ in range(length)]
+            body = {"prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0,
+                    "ignore_eos": True}
+            row = {"tokens": length, "blocks": -(-length // 16),
+                   "kv_bytes": int(length * kv_bytes_token), "modes": {}}
+            ref = None
+            for name, m in MODES:
+                eng = ports["prefill"] if m else ports["colocated"]  # computes the prompt
+                p0, d0, e0 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
+                t0, times, _, toks = stream_tokens(ports["router"] if m else ports["colocated"],
+                                                   body, m, timeout=1800)
+                p1, d1, e1 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
+                r = {"ttft_ms": (times[0] - t0) / 1e6, "tokens": toks,
+                     "engine_ttft_ms": delta(e0, e1, TTFT_SUM) * 1e3}
+                r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
+                if m is None:
+                    ref = toks
+                else:
+                    r["same_tokens"] = toks == ref
+                    r["transferred"] = int(delta(d0, d1, "kvpush_prompt_tokens_transferred_total"))
+                    r["recomputes"] = int(delta(d0, d1, "kvpush_kv_load_recomputes_total"))
+                    r["verified_blocks"] = int(delta(d0, d1,
+                                                     "kvpush_kv_transfer_blocks_verified_total"))
+                    r["bytes_written"] = int(delta(p0, p1, "kvpush_kv_transfer_bytes_written_total"))
+                    r["control_messages"] = int(
+                        delta(p0, p1, "kvpush_kv_transfer_control_messages_sent_total") +
+                        delta(d0, d1, "kvpush_kv_transfer_control_messages_sent_total"))
+                    r["control_bytes"] = int(
+                        delta(p0, p1, "kvpush_kv_transfer_control_bytes_sent_total") +
+                        delta(d0, d1, "kvpush_kv_transfer_control_bytes_sent_total"))
+                    r["descriptors"] = int(delta(p0, p1, "kvpush_kv_transfer_descriptors_total") +
+                                           delta(d0, d1, "kvpush_kv_transfer_descriptors_total"))
+                    # The vLLM profile, like vLLM's NIXL connector, loads all but the last prompt
+                    # token and computes that one on D to sample the first token.
+                    want = length - 1 if m == "pull-vllm" else length
+                    checks = {
+                        "tokens equal colocated": r["same_tokens"],
+                        f"transferred {r['transferred']} == {want}": r["transferred"] == want,
+                        f"recomputes {r['recomputes']} == 0": r["recomputes"] == 0,
+                        f"verified {r['verified_blocks']} == {row['blocks']}":
+                            r["verified_blocks"] == row["blocks"],
+                    }
+                    for what, ok in checks.items():
+                        if not ok:
+                            failures.append(f"{model} {length} {name}: {what}")
+                row["modes"][name] = r
+            colo = row["modes"]["colocated"]
+            for name, m in MODES[1:]:
+                r = row["modes"][name]
+                r["h_ms"] = r["ttft_ms"] - colo["ttft_ms"]
+                r["hc_ms"] = r["overhead_ms"] - colo["overhead_ms"]
+            rows.append(row)
+            print(f"  {model} {length:>6} tokens: " + "  ".join(
+                f"{n} {row['modes'][n]['ttft_ms']:.0f}" for n, _ in MODES) + " ms", flush=True)
+        time.sleep(1.0)
+        pools = {}
+        for name in ("prefill", "decode"):
+            mt = metrics(ports[name])
+            pools[name] = {"used": mt.get("kvpush_kv_blocks_used", -1),
+                           "quarantined": mt.get("kvpush_kv_blocks_quarantined", -1)}
+            if pools[name]["used"] != 0 or pools[name]["quarantined"] != 0:
+                failures.append(f"{model}: {name}'s pool not whole: {pools[name]}")
+        return {"model": model, "kv_scale": a.kv_scale, "pool_bytes": pool_bytes,
+                "pool_blocks": blocks, "rows": rows, "pools": pools}
+    finally:
+        stop_all(procs)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_kvpush_and_model_args(ap)
+    ap.add_argument("--models", default="llama-3.1-8b,qwen3-32b")
+    ap.add_argument("--lengths", default="16384,32768,65536,131072",
+                    help="prompt tokens; those beyond a model's context are skipped")
+    ap.add_argument("--kv-scale", type=float, default=0.0625, help="--sim-kv-scale")
+    ap.add_argument("--sim-hw", default="h200")
+    ap.add_argument("--backend", default="ucx:tcp")
+    ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "pd_long_context.json"))
+    a = ap.parse_args()
+    failures, results = [], []
+    load = os.getloadavg()
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}", flush=True)
+    for model in a.models.split(","):
+        r = run_model(a, model, failures)
+        if r:
+            results.append(r)
+    print()
+    print("| model | prompt tokens | blocks | KV MiB | TTFT colocated | push | pull-vllm | pull-fast "
+          "| H push | H pull-vllm | H pull-fast | Hc push | Hc pull-vllm | Hc pull-fast "
+          "| ctl msgs push/pull | ctl bytes push/pull |")
+    print("| --- |" + " ---: |" * 15)
+    for r in results:
+        for row in r["rows"]:
+            m = row["modes"]
+            print(f"| {r['model']} | {row['tokens']} | {row['blocks']} | "
+                  f"{row['kv_bytes'] / 2**20:.0f} | " +
+                  " | ".join(f"{m[n]['ttft_ms']:.0f}" for n, _ in MODES) + " | " +
+                  " | ".join(f"{m[n]['h_ms']:+.0f}" for n, _ in MODES[1:]) + " | " +
+                  " | ".join(f"{m[n]['hc_ms']:+.1f}" for n, _ in MODES[1:]) +
+                  f" | {m['push']['control_messages']}/{m['pull-fast']['control_messages']}"
+                  f" | {m['push']['control_bytes']}/{m['pull-fast']['control_bytes']} |")
+    load = os.getloadavg()
+    print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    with open(a.out, "w") as f:
+        json.dump({"backend": a.backend, "kv_scale": a.kv_scale, "results": results,
+                   "failures": failures}, f, indent=1)
+    print(f"wrote {a.out}")
+    for f_ in failures:
+        print("FAILED:", f_)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

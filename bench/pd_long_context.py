@@ -88,7 +88,8 @@ def run_model(a, model, failures):
     tmp = tempfile.mkdtemp(prefix="kvpush-long-")
     procs, ports = [], {}
     cfg = json.dumps({"kv_connector_extra_config": {
-        "backend": a.backend, "watchdog_ms": 600000, "lease_ms": 900000}})
+        "backend": a.backend, "watchdog_ms": 600000, "lease_ms": 900000,
+        "stall_ms": a.stall_ms}})
     common = ["serve", "--executor", "sim", "--sim-model", model, "--sim-hw", a.sim_hw,
               "--sim-kv-scale", str(a.kv_scale), "--kv-cache-memory", str(pool_bytes),
               "--max-model-len", str(longest), "--no-enable-prefix-caching", "--log-level", "warn"]
@@ -197,6 +198,9 @@ def main():
     ap.add_argument("--sim-hw", default="h200")
     ap.add_argument("--backend", default="ucx:tcp")
     ap.add_argument("--max-tokens", type=int, default=4)
+    ap.add_argument("--stall-ms", type=int, default=5000,
+                    help="stall_ms of P and D (the default of kvpush; see docs/benchmarks/pd.md "
+                         "*Long contexts* for what a 4 GiB push needs)")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "pd_long_context.json"))
     a = ap.parse_args()
     failures, results = [], []

@@ -37,6 +37,27 @@ def wait_healthy(port, proc, timeout=120.0):
     raise RuntimeError(f"port {port} did not become healthy")
 
 
+TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
+
+
+def metrics(port, timeout=10):
+    """Prometheus text of the instance on `port` -> {metric name: value}, summed over the
+    name's label sets (a name with one label set: its value)."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    c.request("GET", "/metrics")
+    out = {}
+    for line in c.getresponse().read().decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        name = name.split("{", 1)[0]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            pass
+    return out
+
+
 def pct(v, q):
     """The q-quantile (0..1, linear interpolation) of the values of `v` that are not None; NaN
     when there are none."""

@@ -21,7 +21,6 @@ decoded) keep arriving, and the CPU use of the idle P+D pair. Prints a table and
 Only the Python standard library is used.
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -33,8 +32,8 @@ import tempfile
 import threading
 import time
 
-from pd_bench_util import HOST, cpu_seconds, free_port, pct, stream_tokens, wait_healthy
-TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
+from pd_bench_util import (HOST, TTFT_SUM, cpu_seconds, free_port, metrics, pct, stream_tokens,
+                           wait_healthy)
 VERIFY_SUM = "kvpush_kv_transfer_verify_seconds_sum"
 VERIFY_EARLY_SUM = "kvpush_kv_transfer_verify_early_seconds_sum"
 
@@ -49,19 +48,6 @@ def stream(port, body, mode=None, timeout=600):
         "e2e_ms": (t1 - t0) / 1e6,
         "tokens": tokens,
     }
-
-def metrics(port):
-    """Prometheus text of an instance -> {metric name: value} (first sample of each name)."""
-    c = http.client.HTTPConnection(HOST, port, timeout=5)
-    c.request("GET", "/metrics")
-    out = {}
-    for line in c.getresponse().read().decode().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        out.setdefault(name, float(line.rsplit(" ", 1)[1]))
-    return out
-
 
 def mean_delta(before, after, sum_name, count_name):
     n = after.get(count_name, 0) - before.get(count_name, 0)

@@ -31,7 +31,6 @@ Any check that fails is printed and makes the exit status 1.
 Only the Python standard library is used.
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -41,8 +40,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import (HOST, add_kvpush_and_model_args, free_port, stop_all, stream_tokens,
-                           wait_healthy)
+from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, free_port, metrics,
+                           stop_all, stream_tokens, wait_healthy)
 
 # Preset shapes (src/model/sim_model.cc): layers, KV heads, head dim, vocab, context.
 PRESETS = {
@@ -50,26 +49,8 @@ PRESETS = {
     "qwen3-32b": (64, 8, 128, 151936, 40960),
     "llama-3.1-70b": (80, 8, 128, 128256, 131072),
 }
-TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
 MODES = [("colocated", None), ("push", "push"), ("pull-vllm", "pull-vllm"),
          ("pull-fast", "pull-fast")]
-
-
-def metrics(port):
-    """Prometheus text of an instance -> {name: value}, summed over label sets."""
-    c = http.client.HTTPConnection(HOST, port, timeout=10)
-    c.request("GET", "/metrics")
-    out = {}
-    for line in c.getresponse().read().decode().splitlines():
-        if not line or line.startswith("#"):
-            continue
-        name, _, value = line.rpartition(" ")
-        name = name.split("{", 1)[0]
-        try:
-            out[name] = out.get(name, 0.0) + float(value)
-        except ValueError:
-            pass
-    return out
 
 
 def delta(before, after, name):

@@ -64,18 +64,25 @@ class Reader {
   size_t pos_ = 0;
 };
 
-/// Writes `num_blocks u32 | part_offset u32 | part_count u32 | runs` of a PUSH_TARGET or PINNED
-/// part; checks the limits the decoder checks.
-Status PutBlockPart(std::vector<uint8_t>& b, const PdMessage& m, const char* what) {
-  const size_t n = m.block_ids.size();
-  if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks || n == 0 || n > kMaxPartBlocks ||
-      static_cast<uint64_t>(m.part_offset) + n > m.num_blocks) {
-    return InvalidArgument(std::string(what) + ": part [" + std::to_string(m.part_offset) + ", +" +
-                           std::to_string(n) + ") of a " + std::to_string(m.num_blocks) +
+/// The limits of a PUSH_TARGET or PINNED part of `n` ids at `part_offset` in a list of
+/// `num_blocks`, the same for the encoder and the decoder.
+Status CheckBlockPart(uint32_t num_blocks, uint32_t part_offset, uint64_t n, const char* what) {
+  if (num_blocks == 0 || num_blocks > kMaxTransferBlocks || n == 0 || n > kMaxPartBlocks ||
+      static_cast<uint64_t>(part_offset) + n > num_blocks) {
+    return InvalidArgument(std::string(what) + ": part [" + std::to_string(part_offset) + ", +" +
+                           std::to_string(n) + ") of a " + std::to_string(num_blocks) +
                            "-block list is outside the limits (list <= " +
                            std::to_string(kMaxTransferBlocks) + ", part <= " +
                            std::to_string(kMaxPartBlocks) + ")");
   }
+  return Status::Ok();
+}
+
+/// Writes `num_blocks u32 | part_offset u32 | part_count u32 | runs` of a PUSH_TARGET or PINNED
+/// part; checks the limits the decoder checks.
+Status PutBlockPart(std::vector<uint8_t>& b, const PdMessage& m, const char* what) {
+  const size_t n = m.block_ids.size();
+  KVP_RETURN_IF_ERROR(CheckBlockPart(m.num_blocks, m.part_offset, n, what));
   for (int32_t id : m.block_ids) {
     if (id < 0) return InvalidArgument(std::string(what) + ": negative block id");
   }
@@ -97,12 +104,7 @@ Status ReadBlockPart(Reader& r, std::span<const uint8_t> payload, const char* wh
   if (!r.U32(m.num_blocks) || !r.U32(m.part_offset) || !r.U32(n)) {
     return InvalidArgument(std::string(what) + ": truncated block list header");
   }
-  if (m.num_blocks == 0 || m.num_blocks > kMaxTransferBlocks || n == 0 || n > kMaxPartBlocks ||
-      static_cast<uint64_t>(m.part_offset) + n > m.num_blocks) {
-    return InvalidArgument(std::string(what) + ": part [" + std::to_string(m.part_offset) + ", +" +
-                           std::to_string(n) + ") of a " + std::to_string(m.num_blocks) +
-                           "-block list is outside the limits");
-  }
+  KVP_RETURN_IF_ERROR(CheckBlockPart(m.num_blocks, m.part_offset, n, what));
   Status s = DecodeBlockRuns(payload.subspan(payload.size() - r.left()), n, m.block_ids);
   if (!s.ok()) return InvalidArgument(std::string(what) + ": " + s.message());
   r.Skip(r.left());
@@ -138,6 +140,10 @@ Status ReadTopLogprobs(Reader& r, const char* what, bool exact,
 }
 
 }  // namespace
+
+bool IsWholeList(const PdMessage& m) {
+  return m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
+}
 
 bool IsValidTransferId(std::string_view id) {
   if (id.size() != 32) return false;

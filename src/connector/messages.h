@@ -67,6 +67,9 @@ struct PdMessage {
   std::string message;
 };
 
+/// True when the PUSH_TARGET or PINNED `m` carries its whole block list (one part).
+bool IsWholeList(const PdMessage& m);
+
 /// True when `id` is 32 lowercase hex characters.
 bool IsValidTransferId(std::string_view id);
 

@@ -213,8 +213,7 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
 }
 
 bool TransferCore::AddPinnedPart(Consumer& c, PdMessage& m) {
-  const bool whole = m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
-  if (whole && c.pinned_parts.total() == 0) return CheckPinnedList(c, m);
+  if (IsWholeList(m) && c.pinned_parts.total() == 0) return CheckPinnedList(c, m);
   if (c.pinned_parts.total() == 0) {
     c.pinned_parts = BlockListAssembly(c.num_blocks);
     c.expected_digest = m.kv_digest;

@@ -236,8 +236,7 @@ void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
     SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
     return;
   }
-  const bool whole = m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
-  if (!whole && !AddTargetPart(peer, m)) return;  // more parts to come, or refused
+  if (!IsWholeList(m) && !AddTargetPart(peer, m)) return;  // more parts to come, or refused
   ++stats_.push_targets_received;
   auto it = producers_.find(m.transfer_id);
   if (it == producers_.end()) {

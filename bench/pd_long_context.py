@@ -31,6 +31,7 @@ Any check that fails is printed and makes the exit status 1.
 Only the Python standard library is used.
 """
 import argparse
+import http.client
 import json
 import os
 import random
@@ -55,6 +56,42 @@ MODES = [("colocated", None), ("push", "push"), ("pull-vllm", "pull-vllm"),
 
 def delta(before, after, name):
     return after.get(name, 0.0) - before.get(name, 0.0)
+
+
+# Phases of a push request's timeline (docs/pd_protocol.md §7), in the order they happen.
+PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
+               ("D", "consumer_start"), ("P", "producer_start"), ("P", "target_attached"),
+               ("P", "first_write_posted"), ("P", "prefill_done"), ("P", "kv_ready_posted"),
+               ("D", "kv_arrived"), ("D", "verified"), ("D", "load_finished"),
+               ("R", "first_output_relayed")]
+
+
+def newest_timelines(port):
+    """The newest handoff timeline records of an instance or the router, by transfer id."""
+    c = http.client.HTTPConnection(HOST, port, timeout=10)
+    c.request("GET", "/debug/handoff_timeline?limit=16")
+    r = c.getresponse()
+    body = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"/debug/handoff_timeline on {port}: HTTP {r.status}")
+    return {rec["transfer_id"]: rec for rec in json.loads(body)["data"]}
+
+
+def push_timeline(ports, t0):
+    """The newest push transfer's timeline: ms after the client sent the request (t0, the same
+    CLOCK_MONOTONIC the router, P and D stamp with on this host), per (role, phase)."""
+    recs = {role: newest_timelines(ports[name])
+            for role, name in (("R", "router"), ("P", "prefill"), ("D", "decode"))}
+    pushes = [r for r in recs["R"].values() if r.get("mode") == "push"]
+    if not pushes:
+        return {}
+    tid = max(pushes, key=lambda r: r["t_ns"].get("received", 0))["transfer_id"]
+    out = {}
+    for role, ph in PUSH_PHASES:
+        ns = recs[role].get(tid, {}).get("t_ns", {}).get(ph)
+        if ns:
+            out[f"{role}.{ph}"] = round((ns - t0) / 1e6, 2)
+    return out
 
 
 def run_model(a, model, failures):
@@ -131,6 +168,8 @@ def run_model(a, model, failures):
                     r["control_bytes"] = int(
                         delta(p0, p1, "kvpush_kv_transfer_control_bytes_sent_total") +
                         delta(d0, d1, "kvpush_kv_transfer_control_bytes_sent_total"))
+                    if name == "push":
+                        r["timeline_ms"] = push_timeline(ports, t0)
                     r["descriptors"] = int(delta(p0, p1, "kvpush_kv_transfer_descriptors_total") +
                                            delta(d0, d1, "kvpush_kv_transfer_descriptors_total"))
                     # The vLLM profile, like vLLM's NIXL connector, loads all but the last prompt
@@ -206,6 +245,13 @@ def main():
                   " | ".join(f"{m[n]['hc_ms']:+.1f}" for n, _ in MODES[1:]) +
                   f" | {m['push']['control_messages']}/{m['pull-fast']['control_messages']}"
                   f" | {m['push']['control_bytes']}/{m['pull-fast']['control_bytes']} |")
+    print("\npush timelines, ms after the client sent the request (R router, P, D):")
+    for r in results:
+        for row in r["rows"]:
+            tl = row["modes"]["push"].get("timeline_ms", {})
+            cells = "  ".join(f"{k} {v:.1f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1]))
+            print(f"  {r['model']} {row['tokens']}: {cells}  "
+                  f"client.first_token {row['modes']['push']['ttft_ms']:.1f}")
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     with open(a.out, "w") as f:

@@ -17,7 +17,7 @@ cd "$(dirname "$0")/.."
 
 TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz block_list_fuzz
   xfer_metadata_fuzz notification_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
-  prompt_list_fuzz discovery_fuzz)
+  prompt_list_fuzz client_body_fuzz discovery_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
   [gguf_fuzz]="-max_len=65536 -rss_limit_mb=4096"
@@ -32,6 +32,7 @@ declare -A OPTIONS=(
   [kv_transfer_params_fuzz]="-max_len=8192 -dict=fuzz/kv_transfer_params.dict"
   [sse_fuzz]="-max_len=8192"
   [prompt_list_fuzz]="-max_len=8192 -dict=fuzz/prompt_list.dict"
+  [client_body_fuzz]="-max_len=8192 -dict=fuzz/request_json.dict"
 )
 
 if [[ $# -gt 0 && "$*" != all ]]; then TARGETS=("$@"); fi

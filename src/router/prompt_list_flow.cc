@@ -119,7 +119,7 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
   }
   auto run = [this, parts, latch, &pull_profile](size_t i, const json& part_body) {
     PromptPart& p = (*parts)[i];
-    RunPd(p.t, part_body, pull_profile, p.res, p.t->stream ? &p.stream : nullptr);
+    RunPd(p.t, ClientBody(part_body), pull_profile, p.res, p.t->stream ? &p.stream : nullptr);
     latch->Done();
   };
   // Prompts 1.. on the worker pool, prompt 0 on this thread; this thread then waits for all.

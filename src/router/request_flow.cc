@@ -142,13 +142,13 @@ Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why) {
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   auto t = std::make_shared<Transfer>();
   t->retries_left = kMaxRetries;
-  json body;
+  ClientBody body;
   std::string pull_profile;
   if (!router_.options_.colocated()) {
     if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
-    if (t->path == "/v1/completions" && IsPromptList(body)) {
+    if (t->path == "/v1/completions" && IsPromptList(body.doc)) {
       t->retries_left = 0;
-      return HandlePromptList(*t, body, pull_profile, res);
+      return HandlePromptList(*t, body.doc, pull_profile, res);
     }
   }
   for (;;) {
@@ -182,9 +182,11 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   }
 }
 
-void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
+void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& client,
                         const std::string& pull_profile, httplib::Response& res,
                         std::shared_ptr<StreamState>* capture) {
+  const json& body = client.doc;
+  const json shell = client.Shell();  // leg builders start here: the prompt is not copied
   Router& r = router_;
   const TransferMode tm = t->mode;
   auto fail = [&](int status, const std::string& message, const std::string& code) {
@@ -194,7 +196,9 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
   Router::PdSelection sel = r.SelectPd(t->path, body, t->exclude);
   if (!sel.d) return fail(503, "no healthy decode instance", "no_healthy_instance");
   t->d_addr = sel.d->address();
-  if (sel.skip != SkipReason::kNone) return RunLocalPrefill(t, body, std::move(*sel.d), res, capture);
+  if (sel.skip != SkipReason::kNone) {
+    return RunLocalPrefill(t, client, std::move(*sel.d), res, capture);
+  }
   if (!sel.p) return fail(503, "no healthy prefill instance", "no_healthy_instance");
   std::optional<InstanceLease>& p_lease = sel.p;
   std::optional<InstanceLease>& d_lease = sel.d;
@@ -210,24 +214,25 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const json& body,
   if (tm == TransferMode::kPush) {
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
     if (!StartPushPrefill(t, std::move(*p_lease),
-                          MakePrefillBody(body, tm, t->transfer_id).dump())) {
+                          ComposeLegBody(MakePrefillBody(shell, tm, t->transfer_id), client))) {
       r.CountRequest(tm, false);
       return StopReply(r).WriteTo(res);
     }
-    d_body = MakeDecodePushBody(body, t->transfer_id, t->p_addr);
+    d_body = MakeDecodePushBody(shell, t->transfer_id, t->p_addr);
     if (t->echo_logprobs) d_body["echo"] = false;
   } else {
-    std::optional<json> d = RunPullPrefill(*t, *p_lease, body, pull_profile, res);
+    std::optional<json> d = RunPullPrefill(*t, *p_lease, client, pull_profile, res);
     if (!d) return;
     d_body = std::move(*d);
     if (t->echo_logprobs) d_body["echo"] = false;
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);
   }
-  if (!t->stream) return AnswerJson(t, d_body.dump(), std::move(*d_lease), res);
-  AnswerStream(t, d_body.dump(), std::move(*d_lease), res, capture);
+  const std::string d_text = ComposeLegBody(d_body, client);
+  if (!t->stream) return AnswerJson(t, d_text, std::move(*d_lease), res);
+  AnswerStream(t, d_text, std::move(*d_lease), res, capture);
 }
 
-void RequestFlow::RunLocalPrefill(const std::shared_ptr<Transfer>& t, const json& body,
+void RequestFlow::RunLocalPrefill(const std::shared_ptr<Transfer>& t, const ClientBody& body,
                                   InstanceLease d_lease, httplib::Response& res,
                                   std::shared_ptr<StreamState>* capture) {
   // No P leg, no transfer: D gets the client's request as a colocated instance would.
@@ -235,8 +240,9 @@ void RequestFlow::RunLocalPrefill(const std::shared_ptr<Transfer>& t, const json
   t->d_leg = router_.NewLeg(t->d_addr, Role::kDecode);
   spdlog::debug("request {}: local prefill on D={} (no P leg) stream={}", t->request_id,
                 t->d_addr.url, t->stream);
-  if (!t->stream) return AnswerJson(t, body.dump(), std::move(d_lease), res);
-  AnswerStream(t, body.dump(), std::move(d_lease), res, capture);
+  const std::string text = ComposeLegBody(body.Shell(), body);
+  if (!t->stream) return AnswerJson(t, text, std::move(d_lease), res);
+  AnswerStream(t, text, std::move(d_lease), res, capture);
 }
 
 void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
@@ -253,15 +259,16 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
     res.set_header("x-request-id", t->request_id);
   }
   // Parsed only to learn whether the answer streams; the client's bytes are forwarded as-is.
-  const json body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
+  const Result<ClientBody> parsed = ParseClientBody(req.body);
+  if (!parsed.ok() || !parsed->doc.is_object()) {
     r.CountRequest(t->mode, false);
     return ErrorReply(400,
-                      body.is_discarded() ? "request body is not valid JSON"
-                                          : "request body must be a JSON object",
+                      !parsed.ok() ? "request body is not valid JSON"
+                                   : "request body must be a JSON object",
                       "invalid_request_error", "invalid_json")
         .WriteTo(res);
   }
+  const json& body = parsed->doc;
   const auto s = body.find("stream");
   t->stream = s != body.end() && s->is_boolean() && s->get<bool>();
   std::optional<InstanceLease> lease = r.pool_->Acquire(Role::kColocated, t->exclude);
@@ -279,7 +286,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
 }
 
 bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
-                              json* body, std::string* pull_profile) {
+                              ClientBody* client, std::string* pull_profile) {
   Router& r = router_;
   const RouterOptions& o = r.options_;
   t->path = req.path;
@@ -304,8 +311,10 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   }
   t->mode = mode.mode;
   *pull_profile = mode.pull_profile;
-  *body = json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body->is_discarded()) return reject("request body is not valid JSON", "invalid_json");
+  Result<ClientBody> parsed = ParseClientBody(req.body);
+  if (!parsed.ok()) return reject("request body is not valid JSON", "invalid_json");
+  *client = std::move(parsed).value();
+  json* body = &client->doc;
   if (!body->is_object()) return reject("request body must be a JSON object", "invalid_json");
   if (body->contains("kv_transfer_params")) {
     // The router writes both legs' kv_transfer_params; a client's would be silently replaced.
@@ -386,13 +395,15 @@ void RequestFlow::RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease,
   r.AbortTransfer(t.d_addr, Role::kDecode, t.transfer_id, t.request_id);
 }
 
-std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& lease, const json& body,
+std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& lease,
+                                                const ClientBody& client,
                                                 const std::string& pull_profile,
                                                 httplib::Response& res) {
   Router& r = router_;
   t.timeline.Mark(RouterPhase::kPrefillLegWritten);
-  const LegResult pr =
-      t.p_leg->Post(t.path, t.request_id, MakePrefillBody(body, t.mode, t.transfer_id).dump());
+  const json shell = client.Shell();
+  const LegResult pr = t.p_leg->Post(
+      t.path, t.request_id, ComposeLegBody(MakePrefillBody(shell, t.mode, t.transfer_id), client));
   if (pr.answered) t.timeline.Mark(RouterPhase::kPrefillAnswered);
   t.p_leg.reset();
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
@@ -412,7 +423,7 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
     return std::nullopt;
   }
   const json answer = json::parse(pr.body, nullptr, false);
-  auto d = MakeDecodePullBody(body, answer, pull_profile);
+  auto d = MakeDecodePullBody(shell, answer, pull_profile);
   if (d.ok() && t.echo_logprobs) {
     auto echo = ParsePromptEcho(answer);
     if (!echo.ok()) {

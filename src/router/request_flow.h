@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "router/client_body.h"
 #include "router/instance_pool.h"
 #include "router/leg.h"
 
@@ -48,7 +49,7 @@ class RequestFlow {
   /// P/D mode, one prompt: picks P and D, runs the push or pull flow and answers into `res`.
   /// With `capture` (one prompt of a list), a 200 stream is not installed on `res` but handed
   /// back in `*capture` for the merged stream to relay; `res.status` is then 200.
-  void RunPd(const std::shared_ptr<Transfer>& t, const nlohmann::json& body,
+  void RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& body,
              const std::string& pull_profile, httplib::Response& res,
              std::shared_ptr<StreamState>* capture);
   /// P/D mode, a list of prompts (`parent` holds the parsed request): each prompt runs as its own
@@ -71,15 +72,16 @@ class RequestFlow {
 
   /// P/D mode, a request that skips its P leg (Router::SelectPd, --local-prefill-threshold):
   /// the client's body goes to D as to a colocated instance; answered as RunPd.
-  void RunLocalPrefill(const std::shared_ptr<Transfer>& t, const nlohmann::json& body,
+  void RunLocalPrefill(const std::shared_ptr<Transfer>& t, const ClientBody& body,
                        InstanceLease d_lease, httplib::Response& res,
                        std::shared_ptr<StreamState>* capture);
   /// Colocated mode: forwards the client's body as-is to the next healthy colocated instance.
   void HandleColocated(const std::shared_ptr<Transfer>& t, const httplib::Request& req,
                        httplib::Response& res);
-  /// Request id, mode, body, seed, transfer id. Replies (and returns false) on a bad request.
+  /// Request id, mode, body (client_body.h), seed, transfer id. Replies (and returns false) on a
+  /// bad request.
   bool ParseClient(const httplib::Request& req, httplib::Response& res, Transfer* t,
-                   nlohmann::json* body, std::string* pull_profile);
+                   ClientBody* body, std::string* pull_profile);
   /// Push: writes P's leg on this thread and awaits its answer as a task of the router's
   /// WorkerPool. False when the router is stopping.
   bool StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease, const std::string& body);
@@ -87,7 +89,7 @@ class RequestFlow {
   static void RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease, const LegResult& pr);
   /// Pull: runs P's leg on this thread; D's body, or nullopt after replying P's failure.
   std::optional<nlohmann::json> RunPullPrefill(Transfer& t, InstanceLease& lease,
-                                               const nlohmann::json& body,
+                                               const ClientBody& body,
                                                const std::string& pull_profile,
                                                httplib::Response& res);
   /// D's (or the colocated instance's) leg with `d_body` (serialized JSON), answered whole.

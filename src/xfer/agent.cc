@@ -2,6 +2,7 @@
 // Descriptor lists and transfers are in agent_transfer.cc.
 #include "xfer/agent.h"
 
+#include <algorithm>
 #include <random>
 
 #include "xfer/notification_frame.h"
@@ -273,6 +274,13 @@ void Agent::OnPostDone(uint64_t token, Status status) {
   MutexLock lock(mu_);
   Transfer* t = transfers_.AtIndex(h.index);
   if (t == nullptr || t->seq != seq) return;  // released or re-posted since: stale completion
+  if (status.ok() && t->state == TransferState::kInProgress) {
+    // Progress on the connection: transfers queued behind this one are not stalled.
+    auto pit = peers_.find(t->peer);
+    if (pit != peers_.end() && pit->second.generation == t->peer_generation) {
+      pit->second.last_progress = SteadyClock::now();
+    }
+  }
   SettleLocked(*t, std::move(status));
 }
 
@@ -338,12 +346,19 @@ void Agent::WatchdogLoop() {
     transfers_.ForEach([&](HandleBits h, Transfer& t) {
       mu_.AssertHeld();  // ForEach calls back synchronously, under the caller's lock
       if (t.state != TransferState::kInProgress) return;
+      auto pit = peers_.find(t.peer);
+      if (pit != peers_.end() && pit->second.generation == t.peer_generation) {
+        t.deadline = std::max(t.deadline, pit->second.last_progress + options_.stall_timeout);
+      }
       if (t.deadline <= now) {
         bool before_notify = t.control == nullptr || t.control->Abort();
         expired.push_back((static_cast<uint64_t>(t.seq) << 32) | h.index);
         FinishLocked(t, DeadlineExceeded(
                             "transfer to peer '" + t.peer + "' not complete within the " +
-                            std::to_string(options_.stall_timeout.count()) + " ms stall deadline" +
+                            std::to_string(options_.stall_timeout.count()) +
+                            " ms stall deadline (plus its bytes' time at " +
+                            std::to_string(options_.stall_floor_bytes_per_s / 1000000) +
+                            " MB/s; no post to this peer completed meanwhile)" +
                             (before_notify ? " (notification not sent)"
                                            : " (notification may have been sent)")));
       } else if (t.deadline < next) {

@@ -144,7 +144,9 @@ class Agent final : private BackendSink {
                                             std::span<const uint8_t> payload);
   /// Number of backend ops a transfer posts (after coalescing). Errors: kNotFound.
   Result<size_t> TransferOpCount(TransferHandle t);
-  /// Posts a transfer that is not in progress. Starts its stall deadline. Errors: kNotFound,
+  /// Posts a transfer that is not in progress. Starts its stall deadline (AgentOptions::
+  /// stall_timeout plus its bytes' time at stall_floor_bytes_per_s, moved on by each completion
+  /// to the same peer). Errors: kNotFound,
   /// kFailedPrecondition (in progress, or its previous post ended early and is not settled yet:
   /// TransferStatus::settled), kPeerGone (peer failed/restarted/invalidated), or the
   /// backend's post error (the transfer is then in kError with it).
@@ -188,6 +190,7 @@ class Agent final : private BackendSink {
     bool alive = true;
     Status failure;
     uint32_t restarts = 0;
+    TimePoint last_progress{};  // last successful completion of a post to this peer
     std::shared_ptr<BackendPeer> backend;
     std::map<uint32_t, RemoteRegion> regions;  // by RegionId::index
   };
@@ -218,7 +221,7 @@ class Agent final : private BackendSink {
     Status error;
     uint32_t seq = 0;     // bumps on every post and release: stale completions are ignored
     bool settled = true;  // false from Post until the backend reports the post's end
-    TimePoint deadline{};
+    TimePoint deadline{};  // post time + stall_timeout; later while its peer makes progress
     std::shared_ptr<PostControl> control;
   };
 
@@ -238,6 +241,8 @@ class Agent final : private BackendSink {
   Result<std::vector<Entry>> SelectRunsLocked(const List& list, const std::vector<uint32_t>& idx,
                                               const char* side) REQUIRES(mu_);
   void WatchdogLoop() EXCLUDES(mu_);
+  /// What AgentOptions::stall_floor_bytes_per_s adds to t's stall deadline.
+  std::chrono::nanoseconds TimeAtStallFloor(const Transfer& t) const;
 
   AgentOptions options_;
   std::unique_ptr<Backend> backend_;

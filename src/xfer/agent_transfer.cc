@@ -240,7 +240,7 @@ Status Agent::Post(TransferHandle h) {
     t->state = TransferState::kInProgress;
     t->error = Status::Ok();
     t->settled = false;
-    t->deadline = SteadyClock::now() + options_.stall_timeout;
+    t->deadline = SteadyClock::now() + options_.stall_timeout + TimeAtStallFloor(*t);
     // Reuse the control block when no earlier post still holds it (saves an allocation on the
     // small-post path); copies are only made here, under mu_, so a count of 1 cannot grow.
     if (t->control != nullptr && t->control.use_count() == 1) {
@@ -284,6 +284,13 @@ Result<TransferStatus> Agent::GetStatus(TransferHandle h) {
   Transfer* t = transfers_.Find(h);
   if (t == nullptr) return NotFound("GetStatus: no transfer " + std::to_string(h.index));
   return TransferStatus{t->state, t->error, t->settled};
+}
+
+std::chrono::nanoseconds Agent::TimeAtStallFloor(const Transfer& t) const {
+  if (options_.stall_floor_bytes_per_s == 0 || t.batch == nullptr) return {};
+  const double s = static_cast<double>(t.batch->total_bytes) /
+                   static_cast<double>(options_.stall_floor_bytes_per_s);
+  return std::chrono::nanoseconds(static_cast<int64_t>(s * 1e9));
 }
 
 Result<TransferStatus> Agent::Wait(TransferHandle h, TimePoint deadline) {

@@ -86,8 +86,16 @@ struct AgentOptions {
   std::string name;
   /// Incarnation id; 0 picks a random non-zero 64-bit value (the normal case). Tests may fix it.
   uint64_t incarnation = 0;
-  /// A posted transfer that has not finished after this long ends in kDeadlineExceeded.
+  /// A posted transfer ends in kDeadlineExceeded once this long passed since the later of its
+  /// post and the last successful completion of any post to the same peer (its connection's
+  /// last progress): a transfer queued behind others that keep completing is not stalled, one
+  /// whose peer stopped answering is (docs/xfer.md, *Stall deadline*).
   std::chrono::milliseconds stall_timeout{10000};
+  /// A post's deadline also allows its bytes the time they take at this bandwidth, bytes per
+  /// second (0: none): one large op completes only at its end, so a 4 GiB READ over tcp would
+  /// otherwise be "stalled" while it moves. The default, 100 MB/s, gives 4 GiB 43 s more; a
+  /// wedged peer is still found within stall_timeout of its last completion plus that.
+  uint64_t stall_floor_bytes_per_s = 100'000'000;
   /// Agent::Wait spins this long before blocking on a condition variable, microseconds (0 = block
   /// at once). While it spins it drives the backend's progress on the caller's thread
   /// (Backend::ProgressCaller), so a short transfer completes without any thread hand-off; after

@@ -242,6 +242,71 @@ TEST(AgentLoopbackTest, StalledTransferEndsInDeadlineExceededWithoutNotification
   EXPECT_TRUE(st2.settled);
 }
 
+TEST(AgentLoopbackTest, QueuedTransfersAreNotStalledWhileTheirPeerProgresses) {
+  // 40 posts to one peer complete at random over ~1.2 s, three times the 400 ms stall deadline:
+  // each completion is progress on the peer, so none of the later ones is stalled (counted from
+  // its post alone, about two in three would have ended in kDeadlineExceeded).
+  auto controls = std::make_shared<FaultControls>();
+  FaultPlan plan;
+  plan.max_completion_delay = std::chrono::microseconds(1200000);
+  plan.seed = 5;
+  controls->Set(plan);
+  constexpr uint32_t kPosts = 40;
+  Pair p = MakePair(kPosts * 4096, MakeFaultBackend(MakeLoopbackBackend(), controls),
+                    milliseconds(400));
+  std::vector<TransferHandle> ts;
+  for (uint32_t i = 0; i < kPosts; ++i) {
+    auto ll = p.init->PrepareLocal(std::vector<Desc>{{p.src.id, i * 4096ull, 4096}}).value();
+    auto rl = p.init->PrepareRemote("decode", std::vector<Desc>{{p.dst.id, i * 4096ull, 4096}});
+    ts.push_back(p.init->CreateTransfer({Op::kWrite, ll, {}, rl.value(), {}, {}}).value());
+  }
+  const TimePoint start = SteadyClock::now();
+  for (auto t : ts) ASSERT_TRUE(p.init->Post(t).ok());
+  for (auto t : ts) {
+    auto st = p.init->Wait(t, In(milliseconds(10000))).value();
+    EXPECT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+  }
+  // The delays really did outlast the deadline (else the test proves nothing).
+  EXPECT_GT(SteadyClock::now() - start, milliseconds(600));
+  // Once nothing completes, the deadline fires again: one swallowed post stalls.
+  plan.swallow_completions = true;
+  controls->Set(plan);
+  ASSERT_TRUE(p.init->Post(ts[0]).ok());
+  auto st = p.init->Wait(ts[0], In(milliseconds(5000))).value();
+  EXPECT_EQ(st.state, TransferState::kError);
+  EXPECT_EQ(st.error.code(), StatusCode::kDeadlineExceeded);
+}
+
+TEST(AgentLoopbackTest, ALargeTransferGetsItsBytesTimeAtTheFloorBandwidth) {
+  // 1 MiB at a floor of 1 MiB/s: a second more than the 100 ms stall deadline. With its
+  // completion swallowed it is still in progress well after 100 ms, and ends after ~1.1 s.
+  auto controls = std::make_shared<FaultControls>();
+  FaultPlan plan;
+  controls->Set(plan);
+  constexpr size_t kBytes = 1 << 20;
+  AgentOptions o;
+  o.name = "prefill";
+  o.stall_timeout = milliseconds(100);
+  o.stall_floor_bytes_per_s = kBytes;
+  auto init = Agent::Create(o, MakeFaultBackend(MakeLoopbackBackend(), controls)).value();
+  auto target = MakeAgent("decode", MakeLoopbackBackend());
+  auto src = init->AllocateRegion(kBytes, MemoryType::kHost).value();
+  auto dst = target->AllocateRegion(kBytes, MemoryType::kHost).value();
+  Connect(*init, *target);
+  auto ll = init->PrepareLocal(std::vector<Desc>{{src.id, 0, kBytes}}).value();
+  auto rl = init->PrepareRemote("decode", std::vector<Desc>{{dst.id, 0, kBytes}}).value();
+  auto t = init->CreateTransfer({Op::kWrite, ll, {}, rl, {}, {}}).value();
+  plan.swallow_completions = true;
+  controls->Set(plan);
+  const TimePoint start = SteadyClock::now();
+  ASSERT_TRUE(init->Post(t).ok());
+  EXPECT_EQ(init->Wait(t, In(milliseconds(400)))->state, TransferState::kInProgress);
+  auto st = init->Wait(t, In(milliseconds(10000))).value();
+  EXPECT_EQ(st.state, TransferState::kError);
+  EXPECT_EQ(st.error.code(), StatusCode::kDeadlineExceeded);
+  EXPECT_GE(SteadyClock::now() - start, milliseconds(1100));
+}
+
 TEST(AgentLoopbackTest, AnEarlyEndIsSettledOnlyWhenTheBackendReportsThePost) {
   // The stall deadline ends the transfer while the backend still holds its post (delayed):
   // it is kError at once but settled only when the backend reports, and only then can it be

@@ -1,14 +1,22 @@
 #!/usr/bin/env python3
 """Long-context P/D handoff (issue 27; docs/benchmarks/pd.md, *Long contexts*): prompts of 16k to
-128k tokens answered colocated, in push, pull (vLLM default) and pull (fast), on the sim executor
-(docs/sim.md) with a model preset's real shapes and a fraction of its KV bytes.
+128k tokens answered colocated (directly, and behind a router of its own), in push, pull (vLLM
+default) and pull (fast), on the sim executor (docs/sim.md) with a model preset's real shapes and a
+fraction of its KV bytes.
 
-H mixes the handoff with the prefill's own run-to-run spread, and on this 2-core machine with P's
-connector work (hashing, posting) on the core of P's engine; Hc, as in pd_handoff.py, takes each
-request's client TTFT minus the TTFT the computing engine (P, or the colocated instance) recorded
-for itself, minus the same for colocated: the handoff alone.
+H = TTFT(mode) - TTFT(colocated, direct) also counts the front door: the router receives, parses
+and forwards the prompt (~800 KB of JSON at 131,000 ids) before P parses it again, which a client
+talking to one instance never pays. HR = TTFT(mode) - TTFT(colocated behind a router) compares
+like with like (the same front door, one instance behind it): what disaggregation adds. Both mix
+in the prefill's run-to-run spread, and on this 2-core machine P's connector work (hashing,
+posting) shares the core of P's engine; Hc, as in pd_handoff.py, takes each request's client TTFT
+minus the TTFT the computing engine (P, or the colocated instance) recorded for itself, minus the
+same for colocated: the handoff alone; HcR the same against colocated behind its router: the
+handoff without the front door's share. Each length runs --repeat rounds (a fresh request of every
+mode per round, in rotating order); the table gives medians, the JSON every round.
 
-Starts on loopback, per model: a colocated instance, one prefill (P), one decode (D) and a router,
+Starts on loopback, per model: a colocated instance and a router in front of it, one prefill (P),
+one decode (D) and a router,
 all `kvpush serve --executor sim --sim-model M --sim-kv-scale S`, prefix cache off, KV pools sized
 for the longest prompt. Requests go one at a time; for each prompt every mode runs in turn. For
 every P/D request it checks, from D's and P's /metrics before and after:
@@ -21,8 +29,8 @@ every P/D request it checks, from D's and P's /metrics before and after:
 - the KV bytes moved (P's bytes written for push, D's READ count for pull) and the control
   messages and bytes of P and D together.
 
-At the end both pools must be whole (no block used or quarantined). Reports TTFT per mode and
-H(mode) = TTFT(mode) - TTFT(colocated), prints a table and the load average, writes JSON.
+At the end both pools must be whole (no block used or quarantined). Reports TTFT per mode, H, HR
+and Hc, the push timeline of the last round, prints a table and the load average, writes JSON.
 Any check that fails is printed and makes the exit status 1.
 
     python3 bench/pd_long_context.py                       # both models, 16k..128k
@@ -50,8 +58,67 @@ PRESETS = {
     "qwen3-32b": (64, 8, 128, 151936, 40960),
     "llama-3.1-70b": (80, 8, 128, 128256, 131072),
 }
-MODES = [("colocated", None), ("push", "push"), ("pull-vllm", "pull-vllm"),
-         ("pull-fast", "pull-fast")]
+# (name, x-kvpush-mode header); colocated-router is the colocated instance behind a router of its
+# own (`kvpush router --colocated`): the same front door as P/D, one instance behind it.
+MODES = [("colocated", None), ("colocated-router", None), ("push", "push"),
+         ("pull-vllm", "pull-vllm"), ("pull-fast", "pull-fast")]
+PD_MODES = [m for m in MODES if m[1]]
+ENTRY = {"colocated": "colocated", "colocated-router": "router-colocated", "push": "router",
+         "pull-vllm": "router", "pull-fast": "router"}  # the port each mode's request goes to
+
+
+def median(v):
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def summarize(rs):
+    """Medians over the rounds of one mode; counters and timelines from the last round."""
+    out = dict(rs[-1])
+    for k in ("ttft_ms", "h_ms", "hr_ms", "hc_ms", "hcr_ms", "overhead_ms"):
+        if k in rs[0]:
+            out[k] = median([r[k] for r in rs])
+            out[k + "_all"] = [round(r[k], 1) for r in rs]
+    return out
+
+
+def one_request(a, ports, body, name, m, row, model, failures):
+    """One request of mode `name`, checked (P/D: KV transferred, verified, nothing recomputed)."""
+    length = row["tokens"]
+    eng = ports["prefill"] if m else ports["colocated"]  # the instance that computes the prompt
+    p0, d0, e0 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
+    t0, times, _, toks = stream_tokens(ports[ENTRY[name]], body, m, timeout=1800)
+    p1, d1, e1 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
+    r = {"ttft_ms": (times[0] - t0) / 1e6, "tokens": toks,
+         "engine_ttft_ms": delta(e0, e1, TTFT_SUM) * 1e3}
+    r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
+    if m is None:
+        return r
+    r["transferred"] = int(delta(d0, d1, "kvpush_prompt_tokens_transferred_total"))
+    r["recomputes"] = int(delta(d0, d1, "kvpush_kv_load_recomputes_total"))
+    r["verified_blocks"] = int(delta(d0, d1, "kvpush_kv_transfer_blocks_verified_total"))
+    r["bytes_written"] = int(delta(p0, p1, "kvpush_kv_transfer_bytes_written_total"))
+    r["control_messages"] = int(delta(p0, p1, "kvpush_kv_transfer_control_messages_sent_total") +
+                                delta(d0, d1, "kvpush_kv_transfer_control_messages_sent_total"))
+    r["control_bytes"] = int(delta(p0, p1, "kvpush_kv_transfer_control_bytes_sent_total") +
+                             delta(d0, d1, "kvpush_kv_transfer_control_bytes_sent_total"))
+    r["descriptors"] = int(delta(p0, p1, "kvpush_kv_transfer_descriptors_total") +
+                           delta(d0, d1, "kvpush_kv_transfer_descriptors_total"))
+    if name == "push":
+        r["timeline_ms"] = push_timeline(ports, t0)
+    # The vLLM profile, like vLLM's NIXL connector, loads all but the last prompt token and
+    # computes that one on D to sample the first token.
+    want = length - 1 if m == "pull-vllm" else length
+    checks = {
+        f"transferred {r['transferred']} == {want}": r["transferred"] == want,
+        f"recomputes {r['recomputes']} == 0": r["recomputes"] == 0,
+        f"verified {r['verified_blocks']} == {row['blocks']}": r["verified_blocks"] == row["blocks"],
+    }
+    for what, ok in checks.items():
+        if not ok:
+            failures.append(f"{model} {length} {name}: {what}")
+    return r
 
 
 def delta(before, after, name):
@@ -131,66 +198,42 @@ def run_model(a, model, failures):
                                      "--decode", f"http://{HOST}:{ports['decode']}",
                                      "--log-level", "warn"])
         wait_healthy(ports["router"], rtr)
+        rc = start("router-colocated", None, ["router", "--colocated",
+                                              f"http://{HOST}:{ports['colocated']}",
+                                              "--log-level", "warn"])
+        wait_healthy(ports["router-colocated"], rc)
         rng = random.Random(27)
         warm = {"prompt": [rng.randrange(3, vocab) for _ in range(600)], "max_tokens": 2,
                 "temperature": 0, "ignore_eos": True}
-        for _, m in MODES:
-            stream_tokens(ports["router"] if m else ports["colocated"], warm, m)
+        for name, m in MODES:
+            stream_tokens(ports[ENTRY[name]], warm, m)
         rows = []
         for length in lengths:
             prompt = [rng.randrange(3, vocab) for _ in range(length)]
             body = {"prompt": prompt, "max_tokens": a.max_tokens, "temperature": 0,
                     "ignore_eos": True}
             row = {"tokens": length, "blocks": -(-length // 16),
-                   "kv_bytes": int(length * kv_bytes_token), "modes": {}}
-            ref = None
-            for name, m in MODES:
-                eng = ports["prefill"] if m else ports["colocated"]  # computes the prompt
-                p0, d0, e0 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
-                t0, times, _, toks = stream_tokens(ports["router"] if m else ports["colocated"],
-                                                   body, m, timeout=1800)
-                p1, d1, e1 = metrics(ports["prefill"]), metrics(ports["decode"]), metrics(eng)
-                r = {"ttft_ms": (times[0] - t0) / 1e6, "tokens": toks,
-                     "engine_ttft_ms": delta(e0, e1, TTFT_SUM) * 1e3}
-                r["overhead_ms"] = r["ttft_ms"] - r["engine_ttft_ms"]
-                if m is None:
-                    ref = toks
-                else:
-                    r["same_tokens"] = toks == ref
-                    r["transferred"] = int(delta(d0, d1, "kvpush_prompt_tokens_transferred_total"))
-                    r["recomputes"] = int(delta(d0, d1, "kvpush_kv_load_recomputes_total"))
-                    r["verified_blocks"] = int(delta(d0, d1,
-                                                     "kvpush_kv_transfer_blocks_verified_total"))
-                    r["bytes_written"] = int(delta(p0, p1, "kvpush_kv_transfer_bytes_written_total"))
-                    r["control_messages"] = int(
-                        delta(p0, p1, "kvpush_kv_transfer_control_messages_sent_total") +
-                        delta(d0, d1, "kvpush_kv_transfer_control_messages_sent_total"))
-                    r["control_bytes"] = int(
-                        delta(p0, p1, "kvpush_kv_transfer_control_bytes_sent_total") +
-                        delta(d0, d1, "kvpush_kv_transfer_control_bytes_sent_total"))
-                    if name == "push":
-                        r["timeline_ms"] = push_timeline(ports, t0)
-                    r["descriptors"] = int(delta(p0, p1, "kvpush_kv_transfer_descriptors_total") +
-                                           delta(d0, d1, "kvpush_kv_transfer_descriptors_total"))
-                    # The vLLM profile, like vLLM's NIXL connector, loads all but the last prompt
-                    # token and computes that one on D to sample the first token.
-                    want = length - 1 if m == "pull-vllm" else length
-                    checks = {
-                        "tokens equal colocated": r["same_tokens"],
-                        f"transferred {r['transferred']} == {want}": r["transferred"] == want,
-                        f"recomputes {r['recomputes']} == 0": r["recomputes"] == 0,
-                        f"verified {r['verified_blocks']} == {row['blocks']}":
-                            r["verified_blocks"] == row["blocks"],
-                    }
-                    for what, ok in checks.items():
-                        if not ok:
-                            failures.append(f"{model} {length} {name}: {what}")
-                row["modes"][name] = r
-            colo = row["modes"]["colocated"]
-            for name, m in MODES[1:]:
-                r = row["modes"][name]
-                r["h_ms"] = r["ttft_ms"] - colo["ttft_ms"]
-                r["hc_ms"] = r["overhead_ms"] - colo["overhead_ms"]
+                   "kv_bytes": int(length * kv_bytes_token), "rounds": []}
+            for rnd in range(a.repeat):
+                # Rotating order: no mode always runs first (or right after another's prefill).
+                order = MODES[rnd % len(MODES):] + MODES[:rnd % len(MODES)]
+                got = {name: one_request(a, ports, body, name, m, row, model, failures)
+                       for name, m in order}
+                ref = got["colocated"]["tokens"]
+                for name, m in MODES[1:]:
+                    r = got[name]
+                    if r["tokens"] != ref:
+                        failures.append(f"{model} {length} {name}: tokens differ from colocated")
+                    r["same_tokens"] = r["tokens"] == ref
+                    r["h_ms"] = r["ttft_ms"] - got["colocated"]["ttft_ms"]
+                    r["hr_ms"] = r["ttft_ms"] - got["colocated-router"]["ttft_ms"]
+                    r["hc_ms"] = r["overhead_ms"] - got["colocated"]["overhead_ms"]
+                    r["hcr_ms"] = r["overhead_ms"] - got["colocated-router"]["overhead_ms"]
+                for r in got.values():
+                    r.pop("tokens")
+                row["rounds"].append(got)
+            row["modes"] = {name: summarize([g[name] for g in row["rounds"]])
+                            for name, _ in MODES}
             rows.append(row)
             print(f"  {model} {length:>6} tokens: " + "  ".join(
                 f"{n} {row['modes'][n]['ttft_ms']:.0f}" for n, _ in MODES) + " ms", flush=True)
@@ -221,6 +264,9 @@ def main():
     ap.add_argument("--stall-ms", type=int, default=5000,
                     help="stall_ms of P and D (the default of kvpush; see docs/benchmarks/pd.md "
                          "*Long contexts* for what a 4 GiB push needs)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds per prompt length (each a fresh request of every mode, in "
+                         "rotating order); the table gives medians")
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "pd_long_context.json"))
     a = ap.parse_args()
     failures, results = [], []
@@ -231,18 +277,21 @@ def main():
         if r:
             results.append(r)
     print()
-    print("| model | prompt tokens | blocks | KV MiB | TTFT colocated | push | pull-vllm | pull-fast "
-          "| H push | H pull-vllm | H pull-fast | Hc push | Hc pull-vllm | Hc pull-fast "
-          "| ctl msgs push/pull | ctl bytes push/pull |")
-    print("| --- |" + " ---: |" * 15)
+    print("| model | prompt tokens | blocks | KV MiB | TTFT colocated | colocated via router | push "
+          "| pull-vllm | pull-fast | H push | H pull-vllm | H pull-fast | HR push | HR pull-vllm "
+          "| HR pull-fast | Hc push | HcR push | HcR pull-vllm | HcR pull-fast | ctl msgs push/pull "
+          "| ctl bytes push/pull |")
+    print("| --- |" + " ---: |" * 20)
     for r in results:
         for row in r["rows"]:
             m = row["modes"]
             print(f"| {r['model']} | {row['tokens']} | {row['blocks']} | "
                   f"{row['kv_bytes'] / 2**20:.0f} | " +
                   " | ".join(f"{m[n]['ttft_ms']:.0f}" for n, _ in MODES) + " | " +
-                  " | ".join(f"{m[n]['h_ms']:+.0f}" for n, _ in MODES[1:]) + " | " +
-                  " | ".join(f"{m[n]['hc_ms']:+.1f}" for n, _ in MODES[1:]) +
+                  " | ".join(f"{m[n]['h_ms']:+.0f}" for n, _ in PD_MODES) + " | " +
+                  " | ".join(f"{m[n]['hr_ms']:+.1f}" for n, _ in PD_MODES) +
+                  f" | {m['push']['hc_ms']:+.1f} | " +
+                  " | ".join(f"{m[n]['hcr_ms']:+.1f}" for n, _ in PD_MODES) +
                   f" | {m['push']['control_messages']}/{m['pull-fast']['control_messages']}"
                   f" | {m['push']['control_bytes']}/{m['pull-fast']['control_bytes']} |")
     print("\npush timelines, ms after the client sent the request (R router, P, D):")
@@ -251,7 +300,7 @@ def main():
             tl = row["modes"]["push"].get("timeline_ms", {})
             cells = "  ".join(f"{k} {v:.1f}" for k, v in sorted(tl.items(), key=lambda kv: kv[1]))
             print(f"  {r['model']} {row['tokens']}: {cells}  "
-                  f"client.first_token {row['modes']['push']['ttft_ms']:.1f}")
+                  f"client.first_token {row['rounds'][-1]['push']['ttft_ms']:.1f}")
     load = os.getloadavg()
     print(f"\nload average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     with open(a.out, "w") as f:

@@ -4,51 +4,13 @@
 
 #include <algorithm>
 
+#include "common/json_parse.h"
+
 namespace kvpush::router {
 
 using nlohmann::json;
 
 namespace {
-
-/// simdjson's DOM element as the nlohmann value nlohmann's own parser makes of the same text.
-json ToJson(simdjson::dom::element e) {
-  using simdjson::dom::element_type;
-  switch (e.type()) {
-    case element_type::ARRAY: {
-      json a = json::array();
-      auto& v = a.get_ref<json::array_t&>();
-      simdjson::dom::array arr;
-      if (e.get_array().get(arr) != simdjson::SUCCESS) return a;
-      v.reserve(arr.size());
-      for (simdjson::dom::element x : arr) v.push_back(ToJson(x));
-      return a;
-    }
-    case element_type::OBJECT: {
-      json o = json::object();
-      simdjson::dom::object obj;
-      if (e.get_object().get(obj) != simdjson::SUCCESS) return o;
-      for (simdjson::dom::key_value_pair kv : obj) {
-        o[std::string(kv.key)] = ToJson(kv.value);  // a duplicated key: the last value, as nlohmann
-      }
-      return o;
-    }
-    case element_type::INT64: {
-      const int64_t i = e.get_int64().value_unsafe();
-      return i >= 0 ? json(static_cast<uint64_t>(i)) : json(i);  // nlohmann: unsigned if >= 0
-    }
-    case element_type::UINT64:
-      return json(e.get_uint64().value_unsafe());
-    case element_type::DOUBLE:
-      return json(e.get_double().value_unsafe());
-    case element_type::STRING:
-      return json(std::string(e.get_string().value_unsafe()));
-    case element_type::BOOL:
-      return json(e.get_bool().value_unsafe());
-    case element_type::NULL_VALUE:
-      return json(nullptr);
-  }
-  return json(nullptr);
-}
 
 /// The value's bytes as written: an array or object whole, a scalar's token.
 simdjson::error_code RawJson(simdjson::ondemand::value& v, std::string_view* raw) {
@@ -120,20 +82,13 @@ json ClientBody::Shell() const {
 
 Result<ClientBody> ParseClientBody(std::string_view text) {
   ClientBody body;
-  const simdjson::padded_string padded(text);
-  simdjson::dom::parser parser;
-  simdjson::dom::element root;
-  if (parser.parse(padded).get(root) == simdjson::SUCCESS) {
-    body.doc = ToJson(root);
-    if (body.doc.is_object() && FindMembers(padded, &body.members)) {
-      body.text.assign(text);
-    } else {
-      body.members.clear();
-    }
-    return body;
-  }
-  body.doc = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  body.doc = ParseJson(text);
   if (body.doc.is_discarded()) return InvalidArgument("request body is not valid JSON");
+  if (body.doc.is_object() && FindMembers(simdjson::padded_string(text), &body.members)) {
+    body.text.assign(text);
+  } else {
+    body.members.clear();
+  }
   return body;
 }
 

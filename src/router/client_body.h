@@ -51,9 +51,8 @@ struct ClientBody {
   nlohmann::json Shell() const;
 };
 
-/// Parses `text`: with simdjson when it accepts the text (then `members` are filled for an
-/// object), else with nlohmann, whose verdict stands (numbers simdjson refuses, e.g. 1e400 or
-/// integers beyond 64 bits, parse as before). Errors: kInvalidArgument when neither accepts it.
+/// Parses `text` (ParseJson, common/json_parse.h: simdjson, nlohmann's verdicts); `members`
+/// are filled when it is an object. Errors: kInvalidArgument when it is not JSON.
 Result<ClientBody> ParseClientBody(std::string_view text);
 
 /// The JSON text of a leg built from the client's body: `leg` (an object: client.Shell() or

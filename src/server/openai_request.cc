@@ -6,6 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "common/json_parse.h"
+
 namespace kvpush::server {
 namespace {
 
@@ -458,7 +460,7 @@ std::optional<ApiError> ParseChatTemplateOptions(const json& body, ChatTemplateO
 }
 
 std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body) {
-  json parsed = json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
+  json parsed = ParseJson(body);  // simdjson; nlohmann's verdicts (common/json_parse.h)
   // Words and code as the router gives them for the same input (one error vocabulary).
   if (parsed.is_discarded()) {
     return ApiError::Invalid("request body is not valid JSON", "", "invalid_json");

@@ -163,7 +163,9 @@ def push_timeline(ports, t0):
 
 def run_model(a, model, failures):
     layers, kv_heads, head_dim, vocab, context = PRESETS[model]
-    kv_bytes_token = layers * 2 * kv_heads * head_dim * 2 * a.kv_scale  # bf16 at --sim-kv-scale
+    # bf16 at --sim-kv-scale, which scales the head dimension with a floor of 4
+    # (src/model/sim_executor.cc): below 1/32 the KV stays at 1/32 of the model's.
+    kv_bytes_token = layers * 2 * kv_heads * max(4, round(head_dim * a.kv_scale)) * 2
     lengths = [n for n in (int(x) for x in a.lengths.split(",")) if n + a.max_tokens <= context]
     if not lengths:
         return None

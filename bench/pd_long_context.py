@@ -106,7 +106,7 @@ def one_request(a, ports, body, name, m, row, model, failures):
     r["descriptors"] = int(delta(p0, p1, "kvpush_kv_transfer_descriptors_total") +
                            delta(d0, d1, "kvpush_kv_transfer_descriptors_total"))
     if name == "push":
-        r["timeline_ms"] = push_timeline(ports, t0)
+        r["timeline_ms"] = push_timeline(ports, t0, a.all_phases)
     # The vLLM profile, like vLLM's NIXL connector, loads all but the last prompt token and
     # computes that one on D to sample the first token.
     want = length - 1 if m == "pull-vllm" else length
@@ -144,7 +144,7 @@ def newest_timelines(port):
     return {rec["transfer_id"]: rec for rec in json.loads(body)["data"]}
 
 
-def push_timeline(ports, t0):
+def push_timeline(ports, t0, a_all=False):
     """The newest push transfer's timeline: ms after the client sent the request (t0, the same
     CLOCK_MONOTONIC the router, P and D stamp with on this host), per (role, phase)."""
     recs = {role: newest_timelines(ports[name])
@@ -154,10 +154,10 @@ def push_timeline(ports, t0):
         return {}
     tid = max(pushes, key=lambda r: r["t_ns"].get("received", 0))["transfer_id"]
     out = {}
-    for role, ph in PUSH_PHASES:
-        ns = recs[role].get(tid, {}).get("t_ns", {}).get(ph)
-        if ns:
-            out[f"{role}.{ph}"] = round((ns - t0) / 1e6, 2)
+    for role in ("R", "P", "D"):
+        for ph, ns in recs[role].get(tid, {}).get("t_ns", {}).items():
+            if ns and (a_all or (role, ph) in PUSH_PHASES):
+                out[f"{role}.{ph}"] = round((ns - t0) / 1e6, 2)
     return out
 
 
@@ -266,6 +266,8 @@ def main():
     ap.add_argument("--stall-ms", type=int, default=5000,
                     help="stall_ms of P and D (the default of kvpush; see docs/benchmarks/pd.md "
                          "*Long contexts* for what a 4 GiB push needs)")
+    ap.add_argument("--all-phases", action="store_true",
+                    help="print every phase of the push timelines, not only the main ones")
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds per prompt length (each a fresh request of every mode, in "
                          "rotating order); the table gives medians")

@@ -40,6 +40,18 @@ def wait_healthy(port, proc, timeout=120.0):
 TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
 
 
+def handoff_timelines(port, limit=4096, timeout=10):
+    """The newest handoff timeline records (GET /debug/handoff_timeline, docs/pd_protocol.md §7)
+    of the instance or router on `port`, newest first."""
+    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
+    c.request("GET", f"/debug/handoff_timeline?limit={limit}")
+    r = c.getresponse()
+    body = r.read()
+    if r.status != 200:
+        raise RuntimeError(f"/debug/handoff_timeline on {port}: HTTP {r.status}")
+    return json.loads(body)["data"]
+
+
 def metrics(port, timeout=10):
     """Prometheus text of the instance on `port` -> {metric name: value}, summed over the
     name's label sets (a name with one label set: its value)."""

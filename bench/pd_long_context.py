@@ -39,7 +39,6 @@ Any check that fails is printed and makes the exit status 1.
 Only the Python standard library is used.
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -49,8 +48,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, free_port, metrics,
-                           stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, free_port,
+                           handoff_timelines, metrics, stop_all, stream_tokens, wait_healthy)
 
 # Preset shapes (src/model/sim_model.cc): layers, KV heads, head dim, vocab, context.
 PRESETS = {
@@ -133,21 +132,10 @@ PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_le
                ("R", "first_output_relayed")]
 
 
-def newest_timelines(port):
-    """The newest handoff timeline records of an instance or the router, by transfer id."""
-    c = http.client.HTTPConnection(HOST, port, timeout=10)
-    c.request("GET", "/debug/handoff_timeline?limit=16")
-    r = c.getresponse()
-    body = r.read()
-    if r.status != 200:
-        raise RuntimeError(f"/debug/handoff_timeline on {port}: HTTP {r.status}")
-    return {rec["transfer_id"]: rec for rec in json.loads(body)["data"]}
-
-
 def push_timeline(ports, t0, a_all=False):
     """The newest push transfer's timeline: ms after the client sent the request (t0, the same
     CLOCK_MONOTONIC the router, P and D stamp with on this host), per (role, phase)."""
-    recs = {role: newest_timelines(ports[name])
+    recs = {role: {rec["transfer_id"]: rec for rec in handoff_timelines(ports[name], limit=16)}
             for role, name in (("R", "router"), ("P", "prefill"), ("D", "decode"))}
     pushes = [r for r in recs["R"].values() if r.get("mode") == "push"]
     if not pushes:

@@ -18,7 +18,6 @@ then the median timeline of each P/D mode (ms after the client sent the request)
 Only the Python standard library is used.
 """
 import argparse
-import http.client
 import json
 import os
 import random
@@ -28,8 +27,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import (HOST, add_kvpush_and_model_args, ctx_switches, free_port, pct,
-                           stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, add_kvpush_and_model_args, ctx_switches, free_port,
+                           handoff_timelines, pct, stop_all, stream_tokens, wait_healthy)
 MODES = ["colocated", "push", "pull-vllm", "pull-fast"]
 # The phases shown, in the order a request normally passes them; (role, phase) as recorded.
 PUSH_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("R", "decode_leg_written"),
@@ -43,13 +42,6 @@ PULL_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("P", "producer_
                ("R", "prefill_answered"), ("R", "decode_leg_written"), ("D", "read_posted"),
                ("D", "kv_arrived"), ("D", "verified"), ("D", "load_finished"),
                ("R", "first_output_relayed")]
-
-
-def get(port, path, timeout=10):
-    c = http.client.HTTPConnection(HOST, port, timeout=timeout)
-    c.request("GET", path)
-    r = c.getresponse()
-    return r.status, r.read()
 
 
 def start_cluster(args, tmp):
@@ -87,13 +79,6 @@ def run_request(ports, pids, mode, prompt, max_tokens):
     cs1 = sum(ctx_switches(p) for p in pids)
     return {"mode": mode, "t0": t0, "first": first, "end": end, "tokens": tokens,
             "ttft_ms": (first - t0) / 1e6, "ctx_switches": cs1 - cs0}
-
-
-def timelines(port):
-    status, body = get(port, "/debug/handoff_timeline?limit=4096")
-    if status != 200:
-        raise RuntimeError(f"/debug/handoff_timeline on {port}: HTTP {status}")
-    return json.loads(body)["data"]
 
 
 def join(results, p_recs, d_recs, r_recs):
@@ -207,8 +192,8 @@ def main():
                     r = run_request(ports, pids, mode, prompt, args.max_tokens)
                     r.update(round=0, prompt=i)
                     results.append(r)
-            join(results, timelines(ports["prefill"]), timelines(ports["decode"]),
-                 timelines(ports["router"]))
+            join(results, handoff_timelines(ports["prefill"]), handoff_timelines(ports["decode"]),
+                 handoff_timelines(ports["router"]))
             s = summarize(results, length)
             print_summary(s)
             summaries.append(s)

@@ -117,17 +117,18 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
     t->transfer_id = i == 0 ? parent.transfer_id : r.ids_.TransferId();
     (*parts)[i].t = std::move(t);
   }
-  auto run = [this, parts, latch, &pull_profile](size_t i, const json& part_body) {
+  auto run = [this, parts, latch, &pull_profile](size_t i, json part_body) {
     PromptPart& p = (*parts)[i];
-    RunPd(p.t, ClientBody(part_body), pull_profile, p.res, p.t->stream ? &p.stream : nullptr);
+    RunPd(p.t, ClientBody(std::move(part_body)), pull_profile, p.res,
+          p.t->stream ? &p.stream : nullptr);
     latch->Done();
   };
   // Prompts 1.. on the worker pool, prompt 0 on this thread; this thread then waits for all.
   for (size_t i = 1; i < bodies.size(); ++i) {
     bool queued = r.BeginBackground();
     if (queued) {
-      queued = r.workers_->Submit([run, i, b = std::move(bodies[i]), rp = &r] {
-        run(i, b);
+      queued = r.workers_->Submit([run, i, b = std::move(bodies[i]), rp = &r]() mutable {
+        run(i, std::move(b));  // runs once
         rp->EndBackground();
       });
       if (!queued) r.EndBackground();
@@ -137,7 +138,7 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
       latch->Done();
     }
   }
-  run(0, bodies[0]);
+  run(0, std::move(bodies[0]));
   latch->Wait();
   return std::move(*parts);
 }

@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "common/json_parse.h"
 #include "router/decode_stream.h"
 #include "router/flow_state.h"
 #include "router/leg.h"
@@ -186,7 +187,6 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
                         const std::string& pull_profile, httplib::Response& res,
                         std::shared_ptr<StreamState>* capture) {
   const json& body = client.doc;
-  const json shell = client.Shell();  // leg builders start here: the prompt is not copied
   Router& r = router_;
   const TransferMode tm = t->mode;
   auto fail = [&](int status, const std::string& message, const std::string& code) {
@@ -213,6 +213,7 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   json d_body;
   if (tm == TransferMode::kPush) {
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
+    const json shell = client.Shell();  // leg builders start here: the prompt is not copied
     if (!StartPushPrefill(t, std::move(*p_lease),
                           ComposeLegBody(MakePrefillBody(shell, tm, t->transfer_id), client))) {
       r.CountRequest(tm, false);
@@ -259,16 +260,15 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
     res.set_header("x-request-id", t->request_id);
   }
   // Parsed only to learn whether the answer streams; the client's bytes are forwarded as-is.
-  const Result<ClientBody> parsed = ParseClientBody(req.body);
-  if (!parsed.ok() || !parsed->doc.is_object()) {
+  const json body = ParseJson(req.body);
+  if (body.is_discarded() || !body.is_object()) {
     r.CountRequest(t->mode, false);
     return ErrorReply(400,
-                      !parsed.ok() ? "request body is not valid JSON"
-                                   : "request body must be a JSON object",
+                      body.is_discarded() ? "request body is not valid JSON"
+                                          : "request body must be a JSON object",
                       "invalid_request_error", "invalid_json")
         .WriteTo(res);
   }
-  const json& body = parsed->doc;
   const auto s = body.find("stream");
   t->stream = s != body.end() && s->is_boolean() && s->get<bool>();
   std::optional<InstanceLease> lease = r.pool_->Acquire(Role::kColocated, t->exclude);

@@ -221,7 +221,8 @@ class Agent final : private BackendSink {
     Status error;
     uint32_t seq = 0;     // bumps on every post and release: stale completions are ignored
     bool settled = true;  // false from Post until the backend reports the post's end
-    TimePoint deadline{};  // post time + stall_timeout; later while its peer makes progress
+    TimePoint deadline{};  // post + stall_timeout + TimeAtStallFloor; later while its peer
+                           // makes progress (the watchdog moves it on)
     std::shared_ptr<PostControl> control;
   };
 

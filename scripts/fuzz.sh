@@ -45,10 +45,8 @@ FUZZ_PARALLEL=${FUZZ_PARALLEL:-1}
 if [[ -n "${FUZZ_RUNS:-}" ]]; then BOUND=(-runs="$FUZZ_RUNS" -seed=1); else
   BOUND=(-max_total_time="$FUZZ_SECONDS"); fi
 
-cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-  -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
-  -DCMAKE_CXX_FLAGS="-fsanitize=fuzzer-no-link" -DKVPUSH_SANITIZE=address,undefined \
-  -DKVPUSH_BUILD_FUZZ=ON -DKVPUSH_BUILD_TESTS=OFF -DKVPUSH_BUILD_BENCH=OFF >/dev/null
+# The clang ASan/UBSan tree, shared with the sanitized unit tests of the CI gate.
+scripts/clang-asan-configure.sh "$BUILD_DIR"
 ninja -C "$BUILD_DIR" -j"$JOBS" fuzz_seeds "${TARGETS[@]}"
 
 SEEDS="$BUILD_DIR/fuzz-seeds"

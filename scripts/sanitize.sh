@@ -7,6 +7,8 @@
 # TARGETS="<test binaries>" builds only those binaries and runs them directly (no ctest), e.g.
 # the connector's state machine in the CI gate (scripts/test.sh):
 #   TARGETS="connector_transfer_core_test connector_messages_test" scripts/sanitize.sh address
+# With CLANG_ASAN_DIR=<dir> (address mode, TARGETS only) they are built in the fuzz targets'
+# clang ASan/UBSan tree (scripts/clang-asan-configure.sh) instead of build-asan.
 # Suppressions (third-party libraries only): tests/tsan.supp, tests/lsan.supp.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
@@ -28,8 +30,14 @@ for m in "${modes[@]}"; do
   esac
   if [ -n "${TARGETS:-}" ]; then
     read -r -a targets <<<"$TARGETS"
-    cmake -S . -B "$dir" -G Ninja -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \
-      -DKVPUSH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    if [ "$m" = address ] && [ -n "${CLANG_ASAN_DIR:-}" ]; then
+      # The fuzz targets' clang ASan/UBSan tree: its libraries are compiled once for both.
+      dir=$CLANG_ASAN_DIR
+      scripts/clang-asan-configure.sh "$dir"
+    else
+      cmake -S . -B "$dir" -G Ninja -DKVPUSH_SANITIZE=$san -DKVPUSH_BUILD_BENCH=OFF \
+        -DKVPUSH_BUILD_TESTS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+    fi
     ninja -C "$dir" -j"${JOBS:-$(nproc)}" "${targets[@]}"
     for t in "${targets[@]}"; do
       bin=$(find "$dir/tests" -type f -name "$t" -perm -u+x | head -n1)

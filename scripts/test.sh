@@ -32,13 +32,6 @@ cd "$ROOT"
 # The lock rules written as Clang thread-safety annotations (docs/xfer.md, "Checking lock rules"):
 # the annotated translation units compiled with clang++ -Werror=thread-safety (compile only).
 BUILD_DIR="${BUILD_DIR:-build}" scripts/thread-safety.sh
-# The connector's transfer state machine (TransferCore: every transition and failure path) and its
-# pure units (messages, handshake, config, peer authentication) under ASan+UBSan, in build-asan/
-# (only these binaries). SANITIZE_CORE=0 skips this step.
-if [ "${SANITIZE_CORE:-1}" != 0 ]; then
-  TARGETS="connector_transfer_core_test connector_messages_test connector_handshake_test
-    connector_config_test connector_peer_auth_test" scripts/sanitize.sh address
-fi
 # Every libFuzzer target over the same 30,000 inputs (libFuzzer seed 1; docs/fuzzing.md): clang +
 # ASan/UBSan in its own build dir; a finding fails the run and prints the input (base64) and where
 # it was saved. Fixed inputs rather than a time budget, so the gate never fails at random: timed
@@ -47,4 +40,13 @@ fi
 if [ "${FUZZ_RUNS:-30000}" != 0 ]; then
   BUILD_DIR="${FUZZ_BUILD_DIR:-build-fuzz}" FUZZ_RUNS="${FUZZ_RUNS:-30000}" \
     FUZZ_PARALLEL="${FUZZ_PARALLEL:-2}" scripts/fuzz.sh all
+fi
+# The connector's transfer state machine (TransferCore: every transition and failure path) and its
+# pure units (messages, handshake, config, peer authentication) under ASan+UBSan (only these
+# binaries), built in the fuzz targets' clang ASan/UBSan tree so that its libraries are compiled
+# once (scripts/clang-asan-configure.sh). SANITIZE_CORE=0 skips this step.
+if [ "${SANITIZE_CORE:-1}" != 0 ]; then
+  CLANG_ASAN_DIR="${FUZZ_BUILD_DIR:-build-fuzz}" \
+    TARGETS="connector_transfer_core_test connector_messages_test connector_handshake_test
+    connector_config_test connector_peer_auth_test" scripts/sanitize.sh address
 fi

@@ -164,10 +164,11 @@ def run_model(a, model, failures):
     procs, ports = [], {}
     cfg = json.dumps({"kv_connector_extra_config": {
         "backend": a.backend, "watchdog_ms": 600000, "lease_ms": 900000,
-        "stall_ms": a.stall_ms}})
+        "stall_ms": a.stall_ms, **json.loads(a.kv_extra)}})
     common = ["serve", "--executor", "sim", "--sim-model", model, "--sim-hw", a.sim_hw,
               "--sim-kv-scale", str(a.kv_scale), "--kv-cache-memory", str(pool_bytes),
-              "--max-model-len", str(longest), "--no-enable-prefix-caching", "--log-level", "warn"]
+              "--max-model-len", str(longest), "--no-enable-prefix-caching", "--log-level", "warn",
+              "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
 
     def start(name, cpu, args):
         ports[name] = free_port()
@@ -180,7 +181,7 @@ def run_model(a, model, failures):
 
     try:
         for name, cpu, extra in (("colocated", 0, ["--role", "both"]),
-                                 ("prefill", 0, ["--role", "prefill", "--kv-transfer-config", cfg]),
+                                 ("prefill", a.prefill_cpus, ["--role", "prefill", "--kv-transfer-config", cfg]),
                                  ("decode", 1, ["--role", "decode", "--kv-transfer-config", cfg])):
             proc = start(name, cpu, common + extra)
             wait_healthy(ports[name], proc, 300)
@@ -254,6 +255,13 @@ def main():
     ap.add_argument("--stall-ms", type=int, default=5000,
                     help="stall_ms of P and D (the default of kvpush; see docs/benchmarks/pd.md "
                          "*Long contexts* for what a 4 GiB push needs)")
+    ap.add_argument("--max-num-batched-tokens", type=int, default=512,
+                    help="the prefill chunk (token budget of a step) of every instance")
+    ap.add_argument("--prefill-cpus", default="0",
+                    help="taskset CPU list of the prefill instance (colocated: 0, decode: 1)")
+    ap.add_argument("--kv-extra", default="{}",
+                    help="more kv_connector_extra_config members for P and D, as JSON (e.g. "
+                         "'{\"layerwise\": false}' to compare push without per-layer WRITEs)")
     ap.add_argument("--all-phases", action="store_true",
                     help="print every phase of the push timelines, not only the main ones")
     ap.add_argument("--repeat", type=int, default=3,

@@ -26,6 +26,7 @@
 #include "connector/messages.h"
 #include "connector/peer_auth.h"
 #include "engine/kv_connector.h"
+#include "kv/block_checksum.h"
 #include "kv/layout.h"
 #include "xfer/types.h"
 
@@ -273,8 +274,9 @@ class TransferCore {
     bool ready_on_write = false;
     TimePoint lease_deadline = TimePoint::max();
     int64_t finished_ns = 0;  ///< when the engine finished the request (first token sampled)
-    /// Push: h(layer, kind, block) of each block-table entry, [i * 2L + layer * 2 + kind].
-    std::vector<uint64_t> chunk_sums;
+    /// Push: the chunk hashes of the block-table entries sent so far, and their block checksums
+    /// (KV_READY's digest covers entries [first_block, n / block_size)).
+    KvDigestBuilder sent_sums;
     /// Pull: c(block) of each block-table entry, computed when the prefill finished.
     std::vector<uint64_t> block_sums;
     /// Pull: a PIN that arrived before the prefill's end was seen; answered then.
@@ -302,9 +304,9 @@ class TransferCore {
     PullProfile profile = PullProfile::kVllm;
     bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
     uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
-    /// h(layer, kind, block) of the received blocks, [(i - first_block) * 2L + layer * 2 + kind].
-    std::vector<uint64_t> chunk_sums;
-    std::vector<uint8_t> chunk_hashed;
+    /// The chunk hashes of the received blocks (block i: table entry first_block + i), made when
+    /// the first LAYER_READY or the final check needs them.
+    KvDigestBuilder received_sums;
     TimePoint cancel_deadline{};
     /// kQuarantined: when CANCEL is sent again (push), doubling from cancel_ack_ms up to 30 s.
     TimePoint next_cancel{};
@@ -379,9 +381,16 @@ class TransferCore {
   /// (it may have been erased: the caller must not touch it any more).
   bool TryPostAll(Producer& p);
   /// During the prefill: the WRITE of `layer`'s computed blocks not sent yet, with LAYER_READY
-  /// as its notification, once they amount to layerwise_min_bytes. The last layer's WRITE that
-  /// would complete the prompt waits for the engine's end (PostRest). Same return as TryPostAll.
+  /// as its notification, once they amount to layerwise_min_bytes, or, in the prompt's last
+  /// chunk, once waiting would leave at least that much for after the prefill (DeferredBytes):
+  /// then only the last layer's share remains for the end, whatever the chunk alignment. The
+  /// last layer's WRITE that would complete the prompt waits for the engine's end (PostRest).
+  /// Same return as TryPostAll.
   bool TryPostLayer(Producer& p, int32_t layer);
+  /// What the WRITE after the prefill would carry if `layer`'s `bytes` (the prompt's last chunk,
+  /// complete) waited for it: those bytes for this and every later layer, plus what the earlier
+  /// layers left unsent. Pure.
+  uint64_t DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const;
   /// After the prefill: ONE WRITE of every chunk not sent yet, all layers, whose notification is
   /// KV_READY when no other WRITE of the transfer is in flight (then the transfer needs no
   /// message of its own). Same return as TryPostAll.

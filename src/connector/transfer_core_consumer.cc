@@ -240,16 +240,12 @@ bool TransferCore::CheckPinnedList(Consumer& c, const PdMessage& m) {
 }
 
 bool TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
-  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
-  if (c.chunk_sums.empty()) {
-    c.chunk_sums.assign(c.num_blocks * per_block, 0);
-    c.chunk_hashed.assign(c.num_blocks * per_block, 0);
+  if (c.received_sums.num_blocks() != c.num_blocks) {
+    c.received_sums = KvDigestBuilder(c.num_blocks, layout_.num_layers);
   }
-  const size_t k = i * per_block + static_cast<size_t>(layer) * 2 + static_cast<size_t>(kind);
-  if (c.chunk_hashed[k] != 0) return false;
-  c.chunk_sums[k] = KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]);
-  c.chunk_hashed[k] = 1;
-  return true;
+  if (c.received_sums.Has(i, layer, kind)) return false;
+  return c.received_sums.Add(
+      i, layer, kind, KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]));
 }
 
 void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
@@ -286,13 +282,16 @@ Status TransferCore::VerifyReceived(Consumer& c) {
   if (!config_.verify_checksums) return Status::Ok();
   const int64_t start = clock_.NowNanos();
   const auto L = layout_.num_layers;
+  // What no LAYER_READY announced (the WRITE that carried KV_READY, or all of a transfer
+  // without them) is hashed now; blocks whose chunks all came early cost one check each.
   for (size_t i = 0; i < c.num_blocks; ++i) {
+    if (c.received_sums.num_blocks() == c.num_blocks && c.received_sums.BlockComplete(i)) continue;
     for (int32_t layer = 0; layer < L; ++layer) {
       HashReceivedChunk(c, i, layer, KvKind::kKey);
       HashReceivedChunk(c, i, layer, KvKind::kValue);
     }
   }
-  const uint64_t got = KvDigestFromChunks(c.chunk_sums, L);
+  const uint64_t got = *c.received_sums.Digest();  // complete: every chunk was hashed above
   const bool ok = got == c.expected_digest;
   stats_.blocks_verified += c.num_blocks;
   stats_.verify_ns_sum += clock_.NowNanos() - start;

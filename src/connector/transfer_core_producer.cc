@@ -44,8 +44,7 @@ void TransferCore::OnProducerStart(EngineEvent& ev) {
   p.layer_sent.assign(static_cast<size_t>(layout_.num_layers), 0);
   if (p.mode == Mode::kPush) {
     const int32_t bs = layout_.block_size;
-    p.chunk_sums.assign(
-        static_cast<size_t>((p.n + bs - 1) / bs) * 2 * static_cast<size_t>(layout_.num_layers), 0);
+    p.sent_sums = KvDigestBuilder(static_cast<size_t>((p.n + bs - 1) / bs), layout_.num_layers);
   }
   producer_by_seq_[ev.seq_id] = tid;
   auto [it, inserted] = producers_.emplace(tid, std::move(p));

@@ -31,7 +31,10 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   if (!p.engine_done && layer + 1 == layout_.num_layers && upto == nblocks) return true;
   const int32_t count = upto - sent;
   const uint64_t bytes = static_cast<uint64_t>(count) * 2 * layout_.chunk_bytes();
-  if (bytes < config_.layerwise_min_bytes) return true;  // goes with the rest (PostRest)
+  if (bytes < config_.layerwise_min_bytes &&
+      !(done >= p.n && DeferredBytes(p, layer, bytes) >= config_.layerwise_min_bytes)) {
+    return true;  // goes with the rest (PostRest)
+  }
   const std::optional<PeerView> ps = WriteTarget(p, upto);
   if (!ps) return false;
   TransferOrder order = NewWriteOrder(p, static_cast<size_t>(count));
@@ -50,6 +53,19 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   HashSentChunks(p, layer, sent, upto);
   sent = upto;
   return true;
+}
+
+uint64_t TransferCore::DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const {
+  // Layers are computed in order and see the same chunks, so each later layer will hold what
+  // this one holds now; the earlier ones hold what they left unsent.
+  const int32_t bs = layout_.block_size;
+  const int32_t nblocks = (p.n + bs - 1) / bs;
+  uint64_t rest = bytes * static_cast<uint64_t>(layout_.num_layers - layer);
+  for (int32_t l = 0; l < layer; ++l) {
+    rest += static_cast<uint64_t>(std::max(0, nblocks - p.layer_sent[static_cast<size_t>(l)])) *
+            2 * layout_.chunk_bytes();
+  }
+  return rest;
 }
 
 TransferOrder TransferCore::NewWriteOrder(const Producer& p, size_t blocks) const {
@@ -119,12 +135,10 @@ void TransferCore::HashSentChunks(Producer& p, int32_t layer, int32_t from, int3
   // The chunks are final (this layer's K/V of these tokens are stored): hash them while the
   // WRITE is on the wire and the engine computes the next layer.
   const int64_t hash_start = clock_.NowNanos();
-  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
   for (int32_t i = from; i < upto; ++i) {
     for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-      p.chunk_sums[static_cast<size_t>(i) * per_block + static_cast<size_t>(layer) * 2 +
-                   static_cast<size_t>(kind)] =
-          KvChunkHash(layout_, arena_, layer, kind, p.blocks[static_cast<size_t>(i)]);
+      p.sent_sums.Add(static_cast<size_t>(i), layer, kind,
+                      KvChunkHash(layout_, arena_, layer, kind, p.blocks[static_cast<size_t>(i)]));
     }
   }
   stats_.checksum_ns_sum += clock_.NowNanos() - hash_start;
@@ -196,9 +210,11 @@ void TransferCore::PostKvReady(Producer& p) {
 }
 
 uint64_t TransferCore::PushDigest(const Producer& p) const {
-  const size_t per_block = 2 * static_cast<size_t>(layout_.num_layers);
-  const std::span<const uint64_t> sent(p.chunk_sums);
-  return KvDigestFromChunks(sent.subspan(p.first_block * per_block), layout_.num_layers);
+  // Every chunk of the target is hashed before KV_READY is built (HashSentChunks, PostRest). A
+  // missing one would be a bug here; 0 then makes D's check fail (DataLoss), never pass.
+  const std::optional<uint64_t> d = p.sent_sums.Digest(p.first_block);
+  if (!d) spdlog::error("kv connector: {}: KV_READY digest over chunks not all hashed", p.tid);
+  return d.value_or(0);
 }
 
 }  // namespace kvpush::connector

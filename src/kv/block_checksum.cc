@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include <algorithm>
+
 namespace kvpush {
 
 uint64_t KvChunkHash(const KvLayout& layout, std::span<const std::byte> arena, int32_t layer,
@@ -44,6 +46,32 @@ uint64_t KvBlocksDigest(const KvLayout& layout, std::span<const std::byte> arena
   sums.reserve(blocks.size());
   for (BlockId b : blocks) sums.push_back(KvBlockChecksum(layout, arena, b));
   return KvDigest(sums);
+}
+
+KvDigestBuilder::KvDigestBuilder(size_t num_blocks, int32_t num_layers)
+    : per_block_(static_cast<uint16_t>(2 * num_layers)),
+      hashes_(num_blocks * per_block_, 0),
+      seen_(num_blocks * per_block_, 0),
+      counts_(num_blocks, 0),
+      block_sums_(num_blocks, 0) {}
+
+bool KvDigestBuilder::Add(size_t i, int32_t layer, KvKind kind, uint64_t hash) {
+  const size_t k = Index(i, layer, kind);
+  if (seen_[k] != 0) return false;
+  seen_[k] = 1;
+  hashes_[k] = hash;
+  if (++counts_[i] == per_block_) {
+    block_sums_[i] = KvBlockChecksumFromChunks(
+        std::span<const uint64_t>(hashes_.data() + i * per_block_, per_block_));
+  }
+  return true;
+}
+
+std::optional<uint64_t> KvDigestBuilder::Digest(size_t from) const {
+  for (size_t i = from; i < counts_.size(); ++i) {
+    if (counts_[i] != per_block_) return std::nullopt;
+  }
+  return KvDigest(std::span<const uint64_t>(block_sums_).subspan(std::min(from, block_sums_.size())));
 }
 
 }  // namespace kvpush

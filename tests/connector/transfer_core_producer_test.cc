@@ -216,6 +216,53 @@ TEST_F(ProducerTest, LayerWritesDuringThePrefillStartAtTheThreshold) {
   EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
 }
 
+// In the prompt's last chunk a layer below the threshold is still written at once when every
+// layer waiting would leave the threshold or more for after the prefill: the WRITE that carries
+// KV_READY then holds only the last layer (it held every layer's share, whatever the alignment
+// of the last chunk, before).
+TEST_F(ProducerTest, TheLastChunksLayersGoAtOnceWhenWaitingWouldLeaveTheThresholdForTheEnd) {
+  config_.layerwise_min_bytes = 8 * layout_.chunk_bytes();  // 4 blocks' K,V
+  Rebuild();
+  const std::string t = Tid(45);
+  StartProducer(1, t, Mode::kPush);
+  Deliver(kD, Target(t));
+  Step(1, 6);
+  Layer(0);  // one block of an unfinished prompt: below the threshold, it waits
+  Layer(1);
+  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
+  Step(1, 10);
+  Layer(0);  // 3 blocks (6 chunks) < 8, but 2 layers of them would wait: 12 >= 8
+  auto posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(posts[0].order.local_indices.size(), 6u);
+  EXPECT_EQ(posts[0].msg.tag, MsgTag::kLayerReady);
+  Done(posts[0].token);
+  Layer(1);  // the last layer waits for the first token
+  EXPECT_EQ(rec_.Count(Action::kPost), 1u);
+  FinishProducer(1);
+  posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 2u);
+  EXPECT_EQ(posts[1].order.local_indices.size(), 6u);  // layer 1 only
+  EXPECT_EQ(posts[1].order.local_indices[0], TransferCore::EntryIndex(16, 1, KvKind::kKey, 1));
+  EXPECT_EQ(posts[1].msg.tag, MsgTag::kKvReady);
+  // 13 chunks of a threshold: both layers together (12) stay below it, so one WRITE at the end.
+  config_.layerwise_min_bytes = 13 * layout_.chunk_bytes();
+  Rebuild();
+  rec_.Clear();
+  const std::string u = Tid(46);
+  StartProducer(2, u, Mode::kPush);
+  Deliver(kD, Target(u));
+  Step(2, 10);
+  Layer(0);
+  Layer(1);
+  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
+  FinishProducer(2);
+  posts = rec_.Of(Action::kPost);
+  ASSERT_EQ(posts.size(), 1u);
+  EXPECT_EQ(posts[0].order.local_indices.size(), 12u);
+  EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
+}
+
 TEST_F(ProducerTest, LayerEventsAreWantedOnlyWhileATargetIsAttachedOrWaiting) {
   EXPECT_FALSE(core_->wants_layer_events());
   const std::string t = Tid(45);

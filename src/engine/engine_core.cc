@@ -148,6 +148,10 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   seq->tokens = request.prompt_tokens;
   seq->num_prompt_tokens = seq->num_tokens();
   seq->max_output_tokens = std::min(request.max_tokens, config_.max_model_len - seq->num_tokens());
+  // Room for every output token now, at arrival: growing the vector at the first token copied
+  // the whole prompt on the TTFT path (0.54 ms measured at 131,000 tokens; P and D each paid it).
+  seq->tokens.reserve(static_cast<size_t>(seq->num_tokens()) +
+                      static_cast<size_t>(std::max(0, seq->max_output_tokens)));
   seq->arrival_ns = arrival_ns;
   seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop, seq->tokens);
   if (request.prompt_logprobs >= 0) {

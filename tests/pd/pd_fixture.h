@@ -177,20 +177,22 @@ class PdFixture : public ::testing::Test {
 
   /// Generates a small Llama-shaped GGUF in the temp dir; `extra` gen-model flags (e.g. "--arch
   /// qwen3 --head-dim 64") change the architecture, `name` the file stem.
-  std::string GenModel(const std::string& extra = "", const std::string& name = "gen-model") {
+  std::string GenModel(const std::string& extra = "", const std::string& name = "gen-model",
+                       int context = 512) {
     const std::string out = dir_ + "/" + name + ".gguf";
     auto [rc, text] = Sh(KvpushBin() +
                          " gen-model --dim 128 --layers 4 --heads 4 --kv-heads 2 --hidden-dim 256"
-                         " --vocab 512 --context 512 --seed 7 " +
-                         extra + " --out " + out);
+                         " --vocab 512 --context " +
+                         std::to_string(context) + " --seed 7 " + extra + " --out " + out);
     EXPECT_EQ(rc, 0) << text;
     return rc == 0 ? out : "";
   }
 
-  /// stories260K when present, else a generated Llama-shaped model (same vocabulary size).
+  /// stories260K when present, else a generated Llama-shaped model with its vocabulary size and
+  /// context (2,048 tokens: tests that use it send prompts and outputs past 512).
   std::string ModelOrGenerated() {
     std::string model = ::kvpush::testing::SharedModel("stories260K.gguf");
-    return model.empty() ? GenModel() : model;
+    return model.empty() ? GenModel("", "gen-model", 2048) : model;
   }
 
   std::string dir_;

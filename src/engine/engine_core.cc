@@ -212,6 +212,9 @@ void EngineCore::ApplyKvLoads() {
     ++stats_.kv_loads;
     stats_.prompt_tokens_transferred += seq.num_external_tokens;
     scheduler_.OnKvLoaded(seq, local + seq.num_external_tokens);
+    // Its full blocks enter the prefix cache after the first token is out (CommitLoadedBlocks):
+    // hashing them is O(prompt) on the TTFT path (0.3 ms at 131,000 tokens).
+    loaded_.push_back(seq.seq_id);
     if (r.first_token && seq.num_computed == seq.num_tokens()) {
       ProcessSampled(seq, std::move(*r.first_token));
     }
@@ -253,8 +256,17 @@ void EngineCore::PollConnector() {
   ReleaseHeldBlocks(finished);
 }
 
+void EngineCore::CommitLoadedBlocks() {
+  for (int64_t id : loaded_) {
+    auto it = seqs_.find(id);
+    if (it != seqs_.end()) scheduler_.CommitFullBlocks(*it->second);
+  }
+  loaded_.clear();
+}
+
 int32_t EngineCore::Step() {
   PollConnector();
+  CommitLoadedBlocks();  // before anything is scheduled: admission sees them cached
   std::vector<ScheduledChunk> chunks = scheduler_.Schedule();
   stats_.num_preemptions = scheduler_.num_preemptions();
   if (chunks.empty()) {
@@ -483,6 +495,9 @@ void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::s
   out.num_output_tokens = seq.num_output_tokens();
   out.num_cached_tokens = seq.num_cached_tokens;
 
+  if (std::find(loaded_.begin(), loaded_.end(), seq.seq_id) != loaded_.end()) {
+    scheduler_.CommitFullBlocks(seq);  // finished at its first token: cached as before
+  }
   std::vector<BlockId> blocks = scheduler_.Remove(&seq);
   if (connector_ != nullptr && connector_->OnRequestFinished(seq, blocks, out)) {
     held_blocks_[seq.seq_id] = std::move(blocks);

@@ -123,6 +123,9 @@ class EngineCore {
   /// request's blocks after its local prefix hit to held_blocks_ until the connector releases
   /// them.
   void QuarantineLoadBlocks(Sequence& seq);
+  /// Commits the full blocks of the requests whose KV loads ApplyKvLoads applied (loaded_) to
+  /// the prefix cache; called at the start of Step(), after Engine published their first tokens.
+  void CommitLoadedBlocks();
   void Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out);
 
   EngineConfig config_;
@@ -134,6 +137,7 @@ class EngineCore {
   Scheduler scheduler_;
   std::unordered_map<int64_t, std::unique_ptr<Sequence>> seqs_;
   std::unordered_map<int64_t, std::vector<BlockId>> held_blocks_;  ///< kept for the connector
+  std::vector<int64_t> loaded_;  ///< seq ids loaded since the last Step(), blocks not committed
   EngineStats stats_;
   std::vector<SequenceChunk> batch_;   ///< reused per step
   std::vector<Sequence*> batch_seqs_;  ///< the sequence of each batch_ entry

@@ -188,7 +188,6 @@ void Scheduler::OnKvLoaded(Sequence& seq, int32_t num_computed) {
   waiting_for_kv_.erase(it);
   seq.num_computed = std::clamp(num_computed, 0, seq.num_tokens());
   seq.state = SequenceState::kRunning;
-  CommitFullBlocks(seq);
   running_.push_back(&seq);
 }
 

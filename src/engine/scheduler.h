@@ -58,8 +58,9 @@ class Scheduler {
   void CommitFullBlocks(Sequence& seq);
 
   /// An asynchronous KV load of `seq` (state kWaitingForRemoteKv) ended: its first
-  /// `num_computed` tokens now have K/V in its blocks. Commits full blocks to the prefix cache
-  /// and makes it running (lowest priority).
+  /// `num_computed` tokens now have K/V in its blocks. Makes it running (lowest priority). Its
+  /// full blocks are not committed to the prefix cache here: the caller does (CommitFullBlocks)
+  /// once the first token is out, as hashing them is O(prompt).
   void OnKvLoaded(Sequence& seq, int32_t num_computed);
 
   /// Takes `seq` out of the running/waiting queues and returns its block table (the caller

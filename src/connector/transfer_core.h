@@ -391,6 +391,9 @@ class TransferCore {
   /// complete) waited for it: those bytes for this and every later layer, plus what the earlier
   /// layers left unsent. Pure.
   uint64_t DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const;
+  /// Over layers [0, layers): the prompt's blocks each of them has not sent yet, summed (a
+  /// block counts once per layer). Pure.
+  size_t UnsentBlocks(const Producer& p, int32_t layers) const;
   /// After the prefill: ONE WRITE of every chunk not sent yet, all layers, whose notification is
   /// KV_READY when no other WRITE of the transfer is in flight (then the transfer needs no
   /// message of its own). Same return as TryPostAll.
@@ -438,6 +441,9 @@ class TransferCore {
   bool CheckPinnedList(Consumer& c, const PdMessage& m);
   void OnLayerReady(Consumer& c, const PdMessage& m);
   /// Hashes chunk (layer, kind) of received block i once; true when it was not hashed before.
+  /// c's received chunk hashes, made (sized for c.num_blocks) on first use. Lazily: a consumer
+  /// whose check is off never allocates them.
+  KvDigestBuilder& ReceivedSums(Consumer& c) const;
   bool HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind);
   Status VerifyReceived(Consumer& c);
   void CompleteConsumer(Consumer& c, Status status, std::optional<TokenOutput> token);

@@ -239,13 +239,18 @@ bool TransferCore::CheckPinnedList(Consumer& c, const PdMessage& m) {
   return false;
 }
 
-bool TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
+KvDigestBuilder& TransferCore::ReceivedSums(Consumer& c) const {
   if (c.received_sums.num_blocks() != c.num_blocks) {
     c.received_sums = KvDigestBuilder(c.num_blocks, layout_.num_layers);
   }
-  if (c.received_sums.Has(i, layer, kind)) return false;
-  return c.received_sums.Add(
-      i, layer, kind, KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]));
+  return c.received_sums;
+}
+
+bool TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKind kind) {
+  KvDigestBuilder& sums = ReceivedSums(c);
+  if (sums.Has(i, layer, kind)) return false;
+  return sums.Add(i, layer, kind,
+                  KvChunkHash(layout_, arena_, layer, kind, c.blocks[c.first_block + i]));
 }
 
 void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
@@ -284,14 +289,15 @@ Status TransferCore::VerifyReceived(Consumer& c) {
   const auto L = layout_.num_layers;
   // What no LAYER_READY announced (the WRITE that carried KV_READY, or all of a transfer
   // without them) is hashed now; blocks whose chunks all came early cost one check each.
+  const KvDigestBuilder& sums = ReceivedSums(c);
   for (size_t i = 0; i < c.num_blocks; ++i) {
-    if (c.received_sums.num_blocks() == c.num_blocks && c.received_sums.BlockComplete(i)) continue;
+    if (sums.BlockComplete(i)) continue;
     for (int32_t layer = 0; layer < L; ++layer) {
       HashReceivedChunk(c, i, layer, KvKind::kKey);
       HashReceivedChunk(c, i, layer, KvKind::kValue);
     }
   }
-  const uint64_t got = *c.received_sums.Digest();  // complete: every chunk was hashed above
+  const uint64_t got = *sums.Digest();  // complete: every chunk was hashed above
   const bool ok = got == c.expected_digest;
   stats_.blocks_verified += c.num_blocks;
   stats_.verify_ns_sum += clock_.NowNanos() - start;

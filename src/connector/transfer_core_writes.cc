@@ -55,17 +55,21 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   return true;
 }
 
+size_t TransferCore::UnsentBlocks(const Producer& p, int32_t layers) const {
+  const int32_t bs = layout_.block_size;
+  const int32_t nblocks = (p.n + bs - 1) / bs;
+  size_t blocks = 0;
+  for (int32_t l = 0; l < layers; ++l) {
+    blocks += static_cast<size_t>(std::max(0, nblocks - p.layer_sent[static_cast<size_t>(l)]));
+  }
+  return blocks;
+}
+
 uint64_t TransferCore::DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const {
   // Layers are computed in order and see the same chunks, so each later layer will hold what
   // this one holds now; the earlier ones hold what they left unsent.
-  const int32_t bs = layout_.block_size;
-  const int32_t nblocks = (p.n + bs - 1) / bs;
-  uint64_t rest = bytes * static_cast<uint64_t>(layout_.num_layers - layer);
-  for (int32_t l = 0; l < layer; ++l) {
-    rest += static_cast<uint64_t>(std::max(0, nblocks - p.layer_sent[static_cast<size_t>(l)])) *
-            2 * layout_.chunk_bytes();
-  }
-  return rest;
+  return bytes * static_cast<uint64_t>(layout_.num_layers - layer) +
+         static_cast<uint64_t>(UnsentBlocks(p, layer)) * 2 * layout_.chunk_bytes();
 }
 
 TransferOrder TransferCore::NewWriteOrder(const Producer& p, size_t blocks) const {
@@ -160,8 +164,7 @@ bool TransferCore::PostRest(Producer& p) {
   if (!p.targeted() || p.state == ProducerState::kDropping) return true;
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
-  size_t chunks = 0;
-  for (int32_t s : p.layer_sent) chunks += static_cast<size_t>(std::max(0, nblocks - s));
+  const size_t chunks = UnsentBlocks(p, layout_.num_layers);
   if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
   const std::optional<PeerView> ps = WriteTarget(p, nblocks);
   if (!ps) return false;

@@ -13,7 +13,28 @@ namespace {
 using Mode = KvTransferParams::Mode;
 using std::chrono::milliseconds;
 
-class ProducerTest : public CoreTest {};
+class ProducerTest : public CoreTest {
+ protected:
+  /// With layerwise_min_bytes = `threshold`, a pushed 10-token prompt (3 blocks, 2 layers: 12
+  /// chunks) stays under it: nothing is written during its prefill, then one WRITE of every
+  /// chunk with KV_READY as its notification.
+  void ExpectOneWriteAfterThePrefill(uint64_t threshold, int64_t seq, const std::string& tid) {
+    config_.layerwise_min_bytes = threshold;
+    Rebuild();
+    rec_.Clear();
+    StartProducer(seq, tid, Mode::kPush);
+    Deliver(kD, Target(tid));
+    Step(seq, 10);
+    Layer(0);
+    Layer(1);
+    EXPECT_EQ(rec_.Count(Action::kPost), 0u);
+    FinishProducer(seq);
+    auto posts = rec_.Of(Action::kPost);
+    ASSERT_EQ(posts.size(), 1u);
+    EXPECT_EQ(posts[0].order.local_indices.size(), 12u);
+    EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
+  }
+};
 
 TEST_F(ProducerTest, TargetAfterPrefillGetsOneWriteOfEveryLayerWhoseNotificationIsKvReady) {
   const std::string t = Tid(1);
@@ -199,21 +220,7 @@ TEST_F(ProducerTest, LayerWritesDuringThePrefillStartAtTheThreshold) {
   EXPECT_EQ(posts[1].order.local_indices.size(), 6u);
   EXPECT_EQ(posts[1].msg.tag, MsgTag::kKvReady);
   // At the default (256 KiB) a short prompt of this layout goes in one WRITE after the prefill.
-  config_.layerwise_min_bytes = KvTransferConfig{}.layerwise_min_bytes;
-  Rebuild();
-  rec_.Clear();
-  const std::string u = Tid(44);
-  StartProducer(2, u, Mode::kPush);
-  Deliver(kD, Target(u));
-  Step(2, 10);
-  Layer(0);
-  Layer(1);
-  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
-  FinishProducer(2);
-  posts = rec_.Of(Action::kPost);
-  ASSERT_EQ(posts.size(), 1u);
-  EXPECT_EQ(posts[0].order.local_indices.size(), 12u);
-  EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
+  ExpectOneWriteAfterThePrefill(KvTransferConfig{}.layerwise_min_bytes, 2, Tid(44));
 }
 
 // In the prompt's last chunk a layer below the threshold is still written at once when every
@@ -246,21 +253,7 @@ TEST_F(ProducerTest, TheLastChunksLayersGoAtOnceWhenWaitingWouldLeaveTheThreshol
   EXPECT_EQ(posts[1].order.local_indices[0], TransferCore::EntryIndex(16, 1, KvKind::kKey, 1));
   EXPECT_EQ(posts[1].msg.tag, MsgTag::kKvReady);
   // 13 chunks of a threshold: both layers together (12) stay below it, so one WRITE at the end.
-  config_.layerwise_min_bytes = 13 * layout_.chunk_bytes();
-  Rebuild();
-  rec_.Clear();
-  const std::string u = Tid(46);
-  StartProducer(2, u, Mode::kPush);
-  Deliver(kD, Target(u));
-  Step(2, 10);
-  Layer(0);
-  Layer(1);
-  EXPECT_EQ(rec_.Count(Action::kPost), 0u);
-  FinishProducer(2);
-  posts = rec_.Of(Action::kPost);
-  ASSERT_EQ(posts.size(), 1u);
-  EXPECT_EQ(posts[0].order.local_indices.size(), 12u);
-  EXPECT_EQ(posts[0].msg.tag, MsgTag::kKvReady);
+  ExpectOneWriteAfterThePrefill(13 * layout_.chunk_bytes(), 2, Tid(46));
 }
 
 TEST_F(ProducerTest, LayerEventsAreWantedOnlyWhileATargetIsAttachedOrWaiting) {

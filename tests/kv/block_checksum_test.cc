@@ -22,6 +22,18 @@ std::vector<uint64_t> RandomHashes(size_t blocks, uint32_t seed) {
   return h;
 }
 
+/// Adds every chunk of blocks [from, to) to `b`, from `h` laid out as KvDigestFromChunks reads it.
+void AddBlocks(KvDigestBuilder& b, const std::vector<uint64_t>& h, size_t from, size_t to) {
+  for (size_t i = from; i < to; ++i) {
+    for (int32_t l = 0; l < kLayers; ++l) {
+      for (KvKind k : {KvKind::kKey, KvKind::kValue}) {
+        ASSERT_TRUE(b.Add(i, l, k, h[i * kPerBlock + static_cast<size_t>(l) * 2 +
+                                     static_cast<size_t>(k)]));
+      }
+    }
+  }
+}
+
 TEST(KvDigestBuilderTest, AnyOrderGivesTheDigestOfTheChunkList) {
   const size_t blocks = 9;
   const std::vector<uint64_t> h = RandomHashes(blocks, 1);
@@ -56,11 +68,11 @@ TEST(KvDigestBuilderTest, AnyOrderGivesTheDigestOfTheChunkList) {
 TEST(KvDigestBuilderTest, TheFirstHashOfAChunkCounts) {
   const std::vector<uint64_t> h = RandomHashes(2, 2);
   KvDigestBuilder b(2, kLayers);
+  AddBlocks(b, h, 0, 2);
   for (size_t i = 0; i < 2; ++i) {
     for (int32_t l = 0; l < kLayers; ++l) {
       for (KvKind k : {KvKind::kKey, KvKind::kValue}) {
         const uint64_t x = h[i * kPerBlock + static_cast<size_t>(l) * 2 + static_cast<size_t>(k)];
-        ASSERT_TRUE(b.Add(i, l, k, x));
         EXPECT_FALSE(b.Add(i, l, k, x ^ 1)) << "a repeated chunk replaced the first hash";
       }
     }
@@ -72,13 +84,7 @@ TEST(KvDigestBuilderTest, DigestFromSkipsOnlyTheBlocksBeforeIt) {
   const std::vector<uint64_t> h = RandomHashes(4, 3);
   KvDigestBuilder b(4, kLayers);
   // Blocks 2 and 3 complete, block 0 and 1 empty (a target that starts at block 2).
-  for (size_t i = 2; i < 4; ++i) {
-    for (int32_t l = 0; l < kLayers; ++l) {
-      for (KvKind k : {KvKind::kKey, KvKind::kValue}) {
-        b.Add(i, l, k, h[i * kPerBlock + static_cast<size_t>(l) * 2 + static_cast<size_t>(k)]);
-      }
-    }
-  }
+  AddBlocks(b, h, 2, 4);
   EXPECT_FALSE(b.BlockComplete(1));
   EXPECT_TRUE(b.BlockComplete(2));
   EXPECT_FALSE(b.Digest(0).has_value());

@@ -1,13 +1,14 @@
-// libFuzzer target: kv_transfer_params (src/server/kv_transfer_params.h), the object a client or
+// libFuzzer target: kv_transfer_params (src/pd/kv_transfer_params.h), the object a client or
 // the router puts in a /v1/completions or /v1/chat/completions body for a P/D leg.
 // Input: JSON text (not JSON: ignored); checked as given and with one of its numbers replaced
 // by a boundary value (json_boundary.h). Asserted:
-//   * a refusal is HTTP 400 invalid_request_error whose param names "kv_transfer_params...";
+//   * a refusal has a message and a param that names "kv_transfer_params...";
 //   * an accepted object has role kNone exactly when neither do_remote_decode nor
 //     do_remote_prefill is true, and otherwise a valid transfer id and every field equal to the
 //     value the JSON gave: integers exactly (no wrap-around of a number beyond int64), ids in
 //     [0, 2^31), port in [0, 65535], a finite first_token_logprob, transfer_mode / pull_profile
-//     as spelled.
+//     as spelled;
+//   * an accepted object written back (pd::ToJson) parses back equal.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -16,11 +17,11 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "connector/handshake.h"
-#include "connector/messages.h"
+#include "common/encoding.h"
 #include "fuzz_check.h"
 #include "json_boundary.h"
-#include "server/kv_transfer_params.h"
+#include "pd/ids.h"
+#include "pd/kv_transfer_params.h"
 
 using namespace kvpush;
 using nlohmann::json;
@@ -43,14 +44,13 @@ bool Flag(const json& j, const char* k) {
 }
 
 void Run(const json& j) {
-  auto r = server::ParseKvTransferParams(j);
-  if (const auto* e = std::get_if<server::ApiError>(&r)) {
-    Check(e->http_status == 400 && e->type == "invalid_request_error");
+  auto r = pd::ParseKvTransferParams(j);
+  if (const auto* e = std::get_if<pd::ParamError>(&r)) {
     Check(e->param.rfind("kv_transfer_params", 0) == 0 && !e->message.empty());
     return;
   }
-  const KvTransferParams& p = std::get<KvTransferParams>(r);
-  using Role = KvTransferParams::Role;
+  const pd::KvTransferParams& p = std::get<pd::KvTransferParams>(r);
+  using Role = pd::KvTransferParams::Role;
   const bool decode = Flag(j, "do_remote_decode");
   const bool prefill = Flag(j, "do_remote_prefill");
   Check(!(decode && prefill));
@@ -59,10 +59,10 @@ void Run(const json& j) {
     return;
   }
   Check(p.role == (decode ? Role::kProducer : Role::kConsumer));
-  Check(connector::IsValidTransferId(p.transfer_id));
+  Check(pd::IsValidTransferId(p.transfer_id));
   if (Given(j, "transfer_id") && j["transfer_id"] != "") Check(j["transfer_id"] == p.transfer_id);
   const bool push = Given(j, "transfer_mode") && j["transfer_mode"] == "push";
-  Check(p.mode == (push ? KvTransferParams::Mode::kPush : KvTransferParams::Mode::kPull));
+  Check(p.mode == (push ? pd::KvTransferParams::Mode::kPush : pd::KvTransferParams::Mode::kPull));
   if (Given(j, "remote_engine_id")) Check(j["remote_engine_id"] == p.remote_engine_id);
   if (Given(j, "remote_host")) Check(j["remote_host"] == p.remote_host);
   Check(p.remote_port >= 0 && p.remote_port <= 65535);
@@ -81,9 +81,16 @@ void Run(const json& j) {
   if (Given(j, "first_token_id")) Check(SameInteger(j["first_token_id"], p.first_token_id));
   Check(std::isfinite(p.first_token_logprob));
   if (Given(j, "prompt_hash") && !j["prompt_hash"].get<std::string>().empty()) {
-    Check(connector::ParseHex64(j["prompt_hash"].get<std::string>()).value() == p.prompt_hash);
+    Check(ParseHex64(j["prompt_hash"].get<std::string>()).value() == p.prompt_hash);
   }
-  Check(p.pull_profile >= -1 && p.pull_profile <= 1);
+  if (Given(j, "pull_profile") && !j["pull_profile"].get<std::string>().empty()) {
+    Check(p.pull_profile && pd::PullProfileName(*p.pull_profile) == j["pull_profile"]);
+  } else {
+    Check(!p.pull_profile);
+  }
+  auto again = pd::ParseKvTransferParams(pd::ToJson(p));
+  Check(std::holds_alternative<pd::KvTransferParams>(again) &&
+        std::get<pd::KvTransferParams>(again) == p);
 }
 
 }  // namespace

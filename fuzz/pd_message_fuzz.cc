@@ -10,6 +10,7 @@
 #include <span>
 
 #include "connector/messages.h"
+#include "pd/ids.h"
 
 using namespace kvpush::connector;
 
@@ -20,7 +21,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (m.status().message().empty()) std::abort();
     return 0;
   }
-  if (!IsValidTransferId(m->transfer_id)) std::abort();
+  if (!kvpush::pd::IsValidTransferId(m->transfer_id)) std::abort();
   if (m->block_ids.size() > kMaxPartBlocks || m->top_logprobs.size() > kMaxTopLogprobs) {
     std::abort();
   }

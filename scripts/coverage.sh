@@ -17,7 +17,7 @@ cmake -S . -B "$BUILD_DIR" -G Ninja -DKVPUSH_BUILD_TESTS=ON -DKVPUSH_BUILD_BENCH
 targets=(connector_transfer_core_test)
 if [ -z "${CORE_ONLY:-}" ]; then
   targets+=(connector_messages_test connector_handshake_test connector_config_test
-            connector_kv_transfer_params_test connector_peer_auth_test
+            connector_peer_auth_test
             connector_pd_handshake_test connector_pd_integrity_test)
 fi
 ninja -C "$BUILD_DIR" -j"${JOBS:-$(nproc)}" "${targets[@]}"

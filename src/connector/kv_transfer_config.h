@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "connector/messages.h"
+#include "pd/kv_transfer_params.h"
 
 namespace kvpush::connector {
 
@@ -17,12 +18,6 @@ enum class FailurePolicy : uint8_t { kRecompute = 0, kFail = 1 };
 
 /// Instance role in P/D serving.
 enum class KvRole : uint8_t { kProducer = 0, kConsumer = 1, kBoth = 2 };
-
-/// Pull options: `kVllm` runs pull the way vLLM's NixlConnector does by default (the READ is
-/// prepared and posted from the engine thread right before the next forward pass, and D
-/// recomputes the last prompt token); `kFast` posts the READ from the connector thread as soon as
-/// blocks are allocated and takes P's first token instead of recomputing it.
-enum class PullProfile : uint8_t { kVllm = 0, kFast = 1 };
 
 struct KvTransferConfig {
   /// "PushConnector" (kvpush push, the default for the router's push mode) or "PullConnector"
@@ -37,7 +32,8 @@ struct KvTransferConfig {
   std::chrono::milliseconds cancel_ack{2000};  ///< D waits for P's CANCEL_ACK this long
   std::chrono::milliseconds stall{5000};       ///< transfer stall deadline (xfer)
   FailurePolicy failure_policy = FailurePolicy::kRecompute;
-  PullProfile pull_profile = PullProfile::kFast;
+  /// Pull consumer: the profile of a request that names none (pd::PullProfile).
+  pd::PullProfile pull_profile = pd::PullProfile::kFast;
   /// Push: post each layer's WRITE as soon as that layer is computed (true) or everything after
   /// the prefill (false; for measurements).
   bool layerwise = true;
@@ -71,6 +67,5 @@ struct KvTransferConfig {
 };
 
 std::string_view KvRoleName(KvRole r);
-std::string_view PullProfileName(PullProfile p);
 
 }  // namespace kvpush::connector

@@ -1,11 +1,10 @@
 #include "connector/messages.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 
 #include "connector/block_list.h"
+#include "pd/ids.h"
 
 namespace kvpush::connector {
 namespace {
@@ -145,21 +144,8 @@ bool IsWholeList(const PdMessage& m) {
   return m.part_offset == 0 && m.block_ids.size() == m.num_blocks;
 }
 
-bool IsValidTransferId(std::string_view id) {
-  if (id.size() != 32) return false;
-  for (char c : id) {
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
-  }
-  return true;
-}
-
-uint64_t PromptHash(std::span<const int32_t> tokens) {
-  // int32 little-endian on the machines we target (x86-64, aarch64).
-  return XXH3_64bits(tokens.data(), tokens.size() * sizeof(int32_t));
-}
-
 Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
-  if (!IsValidTransferId(m.transfer_id)) {
+  if (!pd::IsValidTransferId(m.transfer_id)) {
     return InvalidArgument("message: transfer id must be 32 lowercase hex chars");
   }
   std::vector<uint8_t> b;
@@ -229,7 +215,8 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
   if (tag < 1 || tag > 10) return InvalidArgument("message: unknown tag " + std::to_string(tag));
   m.tag = static_cast<MsgTag>(tag);
   if (!r.Bytes(32, m.transfer_id)) return InvalidArgument("message: truncated transfer id");
-  if (!IsValidTransferId(m.transfer_id)) return InvalidArgument("message: malformed transfer id");
+  if (!pd::IsValidTransferId(m.transfer_id))
+    return InvalidArgument("message: malformed transfer id");
   switch (m.tag) {
     case MsgTag::kPushTarget: {
       if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(m.first_block)) {

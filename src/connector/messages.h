@@ -70,12 +70,6 @@ struct PdMessage {
 /// True when the PUSH_TARGET or PINNED `m` carries its whole block list (one part).
 bool IsWholeList(const PdMessage& m);
 
-/// True when `id` is 32 lowercase hex characters.
-bool IsValidTransferId(std::string_view id);
-
-/// XXH3-64 of the token ids as int32 little-endian (the prompt_hash of the protocol).
-uint64_t PromptHash(std::span<const int32_t> tokens);
-
 /// Encodes `m`. Errors: kInvalidArgument (bad transfer id, block counts outside the limits, a
 /// part beyond its list or naming a block twice, too many top logprobs).
 Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <random>
 
+#include "pd/ids.h"
 #include "xfer/backend_factory.h"
 
 namespace kvpush::connector {
@@ -21,7 +22,7 @@ namespace {
 
 /// XXH3 of a sequence's prompt tokens (the protocol's prompt_hash).
 uint64_t PromptHashOf(const Sequence& seq) {
-  return PromptHash(
+  return pd::PromptHash(
       std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens)));
 }
 
@@ -143,53 +144,21 @@ Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
   return peers_->EnsurePeer(host, port);
 }
 
-Status PdConnector::ValidateRequest(const KvTransferParams& p,
+Status PdConnector::ValidateRequest(const pd::KvTransferParams& p,
                                     std::span<const int32_t> prompt) const {
-  using Role = KvTransferParams::Role;
-  if (p.role == Role::kNone) return Status::Ok();
   const KvRole mine = options_.config.role;
-  if (p.role == Role::kProducer && mine == KvRole::kConsumer) {
-    return InvalidArgument("kv_transfer_params.do_remote_decode: this is a decode instance");
+  const pd::InstanceFacts facts{mine != KvRole::kConsumer, mine != KvRole::kProducer,
+                                options_.layout.block_size};
+  std::optional<int32_t> peer_blocks;
+  if (p.role == pd::KvTransferParams::Role::kConsumer &&
+      p.mode == pd::KvTransferParams::Mode::kPull) {
+    if (auto peer = peers_->Find(p.remote_engine_id)) peer_blocks = peer->num_blocks;
   }
-  if (p.role == Role::kConsumer && mine == KvRole::kProducer) {
-    return InvalidArgument("kv_transfer_params.do_remote_prefill: this is a prefill instance");
-  }
-  if (!IsValidTransferId(p.transfer_id)) {
-    return InvalidArgument("kv_transfer_params.transfer_id must be 32 lowercase hex characters");
-  }
-  if (p.role == Role::kConsumer && p.mode == KvTransferParams::Mode::kPull) {
-    const auto n = static_cast<int32_t>(prompt.size());
-    if (p.num_prompt_tokens != n) {
-      return InvalidArgument("kv_transfer_params.num_prompt_tokens is " +
-                             std::to_string(p.num_prompt_tokens) + " but the prompt has " +
-                             std::to_string(n) + " tokens");
-    }
-    if (p.prompt_hash != PromptHash(prompt)) {
-      return InvalidArgument("kv_transfer_params.prompt_hash does not match the prompt");
-    }
-    const int32_t bs = options_.layout.block_size;
-    if (static_cast<int32_t>(p.remote_block_ids.size()) != (n + bs - 1) / bs) {
-      return InvalidArgument("kv_transfer_params.remote_block_ids has " +
-                             std::to_string(p.remote_block_ids.size()) + " blocks; " +
-                             std::to_string((n + bs - 1) / bs) + " expected");
-    }
-    auto peer = peers_->Find(p.remote_engine_id);
-    if (!peer) {
-      return InvalidArgument("kv_transfer_params.remote_engine_id '" + p.remote_engine_id +
-                             "' is not the instance at remote_host:remote_port");
-    }
-    for (int32_t b : p.remote_block_ids) {
-      if (b < 0 || b >= peer->num_blocks) {
-        return InvalidArgument("kv_transfer_params.remote_block_ids: block " + std::to_string(b) +
-                               " is outside the peer's pool");
-      }
-    }
-  }
-  return Status::Ok();
+  return pd::CheckLeg(p, facts, prompt, peer_blocks);
 }
 
 void PdConnector::AbortTransfer(const std::string& tid) {
-  if (!IsValidTransferId(tid)) return;
+  if (!pd::IsValidTransferId(tid)) return;
   EngineEvent ev;
   ev.kind = EngineEvent::kAbortTransfer;
   ev.params.transfer_id = tid;
@@ -229,26 +198,18 @@ void PdConnector::Push(EngineEvent ev, bool wake) {
 }
 
 KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
-  const KvTransferParams& p = seq.request.kv_transfer;
-  if (p.role != KvTransferParams::Role::kConsumer) return {};
-  const int32_t n = seq.num_prompt_tokens;
-  const int32_t bs = options_.layout.block_size;
-  const bool full_hit = local >= (n - 1) / bs * bs;
-  if (p.mode == KvTransferParams::Mode::kPush) {
-    if (full_hit) return {};  // compute the short tail here (OnBlocksAllocated tells P)
-    return KvMatch{n - local, true};
-  }
-  const PullProfile profile = ResolvePullProfile(p);
-  const bool take_first = profile == PullProfile::kFast && p.first_token_id >= 0;
-  const int32_t external = take_first ? n - local : n - 1 - local;
-  if (full_hit || external <= 0) return {};
+  const pd::KvTransferParams& p = seq.request.kv_transfer;
+  const int32_t external =
+      pd::TokensFromProducer(p, p.pull_profile.value_or(options_.config.pull_profile),
+                             seq.num_prompt_tokens, local, options_.layout.block_size);
+  if (external == 0) return {};
   return KvMatch{external, true};
 }
 
 void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId> blocks,
                                     int32_t num_external) {
-  const KvTransferParams& p = seq.request.kv_transfer;
-  using Role = KvTransferParams::Role;
+  const pd::KvTransferParams& p = seq.request.kv_transfer;
+  using Role = pd::KvTransferParams::Role;
   if (p.role == Role::kProducer) {
     EngineEvent ev;
     ev.kind = EngineEvent::kProducerStart;
@@ -258,7 +219,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     ev.prompt_hash = PromptHashOf(seq);
     ev.blocks.assign(blocks.begin(), blocks.end());
     ev.answer_needed = seq.request.prompt_logprobs >= 0;
-    if (p.mode == KvTransferParams::Mode::kPush)
+    if (p.mode == pd::KvTransferParams::Mode::kPush)
       push_producers_[seq.seq_id] = seq.num_prompt_tokens;
     Push(std::move(ev));
     return;
@@ -351,8 +312,8 @@ void PdConnector::OnLayerDone(int32_t layer) {
 
 bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
                                     RequestOutput& out) {
-  const KvTransferParams& p = seq.request.kv_transfer;
-  using Role = KvTransferParams::Role;
+  const pd::KvTransferParams& p = seq.request.kv_transfer;
+  using Role = pd::KvTransferParams::Role;
   if (p.role == Role::kProducer) {
     push_producers_.erase(seq.seq_id);
     const bool ok =
@@ -366,24 +327,8 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
     ev.token = seq.last_token;
     ev.error = out.error;
     ev.blocks.assign(blocks.begin(), blocks.end());
-    if (ok && p.mode == KvTransferParams::Mode::kPull) {
-      nlohmann::json j;
-      j["do_remote_prefill"] = true;
-      j["do_remote_decode"] = false;
-      j["transfer_mode"] = "pull";
-      j["transfer_id"] = p.transfer_id;
-      j["remote_request_id"] = p.transfer_id;
-      j["remote_engine_id"] = agent_->name();
-      j["remote_host"] = options_.advertise_host;
-      j["remote_port"] = advertise_port_.load();
-      j["remote_block_ids"] = std::vector<BlockId>(blocks.begin(), blocks.end());
-      j["num_prompt_tokens"] = seq.num_prompt_tokens;
-      j["prompt_hash"] = Hex64(PromptHashOf(seq));
-      j["first_token_id"] = seq.last_token.id;
-      j["first_token_logprob"] = seq.last_token.logprob;
-      j["lease_ms"] = options_.config.lease.count();
-      j["tp_size"] = 1;
-      out.kv_transfer_params = j.dump();
+    if (ok && p.mode == pd::KvTransferParams::Mode::kPull) {
+      out.pull_answer = PullAnswerFor(seq, blocks);
     }
     ++engine_holds_;
     Push(std::move(ev));
@@ -409,15 +354,15 @@ bool PdConnector::OnRequestFinished(const Sequence& seq, std::span<const BlockId
 }
 
 void PdConnector::OnRequestRejected(const GenerationRequest& request) {
-  const KvTransferParams& p = request.kv_transfer;
-  if (!IsValidTransferId(p.transfer_id)) return;
-  if (p.role == KvTransferParams::Role::kProducer) {
+  const pd::KvTransferParams& p = request.kv_transfer;
+  if (!pd::IsValidTransferId(p.transfer_id)) return;
+  if (p.role == pd::KvTransferParams::Role::kProducer) {
     // P refused its leg: a PUSH_TARGET that came (or comes) for it is refused at once, so D
     // does not wait out its watchdog.
     AbortTransfer(p.transfer_id);
     return;
   }
-  if (p.role != KvTransferParams::Role::kConsumer) return;
+  if (p.role != pd::KvTransferParams::Role::kConsumer) return;
   EngineEvent ev;
   ev.kind = EngineEvent::kConsumerRejected;
   ev.params = p;
@@ -607,9 +552,23 @@ void PdConnector::InvalidatePeer(const std::string& peer, const std::string& why
   (void)agent_->InvalidatePeer(peer, why);
 }
 
-PullProfile PdConnector::ResolvePullProfile(const KvTransferParams& p) const {
-  return p.pull_profile < 0 ? options_.config.pull_profile
-                            : static_cast<PullProfile>(p.pull_profile);
+pd::PullAnswer PdConnector::PullAnswerFor(const Sequence& seq,
+                                          std::span<const BlockId> blocks) const {
+  pd::PullAnswer a;
+  pd::KvTransferParams& p = a.params;
+  p.role = pd::KvTransferParams::Role::kConsumer;
+  p.mode = pd::KvTransferParams::Mode::kPull;
+  p.transfer_id = seq.request.kv_transfer.transfer_id;
+  p.remote_engine_id = agent_->name();
+  p.remote_host = options_.advertise_host;
+  p.remote_port = advertise_port_.load();
+  p.remote_block_ids.assign(blocks.begin(), blocks.end());
+  p.num_prompt_tokens = seq.num_prompt_tokens;
+  p.prompt_hash = PromptHashOf(seq);
+  p.first_token_id = seq.last_token.id;
+  p.first_token_logprob = seq.last_token.logprob;
+  a.lease_ms = options_.config.lease.count();
+  return a;
 }
 
 }  // namespace kvpush::connector

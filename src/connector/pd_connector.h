@@ -2,7 +2,7 @@
 //
 // It joins the engine (through the KvConnector hooks) and the transfer engine (one xfer::Agent
 // whose registered region is the engine's KV arena). Per request it plays one of four parts,
-// chosen by the request's KvTransferParams:
+// chosen by the request's pd::KvTransferParams:
 //   push producer (P): after each layer of the request is computed, the connector thread posts
 //     the WRITE of that layer's blocks into D's target blocks (or all layers at once when D's
 //     PUSH_TARGET arrives after the prefill), then sends KV_READY carrying the first token once
@@ -45,6 +45,8 @@
 #include "connector/transfer_core.h"
 #include "engine/kv_connector.h"
 #include "kv/layout.h"
+#include "pd/checks.h"
+#include "pd/kv_transfer_params.h"
 #include "xfer/agent.h"
 
 namespace kvpush::connector {
@@ -107,7 +109,7 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   /// Checks a request's P/D params against this instance's role and, for a pull consumer,
   /// against the prompt (token count, prompt hash, block count). Thread-safe.
   /// Errors: kInvalidArgument with the reason.
-  Status ValidateRequest(const KvTransferParams& p, std::span<const int32_t> prompt) const;
+  Status ValidateRequest(const pd::KvTransferParams& p, std::span<const int32_t> prompt) const;
 
   /// POST /kv/abort: transfer `tid` is dead (the router saw the other leg fail, or the client
   /// left). The id is tombstoned (a later P leg, target or READ of it is refused) and a producer
@@ -168,8 +170,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   void PollTransfers();
   /// Copies the core's counters where stats() reads them (connector thread).
   void PublishStats();
-  /// The request's pull profile, or the instance default when it names none.
-  PullProfile ResolvePullProfile(const KvTransferParams& p) const;
+  /// What a pull producer returns for `seq`, whose prompt's KV `blocks` hold (engine thread).
+  pd::PullAnswer PullAnswerFor(const Sequence& seq, std::span<const BlockId> blocks) const;
 
   ConnectorOptions options_;
   std::unique_ptr<xfer::Agent> agent_;

@@ -6,10 +6,12 @@
 
 #include <algorithm>
 
+#include "pd/ids.h"
+
 namespace kvpush::connector {
 
 using namespace std::chrono_literals;
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 
 const char* ProducerStateName(ProducerState s) {
   switch (s) {
@@ -59,10 +61,6 @@ uint32_t TransferCore::EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind
   return static_cast<uint32_t>((layer * 2 + static_cast<int32_t>(kind)) * num_blocks + block);
 }
 
-PullProfile TransferCore::ResolvePullProfile(const KvTransferParams& p) const {
-  return p.pull_profile < 0 ? config_.pull_profile : static_cast<PullProfile>(p.pull_profile);
-}
-
 bool TransferCore::busy() const {
   return !producers_.empty() || !consumers_.empty() || !pending_targets_.empty();
 }
@@ -106,7 +104,7 @@ std::optional<ConsumerState> TransferCore::consumer_state(const std::string& tid
   return it->second.state;
 }
 
-std::string TransferCore::PeerOf(const KvTransferParams& p) const {
+std::string TransferCore::PeerOf(const pd::KvTransferParams& p) const {
   if (!p.remote_engine_id.empty()) return p.remote_engine_id;
   return peers_.EngineIdAt(p.remote_host, p.remote_port);
 }
@@ -254,7 +252,7 @@ bool TransferCore::PostTracked(const TransferOrder& order, const std::string& ti
 }
 
 void TransferCore::SendMessage(const std::string& peer, const PdMessage& m) {
-  if (!IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
+  if (!pd::IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
   auto t = actions_.SendMessage(peer, m);
   if (!t.ok()) {
     spdlog::warn("kv connector: cannot send to '{}': {}", peer, t.status().ToString());

@@ -136,7 +136,7 @@ struct EngineEvent {
     kConsumerRejected,   ///< D: the engine refused a P/D request at admission
   } kind = kStep;
   int64_t seq_id = 0;
-  KvTransferParams params;
+  pd::KvTransferParams params;
   int32_t num_prompt_tokens = 0;
   uint64_t prompt_hash = 0;
   std::vector<BlockId> blocks;
@@ -234,8 +234,6 @@ class TransferCore {
   size_t num_producers() const { return producers_.size(); }
   size_t num_consumers() const { return consumers_.size(); }
   size_t num_pending_targets() const { return pending_targets_.size(); }
-  /// The request's pull profile, or the configured default when it names none. Pure.
-  PullProfile ResolvePullProfile(const KvTransferParams& p) const;
   /// Index of chunk (layer, kind, block) in a chunk list of an arena with `num_blocks` blocks.
   static uint32_t EntryIndex(int32_t num_blocks, int32_t layer, KvKind kind, BlockId block);
 
@@ -249,7 +247,7 @@ class TransferCore {
   struct Producer {
     int64_t seq_id = 0;
     std::string tid;
-    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    pd::KvTransferParams::Mode mode = pd::KvTransferParams::Mode::kPush;
     ProducerState state = ProducerState::kPrefilling;
     int32_t n = 0;  ///< prompt tokens
     uint64_t prompt_hash = 0;
@@ -282,12 +280,12 @@ class TransferCore {
     /// Pull: a PIN that arrived before the prefill's end was seen; answered then.
     std::optional<std::pair<std::string, PdMessage>> early_pin;
     HandoffRecord timeline;
-    bool targeted() const { return mode == KvTransferParams::Mode::kPush && !peer.empty(); }
+    bool targeted() const { return mode == pd::KvTransferParams::Mode::kPush && !peer.empty(); }
   };
   struct Consumer {
     int64_t seq_id = 0;
     std::string tid;
-    KvTransferParams::Mode mode = KvTransferParams::Mode::kPush;
+    pd::KvTransferParams::Mode mode = pd::KvTransferParams::Mode::kPush;
     ConsumerState state = ConsumerState::kAwaitingKv;
     std::string peer;
     std::vector<BlockId> blocks;
@@ -301,7 +299,7 @@ class TransferCore {
     /// Blocks [first_block, first_block + num_blocks) of the block table receive remote KV.
     uint32_t first_block = 0;
     uint32_t num_blocks = 0;
-    PullProfile profile = PullProfile::kVllm;
+    pd::PullProfile profile = pd::PullProfile::kVllm;
     bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
     uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
     /// The chunk hashes of the received blocks (block i: table entry first_block + i), made when
@@ -361,7 +359,7 @@ class TransferCore {
   Status CancelledLoadStatus(const Consumer& c) const;
   /// True when `c`'s peer process is known to be gone (failed or restarted since c started).
   std::optional<std::string> PeerGoneReason(const Consumer& c) const;
-  std::string PeerOf(const KvTransferParams& p) const;
+  std::string PeerOf(const pd::KvTransferParams& p) const;
 
   // producer.cc
   void OnProducerStart(EngineEvent& ev);

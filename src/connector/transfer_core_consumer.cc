@@ -9,7 +9,7 @@
 
 namespace kvpush::connector {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 
 Result<TransferOrder> MakeReadOrder(const KvLayout& layout, const std::string& peer,
                                     int32_t peer_num_blocks, std::span<const BlockId> local,
@@ -101,8 +101,8 @@ void TransferCore::OnConsumerStart(EngineEvent& ev) {
   c.first_block = static_cast<uint32_t>(c.local_tokens / bs);
   c.num_blocks =
       static_cast<uint32_t>((c.local_tokens + c.external_tokens + bs - 1) / bs) - c.first_block;
-  c.profile = ResolvePullProfile(ev.params);
-  c.take_first_token = c.mode == Mode::kPull && c.profile == PullProfile::kFast &&
+  c.profile = ev.params.pull_profile.value_or(config_.pull_profile);
+  c.take_first_token = c.mode == Mode::kPull && c.profile == pd::PullProfile::kFast &&
                        c.local_tokens + c.external_tokens == c.n;
   c.peer = PeerOf(ev.params);
   if (auto view = peers_.Find(c.peer)) c.peer_incarnation = view->incarnation;
@@ -194,7 +194,7 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
   }
   std::vector<BlockId> local(c.blocks.begin() + c.first_block,
                              c.blocks.begin() + c.first_block + c.num_blocks);
-  if (c.profile == PullProfile::kVllm) {
+  if (c.profile == pd::PullProfile::kVllm) {
     c.state = ConsumerState::kReadHanded;
     actions_.HandRead(
         PendingRead{c.seq_id, c.tid, c.peer, std::move(local), std::move(m.block_ids)});

@@ -5,10 +5,11 @@
 
 #include "connector/transfer_core.h"
 #include "kv/block_checksum.h"
+#include "pd/ids.h"
 
 namespace kvpush::connector {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 
 void TransferCore::OnProducerStart(EngineEvent& ev) {
   const std::string& tid = ev.params.transfer_id;
@@ -374,7 +375,7 @@ void TransferCore::ReleaseProducer(Producer& p) {
 }
 
 void TransferCore::EraseProducer(Producer& p) {
-  if (IsValidTransferId(p.tid)) {  // not a locally dropped duplicate
+  if (pd::IsValidTransferId(p.tid)) {  // not a locally dropped duplicate
     Mark(p.timeline, HandoffPhase::kProducerEnd);
     finished_records_.push_back(std::move(p.timeline));
   }

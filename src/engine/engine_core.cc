@@ -51,7 +51,7 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                            std::to_string(request.prompt_logprobs));
   }
   if (request.prompt_logprobs >= 0 &&
-      request.kv_transfer.role == KvTransferParams::Role::kConsumer) {
+      request.kv_transfer.role == pd::KvTransferParams::Role::kConsumer) {
     return InvalidArgument(
         "prompt logprobs are computed by the prefill instance; a P/D decode request cannot "
         "compute them (its prompt's KV comes from P)");

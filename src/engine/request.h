@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -10,6 +11,7 @@
 
 #include "common/status.h"
 #include "model/sampler.h"
+#include "pd/kv_transfer_params.h"
 
 namespace kvpush {
 
@@ -24,30 +26,6 @@ enum class FinishReason : uint8_t {
 
 /// "stop", "length", "abort", "error" (or "" for kNone).
 std::string_view FinishReasonName(FinishReason reason);
-
-/// What a P/D request asks of the KV connector (DESIGN.md §3, docs/pd_protocol.md). Parsed by the
-/// server from the request's `kv_transfer_params`; the engine only carries it to the connector.
-struct KvTransferParams {
-  enum class Role : uint8_t {
-    kNone = 0,  ///< colocated: no connector involvement
-    kProducer,  ///< P leg (`do_remote_decode`): compute the prompt, hand the KV to D
-    kConsumer,  ///< D leg (`do_remote_prefill`): receive the KV from P, then decode
-  };
-  enum class Mode : uint8_t { kPush = 0, kPull = 1 };
-  Role role = Role::kNone;
-  Mode mode = Mode::kPush;
-  std::string transfer_id;  ///< 32 lowercase hex chars, minted by the router
-  std::string remote_engine_id;
-  std::string remote_host;
-  int32_t remote_port = 0;
-  // Pull consumer only: what P returned.
-  std::vector<int32_t> remote_block_ids;
-  int32_t num_prompt_tokens = 0;
-  uint64_t prompt_hash = 0;
-  int32_t first_token_id = -1;  ///< -1: not given (D recomputes the last prompt token)
-  float first_token_logprob = 0.0f;
-  int32_t pull_profile = -1;  ///< -1 = instance default, 0 = vllm, 1 = fast
-};
 
 /// One generation request, already tokenized. The engine validates it on arrival (prompt not
 /// empty, token ids inside the vocabulary, prompt + 1 <= max_model_len, max_tokens >= 1, fits the
@@ -71,7 +49,7 @@ struct GenerationRequest {
   /// reads no prompt token from the prefix cache (vLLM: every position needs its logits); it
   /// still commits its blocks there. Refused on a P/D consumer (its prompt's K/V come from P).
   int32_t prompt_logprobs = -1;
-  KvTransferParams kv_transfer;  ///< P/D role of this request (kNone = colocated)
+  pd::KvTransferParams kv_transfer;  ///< P/D role of this request (kNone = colocated)
 };
 
 /// One generated token.
@@ -101,9 +79,9 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;  ///< generated so far, including this step's
   int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache (first admission)
-  /// Final output of a P/D producer request only: the `kv_transfer_params` JSON object the
-  /// connector wants returned to the router (pull mode); empty otherwise.
-  std::string kv_transfer_params;
+  /// Final output of a pull producer request only: what the connector wants returned to the
+  /// router as the response's `kv_transfer_params` (pd::ToJson); nullopt otherwise.
+  std::optional<pd::PullAnswer> pull_answer;
 
   bool finished() const { return finish_reason != FinishReason::kNone; }
 };

@@ -10,8 +10,8 @@ namespace {
 
 /// A push producer's blocks may be read by in-flight WRITEs at any time: never preempt it.
 bool IsPinned(const Sequence& seq) {
-  return seq.request.kv_transfer.role == KvTransferParams::Role::kProducer &&
-         seq.request.kv_transfer.mode == KvTransferParams::Mode::kPush;
+  return seq.request.kv_transfer.role == pd::KvTransferParams::Role::kProducer &&
+         seq.request.kv_transfer.mode == pd::KvTransferParams::Mode::kPush;
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ struct ClientBody {
   /// into a leg's document: `prompt` and `messages` (no leg builder sets or erases them), when
   /// their bytes are held.
   bool Verbatim(std::string_view key) const;
-  /// `doc` without its Verbatim members: what leg builders (pd_legs.h) start from, so that a long
+  /// `doc` without its Verbatim members: what leg builders (pd/legs.h) start from, so that a long
   /// prompt is neither copied nor destroyed per leg (65,536 ids: ~2 ms each). ComposeLegBody puts
   /// the members back from the client's bytes.
   nlohmann::json Shell() const;

@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "router/decode_stream.h"
+#include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/leg.h"
-#include "router/pd_legs.h"
 #include "router/prompt_echo.h"
 #include "router/request_flow.h"
 #include "router/router_timeline.h"

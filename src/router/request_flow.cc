@@ -10,6 +10,8 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_parse.h"
+#include "pd/ids.h"
+#include "pd/legs.h"
 #include "router/decode_stream.h"
 #include "router/flow_state.h"
 #include "router/leg.h"
@@ -214,12 +216,13 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   if (tm == TransferMode::kPush) {
     t->d_leg = r.NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
     const json shell = client.Shell();  // leg builders start here: the prompt is not copied
-    if (!StartPushPrefill(t, std::move(*p_lease),
-                          ComposeLegBody(MakePrefillBody(shell, tm, t->transfer_id), client))) {
+    if (!StartPushPrefill(
+            t, std::move(*p_lease),
+            ComposeLegBody(pd::MakePrefillBody(shell, PdModeOf(tm), t->transfer_id), client))) {
       r.CountRequest(tm, false);
       return StopReply(r).WriteTo(res);
     }
-    d_body = MakeDecodePushBody(shell, t->transfer_id, t->p_addr);
+    d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port);
     if (t->echo_logprobs) d_body["echo"] = false;
   } else {
     std::optional<json> d = RunPullPrefill(*t, *p_lease, client, pull_profile, res);
@@ -254,7 +257,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
   t->path = req.path;
   if (t->request_id.empty()) {  // not a retry
     t->request_id = req.get_header_value("x-request-id");
-    if (!IsValidRequestId(t->request_id)) {
+    if (!pd::IsValidRequestId(t->request_id)) {
       t->request_id = r.ids_.RequestId(t->path == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-");
     }
     res.set_header("x-request-id", t->request_id);
@@ -292,7 +295,7 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   t->path = req.path;
   const bool chat = t->path == "/v1/chat/completions";
   t->request_id = req.get_header_value("x-request-id");
-  if (!IsValidRequestId(t->request_id)) {
+  if (!pd::IsValidRequestId(t->request_id)) {
     t->request_id = r.ids_.RequestId(chat ? "chatcmpl-" : "cmpl-");
   }
   res.set_header("x-request-id", t->request_id);
@@ -403,7 +406,8 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
   t.timeline.Mark(RouterPhase::kPrefillLegWritten);
   const json shell = client.Shell();
   const LegResult pr = t.p_leg->Post(
-      t.path, t.request_id, ComposeLegBody(MakePrefillBody(shell, t.mode, t.transfer_id), client));
+      t.path, t.request_id,
+      ComposeLegBody(pd::MakePrefillBody(shell, PdModeOf(t.mode), t.transfer_id), client));
   if (pr.answered) t.timeline.Mark(RouterPhase::kPrefillAnswered);
   t.p_leg.reset();
   if (pr.connect_failed) lease.MarkUnhealthy("prefill leg: " + pr.error);
@@ -423,7 +427,7 @@ std::optional<json> RequestFlow::RunPullPrefill(Transfer& t, InstanceLease& leas
     return std::nullopt;
   }
   const json answer = json::parse(pr.body, nullptr, false);
-  auto d = MakeDecodePullBody(shell, answer, pull_profile);
+  auto d = pd::MakeDecodePullBody(shell, answer, pd::ParsePullProfile(pull_profile));
   if (d.ok() && t.echo_logprobs) {
     auto echo = ParsePromptEcho(answer);
     if (!echo.ok()) {

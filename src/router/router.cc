@@ -12,6 +12,7 @@
 #include "common/drain.h"
 #include "common/listen_backlog.h"
 #include "discovery/membership.h"
+#include "pd/ids.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
 
@@ -343,7 +344,8 @@ void Router::RouteModels() {
   // tokenizer and chat template, so any one's answer is the deployment's.
   auto proxy = [this](const httplib::Request& req, httplib::Response& res) {
     std::string id = req.get_header_value("x-request-id");
-    if (!IsValidRequestId(id)) id = ids_.RequestId(req.path == "/v1/models" ? "models-" : "tok-");
+    if (!pd::IsValidRequestId(id))
+      id = ids_.RequestId(req.path == "/v1/models" ? "models-" : "tok-");
     res.set_header("x-request-id", id);
     const Role role = options_.colocated() ? Role::kColocated : Role::kDecode;
     const std::string name = RoleName(role);

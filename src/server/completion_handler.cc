@@ -9,13 +9,15 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/drain.h"
 #include "connector/pd_connector.h"
+#include "pd/ids.h"
+#include "pd/kv_transfer_params.h"
 #include "server/chat_template.h"
 #include "server/http_server.h"
-#include "server/kv_transfer_params.h"
 #include "server/openai_response.h"
 
 namespace kvpush::server {
@@ -78,7 +80,7 @@ struct RequestState {
   bool done_sent = false;
   ApiError error;  ///< first kError/kAbort seen
   bool failed = false;
-  std::string kv_transfer_params;  ///< from a P/D producer's final output (JSON object text)
+  std::optional<pd::PullAnswer> pull_answer;  ///< from a pull producer's final output
 
   /// Applies one output to choice i; returns true when it finished the choice.
   bool Apply(size_t i, const RequestOutput& o) {
@@ -93,7 +95,7 @@ struct RequestState {
     c.finish = o.finish_reason;
     c.stop_reason = o.stop_reason;
     c.stop_token_id = o.stop_token_id;
-    if (!o.kv_transfer_params.empty()) kv_transfer_params = o.kv_transfer_params;
+    if (o.pull_answer) pull_answer = o.pull_answer;
     ++num_finished;
     if ((o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) &&
         !failed) {
@@ -126,7 +128,7 @@ ApiError DrainTimeout() {
 }
 
 /// A P/D leg whose transfer POST /kv/abort already ended.
-ApiError TransferAborted(const KvTransferParams& kv) {
+ApiError TransferAborted(const pd::KvTransferParams& kv) {
   return ApiError{409, "transfer " + kv.transfer_id + " was aborted (POST /kv/abort)",
                   "invalid_request_error", "kv_transfer_params.transfer_id", "transfer_aborted"};
 }
@@ -140,15 +142,16 @@ std::string SystemFingerprint(uint64_t model_fingerprint) {
 
 /// The engine request of sample `j` of a prompt: the request's sampling parameters, seed + j
 /// (vLLM's per-choice seeds for n > 1, vllm/v1/engine/parallel_sampling.py).
-GenerationRequest MakeGeneration(const OpenAiRequest& r, const KvTransferParams& kv,
+GenerationRequest MakeGeneration(const OpenAiRequest& r, const pd::KvTransferParams& kv,
                                  std::vector<int32_t> prompt, int32_t max_tokens, uint64_t seed,
                                  int32_t j) {
   GenerationRequest g;
   g.max_tokens = max_tokens;
   // A P leg has max_tokens = 1 from the router; min_tokens still suppresses EOS and the stop
   // ids for its one token (exactly as for the first token of a colocated run), so clamp.
-  g.min_tokens = kv.role == KvTransferParams::Role::kProducer ? std::min(r.min_tokens, max_tokens)
-                                                              : r.min_tokens;
+  g.min_tokens = kv.role == pd::KvTransferParams::Role::kProducer
+                     ? std::min(r.min_tokens, max_tokens)
+                     : r.min_tokens;
   g.prompt_tokens = std::move(prompt);
   g.sampling.temperature = r.temperature;
   g.sampling.top_p = r.top_p;
@@ -236,9 +239,9 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   auto st = std::make_shared<RequestState>();
   st->meta.kind = kind;
   std::string id = req.get_header_value("x-request-id");
-  bool id_ok = !id.empty() && id.size() <= 256;
-  for (char c : id) id_ok = id_ok && c > 0x20 && c < 0x7f;
-  st->meta.id = id_ok ? id : srv.NewRequestId(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
+  st->meta.id = pd::IsValidRequestId(id)
+                    ? id
+                    : srv.NewRequestId(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
   res.set_header("x-request-id", st->meta.id);
   st->meta.created = static_cast<int64_t>(std::time(nullptr));
   st->meta.model = srv.options_.served_model_name;
@@ -256,11 +259,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     return ReplyError(res, ApiError{404, "The model '" + r.model + "' does not exist.",
                                     "invalid_request_error", "model", "model_not_found"});
   }
-  auto kv_parsed = ParseKvTransferParams(r.kv_transfer_params);
-  if (auto* e = std::get_if<ApiError>(&kv_parsed)) return ReplyError(res, *e);
-  KvTransferParams kv = std::get<KvTransferParams>(kv_parsed);
+  auto kv_parsed = pd::ParseKvTransferParams(r.kv_transfer_params);
+  if (auto* e = std::get_if<pd::ParamError>(&kv_parsed)) {
+    return ReplyError(res, ApiError::Invalid(e->message, e->param));
+  }
+  pd::KvTransferParams kv = std::get<pd::KvTransferParams>(kv_parsed);
   connector::PdConnector* conn = srv.options_.connector;
-  if (kv.role != KvTransferParams::Role::kNone) {
+  if (kv.role != pd::KvTransferParams::Role::kNone) {
     if (conn == nullptr) {
       // The router's words for a client body carrying it (one error vocabulary): only the
       // router's legs to P/D instances (serve --role prefill|decode) may.
@@ -278,7 +283,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   // Echo with logprobs needs the prompt's logits, which P computes: the router gives D echo
   // false and puts P's `prompt_echo` before D's choices (docs/router.md).
   const bool echo_logprobs = kind == ApiKind::kCompletion && r.echo && r.logprobs >= 0;
-  if (echo_logprobs && kv.role == KvTransferParams::Role::kConsumer) {
+  if (echo_logprobs && kv.role == pd::KvTransferParams::Role::kConsumer) {
     return ReplyError(res, ApiError::Invalid("echo with logprobs on a P/D decode leg: the prompt "
                                              "logprobs are computed by the prefill instance (the "
                                              "router sends D echo false and merges P's "
@@ -287,7 +292,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   }
   // n > 1 on a P/D request: P prefills once and samples choice 0's first token (seed + 0); D
   // forks the other choices after the KV arrived (SubmitForks).
-  if (kv.role == KvTransferParams::Role::kProducer) r.n = 1;
+  if (kv.role == pd::KvTransferParams::Role::kProducer) r.n = 1;
   st->meta.logprobs = r.logprobs >= 0;
   st->meta.token_ids = r.return_token_ids;
   st->include_usage = r.include_usage;
@@ -364,7 +369,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     const auto room = static_cast<int32_t>(max_len - n);
     max_tokens.push_back(r.max_tokens ? *r.max_tokens
                                       : (kind == ApiKind::kChat ? room : std::min(16, room)));
-    if (r.min_tokens > max_tokens.back() && kv.role != KvTransferParams::Role::kProducer) {
+    if (r.min_tokens > max_tokens.back() && kv.role != pd::KvTransferParams::Role::kProducer) {
       return ReplyError(res, ApiError::Invalid("min_tokens must be less than or equal to "
                                                "max_tokens=" +
                                                    std::to_string(max_tokens.back()) + ", got " +
@@ -374,21 +379,21 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     if (r.echo) {
       st->echo.insert(st->echo.end(), static_cast<size_t>(r.n), EchoText(r, p, tok, ids));
     }
-    if (echo_logprobs && kv.role == KvTransferParams::Role::kProducer) {
+    if (echo_logprobs && kv.role == pd::KvTransferParams::Role::kProducer) {
       st->prompt_echo = EchoText(r, p, tok, ids);  // text for now; the JSON once computed
     }
     prompts.push_back(std::move(ids));
   }
 
-  if (kv.role != KvTransferParams::Role::kNone) {
+  if (kv.role != pd::KvTransferParams::Role::kNone) {
     // Role and id first (a D leg sent to a P instance is a 400, not a failed handshake).
-    KvTransferParams role_only = kv;
-    role_only.mode = KvTransferParams::Mode::kPush;
+    pd::KvTransferParams role_only = kv;
+    role_only.mode = pd::KvTransferParams::Mode::kPush;
     if (Status v = conn->ValidateRequest(role_only, prompts[0]); !v.ok()) {
       return ReplyError(res, ApiError::Invalid(v.message(), "kv_transfer_params"));
     }
   }
-  if (kv.role == KvTransferParams::Role::kConsumer) {
+  if (kv.role == pd::KvTransferParams::Role::kConsumer) {
     // Know P before the engine admits the request (cached after the first request).
     auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port);
     if (!peer.ok()) {
@@ -407,14 +412,14 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     }
     kv.remote_engine_id = *peer;
   }
-  if (kv.role != KvTransferParams::Role::kNone) {
+  if (kv.role != pd::KvTransferParams::Role::kNone) {
     if (Status v = conn->ValidateRequest(kv, prompts[0]); !v.ok()) {
       return ReplyError(res, ApiError::Invalid(v.message(), "kv_transfer_params"));
     }
   }
 
-  if (conn != nullptr && kv.role == KvTransferParams::Role::kNone) srv.local_prefills_++;
-  if (kv.role != KvTransferParams::Role::kNone) {
+  if (conn != nullptr && kv.role == pd::KvTransferParams::Role::kNone) srv.local_prefills_++;
+  if (kv.role != pd::KvTransferParams::Role::kNone) {
     if (srv.transfers_.IsAborted(kv.transfer_id)) return ReplyError(res, TransferAborted(kv));
     st->transfers = &srv.transfers_;
     st->transfer_id = kv.transfer_id;
@@ -424,9 +429,9 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
   for (size_t k = 0; k < prompts.size() * static_cast<size_t>(r.n); ++k) {
     const size_t i = k / static_cast<size_t>(r.n);
     const auto j = static_cast<int32_t>(k % static_cast<size_t>(r.n));
-    const bool fork = j > 0 && kv.role == KvTransferParams::Role::kConsumer;
+    const bool fork = j > 0 && kv.role == pd::KvTransferParams::Role::kConsumer;
     GenerationRequest g =
-        MakeGeneration(r, fork ? KvTransferParams{} : kv, prompts[i], max_tokens[i], seed, j);
+        MakeGeneration(r, fork ? pd::KvTransferParams{} : kv, prompts[i], max_tokens[i], seed, j);
     g.request_id =
         prompts.size() == 1 && r.n == 1 ? st->meta.id : st->meta.id + "-" + std::to_string(k);
     counts_prompt.push_back(j == 0);
@@ -486,15 +491,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req, httpli
     if (st->failed) return ReplyError(res, st->error);
     for (size_t k = 0; k < st->echo.size(); ++k) st->choices[k].text.insert(0, st->echo[k]);
     res.status = 200;
-    const bool prompt_echo = echo_logprobs && kv.role == KvTransferParams::Role::kProducer;
-    if (st->kv_transfer_params.empty() && !prompt_echo) {
+    const bool prompt_echo = echo_logprobs && kv.role == pd::KvTransferParams::Role::kProducer;
+    if (!st->pull_answer && !prompt_echo) {
       res.set_content(BuildResponse(st->meta, st->choices, tok), "application/json");
       return;
     }
     auto body = nlohmann::json::parse(BuildResponse(st->meta, st->choices, tok));
-    if (!st->kv_transfer_params.empty()) {
-      body["kv_transfer_params"] = nlohmann::json::parse(st->kv_transfer_params);
-    }
+    if (st->pull_answer) body["kv_transfer_params"] = pd::ToJson(*st->pull_answer);
     if (prompt_echo) {
       // P/D internal: the prompt's part of the answer, which the router puts before D's.
       body["prompt_echo"] =

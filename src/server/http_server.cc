@@ -1,11 +1,6 @@
 #include "server/http_server.h"
 
 #include <httplib.h>
-
-#include "common/clock.h"
-#include "common/drain.h"
-#include "common/listen_backlog.h"
-#include "common/recent_records.h"
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -18,9 +13,13 @@
 #include <list>
 #include <nlohmann/json.hpp>
 
-#include "server/api_error.h"
-#include "connector/messages.h"
+#include "common/clock.h"
+#include "common/drain.h"
+#include "common/listen_backlog.h"
+#include "common/recent_records.h"
 #include "connector/pd_connector.h"
+#include "pd/ids.h"
+#include "server/api_error.h"
 #include "server/completion_handler.h"
 #include "server/tokenize_handler.h"
 
@@ -405,8 +404,7 @@ void HttpServer::RouteKv() {
                                                "{\"transfer_id\": \"<32 lowercase hex>\"}"));
     }
     const auto it = body.find("transfer_id");
-    if (it == body.end() || !it->is_string() ||
-        !connector::IsValidTransferId(it->get<std::string>())) {
+    if (it == body.end() || !it->is_string() || !pd::IsValidTransferId(it->get<std::string>())) {
       return ReplyError(res, ApiError::Invalid("transfer_id must be 32 lowercase hex characters",
                                                "transfer_id", "invalid_transfer_id"));
     }

@@ -75,7 +75,7 @@ struct OpenAiRequest {
   bool include_usage = false;     ///< stream_options.include_usage
   bool return_token_ids = false;  ///< vLLM extension: add "token_ids" to each choice
   /// vLLM P/D extension: the `kv_transfer_params` object (null when absent). Its fields are
-  /// validated by ParseKvTransferParams (server/kv_transfer_params.h).
+  /// validated by pd::ParseKvTransferParams (pd/kv_transfer_params.h).
   nlohmann::json kv_transfer_params;
 };
 

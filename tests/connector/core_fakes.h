@@ -171,7 +171,7 @@ class CoreTest : public ::testing::Test {
     config_.lease = std::chrono::milliseconds(1000);
     config_.watchdog = std::chrono::milliseconds(500);
     config_.cancel_ack = std::chrono::milliseconds(200);
-    config_.pull_profile = PullProfile::kFast;
+    config_.pull_profile = pd::PullProfile::kFast;
     config_.layerwise_min_bytes = 0;  // layer by layer at any size (its threshold: one test)
     peers_.peers[kP] = PeerView{16};
     peers_.peers[kD] = PeerView{16};
@@ -191,12 +191,12 @@ class CoreTest : public ::testing::Test {
   }
 
   // ---- producer (P) inputs ----
-  void StartProducer(int64_t seq, const std::string& tid, KvTransferParams::Mode mode,
+  void StartProducer(int64_t seq, const std::string& tid, pd::KvTransferParams::Mode mode,
                      int32_t n = 10, std::vector<BlockId> blocks = {1, 2, 3}) {
     EngineEvent ev;
     ev.kind = EngineEvent::kProducerStart;
     ev.seq_id = seq;
-    ev.params.role = KvTransferParams::Role::kProducer;
+    ev.params.role = pd::KvTransferParams::Role::kProducer;
     ev.params.mode = mode;
     ev.params.transfer_id = tid;
     ev.num_prompt_tokens = n;
@@ -276,13 +276,14 @@ class CoreTest : public ::testing::Test {
   }
 
   // ---- consumer (D) inputs ----
-  void StartConsumer(int64_t seq, const std::string& tid, KvTransferParams::Mode mode,
+  void StartConsumer(int64_t seq, const std::string& tid, pd::KvTransferParams::Mode mode,
                      int32_t local = 0, int32_t external = 10, int32_t n = 10,
-                     std::vector<BlockId> blocks = {8, 9, 10}, int32_t profile = -1) {
+                     std::vector<BlockId> blocks = {8, 9, 10},
+                     std::optional<pd::PullProfile> profile = std::nullopt) {
     EngineEvent ev;
     ev.kind = EngineEvent::kConsumerStart;
     ev.seq_id = seq;
-    ev.params.role = KvTransferParams::Role::kConsumer;
+    ev.params.role = pd::KvTransferParams::Role::kConsumer;
     ev.params.mode = mode;
     ev.params.transfer_id = tid;
     ev.params.remote_engine_id = kP;

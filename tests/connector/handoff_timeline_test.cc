@@ -10,7 +10,7 @@
 namespace kvpush::connector::test {
 namespace {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 using P = HandoffPhase;
 using std::chrono::microseconds;
 

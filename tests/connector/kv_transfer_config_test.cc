@@ -37,7 +37,7 @@ TEST(KvTransferConfig, Defaults) {
     EXPECT_EQ(c.cancel_ack, 2000ms);
     EXPECT_EQ(c.stall, 5000ms);
     EXPECT_EQ(c.failure_policy, FailurePolicy::kRecompute);
-    EXPECT_EQ(c.pull_profile, PullProfile::kFast);
+    EXPECT_EQ(c.pull_profile, pd::PullProfile::kFast);
     EXPECT_TRUE(c.layerwise);
     EXPECT_EQ(c.layerwise_min_bytes, 256u * 1024u);
     EXPECT_TRUE(c.verify_checksums);
@@ -56,8 +56,8 @@ TEST(KvTransferConfig, RoleComesFromTheCommandLine) {
   EXPECT_EQ(KvRoleName(KvRole::kProducer), "kv_producer");
   EXPECT_EQ(KvRoleName(KvRole::kConsumer), "kv_consumer");
   EXPECT_EQ(KvRoleName(KvRole::kBoth), "kv_both");
-  EXPECT_EQ(PullProfileName(PullProfile::kVllm), "vllm");
-  EXPECT_EQ(PullProfileName(PullProfile::kFast), "fast");
+  EXPECT_EQ(pd::PullProfileName(pd::PullProfile::kVllm), "vllm");
+  EXPECT_EQ(pd::PullProfileName(pd::PullProfile::kFast), "fast");
 }
 
 TEST(KvTransferConfig, EveryFieldParsed) {
@@ -76,7 +76,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
   EXPECT_EQ(c.cancel_ack, 777ms);
   EXPECT_EQ(c.stall, 999ms);
   EXPECT_EQ(c.failure_policy, FailurePolicy::kFail);
-  EXPECT_EQ(c.pull_profile, PullProfile::kVllm);
+  EXPECT_EQ(c.pull_profile, pd::PullProfile::kVllm);
   EXPECT_FALSE(c.layerwise);
   EXPECT_EQ(c.layerwise_min_bytes, 0u);
   EXPECT_FALSE(c.verify_checksums);
@@ -92,7 +92,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
   EXPECT_EQ(d.engine_id, "p-1");
   EXPECT_EQ(d.backend, "ucx:shm");
   EXPECT_EQ(d.failure_policy, FailurePolicy::kRecompute);
-  EXPECT_EQ(d.pull_profile, PullProfile::kFast);
+  EXPECT_EQ(d.pull_profile, pd::PullProfile::kFast);
   EXPECT_TRUE(d.layerwise);
 }
 

@@ -7,6 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "pd/ids.h"
+
 namespace kvpush::connector {
 namespace {
 
@@ -499,16 +501,6 @@ TEST(Messages, DecodeRefusesMalformedTransferIds) {
   }
 }
 
-TEST(Messages, IsValidTransferId) {
-  EXPECT_TRUE(IsValidTransferId(kTid));
-  EXPECT_TRUE(IsValidTransferId(std::string(32, 'f')));
-  EXPECT_FALSE(IsValidTransferId(""));
-  EXPECT_FALSE(IsValidTransferId(kTid.substr(1)));
-  EXPECT_FALSE(IsValidTransferId(kTid + "0"));
-  EXPECT_FALSE(IsValidTransferId("0123456789ABCDEF0123456789ABCDEF"));
-  EXPECT_FALSE(IsValidTransferId("0123456789abcdefg123456789abcdef"));
-}
-
 TEST(Messages, EncodeRefusesBadTransferIdAndTooManyBlocks) {
   for (std::string bad : {std::string(), std::string("abc"), std::string(31, 'a'),
                           std::string(33, 'a'), std::string("0123456789ABCDEF0123456789abcdef"),
@@ -569,7 +561,7 @@ TEST(Messages, RandomPayloadsNeverCrash) {
       continue;
     }
     ++accepted;
-    EXPECT_TRUE(IsValidTransferId(d->transfer_id));
+    EXPECT_TRUE(pd::IsValidTransferId(d->transfer_id));
     EXPECT_LE(d->block_ids.size(), kMaxPartBlocks);
     EXPECT_LE(d->top_logprobs.size(), kMaxTopLogprobs);
     for (int32_t id : d->block_ids) EXPECT_GE(id, 0);
@@ -578,23 +570,6 @@ TEST(Messages, RandomPayloadsNeverCrash) {
     EXPECT_EQ(again.value(), p) << "iteration " << i;
   }
   EXPECT_GT(accepted, 100);  // the mutated half must also exercise the success path
-}
-
-TEST(Messages, PromptHashIsStableAndSensitive) {
-  // XXH3-64 (seed 0) of the int32 little-endian bytes, computed independently with libxxhash.
-  EXPECT_EQ(PromptHash({}), 0x2d06800538d394c2ull);
-  const std::vector<int32_t> t = {1, 2, 3, 4, 5};
-  EXPECT_EQ(PromptHash(t), 0xf2f19a6764b86d62ull);
-  EXPECT_EQ(PromptHash(t), PromptHash(std::vector<int32_t>(t)));
-  auto u = t;
-  u[4] = 6;
-  EXPECT_NE(PromptHash(u), PromptHash(t));
-  u = t;
-  u[0] = 0;
-  EXPECT_NE(PromptHash(u), PromptHash(t));
-  u = t;
-  u.push_back(0);  // one more token (a zero) changes the hash too
-  EXPECT_NE(PromptHash(u), PromptHash(t));
 }
 
 }  // namespace

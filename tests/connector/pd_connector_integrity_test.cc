@@ -17,14 +17,15 @@
 #include "connector/handshake_server.h"
 #include "connector/pd_connector.h"
 #include "kv/block_checksum.h"
+#include "pd/ids.h"
 #include "test_util.h"
 
 namespace kvpush::connector {
 namespace {
 
 using namespace std::chrono_literals;
-using Role = KvTransferParams::Role;
-using Mode = KvTransferParams::Mode;
+using Role = pd::KvTransferParams::Role;
+using Mode = pd::KvTransferParams::Mode;
 
 const std::string kTid = "00112233445566778899aabbccddeeff";
 
@@ -119,12 +120,13 @@ class PullIntegrity : public ::testing::Test {
     RequestOutput out;
     out.finish_reason = FinishReason::kLength;
     ASSERT_TRUE(p_->OnRequestFinished(ps_, p_blocks_, out));
-    ASSERT_FALSE(out.kv_transfer_params.empty());
+    ASSERT_TRUE(out.pull_answer.has_value());
     ASSERT_TRUE(WaitFor([&] { return p_->stats().checksum_ns_sum > 0; }));
   }
 
   /// D admits the request with `params` (pull) into blocks {20, 21, 22} and waits for the load.
-  KvLoadResult RunConsumer(KvTransferParams params, const std::function<void()>& meanwhile = {}) {
+  KvLoadResult RunConsumer(pd::KvTransferParams params,
+                           const std::function<void()>& meanwhile = {}) {
     ds_.seq_id = 11;
     params.role = Role::kConsumer;
     params.mode = Mode::kPull;
@@ -148,11 +150,11 @@ class PullIntegrity : public ::testing::Test {
   }
 
   /// The pull params P's answer carries for the 10-token prompt (what an honest router relays).
-  KvTransferParams HonestParams() const {
-    KvTransferParams params;
+  pd::KvTransferParams HonestParams() const {
+    pd::KvTransferParams params;
     params.remote_block_ids = p_blocks_;
     params.num_prompt_tokens = 10;
-    params.prompt_hash = PromptHash(prompt_);
+    params.prompt_hash = pd::PromptHash(prompt_);
     params.first_token_id = 7;
     return params;
   }
@@ -181,10 +183,10 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
     SCOPED_TRACE(profile);
     Start("", std::string(R"(, "pull_profile": ")") + profile + "\"");
     RunProducer();
-    KvTransferParams forged;
+    pd::KvTransferParams forged;
     forged.remote_block_ids = {7, 6, 5};  // reversed: in range, wrong
     forged.num_prompt_tokens = 10;
-    forged.prompt_hash = PromptHash(prompt_);
+    forged.prompt_hash = pd::PromptHash(prompt_);
     forged.first_token_id = 2;  // EOS, not what P sampled
     KvLoadResult r = RunConsumer(forged);
     ASSERT_TRUE(r.status.ok()) << r.status.ToString();
@@ -244,7 +246,7 @@ TEST_F(PullIntegrity, WithAuthenticatedPeersThePinnedReadWorksAndNoMessageIsRefu
 TEST_F(PullIntegrity, APinThatOvertakesThePrefillsEndIsAnsweredWhenItEnds) {
   Start("", R"(, "pull_profile": "fast")");
   StartProducer();
-  const KvTransferParams params = HonestParams();
+  const pd::KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params, [&] {
     ASSERT_TRUE(WaitFor([&] { return d_->stats().pins_sent == 1; }));
     std::this_thread::sleep_for(50ms);  // let the PIN reach P before the prefill ends
@@ -263,7 +265,7 @@ TEST_F(PullIntegrity, CorruptedBlocksAreRefusedAndNeverUsed) {
   RunProducer();
   // Flip one byte of P's middle block after P checksummed it (a bit flip, a stray write).
   p_->kv_memory()[layout_.offset(1, KvKind::kValue, p_blocks_[1]) + 5] ^= std::byte{0x40};
-  const KvTransferParams params = HonestParams();
+  const pd::KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params);
   EXPECT_EQ(r.status.code(), StatusCode::kDataLoss) << r.status.ToString();
   EXPECT_TRUE(r.recompute);
@@ -281,7 +283,7 @@ TEST_F(PullIntegrity, AnExpiredLeaseIsRefusedNotRead) {
   EXPECT_TRUE(ProducerReleased());  // the lease ran out: P freed (and may reuse) the blocks
   EXPECT_EQ(p_->stats().leases_expired, 1);
   for (BlockId b : p_blocks_) Fill(*p_, layout_, b, 0x77);  // another request's KV
-  const KvTransferParams params = HonestParams();
+  const pd::KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params);
   EXPECT_FALSE(r.status.ok());
   EXPECT_NE(r.status.message().find("lease expired"), std::string::npos) << r.status.ToString();

@@ -13,7 +13,7 @@
 namespace kvpush::connector::test {
 namespace {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 
 constexpr const char* kSelf = "self-0";
 

@@ -10,7 +10,7 @@
 namespace kvpush::connector::test {
 namespace {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 using std::chrono::milliseconds;
 
 class ConsumerTest : public CoreTest {};
@@ -272,7 +272,7 @@ TEST_F(ConsumerTest, AnUnsettledPullReadQuarantinesItsBlocksUntilItEnds) {
   // D's own READ was cancelled but the transfer engine has not settled it (its data could still
   // arrive): the request goes on, the blocks wait for the READ's end.
   const std::string t = Tid(7);
-  StartConsumer(7, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, 1);
+  StartConsumer(7, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, pd::PullProfile::kFast);
   Deliver(kP, Pinned(t));
   const TransferToken read = rec_.Of(Action::kPost)[0].token;
   Advance(milliseconds(510));
@@ -552,7 +552,8 @@ TEST_F(ConsumerTest, FastPullReadsWhatPPinnedVerifiesAndReleases) {
 
 TEST_F(ConsumerTest, VllmPullHandsTheReadToTheEngineThread) {
   const std::string t = Tid(71);
-  StartConsumer(1, t, Mode::kPull, 0, 9, 10, {8, 9, 10}, 0);  // vllm: last token recomputed
+  StartConsumer(1, t, Mode::kPull, 0, 9, 10, {8, 9, 10},
+                pd::PullProfile::kVllm);  // vllm: last token recomputed
   Deliver(kP, Pinned(t));
   EXPECT_EQ(core_->consumer_state(t), ConsumerState::kReadHanded);
   auto handed = rec_.Of(Action::kHandRead);
@@ -600,7 +601,8 @@ TEST_F(ConsumerTest, PullFailurePaths) {
     rec_.post_error = Status::Ok();
     peers_.peers[kP] = PeerView{16};
     const std::string t = Tid(++n);
-    StartConsumer(n, t, Mode::kPull, 0, 10, 10, {8, 9, 10}, c.what == 4 ? 0 : 1);
+    StartConsumer(n, t, Mode::kPull, 0, 10, 10, {8, 9, 10},
+                  c.what == 4 ? pd::PullProfile::kVllm : pd::PullProfile::kFast);
     PdMessage pinned = Pinned(t);
     if (c.what == 0) pinned.block_ids = {1, 2};
     if (c.what == 2) pinned.kv_digest ^= 1;
@@ -640,13 +642,13 @@ TEST_F(ConsumerTest, UnexpectedPinnedIsABadMessage) {
 TEST_F(ConsumerTest, PullWatchdog) {
   struct Case {
     const char* name;
-    int profile;
+    pd::PullProfile profile;
     int stage;  // 0: no PINNED yet; 1: READ posted; 2: READ handed, posted after the watchdog
   };
   const Case cases[] = {
-      {"PIN unanswered: ends at once", 1, 0},
-      {"READ running: cancelled, ends when it ends", 1, 1},
-      {"READ handed to the engine: cancelled once posted", 0, 2},
+      {"PIN unanswered: ends at once", pd::PullProfile::kFast, 0},
+      {"READ running: cancelled, ends when it ends", pd::PullProfile::kFast, 1},
+      {"READ handed to the engine: cancelled once posted", pd::PullProfile::kVllm, 2},
   };
   int n = 100;
   for (const Case& c : cases) {

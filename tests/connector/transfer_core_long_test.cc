@@ -15,7 +15,7 @@
 namespace kvpush::connector::test {
 namespace {
 
-using Mode = KvTransferParams::Mode;
+using Mode = pd::KvTransferParams::Mode;
 using std::chrono::milliseconds;
 
 constexpr int32_t kPool = 1 << 16;  // blocks: ids need 3-byte varints when scattered

@@ -9,7 +9,8 @@
 #include <random>
 #include <string>
 
-#include "router/pd_legs.h"
+#include "pd/legs.h"
+#include "router/flow_mode.h"
 
 namespace kvpush::router {
 namespace {
@@ -109,7 +110,7 @@ TEST(ClientBodyTest, LegsForwardTheClientsBytesOfWhatTheRouterLeavesAlone) {
   ASSERT_EQ(c->members.size(), 5u);
   EXPECT_FALSE(c->Shell().contains("prompt"));  // builders never copy the prompt
   EXPECT_TRUE(c->Shell().contains("x"));
-  const json leg = MakePrefillBody(c->Shell(), TransferMode::kPush, "tid");
+  const json leg = pd::MakePrefillBody(c->Shell(), pd::KvTransferParams::Mode::kPush, "tid");
   const std::string composed = ComposeLegBody(leg, *c);
   EXPECT_NE(composed.find(R"("prompt":[1,  2,   3])"), std::string::npos) << composed;
   EXPECT_NE(composed.find(R"("x":"\u00e9")"), std::string::npos) << composed;
@@ -120,10 +121,10 @@ TEST(ClientBodyTest, LegsForwardTheClientsBytesOfWhatTheRouterLeavesAlone) {
   EXPECT_EQ(back["max_tokens"], 1);
   EXPECT_FALSE(back.contains("stream_options"));
   // D's push leg: everything the client sent, plus kv_transfer_params.
-  const json d = MakeDecodePushBody(c->doc, "tid", InstanceAddress{});
+  const json d = pd::MakeDecodePushBody(c->doc, "tid", "10.0.0.2", 8100);
   EXPECT_TRUE(Identical(json::parse(ComposeLegBody(d, *c)), json::parse(d.dump())));
   EXPECT_TRUE(Identical(
-      json::parse(ComposeLegBody(MakeDecodePushBody(c->Shell(), "tid", InstanceAddress{}), *c)),
+      json::parse(ComposeLegBody(pd::MakeDecodePushBody(c->Shell(), "tid", "10.0.0.2", 8100), *c)),
       json::parse(d.dump())));
   // Chat: messages are forwarded the same way.
   auto chat = ParseClientBody(R"({"messages": [{"role": "user", "content": "hi"}], "n": 1})");

@@ -1,12 +1,13 @@
-// server::ParseKvTransferParams: the `kv_transfer_params` request field (docs/pd_protocol.md §1).
-#include "server/kv_transfer_params.h"
+// pd::ParseKvTransferParams and pd::ToJson: the `kv_transfer_params` request field and the pull
+// answer (docs/pd_protocol.md §1).
+#include "pd/kv_transfer_params.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <limits>
 
-namespace kvpush::server {
+namespace kvpush::pd {
 namespace {
 
 using nlohmann::json;
@@ -17,22 +18,24 @@ const std::string kTid = "0123456789abcdef0123456789abcdef";
 
 KvTransferParams Ok(const json& j) {
   auto r = ParseKvTransferParams(j);
-  if (auto* e = std::get_if<ApiError>(&r)) {
+  if (auto* e = std::get_if<ParamError>(&r)) {
     ADD_FAILURE() << j.dump() << ": " << e->message << " (param " << e->param << ")";
     return {};
   }
   return std::get<KvTransferParams>(r);
 }
 
-ApiError Err(const json& j) {
+ParamError Err(const json& j) {
   auto r = ParseKvTransferParams(j);
-  if (auto* e = std::get_if<ApiError>(&r)) return *e;
+  if (auto* e = std::get_if<ParamError>(&r)) return *e;
   ADD_FAILURE() << j.dump() << " was accepted";
   return {};
 }
 
 json ProducerPush() {
-  return {{"do_remote_decode", true}, {"do_remote_prefill", false}, {"transfer_mode", "push"},
+  return {{"do_remote_decode", true},
+          {"do_remote_prefill", false},
+          {"transfer_mode", "push"},
           {"transfer_id", kTid}};
 }
 
@@ -44,9 +47,11 @@ json ConsumerPush() {
 // P's pull answer (§1), as D receives it.
 json ConsumerPull() {
   return json::parse(R"({"do_remote_prefill": true, "do_remote_decode": false,
-      "transfer_mode": "pull", "transfer_id": ")" + kTid + R"(",
+      "transfer_mode": "pull", "transfer_id": ")" +
+                     kTid + R"(",
       "remote_engine_id": "prefill-10.0.0.7:8100", "remote_host": "10.0.0.7",
-      "remote_port": 8100, "remote_block_ids": [3, 4, 5], "remote_request_id": ")" + kTid + R"(",
+      "remote_port": 8100, "remote_block_ids": [3, 4, 5], "remote_request_id": ")" +
+                     kTid + R"(",
       "num_prompt_tokens": 37, "prompt_hash": "00000000deadbeef", "first_token_id": 42,
       "first_token_logprob": -0.125, "lease_ms": 30000, "tp_size": 1})");
 }
@@ -55,7 +60,7 @@ TEST(KvTransferParams, NullIsColocated) {
   const auto p = Ok(json());
   EXPECT_EQ(p.role, Role::kNone);
   EXPECT_TRUE(p.transfer_id.empty());
-  EXPECT_EQ(p.pull_profile, -1);
+  EXPECT_EQ(p.pull_profile, std::nullopt);
   EXPECT_EQ(p.first_token_id, -1);
 }
 
@@ -70,9 +75,8 @@ TEST(KvTransferParams, NeitherFlagIsColocated) {
 TEST(KvTransferParams, NonObjectRefused) {
   for (const json& j : {json(1), json("x"), json::array({1}), json(true)}) {
     const auto e = Err(j);
-    EXPECT_EQ(e.http_status, 400);
     EXPECT_EQ(e.param, "kv_transfer_params");
-    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.message, "kv_transfer_params must be an object");
   }
 }
 
@@ -114,7 +118,6 @@ TEST(KvTransferParams, ConsumerPushRequiresHostAndPort) {
     auto j = ConsumerPush();
     j.erase(drop);
     const auto e = Err(j);
-    EXPECT_EQ(e.http_status, 400);
     EXPECT_EQ(e.param, "kv_transfer_params.remote_host") << drop;
     EXPECT_NE(e.message.find("remote_port"), std::string::npos) << e.message;
   }
@@ -146,14 +149,13 @@ TEST(KvTransferParams, ConsumerPull) {
   EXPECT_EQ(p.prompt_hash, 0xdeadbeefull);
   EXPECT_EQ(p.first_token_id, 42);
   EXPECT_EQ(p.first_token_logprob, -0.125f);
-  EXPECT_EQ(p.pull_profile, -1);  // not given: instance default
+  EXPECT_EQ(p.pull_profile, std::nullopt);  // not given: instance default
 }
 
 TEST(KvTransferParams, ConsumerPullRequiresBlockIds) {
   auto j = ConsumerPull();
   j.erase("remote_block_ids");
   auto e = Err(j);
-  EXPECT_EQ(e.http_status, 400);
   EXPECT_EQ(e.param, "kv_transfer_params.remote_block_ids");
   j["remote_block_ids"] = json::array();
   EXPECT_EQ(Err(j).param, "kv_transfer_params.remote_block_ids");
@@ -169,8 +171,8 @@ TEST(KvTransferParams, BlockIdRange) {
   auto j = ConsumerPull();
   j["remote_block_ids"] = {0, 0x7fffffff};
   EXPECT_EQ(Ok(j).remote_block_ids, (std::vector<int32_t>{0, 0x7fffffff}));
-  for (const json& bad : {json{-1}, json{int64_t{0x80000000}}, json{1, "2"}, json{1.5},
-                          json("3,4"), json{{{"id", 1}}}}) {
+  for (const json& bad : {json{-1}, json{int64_t{0x80000000}}, json{1, "2"}, json{1.5}, json("3,4"),
+                          json{{{"id", 1}}}}) {
     j["remote_block_ids"] = bad;
     const auto e = Err(j);
     EXPECT_EQ(e.param, "kv_transfer_params.remote_block_ids") << bad.dump();
@@ -181,20 +183,17 @@ TEST(KvTransferParams, BothFlagsRefused) {
   auto j = ConsumerPull();
   j["do_remote_decode"] = true;
   const auto e = Err(j);
-  EXPECT_EQ(e.http_status, 400);
   EXPECT_EQ(e.param, "kv_transfer_params.do_remote_prefill");
   EXPECT_NE(e.message.find("do_remote_decode"), std::string::npos) << e.message;
 }
 
 TEST(KvTransferParams, BadTransferIdRefused) {
-  for (const char* bad : {"", "abc", "0123456789ABCDEF0123456789abcdef",
-                          "0123456789abcdef0123456789abcdeg", "0123456789abcdef0123456789abcdef0",
-                          "0123456789abcdef0123456789abcde"}) {
+  for (const char* bad :
+       {"", "abc", "0123456789ABCDEF0123456789abcdef", "0123456789abcdef0123456789abcdeg",
+        "0123456789abcdef0123456789abcdef0", "0123456789abcdef0123456789abcde"}) {
     auto j = ProducerPush();
     j["transfer_id"] = bad;
-    const auto e = Err(j);
-    EXPECT_EQ(e.http_status, 400) << bad;
-    EXPECT_EQ(e.param, "kv_transfer_params.transfer_id") << bad;
+    EXPECT_EQ(Err(j).param, "kv_transfer_params.transfer_id") << bad;
   }
   auto j = ProducerPush();
   j.erase("transfer_id");  // and no remote_request_id either
@@ -226,25 +225,35 @@ TEST(KvTransferParams, WrongTypesName400Param) {
     json value;
   };
   const std::vector<Case> cases = {
-      {"do_remote_decode", "true"}, {"do_remote_decode", 1},
-      {"do_remote_prefill", "yes"}, {"transfer_mode", 1},
-      {"transfer_mode", "both"},    {"transfer_mode", "PUSH"},
-      {"transfer_id", 12},          {"remote_engine_id", 3},
-      {"remote_host", false},       {"remote_port", "8100"},
-      {"remote_port", 8100.5},      {"remote_block_ids", 3},
-      {"num_prompt_tokens", "37"},  {"num_prompt_tokens", -1},
-      {"prompt_hash", 3735928559},  {"prompt_hash", "xyz"},
-      {"prompt_hash", "00000000000000001"},  {"first_token_id", "42"},
-      {"first_token_id", -2},       {"first_token_logprob", "-0.1"},
-      {"pull_profile", 1},          {"pull_profile", "nixl"},
-      {"remote_engine_id", std::string(256, 'e')}, {"remote_host", std::string(256, 'h')},
+      {"do_remote_decode", "true"},
+      {"do_remote_decode", 1},
+      {"do_remote_prefill", "yes"},
+      {"transfer_mode", 1},
+      {"transfer_mode", "both"},
+      {"transfer_mode", "PUSH"},
+      {"transfer_id", 12},
+      {"remote_engine_id", 3},
+      {"remote_host", false},
+      {"remote_port", "8100"},
+      {"remote_port", 8100.5},
+      {"remote_block_ids", 3},
+      {"num_prompt_tokens", "37"},
+      {"num_prompt_tokens", -1},
+      {"prompt_hash", 3735928559},
+      {"prompt_hash", "xyz"},
+      {"prompt_hash", "00000000000000001"},
+      {"first_token_id", "42"},
+      {"first_token_id", -2},
+      {"first_token_logprob", "-0.1"},
+      {"pull_profile", 1},
+      {"pull_profile", "nixl"},
+      {"remote_engine_id", std::string(256, 'e')},
+      {"remote_host", std::string(256, 'h')},
   };
   for (const auto& c : cases) {
     auto j = ProducerPush();
     j[c.field] = c.value;
     const auto e = Err(j);
-    EXPECT_EQ(e.http_status, 400) << c.field << " = " << c.value.dump();
-    EXPECT_EQ(e.type, "invalid_request_error");
     EXPECT_EQ(e.param, std::string("kv_transfer_params.") + c.field) << c.value.dump();
     EXPECT_NE(e.message.find(std::string("kv_transfer_params.") + c.field), std::string::npos)
         << e.message;
@@ -254,24 +263,24 @@ TEST(KvTransferParams, WrongTypesName400Param) {
 TEST(KvTransferParams, NullFieldsAreAbsent) {
   auto j = ProducerPush();
   for (const char* k : {"remote_engine_id", "remote_host", "remote_port", "remote_block_ids",
-                        "num_prompt_tokens", "prompt_hash", "first_token_id",
-                        "first_token_logprob", "pull_profile", "remote_request_id"}) {
+                        "num_prompt_tokens", "prompt_hash", "first_token_id", "first_token_logprob",
+                        "pull_profile", "remote_request_id"}) {
     j[k] = nullptr;
   }
   const auto p = Ok(j);
   EXPECT_EQ(p.role, Role::kProducer);
   EXPECT_EQ(p.first_token_id, -1);
-  EXPECT_EQ(p.pull_profile, -1);
+  EXPECT_EQ(p.pull_profile, std::nullopt);
 }
 
 TEST(KvTransferParams, PullProfile) {
   auto j = ConsumerPull();
   j["pull_profile"] = "vllm";
-  EXPECT_EQ(Ok(j).pull_profile, 0);
+  EXPECT_EQ(Ok(j).pull_profile, PullProfile::kVllm);
   j["pull_profile"] = "fast";
-  EXPECT_EQ(Ok(j).pull_profile, 1);
+  EXPECT_EQ(Ok(j).pull_profile, PullProfile::kFast);
   j["pull_profile"] = "";
-  EXPECT_EQ(Ok(j).pull_profile, -1);
+  EXPECT_EQ(Ok(j).pull_profile, std::nullopt);
   j["pull_profile"] = "Fast";
   EXPECT_EQ(Err(j).param, "kv_transfer_params.pull_profile");
 }
@@ -333,5 +342,32 @@ TEST(KvTransferParams, PromptHashRefusesNonHexForms) {
   }
 }
 
+// ToJson is ParseKvTransferParams' inverse: every accepted form written back reads back equal.
+TEST(KvTransferParams, ToJsonReadsBackEqual) {
+  auto pull_with_profile = ConsumerPull();
+  pull_with_profile["pull_profile"] = "vllm";
+  for (const json& j : {ProducerPush(), ConsumerPush(), ConsumerPull(), pull_with_profile}) {
+    const KvTransferParams p = Ok(j);
+    EXPECT_EQ(Ok(ToJson(p)), p) << j.dump() << " -> " << ToJson(p).dump();
+  }
+}
+
+// The legs carry exactly the members a leg needs (the P and D push legs' wire form).
+TEST(KvTransferParams, ToJsonWritesOnlyWhatIsGiven) {
+  EXPECT_EQ(ToJson(Ok(ProducerPush())), ProducerPush());
+  EXPECT_EQ(ToJson(Ok(ConsumerPush())), ConsumerPush());
+}
+
+// P's pull answer: the 15 members of docs/pd_protocol.md §1, which D reads back as its params.
+TEST(PullAnswer, CarriesEveryPullFieldAndVllmsExtras) {
+  PullAnswer a;
+  a.params = Ok(ConsumerPull());
+  a.lease_ms = 30000;
+  const json j = ToJson(a);
+  json want = ConsumerPull();
+  EXPECT_EQ(j, want) << j.dump();
+  EXPECT_EQ(Ok(j), a.params);
+}
+
 }  // namespace
-}  // namespace kvpush::server
+}  // namespace kvpush::pd

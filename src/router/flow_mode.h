@@ -1,5 +1,5 @@
-// The bodies of the two legs of a P/D request (docs/pd_protocol.md §1): pure functions over the
-// client's JSON body, plus the per-request identifiers the router mints.
+// The router's flow choice (the x-kvpush-mode header) and the per-request identifiers it mints.
+// The legs' bodies are pd/legs.h.
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "router/instance_pool.h"
+#include "pd/kv_transfer_params.h"
 
 namespace kvpush::router {
 
@@ -32,10 +32,6 @@ struct ModeChoice {
 Result<ModeChoice> ParseModeHeader(const std::string& value,
                                    const std::string& default_pull_profile);
 
-/// True for a client-supplied `x-request-id` the router keeps: 1..256 visible ASCII characters
-/// (0x21..0x7e), the instances' rule, so the same header gives the same id in every mode.
-bool IsValidRequestId(const std::string& id);
-
 /// Random identifiers. Thread-safe (one mutex around a 64-bit Mersenne Twister seeded from
 /// std::random_device).
 class IdMinter {
@@ -54,25 +50,8 @@ class IdMinter {
   std::mt19937_64 rng_;
 };
 
-/// P leg: `client` with "max_tokens": 1, "max_completion_tokens" and "stream_options" removed,
-/// "stream": false and kv_transfer_params {do_remote_decode: true, do_remote_prefill: false,
-/// transfer_mode, transfer_id}. `client` must be an object already carrying the request's
-/// "seed".
-nlohmann::json MakePrefillBody(const nlohmann::json& client, TransferMode mode,
-                               const std::string& transfer_id);
-
-/// D leg of a push: `client` (stream settings kept) with kv_transfer_params {do_remote_prefill:
-/// true, do_remote_decode: false, transfer_mode: "push", transfer_id, remote_host, remote_port}
-/// naming the prefill instance as the router reaches it.
-nlohmann::json MakeDecodePushBody(const nlohmann::json& client, const std::string& transfer_id,
-                                  const InstanceAddress& prefill);
-
-/// D leg of a pull: `client` with P's `kv_transfer_params` (from `prefill_answer`) copied
-/// verbatim, plus "pull_profile" inside it when `pull_profile` is not empty.
-/// Errors: kInvalidArgument when `prefill_answer` has no kv_transfer_params object.
-Result<nlohmann::json> MakeDecodePullBody(const nlohmann::json& client,
-                                          const nlohmann::json& prefill_answer,
-                                          const std::string& pull_profile);
+/// The pd/ transfer mode of a P/D flow (kPush or kPull; kColocated has no legs).
+pd::KvTransferParams::Mode PdModeOf(TransferMode mode);
 
 /// {"error": {"message", "type", "param": null, "code"}} as one line; `code` null when empty.
 std::string ErrorJson(const std::string& message, const std::string& type,

@@ -11,6 +11,7 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
@@ -146,55 +147,21 @@ ApiError NotPdInstance() {
 
 }  // namespace
 
-bool TransferRequests::Add(const std::string& tid, int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  ExpireLocked(NowNs());
-  if (aborted_.count(tid) != 0) return false;
-  inflight_[tid].push_back(id);
-  return true;
-}
-
-void TransferRequests::Remove(const std::string& tid, int64_t id) {
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = inflight_.find(tid);
-  if (it == inflight_.end()) return;
-  std::erase(it->second, id);
-  if (it->second.empty()) inflight_.erase(it);
-}
-
-bool TransferRequests::IsAborted(const std::string& tid) const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return aborted_.count(tid) != 0;
-}
-
-std::vector<int64_t> TransferRequests::Abort(const std::string& tid) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const int64_t now = NowNs();
-  ExpireLocked(now);
-  if (aborted_.insert(tid).second) aborted_order_.emplace_back(now, tid);
-  std::vector<int64_t> ids;
-  auto it = inflight_.find(tid);
-  if (it != inflight_.end()) {
-    ids = std::move(it->second);
-    inflight_.erase(it);
-  }
-  return ids;
-}
-
-void TransferRequests::ExpireLocked(int64_t now_ns) {
-  while (!aborted_order_.empty() && (aborted_order_.size() > kMaxAborted ||
-                                     now_ns - aborted_order_.front().first > kAbortedTtlNs)) {
-    aborted_.erase(aborted_order_.front().second);
-    aborted_order_.pop_front();
-  }
-}
-
 HttpServer::HttpServer(Engine& engine, ServerOptions options)
     : engine_(engine),
       options_(std::move(options)),
       chat_(options_.chat_template, engine.tokenizer()),
       server_(std::make_unique<httplib::Server>()),
-      rng_(std::random_device{}()) {}
+      rng_(std::random_device{}()),
+      completion_{engine_,
+                  chat_,
+                  options_.served_model_name,
+                  options_.enable_prompt_tokens_details,
+                  options_.connector,
+                  transfers_,
+                  state_,
+                  [this](const char* prefix) { return NewRequestId(prefix); },
+                  [this] { return RandomSeed(); }} {}
 
 HttpServer::~HttpServer() {
   Stop();
@@ -203,7 +170,7 @@ HttpServer::~HttpServer() {
 std::string HttpServer::NewRequestId(const char* prefix) {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string id = prefix;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (int i = 0; i < 2; ++i) {
     uint64_t x = rng_();
     for (int k = 0; k < 16; ++k, x >>= 4) id += kHex[x & 15];
@@ -212,19 +179,19 @@ std::string HttpServer::NewRequestId(const char* prefix) {
 }
 
 uint64_t HttpServer::RandomSeed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return rng_();
 }
 
 void HttpServer::CountResponse(const std::string& path, int status) {
   bool known = false;
   for (const RouteSpec& r : kRoutes) known = known || path == r.path;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   ++counters_[{known ? path : std::string("other"), status}];
 }
 
 HttpCounters HttpServer::http_counters() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return counters_;
 }
 
@@ -232,7 +199,7 @@ void HttpServer::Route() {
   httplib::Server& s = *server_;
   auto completions = [this](ApiKind kind) {
     return [this, kind](const httplib::Request& req, httplib::Response& res) {
-      CompletionHandler(*this).Handle(kind, req, res);
+      CompletionHandler(completion_).Handle(kind, req, res);
     };
   };
   s.Post("/v1/completions", completions(ApiKind::kCompletion));
@@ -248,11 +215,11 @@ void HttpServer::Route() {
     res.set_content(body.dump(), "application/json");
   });
   s.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
-    if (stopping_.load()) {
+    if (state_.stopping.load()) {
       ReplyError(res, ApiError{503, "shutting down", "server_error", "", ""});
       return;
     }
-    if (draining_.load()) {
+    if (state_.draining.load()) {
       ReplyError(res, ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode});
       return;
     }
@@ -274,7 +241,7 @@ void HttpServer::Route() {
         RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
     if (options_.connector != nullptr) {
       text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name,
-                                     local_prefills_.load());
+                                     state_.local_prefills.load());
       text += RenderHandoffMetrics(options_.connector->timelines(), options_.served_model_name);
     }
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
@@ -464,7 +431,7 @@ Status HttpServer::Start() {
 }
 
 void HttpServer::Stop() {
-  stopping_.store(true);
+  state_.stopping.store(true);
   if (server_) server_->stop();
   if (thread_.joinable()) thread_.join();
 }

@@ -4,20 +4,19 @@
 
 #include <atomic>
 #include <cstdint>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <thread>
-#include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "engine/engine.h"
 #include "server/chat_template.h"
+#include "server/completion_handler.h"
 #include "server/metrics.h"
 
 namespace httplib {
@@ -54,35 +53,6 @@ struct ServerOptions {
   connector::PdConnector* connector = nullptr;
 };
 
-/// The engine requests in flight per P/D transfer id (registered at Submit, removed when the
-/// HTTP request ends), and the transfer ids POST /kv/abort ended, so that a leg arriving after
-/// its abort is refused instead of run. Aborted ids are remembered for `kAbortedTtlNs` (at most
-/// `kMaxAborted` of them, oldest forgotten first). Thread-safe (one mutex).
-class TransferRequests {
- public:
-  static constexpr int64_t kAbortedTtlNs = int64_t{600} * 1000000000;
-  static constexpr size_t kMaxAborted = 16384;
-
-  /// Records engine request `id` as serving transfer `tid`. Returns false (and records nothing)
-  /// when `tid` was aborted: the caller must abort `id` itself.
-  bool Add(const std::string& tid, int64_t id);
-  /// Forgets request `id` of `tid` (it ended). Unknown pairs are ignored.
-  void Remove(const std::string& tid, int64_t id);
-  /// True when `tid` was aborted (within the last kAbortedTtlNs).
-  bool IsAborted(const std::string& tid) const;
-  /// Marks `tid` aborted and returns the engine ids in flight for it, forgetting them (a second
-  /// call returns none).
-  std::vector<int64_t> Abort(const std::string& tid);
-
- private:
-  void ExpireLocked(int64_t now_ns);
-
-  mutable std::mutex mu_;
-  std::unordered_map<std::string, std::vector<int64_t>> inflight_;
-  std::unordered_set<std::string> aborted_;
-  std::deque<std::pair<int64_t, std::string>> aborted_order_;  ///< (when, tid), oldest first
-};
-
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and on a P/D
 /// instance POST /kv/handshake and POST /kv/abort.
 /// HTTP handler threads tokenize, submit to the Engine, and read the per-request OutputChannel;
@@ -107,16 +77,16 @@ class HttpServer {
 
   /// Drain, step 1: from now on new completion requests get 503 `draining` and GET /health
   /// answers 503 `draining`; requests already admitted go on. Thread-safe, idempotent.
-  void BeginDrain() { draining_.store(true); }
+  void BeginDrain() { state_.draining.store(true); }
   /// Drain, step 2 (the drain timeout passed): every completion request still open ends now
   /// with an error — a stream with an SSE error event (code `draining_timeout`) and
   /// `data: [DONE]`, a non-streamed one with 503 `draining_timeout`; their engine requests are
   /// aborted (which releases a D leg's KV reservation). Thread-safe, idempotent.
-  void CutOpenRequests() { cut_.store(true); }
-  bool draining() const { return draining_.load(); }
+  void CutOpenRequests() { state_.cut.store(true); }
+  bool draining() const { return state_.draining.load(); }
   /// Completion requests admitted and not yet ended (a stream counts until its last byte was
   /// handed to the socket or the client went away). Thread-safe.
-  int inflight() const { return inflight_.load(); }
+  int inflight() const { return state_.inflight.load(); }
 
   /// The bound port (after Start).
   int port() const { return port_; }
@@ -125,7 +95,6 @@ class HttpServer {
   HttpCounters http_counters() const;
 
  private:
-  friend class CompletionHandler;
   void Route();
   void RouteKv();
   void CountResponse(const std::string& path, int status);
@@ -138,18 +107,14 @@ class HttpServer {
   std::unique_ptr<httplib::Server> server_;
   std::thread thread_;
   int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  std::atomic<bool> draining_{false};  ///< BeginDrain: refuse new completions, /health 503
-  std::atomic<bool> cut_{false};       ///< CutOpenRequests: end open completions with an error
-  std::atomic<int> inflight_{0};       ///< completion requests admitted, not yet ended
-  /// P/D instance: requests admitted without kv_transfer_params (prefilled here, no P leg).
-  std::atomic<int64_t> local_prefills_{0};
+  ServingState state_;  ///< stopping, draining, cut, in flight, local prefills
 
-  mutable std::mutex mu_;  ///< guards counters_ and rng_
-  HttpCounters counters_;
-  std::mt19937_64 rng_;
+  mutable Mutex mu_;
+  HttpCounters counters_ GUARDED_BY(mu_);
+  std::mt19937_64 rng_ GUARDED_BY(mu_);
 
   TransferRequests transfers_;  ///< P/D requests in flight, for POST /kv/abort
+  CompletionContext completion_;  ///< what the completion handlers use of this server
 };
 
 }  // namespace kvpush::server

@@ -1,0 +1,110 @@
+#include "server/completion_state.h"
+
+namespace kvpush::server {
+
+ApiError FromStatus(const Status& st, const std::string& param) {
+  switch (st.code()) {
+    case StatusCode::kInvalidArgument:
+      return ApiError::Invalid(st.message(), param);
+    case StatusCode::kResourceExhausted:
+      return ApiError::Invalid(st.message(), param, "kv_cache_too_small");
+    case StatusCode::kUnavailable:
+      return ApiError{503, st.message(), "server_error", "", "overloaded"};
+    case StatusCode::kAborted:
+      return ApiError{503, st.message(), "server_error", "", "aborted"};
+    default:
+      return ApiError{500, st.ToString(), "server_error", "", ""};
+  }
+}
+
+ApiError TransferAborted(const std::string& transfer_id) {
+  return ApiError{409, "transfer " + transfer_id + " was aborted (POST /kv/abort)",
+                  "invalid_request_error", "kv_transfer_params.transfer_id", "transfer_aborted"};
+}
+
+CompletionState::~CompletionState() {
+  if (transfers != nullptr) {
+    for (const auto& h : handles) {
+      if (h.channel) transfers->Remove(transfer_id, h.id);
+    }
+  }
+  if (inflight != nullptr) inflight->fetch_sub(1);
+}
+
+bool CompletionState::Apply(size_t i, const RequestOutput& o) {
+  ChoiceResult& c = choices[i];
+  c.text += o.text;
+  c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());
+  if (!o.prompt_logprobs.empty()) c.prompt.scored = o.prompt_logprobs;
+  c.prompt_tokens = o.num_prompt_tokens;
+  c.completion_tokens = o.num_output_tokens;
+  c.cached_tokens = o.num_cached_tokens;
+  if (!o.finished()) return false;
+  c.finish = o.finish_reason;
+  c.stop_reason = o.stop_reason;
+  c.stop_token_id = o.stop_token_id;
+  if (o.pull_answer) pull_answer = o.pull_answer;
+  ++num_finished;
+  if ((o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) &&
+      !failed) {
+    failed = true;
+    error = FromStatus(o.error.ok() ? Aborted("request aborted") : o.error, "");
+  }
+  return true;
+}
+
+std::vector<std::pair<size_t, RequestOutput>> ReadChoices(CompletionState& st,
+                                                          std::chrono::milliseconds wait) {
+  std::vector<std::pair<size_t, RequestOutput>> ready;
+  for (size_t i = 0; i < st.handles.size(); ++i) {
+    if (!st.pending(i)) continue;
+    for (auto& o : st.handles[i].channel->TakeAll()) ready.emplace_back(i, std::move(o));
+  }
+  if (!ready.empty()) return ready;
+  for (size_t i = 0; i < st.handles.size(); ++i) {  // wait on the first unfinished choice
+    if (!st.pending(i)) continue;
+    if (auto o = st.handles[i].channel->Next(wait)) ready.emplace_back(i, std::move(*o));
+    break;
+  }
+  return ready;
+}
+
+void AbortUnfinished(Engine& engine, const CompletionState& st) {
+  for (size_t i = 0; i < st.handles.size(); ++i) {
+    if (st.pending(i)) engine.Abort(st.handles[i].id);
+  }
+}
+
+bool SubmitForks(Engine& engine, CompletionState& st) {
+  if (!st.forks_due()) return true;
+  std::vector<std::pair<size_t, GenerationRequest>> forks;
+  forks.swap(st.deferred);
+  const bool choice0_failed = st.failed;
+  for (auto& [k, g] : forks) {
+    if (st.failed) {  // choice 0 failed: its error answers the request
+      st.choices[k].finish = FinishReason::kError;
+      ++st.num_finished;
+      continue;
+    }
+    auto h = engine.Submit(std::move(g));
+    if (!h.ok() || (st.transfers != nullptr && !st.transfers->Add(st.transfer_id, h->id))) {
+      if (h.ok()) engine.Abort(h->id);
+      st.failed = true;
+      st.error = h.ok() ? ApiError{409, "transfer " + st.transfer_id + " was aborted",
+                                   "invalid_request_error", "kv_transfer_params.transfer_id",
+                                   "transfer_aborted"}
+                        : FromStatus(h.status(), "prompt");
+      st.choices[k].finish = FinishReason::kError;
+      ++st.num_finished;
+      continue;
+    }
+    st.handles[k] = *h;
+  }
+  if (st.failed && !choice0_failed) {
+    AbortUnfinished(engine, st);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace kvpush::server

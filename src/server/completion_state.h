@@ -1,0 +1,92 @@
+// The state of one completion request while its choices run (shared by the handler's steps and
+// the SSE content provider), and the one reader both responders take the choices' outputs with.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "engine/engine.h"
+#include "pd/kv_transfer_params.h"
+#include "server/api_error.h"
+#include "server/openai_response.h"
+#include "server/transfer_requests.h"
+
+namespace kvpush::server {
+
+/// Maps an engine Submit/finish error to an HTTP error: kInvalidArgument 400 naming `param`,
+/// kResourceExhausted 400 kv_cache_too_small, kUnavailable 503 overloaded, kAborted 503
+/// aborted, anything else 500.
+ApiError FromStatus(const Status& st, const std::string& param);
+
+/// 409 transfer_aborted: a P/D leg whose transfer POST /kv/abort already ended.
+ApiError TransferAborted(const std::string& transfer_id);
+
+/// All per-request state, shared by the handler and the SSE content provider (one thread at a
+/// time: the HTTP thread that serves the request).
+struct CompletionState {
+  CompletionState() = default;
+  CompletionState(const CompletionState&) = delete;
+  CompletionState& operator=(const CompletionState&) = delete;
+  /// The HTTP request ended: its engine requests leave the transfer registry, and it no longer
+  /// counts as in flight (HttpServer::inflight()).
+  ~CompletionState();
+
+  ResponseMeta meta;
+  std::atomic<int>* inflight = nullptr;   ///< ServingState::inflight, counted while this lives
+  TransferRequests* transfers = nullptr;  ///< set for P/D requests (POST /kv/abort finds them)
+  std::string transfer_id;
+  bool include_usage = false;
+  std::vector<Engine::Handle> handles;  ///< per choice; no channel = not submitted yet (deferred)
+  std::vector<ChoiceResult> choices;
+  /// P/D decode leg with n > 1: choices 1..n-1 (index, request), submitted once choice 0's KV
+  /// arrived (SubmitForks).
+  std::vector<std::pair<size_t, GenerationRequest>> deferred;
+  std::vector<std::string> echo;  ///< per choice: prompt text still to prepend (echo = true)
+  std::vector<bool> echo_sent;    ///< streamed: the choice's first event (echo) was written
+  std::string prompt_echo;        ///< P leg with echo and logprobs: the prompt text
+  std::vector<bool> role_sent;
+  size_t num_finished = 0;
+  bool done_sent = false;
+  ApiError error;  ///< first kError/kAbort seen
+  bool failed = false;
+  std::optional<pd::PullAnswer> pull_answer;  ///< from a pull producer's final output
+
+  /// Applies one output to choice i; returns true when it finished the choice.
+  bool Apply(size_t i, const RequestOutput& o);
+  bool all_finished() const { return num_finished == handles.size(); }
+  /// Choice i is running in the engine (submitted, not finished; `choices` may not be sized yet).
+  bool pending(size_t i) const {
+    return handles[i].channel && (i >= choices.size() || choices[i].finish == FinishReason::kNone);
+  }
+  /// The deferred forks may be submitted: choice 0 has its first token (its KV is in place) or
+  /// ended.
+  bool forks_due() const {
+    return !deferred.empty() &&
+           (!choices[0].tokens.empty() || choices[0].finish != FinishReason::kNone);
+  }
+};
+
+/// The one reader of a request's n choices (as llama.cpp's server_response_reader): every output
+/// ready now on any running choice, in choice order; when none is, the next output of the first
+/// running choice, waiting at most `wait`. Empty when nothing came. Outputs are not applied.
+std::vector<std::pair<size_t, RequestOutput>> ReadChoices(CompletionState& st,
+                                                          std::chrono::milliseconds wait);
+
+/// Aborts every choice still running in the engine.
+void AbortUnfinished(Engine& engine, const CompletionState& st);
+
+/// P/D decode leg with n > 1 (docs/server.md, "n on a P/D decode instance"): once choice 0 has
+/// its first token, its prompt's full blocks are in this instance's prefix cache (committed when
+/// the KV arrived), and choices 1..n-1 are submitted as local requests that share them and
+/// recompute only the tail to sample their own first token with seed + j, as colocated. If
+/// choice 0 failed first, they fail with it (its error answers the request). Returns false
+/// (st.error set) when a fork could not be submitted; every submitted choice is then aborted.
+bool SubmitForks(Engine& engine, CompletionState& st);
+
+}  // namespace kvpush::server

@@ -136,6 +136,10 @@ std::optional<ParamError> ReadPullFields(const Reader& in, KvTransferParams& p) 
   }
   if (auto e = in.Integer("first_token_id", -1, 0x7fffffff, p.first_token_id)) return e;
   if (auto e = in.FiniteFloat("first_token_logprob", p.first_token_logprob)) return e;
+  if (p.first_token_id < 0 && p.first_token_logprob != 0.0f) {
+    // The logprob belongs to a first token; alone it would be dropped on the way to D.
+    return Bad("first_token_logprob", "is given without a first_token_id");
+  }
   std::string profile;
   if (auto e = in.String("pull_profile", 16, profile)) return e;
   if (!profile.empty()) {

@@ -294,12 +294,25 @@ TEST(KvTransferParams, UnknownFieldsIgnored) {
 
 TEST(KvTransferParams, FirstTokenId) {
   auto j = ConsumerPull();
+  j.erase("first_token_logprob");
   j["first_token_id"] = -1;
   EXPECT_EQ(Ok(j).first_token_id, -1);
   j["first_token_id"] = 0;
   EXPECT_EQ(Ok(j).first_token_id, 0);
   j["first_token_logprob"] = 0;  // integers are numbers too
   EXPECT_EQ(Ok(j).first_token_logprob, 0.0f);
+}
+
+// Found by fuzz/kv_transfer_params_fuzz.cc: a logprob without its token was accepted and then
+// dropped by ToJson (the object did not read back equal); it is refused now.
+TEST(KvTransferParams, FirstTokenLogprobNeedsItsToken) {
+  auto j = ConsumerPull();
+  j.erase("first_token_id");
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_logprob");
+  j["first_token_id"] = -1;
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.first_token_logprob");
+  j["first_token_logprob"] = 0;  // 0 is the default: nothing is lost
+  EXPECT_EQ(Ok(j).first_token_id, -1);
 }
 
 // Found by fuzz/kv_transfer_params_fuzz.cc: 2^64 - 1 was read as int64 -1, a valid first_token_id.

@@ -42,18 +42,18 @@ Engine::~Engine() {
 
 void Engine::Wake() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     woken_ = true;
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 void Engine::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
@@ -66,7 +66,7 @@ Result<Engine::Handle> Engine::Submit(GenerationRequest request) {
   h.id = next_id_.fetch_add(1);
   h.channel = std::make_shared<OutputChannel>();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return Unavailable("engine is shutting down");
     const int64_t pending = static_cast<int64_t>(queue_.size()) + num_waiting_.load();
     if (pending >= config_.max_pending_requests) {
@@ -80,24 +80,24 @@ Result<Engine::Handle> Engine::Submit(GenerationRequest request) {
     c.arrival_ns = NowNs();
     queue_.push_back(std::move(c));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return h;
 }
 
 void Engine::Abort(int64_t id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     Command c;
     c.abort = true;
     c.id = id;
     queue_.push_back(std::move(c));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 EngineStats Engine::stats() const {
-  std::lock_guard<std::mutex> lock(stats_mu_);
+  MutexLock lock(stats_mu_);
   return stats_;
 }
 
@@ -106,14 +106,17 @@ void Engine::Loop() {
   int32_t last_step_tokens = 0;
   while (true) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      MutexLock lock(mu_);
       // Sleep when the last step could not schedule anything (idle, or only waiting on the
       // connector: it calls Wake() when a load finishes or held blocks may be released); the
       // timeout is a safety net, not a poll interval.
       if (last_step_tokens == 0) {
         const auto wait =
             core_->HasWork() ? std::chrono::milliseconds(20) : std::chrono::milliseconds(200);
-        cv_.wait_for(lock, wait, [&] { return stopping_ || woken_ || !queue_.empty(); });
+        const auto deadline = std::chrono::steady_clock::now() + wait;
+        while (!stopping_ && !woken_ && queue_.empty()) {
+          if (!cv_.WaitUntil(lock, deadline)) break;
+        }
       }
       woken_ = false;
       if (stopping_) break;
@@ -137,7 +140,7 @@ void Engine::Loop() {
   // Shutdown: answer everything still queued or running.
   std::deque<Command> rest;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     rest.swap(queue_);
   }
   for (Command& c : rest) {
@@ -157,7 +160,7 @@ void Engine::PublishAndFlush() {
   num_running_.store(s.num_running, std::memory_order_relaxed);
   outstanding_prefill_tokens_.store(s.outstanding_prefill_tokens, std::memory_order_relaxed);
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    MutexLock lock(stats_mu_);
     stats_ = s;
   }
   core_->FlushOutputs();  // after the snapshot: a finished output implies updated stats

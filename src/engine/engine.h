@@ -5,14 +5,14 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <thread>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "engine/engine_core.h"
 
 namespace kvpush {
@@ -99,17 +99,17 @@ class Engine {
   const EngineConfig config_;
   const ModelConfig model_;
   const Tokenizer& tokenizer_;
-  KvConnector* const connector_;  ///< null in colocated mode; Submit tells it of refusals
+  KvConnector* const connector_;      ///< null in colocated mode; Submit tells it of refusals
   std::unique_ptr<EngineCore> core_;  ///< touched only by the engine thread after Create
 
-  std::mutex mu_;  ///< guards queue_, stopping_
-  std::condition_variable cv_;
-  std::deque<Command> queue_;
-  bool stopping_ = false;
-  bool woken_ = false;
+  Mutex mu_;  ///< guards queue_, stopping_
+  CondVar cv_;
+  std::deque<Command> queue_ GUARDED_BY(mu_);
+  bool stopping_ GUARDED_BY(mu_) = false;
+  bool woken_ GUARDED_BY(mu_) = false;
 
-  mutable std::mutex stats_mu_;
-  EngineStats stats_;  ///< guarded by stats_mu_
+  mutable Mutex stats_mu_;
+  EngineStats stats_ GUARDED_BY(stats_mu_);  ///< guarded by stats_mu_
 
   std::atomic<int64_t> next_id_{1};
   std::atomic<int32_t> num_waiting_{0};  ///< published with stats, for overload checks

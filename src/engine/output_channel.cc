@@ -22,20 +22,21 @@ std::string_view FinishReasonName(FinishReason reason) {
 
 void OutputChannel::Push(RequestOutput output) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (closed_) return;
     closed_ = output.finished();
     queue_.push_back(std::move(output));
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 std::optional<RequestOutput> OutputChannel::Next(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!cv_.wait_for(lock, timeout, [&] { return !queue_.empty() || final_taken_; })) {
-    return std::nullopt;
+  MutexLock lock(mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (queue_.empty() && !final_taken_) {
+    if (!cv_.WaitUntil(lock, deadline)) break;
   }
-  if (queue_.empty()) return std::nullopt;
+  if (queue_.empty()) return std::nullopt;  // timed out, or the final output was taken
   RequestOutput out = std::move(queue_.front());
   queue_.pop_front();
   if (out.finished()) final_taken_ = true;
@@ -43,7 +44,7 @@ std::optional<RequestOutput> OutputChannel::Next(std::chrono::milliseconds timeo
 }
 
 std::deque<RequestOutput> OutputChannel::TakeAll() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::deque<RequestOutput> out;
   out.swap(queue_);
   if (!out.empty() && out.back().finished()) final_taken_ = true;
@@ -51,7 +52,7 @@ std::deque<RequestOutput> OutputChannel::TakeAll() {
 }
 
 bool OutputChannel::closed() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return closed_;
 }
 

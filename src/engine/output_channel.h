@@ -3,11 +3,11 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
-#include <mutex>
 #include <optional>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "engine/request.h"
 
 namespace kvpush {
@@ -31,11 +31,11 @@ class OutputChannel {
   bool closed() const;
 
  private:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<RequestOutput> queue_;
-  bool closed_ = false;
-  bool final_taken_ = false;
+  mutable Mutex mu_;
+  CondVar cv_;
+  std::deque<RequestOutput> queue_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
+  bool final_taken_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvpush

@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 declare -A allowed=(
   [common]=""
   [pd]="common"
+  [http]="common"
   [xfer]="common"
   [kv]="common"
   [discovery]="common"
@@ -15,8 +16,8 @@ declare -A allowed=(
   [engine]="common kv model pd"
   [connector]="common engine kv pd xfer"
   [loadgen]="client common"
-  [server]="common connector engine model pd"
-  [router]="common discovery pd"
+  [server]="common connector engine http model pd"
+  [router]="common discovery http pd"
 )
 bad=0
 for dir in src/*/; do
@@ -38,6 +39,6 @@ for dir in src/*/; do
   done < <(grep -HE '^#include "[a-z_]+/' "$dir"*.h "$dir"*.cc 2>/dev/null || true)
 done
 [ "$bad" = 0 ] || exit 1
-for layer in common pd xfer kv discovery client model engine connector loadgen server router; do
+for layer in common pd http xfer kv discovery client model engine connector loadgen server router; do
   echo "check-layers: $layer -> ${allowed[$layer]:-(nothing)}"
 done

@@ -6,8 +6,10 @@
 # Usage: scripts/thread-safety.sh [files...]
 #   default: every .cc under src/ and tests/ that holds annotated code: it takes a MutexLock or
 #   states AssertHeld, includes a backend's *_internal.h, or its own header includes
-#   common/mutex.h or xfer/progress_shell.h (today: the agent, the UCX / libfabric backends and
-#   their progress shell, the connector shell, peers, peer auth, and the shell's test).
+#   common/mutex.h or xfer/progress_shell.h; and every .cc under src/ that includes a src/ header
+#   which does (its inline lock code is compiled there). Today: the transfer agent and its
+#   backends, the connector shell, peers, peer auth, discovery, the engine's queue and output
+#   channels, the HTTP front door, the server and the router.
 # BUILD_DIR (default build) must hold compile_commands.json (scripts/build.sh exports it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,12 +26,26 @@ root = os.getcwd()
 annotated_header = re.compile(r'#include "(common/mutex\.h|xfer/progress_shell\.h)"')
 annotated_code = re.compile(r'\bMutexLock\b|\bAssertHeld\(|#include "[a-z_/]*_internal\.h"')
 
+# src/ headers that declare annotated state (they include common/mutex.h or the progress shell):
+# a source file under src/ that includes one compiles that header's inline lock code too.
+annotated_src_headers = set()
+for d, _, names in os.walk("src"):
+    for n in names:
+        if n.endswith(".h"):
+            path = os.path.join(d, n)
+            if annotated_header.search(open(path, errors="replace").read()):
+                annotated_src_headers.add(os.path.relpath(path, "src"))
+project_include = re.compile(r'#include "([a-z_]+/[a-z_0-9]+\.h)"')
+
 def includes_annotations(cc):
     text = open(cc, errors="replace").read()
     if annotated_code.search(text) or annotated_header.search(text):
         return True
     h = cc[:-3] + ".h"
-    return os.path.exists(h) and bool(annotated_header.search(open(h, errors="replace").read()))
+    if os.path.exists(h) and annotated_header.search(open(h, errors="replace").read()):
+        return True
+    return cc.startswith("src/") and any(
+        inc in annotated_src_headers for inc in project_include.findall(text))
 
 db = {}
 for e in json.load(open(db_path)):

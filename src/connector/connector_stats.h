@@ -27,6 +27,7 @@ struct ConnectorStats {
   int64_t not_needed_received = 0;  ///< P, push: NOT_NEEDED messages received
   int64_t pins_sent = 0;            ///< pull (D): PIN requests sent
   int64_t pins_refused = 0;         ///< pull (P): PIN refused (lease expired, unknown, wrong state)
+  int64_t pins_held = 0;  ///< pull (P): PINs that came before the prefill's end, held until it
   /// D: received blocks whose checksums were verified, and verifications that failed.
   int64_t blocks_verified = 0;
   int64_t checksum_mismatches = 0;

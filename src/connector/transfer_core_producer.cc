@@ -444,6 +444,7 @@ void TransferCore::OnPin(const std::string& peer, const PdMessage& m) {
   }
   if (p.state == ProducerState::kPrefilling && !p.early_pin) {
     p.early_pin.emplace(peer, m);  // the engine's "finished" event is still on its way
+    ++stats_.pins_held;
     return;
   }
   if (p.state == ProducerState::kPrefilling) return refuse("the prefill did not finish");

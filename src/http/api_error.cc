@@ -1,8 +1,8 @@
-#include "server/api_error.h"
+#include "http/api_error.h"
 
 #include <nlohmann/json.hpp>
 
-namespace kvpush::server {
+namespace kvpush::http {
 
 std::string ApiError::ToJson() const {
   using nlohmann::json;
@@ -12,4 +12,4 @@ std::string ApiError::ToJson() const {
   return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-}  // namespace kvpush::server
+}  // namespace kvpush::http

@@ -1,9 +1,9 @@
-// ApiError: an OpenAI-style error response (HTTP status + the JSON error object).
+// http::ApiError: an OpenAI-style error response (HTTP status + the JSON error object).
 #pragma once
 
 #include <string>
 
-namespace kvpush::server {
+namespace kvpush::http {
 
 /// {"error": {"message", "type", "param", "code"}} with an HTTP status. `param` and `code` are
 /// emitted as null when empty. Value type.
@@ -24,4 +24,4 @@ struct ApiError {
   std::string ToJson() const;
 };
 
-}  // namespace kvpush::server
+}  // namespace kvpush::http

@@ -16,7 +16,7 @@ std::unique_ptr<HttpConn> ConnectionPool::Take(const InstanceAddress& address) {
   std::vector<std::unique_ptr<HttpConn>> dead;  // closed outside the lock
   std::unique_ptr<HttpConn> found;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     auto it = idle_.find(address.url);
     const int64_t oldest_ns = NowNs() - static_cast<int64_t>(options_.max_idle_s * 1e9);
     while (it != idle_.end() && !it->second.empty()) {
@@ -50,7 +50,7 @@ std::unique_ptr<HttpConn> ConnectionPool::Take(const InstanceAddress& address) {
 
 void ConnectionPool::Put(const InstanceAddress& address, std::unique_ptr<HttpConn> conn) {
   if (!conn || !conn->reusable()) return;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto& q = idle_[address.url];
   if (closed_ || q.size() >= options_.max_idle_per_instance) return;  // `conn` closes
   q.push_back(Idle{std::move(conn), NowNs()});
@@ -58,7 +58,7 @@ void ConnectionPool::Put(const InstanceAddress& address, std::unique_ptr<HttpCon
 
 void ConnectionPool::Clear(const std::string& url) {
   std::deque<Idle> dead;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = idle_.find(url);
   if (it == idle_.end()) return;
   counts_.discarded += static_cast<int64_t>(it->second.size());
@@ -67,7 +67,7 @@ void ConnectionPool::Clear(const std::string& url) {
 
 void ConnectionPool::CloseExpired() {
   std::vector<std::unique_ptr<HttpConn>> dead;  // closed outside the lock
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const int64_t oldest_ns = NowNs() - static_cast<int64_t>(options_.max_idle_s * 1e9);
   for (auto& [url, q] : idle_) {
     while (!q.empty() && q.front().since_ns < oldest_ns) {
@@ -80,18 +80,18 @@ void ConnectionPool::CloseExpired() {
 
 void ConnectionPool::Close() {
   std::unordered_map<std::string, std::deque<Idle>> dead;
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   closed_ = true;
   dead.swap(idle_);
 }
 
 ConnectionPoolCounts ConnectionPool::counts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return counts_;
 }
 
 size_t ConnectionPool::idle(const std::string& url) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   auto it = idle_.find(url);
   return it == idle_.end() ? 0 : it->second.size();
 }

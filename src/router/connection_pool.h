@@ -6,10 +6,11 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <unordered_map>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "router/http_conn.h"
 #include "router/instance_pool.h"
 
@@ -81,10 +82,11 @@ class ConnectionPool {
   };
 
   ConnectionPoolOptions options_;
-  mutable std::mutex mu_;                                   ///< guards everything below
-  std::unordered_map<std::string, std::deque<Idle>> idle_;  ///< by URL; most recent at the back
-  ConnectionPoolCounts counts_;
-  bool closed_ = false;
+  mutable Mutex mu_;  ///< guards everything below
+  std::unordered_map<std::string, std::deque<Idle>> idle_
+      GUARDED_BY(mu_);  ///< by URL; most recent at the back
+  ConnectionPoolCounts counts_ GUARDED_BY(mu_);
+  bool closed_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvpush::router

@@ -1,5 +1,7 @@
 #include "router/flow_mode.h"
 
+#include "http/api_error.h"
+
 namespace kvpush::router {
 
 using nlohmann::json;
@@ -32,7 +34,7 @@ std::string IdMinter::Hex32() {
   static constexpr char kHex[] = "0123456789abcdef";
   std::string id;
   id.reserve(32);
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (int i = 0; i < 2; ++i) {
     uint64_t x = rng_();
     for (int k = 0; k < 16; ++k, x >>= 4) id += kHex[x & 15];
@@ -49,7 +51,7 @@ std::string IdMinter::TransferId() {
 }
 
 uint64_t IdMinter::Seed() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return rng_() >> 11;
 }
 
@@ -60,10 +62,7 @@ pd::KvTransferParams::Mode PdModeOf(TransferMode mode) {
 
 std::string ErrorJson(const std::string& message, const std::string& type, const std::string& code,
                       const std::string& param) {
-  json e = {{"message", message}, {"type", type}, {"param", nullptr}};
-  if (!param.empty()) e["param"] = param;
-  e["code"] = code.empty() ? json(nullptr) : json(code);
-  return json{{"error", e}}.dump(-1, ' ', false, json::error_handler_t::replace);
+  return http::ApiError{0, message, type, param, code}.ToJson();
 }
 
 }  // namespace kvpush::router

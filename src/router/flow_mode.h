@@ -3,12 +3,13 @@
 #pragma once
 
 #include <cstdint>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "pd/kv_transfer_params.h"
 
 namespace kvpush::router {
@@ -46,14 +47,15 @@ class IdMinter {
 
  private:
   std::string Hex32();
-  std::mutex mu_;
-  std::mt19937_64 rng_;
+  Mutex mu_;
+  std::mt19937_64 rng_ GUARDED_BY(mu_);
 };
 
 /// The pd/ transfer mode of a P/D flow (kPush or kPull; kColocated has no legs).
 pd::KvTransferParams::Mode PdModeOf(TransferMode mode);
 
-/// {"error": {"message", "type", "param": null, "code"}} as one line; `code` null when empty.
+/// The body of http::ApiError{status, message, type, param, code} (one line; `param` and `code`
+/// null when empty), for errors written inside a stream or another body.
 std::string ErrorJson(const std::string& message, const std::string& type,
                       const std::string& code = {}, const std::string& param = {});
 

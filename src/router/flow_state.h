@@ -1,19 +1,20 @@
 // The state one completion request shares between the router's threads (internal to the router
 // library): the client's answer when it is ready, the request's legs and who failed first, and a
-// streamed answer being relayed. Used by request_flow.cc and prompt_list_flow.cc.
+// streamed answer being relayed; the answers for failed legs (flow_replies.cc). Used by the
+// flow files: request_flow.cc, push_flow.cc, pull_flow.cc, relay_flow.cc, prompt_list_flow.cc.
 #pragma once
 
 #include <httplib.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "router/decode_stream.h"
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
@@ -45,15 +46,44 @@ inline Reply ErrorReply(int status, const std::string& message, const std::strin
   return Reply{status, ErrorJson(message, type, code, param), "application/json"};
 }
 
-/// The 503 a request still in flight gets when the router stops it (Router::StopErrorJson).
-Reply StopReply(const Router& router);
+/// `s`, cut to its first `n` bytes with "..." when longer (for messages and logs).
+std::string Head(const std::string& s, size_t n = 300);
+
+/// An instance's answer, forwarded as-is.
+Reply Forwarded(const LegResult& r);
+
+/// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
+/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; StopReply when the
+/// router stopped it; 502 `<role>_unreachable` otherwise.
+Reply LegFailureReply(const FlowServices& router, Role role, const InstanceAddress& addr,
+                      const LegResult& r);
+
+/// A leg the instance refused before doing any work for it: it could not be connected to, or
+/// it answered 503 `draining` (it is shutting down gracefully). Such a request may be sent to
+/// another instance, as long as nothing was written to the client yet.
+bool RefusedUnstarted(const LegResult& r);
+
+/// What a failed leg's log line says about it.
+std::string Describe(const LegResult& r);
+
+/// True for P's answer when its prefill was dropped on request: 503 `aborted` (D said the
+/// prefill was not needed, or cancelled it) or 409 `transfer_aborted` (the router aborted the
+/// transfer). D's answer decides the request then.
+bool IsDroppedPrefillAnswer(const LegResult& r);
+
+/// The 503 a request still in flight gets when the router stops it (FlowServices::StopErrorJson).
+Reply StopReply(const FlowServices& router);
 
 /// One request's legs and state, shared by the handler thread, a push request's P-leg thread and
-/// a streamed answer's provider. `mu` guards `stage`, `prefill_settled`, `prefill_failure`,
+/// a streamed answer's provider. `mu` guards `stage`, `prefill`, `prefill_failure`,
 /// `prefill_done` and `prompt_echo`: whichever comes first of "P's leg failed" and "the handler
 /// decided the client's answer" wins.
 struct RequestFlow::Transfer {
   enum class Stage { kOpen, kStreaming, kDone };
+  /// What P's leg came to, as far as the request's outcome goes (push): still running; ended
+  /// without failing the request; failed while D's answer was open; failed because P refused it
+  /// unstarted (RefusedUnstarted: the request may be retried on another P).
+  enum class PrefillOutcome { kRunning, kSettled, kFailed, kRefusedUnstarted };
 
   std::string request_id;
   std::string transfer_id;
@@ -80,20 +110,20 @@ struct RequestFlow::Transfer {
   RouterTimeline timeline;
   Transfer() { timeline.Mark(RouterPhase::kReceived); }
 
-  std::mutex mu;
-  std::condition_variable prefill_cv;  ///< notified when prefill_done is set
-  Stage stage = Stage::kOpen;
-  bool prefill_settled = false;           ///< push: P's leg ended without failing the request
-  std::optional<Reply> prefill_failure;   ///< push: P's leg failed while D's answer was open
-  bool prefill_refused = false;  ///< push: ... and P refused it unstarted (RefusedUnstarted)
-  bool prefill_done = false;              ///< P's leg is over, whatever its outcome
-  std::optional<PromptEcho> prompt_echo;  ///< P's answer's prompt_echo (echo_logprobs only)
+  Mutex mu;
+  CondVar prefill_cv;  ///< notified when prefill_done is set
+  Stage stage GUARDED_BY(mu) = Stage::kOpen;
+  PrefillOutcome prefill GUARDED_BY(mu) = PrefillOutcome::kRunning;
+  Reply prefill_failure GUARDED_BY(mu);      ///< kFailed, kRefusedUnstarted: the client's answer
+  bool prefill_done GUARDED_BY(mu) = false;  ///< P's leg is over, whatever its outcome
+  std::optional<PromptEcho> prompt_echo
+      GUARDED_BY(mu);  ///< P's answer's prompt_echo (echo_logprobs only)
 
   /// The handler is about to give the client D's answer (`streaming`: a 200 stream starts). If
   /// P's leg failed first, returns P's failure instead, which the client gets.
   std::optional<Reply> Decide(bool streaming) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (prefill_failure) {
+    MutexLock lock(mu);
+    if (PrefillFailedLocked()) {
       stage = Stage::kDone;
       return prefill_failure;
     }
@@ -101,53 +131,60 @@ struct RequestFlow::Transfer {
     return std::nullopt;
   }
   void Finish() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     stage = Stage::kDone;
   }
   /// Push: P's leg failed. Records `reply` unless D's answer is decided and complete; returns
   /// whether it was recorded (the D leg must then be closed and D must abort).
   bool RecordPrefillFailure(Reply reply, bool refused = false) {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     if (stage == Stage::kDone) return false;
     prefill_failure = std::move(reply);
-    prefill_refused = refused;
+    prefill = refused ? PrefillOutcome::kRefusedUnstarted : PrefillOutcome::kFailed;
     return true;
   }
   /// Push: P's leg failed because P refused it before doing any work (may be retried).
   bool PrefillRefused() {
-    std::lock_guard<std::mutex> lock(mu);
-    return prefill_failure.has_value() && prefill_refused;
+    MutexLock lock(mu);
+    return prefill == PrefillOutcome::kRefusedUnstarted;
   }
   /// P's leg ended without failing the request; `echo` is its answer's prompt_echo, if any.
   void SettlePrefill(std::optional<PromptEcho> echo = std::nullopt) {
-    std::lock_guard<std::mutex> lock(mu);
-    prefill_settled = true;
+    MutexLock lock(mu);
+    if (prefill == PrefillOutcome::kRunning) prefill = PrefillOutcome::kSettled;
     if (echo) prompt_echo = std::move(echo);
   }
   /// P's leg is over (settled, failed or closed by the router): wakes WaitPrefillDone.
   void MarkPrefillDone() {
     {
-      std::lock_guard<std::mutex> lock(mu);
+      MutexLock lock(mu);
       prefill_done = true;
     }
-    prefill_cv.notify_all();
+    prefill_cv.NotifyAll();
   }
   /// Waits until MarkPrefillDone, at most `timeout`; returns whether it came.
   bool WaitPrefillDone(std::chrono::milliseconds timeout) {
-    std::unique_lock<std::mutex> lock(mu);
-    return prefill_cv.wait_for(lock, timeout, [this] { return prefill_done; });
+    MutexLock lock(mu);
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!prefill_done) {
+      if (!prefill_cv.WaitUntil(lock, deadline)) break;
+    }
+    return prefill_done;
   }
   std::optional<PromptEcho> PromptEchoOf() {
-    std::lock_guard<std::mutex> lock(mu);
+    MutexLock lock(mu);
     return prompt_echo;
   }
   bool PrefillEnded() {
-    std::lock_guard<std::mutex> lock(mu);
-    return prefill_settled || prefill_failure.has_value();
+    MutexLock lock(mu);
+    return prefill != PrefillOutcome::kRunning;
   }
   std::optional<Reply> PrefillFailure() {
-    std::lock_guard<std::mutex> lock(mu);
-    return prefill_failure;
+    MutexLock lock(mu);
+    return PrefillFailedLocked() ? std::optional<Reply>(prefill_failure) : std::nullopt;
+  }
+  bool PrefillFailedLocked() const REQUIRES(mu) {
+    return prefill == PrefillOutcome::kFailed || prefill == PrefillOutcome::kRefusedUnstarted;
   }
 };
 
@@ -164,5 +201,8 @@ struct RequestFlow::StreamState {
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
 };
+
+/// The 502 for a P/D request with echo and logprobs whose P answered no usable prompt_echo.
+Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why);
 
 }  // namespace kvpush::router

@@ -49,7 +49,7 @@ int PollFor(int fd, short events, int timeout_ms) {
 HttpConn::HttpConn(InstanceAddress address) : address_(std::move(address)) {}
 
 HttpConn::~HttpConn() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -61,7 +61,7 @@ bool HttpConn::Fail(const std::string& error) {
 }
 
 void HttpConn::Shutdown() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   shut_ = true;
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
@@ -82,7 +82,7 @@ bool HttpConn::Connect(double timeout_s) {
     return Fail(std::string("socket: ") + std::strerror(errno));
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     fd_ = fd;
     if (shut_) ::shutdown(fd_, SHUT_RDWR);
   }
@@ -105,7 +105,7 @@ bool HttpConn::Connect(double timeout_s) {
     // that came before or during the connect must still end this connection, or a cut leg would
     // go on waiting on a live one (PdLegs.StoppedPrefillFailsTheRequestWithinAHealthInterval
     // got P's answer from D's recompute after 12 s, 1 run in 5 under load).
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (shut_) {
       ::shutdown(fd_, SHUT_RDWR);
       connect_failed_ = false;  // not the instance's fault: the leg was stopped

@@ -6,9 +6,10 @@
 #pragma once
 
 #include <cstddef>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "router/instance_pool.h"
 
 namespace kvpush::router {
@@ -79,10 +80,10 @@ class HttpConn {
   bool Fail(const std::string& error);
 
   InstanceAddress address_;
-  int fd_ = -1;            ///< written only by the owner, under mu_
-  mutable std::mutex mu_;  ///< guards fd_ against Shutdown()
-  bool shut_ = false;      ///< Shutdown() was called (guarded by mu_)
-  std::string buf_;        ///< bytes read and not consumed, from pos_
+  int fd_ = -1;                        ///< written only by the owner, under mu_
+  mutable Mutex mu_;                   ///< guards fd_ against Shutdown()
+  bool shut_ GUARDED_BY(mu_) = false;  ///< Shutdown() was called (guarded by mu_)
+  std::string buf_;                    ///< bytes read and not consumed, from pos_
   size_t pos_ = 0;
   Body body_ = Body::kNone;
   Chunk chunk_ = Chunk::kSize;

@@ -125,7 +125,7 @@ void InstancePool::Start() {
   if (thread_.joinable()) return;
   CheckAllOnce();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = false;
   }
   thread_ = std::thread([this] { HealthLoop(); });
@@ -133,24 +133,27 @@ void InstancePool::Start() {
 
 void InstancePool::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stop_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   if (thread_.joinable()) thread_.join();
 }
 
 void InstancePool::HealthLoop() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   while (!stop_) {
-    cv_.wait_for(lock, std::chrono::milliseconds(health_.interval_ms),
-                 [this] { return stop_ || recheck_; });
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(health_.interval_ms);
+    while (!stop_ && !recheck_) {
+      if (!cv_.WaitUntil(lock, deadline)) break;
+    }
     if (stop_) break;
     recheck_ = false;
-    lock.unlock();
+    lock.Unlock();
     CheckAllOnce();
     if (on_round_) on_round_();
-    lock.lock();
+    lock.Lock();
   }
 }
 
@@ -159,7 +162,7 @@ void InstancePool::CheckAllOnce() {
   // changed meanwhile (SetHealth's and SetLoad's expect_url).
   std::vector<std::pair<size_t, InstanceAddress>> members;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     for (size_t i = 0; i < instances_.size(); ++i) {
       if (instances_[i].member) members.emplace_back(i, instances_[i].address);
     }
@@ -205,7 +208,7 @@ void InstancePool::UpdateHealth(size_t index, HealthState next, const std::strin
   Role role = Role::kPrefill;
   std::string url;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     Instance& inst = instances_[index];
     if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
     const HealthState was = !inst.checked   ? HealthState::kUnknown
@@ -241,7 +244,7 @@ void InstancePool::UpdateHealth(size_t index, HealthState next, const std::strin
 }
 
 bool InstancePool::IsHealthy(const std::string& url) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const Instance& inst : instances_) {
     if (inst.address.url == url) return inst.healthy || inst.draining;
   }
@@ -254,7 +257,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role) {
 
 std::optional<InstanceLease> InstancePool::Acquire(Role role,
                                                    const std::vector<std::string>& exclude) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   // Scan the role's instances starting at the round-robin cursor; the first with the minimum
   // outstanding count wins, so ties rotate.
   std::vector<size_t> of_role;
@@ -287,7 +290,7 @@ std::optional<InstanceLease> InstancePool::Acquire(Role role,
 }
 
 bool InstancePool::AnyHealthy(Role role, const std::vector<std::string>& exclude) const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const Instance& inst : instances_) {
     if (inst.role == role && inst.member && inst.healthy &&
         std::find(exclude.begin(), exclude.end(), inst.address.url) == exclude.end()) {
@@ -298,7 +301,7 @@ bool InstancePool::AnyHealthy(Role role, const std::vector<std::string>& exclude
 }
 
 void InstancePool::Release(size_t index, int64_t prefill_tokens, uint64_t epoch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Instance& inst = instances_[index];
   --inst.outstanding;
   inst.tokens_inflight -= prefill_tokens;
@@ -306,7 +309,7 @@ void InstancePool::Release(size_t index, int64_t prefill_tokens, uint64_t epoch)
 }
 
 void InstancePool::SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   Instance& inst = instances_[index];
   if (!expect_url.empty() && (!inst.member || inst.address.url != expect_url)) return;
   inst.load = load;
@@ -340,7 +343,7 @@ InstancePool::Rotation InstancePool::HealthyFromCursor(
 }
 
 int32_t InstancePool::ReportedBlockSize() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (const Instance& inst : instances_) {
     if (inst.role == Role::kDecode && inst.member && inst.healthy && inst.load.block_size > 0) {
       return inst.load.block_size;
@@ -354,7 +357,7 @@ std::optional<InstanceLease> InstancePool::AcquireDecode(std::span<const uint64_
                                                          const CacheAwareOptions& options,
                                                          DecodeChoice* choice,
                                                          const std::vector<std::string>& exclude) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Rotation rot = HealthyFromCursor(Role::kDecode, exclude);
   const std::vector<size_t>& healthy = rot.instances;
   if (healthy.empty()) return std::nullopt;
@@ -385,7 +388,7 @@ std::optional<InstanceLease> InstancePool::AcquireDecode(std::span<const uint64_
 std::optional<InstanceLease> InstancePool::AcquirePrefill(int64_t prompt_tokens,
                                                           RoutingPolicy policy,
                                                           const std::vector<std::string>& exclude) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const Rotation rot = HealthyFromCursor(Role::kPrefill, exclude);
   const std::vector<size_t>& healthy = rot.instances;
   if (healthy.empty()) return std::nullopt;
@@ -409,7 +412,7 @@ std::optional<InstanceLease> InstancePool::AcquirePrefill(int64_t prompt_tokens,
 }
 
 std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   std::vector<InstanceSnapshot> out;
   out.reserve(instances_.size());
   for (const Instance& inst : instances_) {
@@ -423,7 +426,7 @@ std::vector<InstanceSnapshot> InstancePool::Snapshot() const {
 
 bool InstancePool::AddInstance(Role role, InstanceAddress address) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     std::optional<size_t> free_slot;
     for (size_t i = 0; i < instances_.size(); ++i) {
       Instance& inst = instances_[i];
@@ -435,7 +438,7 @@ bool InstancePool::AddInstance(Role role, InstanceAddress address) {
         inst.healthy = false;
         inst.draining = false;
         recheck_ = true;
-        cv_.notify_all();
+        cv_.NotifyAll();
         return true;
       }
       if (!free_slot && !inst.member && inst.outstanding == 0) free_slot = i;
@@ -448,12 +451,12 @@ bool InstancePool::AddInstance(Role role, InstanceAddress address) {
     }
     recheck_ = true;
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   return true;
 }
 
 bool InstancePool::RemoveInstance(Role role, const std::string& url) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (Instance& inst : instances_) {
     if (inst.member && inst.role == role && inst.address.url == url) {
       inst.member = false;  // health is no longer checked; legs being set up still see it

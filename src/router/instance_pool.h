@@ -4,18 +4,18 @@
 // docs/router.md.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "common/mutex.h"
 #include "common/status.h"
+#include "common/thread_annotations.h"
 #include "router/prefix_index.h"
 #include "router/routing_policy.h"
 
@@ -247,7 +247,8 @@ class InstancePool {
     std::vector<size_t> positions;
     size_t of_role = 0;
   };
-  Rotation HealthyFromCursor(Role role, const std::vector<std::string>& exclude = {}) const;
+  Rotation HealthyFromCursor(Role role, const std::vector<std::string>& exclude = {}) const
+      REQUIRES(mu_);
   void SetHealth(size_t index, bool healthy, const std::string& reason,
                  const std::string& expect_url = "");
   /// Excludes the instance from selection without running the unhealthy callback.
@@ -264,13 +265,13 @@ class InstancePool {
   HealthOptions health_;
   UnhealthyCallback on_unhealthy_;
   std::function<void()> on_round_;
-  mutable std::mutex mu_;  ///< guards instances_, rr_, stop_, recheck_
-  std::condition_variable cv_;
-  std::vector<Instance> instances_;
-  size_t rr_[3] = {0, 0, 0};       ///< round-robin cursor per role (RoleIndex)
-  size_t index_capacity_ = 65536;  ///< PrefixIndex capacity per decode instance
-  bool stop_ = false;
-  bool recheck_ = false;  ///< an instance was added: check at once
+  mutable Mutex mu_;  ///< guards instances_, rr_, stop_, recheck_
+  CondVar cv_;
+  std::vector<Instance> instances_ GUARDED_BY(mu_);
+  size_t rr_[3] GUARDED_BY(mu_) = {0, 0, 0};  ///< round-robin cursor per role (RoleIndex)
+  size_t index_capacity_ = 65536;             ///< PrefixIndex capacity per decode instance
+  bool stop_ GUARDED_BY(mu_) = false;
+  bool recheck_ GUARDED_BY(mu_) = false;  ///< an instance was added: check at once
   std::thread thread_;
 };
 

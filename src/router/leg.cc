@@ -14,35 +14,35 @@ Leg::Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s
 Leg::~Leg() {
   std::unique_ptr<HttpConn> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conn = std::move(conn_);
   }
   // An unfinished call's connection closes here (the instance sees it and aborts).
 }
 
 void Leg::Stop() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   stopped_.store(true);
   if (conn_) conn_->Shutdown();
 }
 
 void Leg::Cut(const std::string& reason) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (cut_reason_.empty()) cut_reason_ = reason.empty() ? "instance unhealthy" : reason;
   }
   Stop();
 }
 
 std::string Leg::cut_reason() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return cut_reason_;
 }
 
 void Leg::End() {
   std::unique_ptr<HttpConn> conn;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     conn = std::move(conn_);
     finished_.store(true);
     // A Stop() that came after the answer still means "close it": never reuse it then.
@@ -74,7 +74,7 @@ bool Leg::Send(const std::string& method, const std::string& path, const std::st
       pool_ != nullptr ? pool_->Take(address_) : std::make_unique<HttpConn>(address_);
   std::unique_ptr<HttpConn> unsent;  // the connection, when the leg was stopped before sending
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     (stopped_.load() ? unsent : conn_) = std::move(conn);
   }
   if (unsent != nullptr) {

@@ -6,9 +6,10 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "router/connection_pool.h"
 #include "router/http_conn.h"
 #include "router/instance_pool.h"
@@ -97,9 +98,11 @@ class Leg {
   double io_timeout_s_ = 600.0;
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
-  mutable std::mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()
-  std::string cut_reason_;
-  std::unique_ptr<HttpConn> conn_;  ///< the call's connection, from Send until the call ends
+  mutable Mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()
+  std::string cut_reason_ GUARDED_BY(mu_);
+  /// The call's connection, from Send until the call ends. Set and reset by the owner under
+  /// mu_ (Stop() reads it under mu_); the owner also reads it without mu_, so not GUARDED_BY.
+  std::unique_ptr<HttpConn> conn_;
 };
 
 }  // namespace kvpush::router

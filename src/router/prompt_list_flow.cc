@@ -4,16 +4,16 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
-#include <condition_variable>
 #include <memory>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
+#include "router/flow_services.h"
 #include "router/flow_state.h"
 #include "router/prompt_list.h"
 #include "router/request_flow.h"
-#include "router/router.h"
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
@@ -27,17 +27,21 @@ constexpr std::chrono::milliseconds kMergedWait{5};
 
 /// Counts the parts still running; the handler thread waits until none is.
 struct Latch {
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t left = 0;
+  Mutex mu;
+  CondVar cv;
+  size_t left GUARDED_BY(mu) = 0;
 
+  void Add(size_t n) {
+    MutexLock lock(mu);
+    left += n;
+  }
   void Done() {
-    std::lock_guard<std::mutex> lock(mu);
-    if (--left == 0) cv.notify_all();
+    MutexLock lock(mu);
+    if (--left == 0) cv.NotifyAll();
   }
   void Wait() {
-    std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [this] { return left == 0; });
+    MutexLock lock(mu);
+    while (left != 0) cv.Wait(lock);
   }
 };
 
@@ -102,10 +106,10 @@ void RequestFlow::HandlePromptList(const Transfer& parent, const json& body,
 std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer& parent,
                                                                  std::vector<json> bodies,
                                                                  const std::string& pull_profile) {
-  Router& r = router_;
+  FlowServices& r = router_;
   auto parts = std::make_shared<std::vector<PromptPart>>(bodies.size());
   auto latch = std::make_shared<Latch>();
-  latch->left = bodies.size();
+  latch->Add(bodies.size());
   for (size_t i = 0; i < bodies.size(); ++i) {
     auto t = std::make_shared<Transfer>();
     // Engine request ids stay unique on each instance: "<id>-<prompt>", as colocated names them.
@@ -114,7 +118,7 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
     t->path = parent.path;
     t->mode = parent.mode;
     t->stream = parent.stream;
-    t->transfer_id = i == 0 ? parent.transfer_id : r.ids_.TransferId();
+    t->transfer_id = i == 0 ? parent.transfer_id : r.ids().TransferId();
     (*parts)[i].t = std::move(t);
   }
   auto run = [this, parts, latch, &pull_profile](size_t i, json part_body) {
@@ -125,13 +129,13 @@ std::vector<RequestFlow::PromptPart> RequestFlow::RunPromptParts(const Transfer&
   };
   // Prompts 1.. on the worker pool, prompt 0 on this thread; this thread then waits for all.
   for (size_t i = 1; i < bodies.size(); ++i) {
-    bool queued = r.BeginBackground();
+    bool queued = r.legs().BeginBackground();
     if (queued) {
-      queued = r.workers_->Submit([run, i, b = std::move(bodies[i]), rp = &r]() mutable {
+      queued = r.workers().Submit([run, i, b = std::move(bodies[i]), rp = &r]() mutable {
         run(i, std::move(b));  // runs once
-        rp->EndBackground();
+        rp->legs().EndBackground();
       });
-      if (!queued) r.EndBackground();
+      if (!queued) r.legs().EndBackground();
     }
     if (!queued) {
       StopReply(r).WriteTo((*parts)[i].res);
@@ -152,7 +156,7 @@ void RequestFlow::StreamMerged(const std::string& id, int64_t n, std::vector<Pro
   ms->ended.assign(ms->parts.size(), false);
   std::string content_type = ms->parts.front()->stream->content_type();
   if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
-  Router* rp = &router_;
+  FlowServices* rp = &router_;
   res.status = 200;
   res.set_header("Cache-Control", "no-cache");
   res.set_chunked_content_provider(
@@ -163,13 +167,13 @@ void RequestFlow::StreamMerged(const std::string& id, int64_t n, std::vector<Pro
       });
 }
 
-void RequestFlow::EndMergedPart(Router& r, MergedStream& ms, size_t i) {
+void RequestFlow::EndMergedPart(FlowServices& r, MergedStream& ms, size_t i) {
   if (ms.ended[i]) return;
   ms.ended[i] = true;
   EndStream(r, *ms.parts[i]);
 }
 
-bool RequestFlow::PumpMerged(Router& r, MergedStream& ms, httplib::DataSink& sink) {
+bool RequestFlow::PumpMerged(FlowServices& r, MergedStream& ms, httplib::DataSink& sink) {
   if (ms.finished) return true;
   bool any = false;
   for (size_t i = 0; i < ms.parts.size(); ++i) {

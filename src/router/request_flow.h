@@ -23,7 +23,7 @@ class DataSink;
 
 namespace kvpush::router {
 
-class Router;
+class FlowServices;
 struct Reply;  // flow_state.h
 
 /// Handles POST /v1/completions and /v1/chat/completions on an HTTP worker thread. Short-lived:
@@ -37,7 +37,7 @@ class RequestFlow {
   /// Attempts after the first when an instance refuses a request unstarted (connection refused
   /// or 503 `draining`) before any byte of the answer reached the client (docs/router.md).
   static constexpr int kMaxRetries = 2;
-  explicit RequestFlow(Router& router) : router_(router) {}
+  explicit RequestFlow(FlowServices& router) : router_(router) {}
   void Handle(const httplib::Request& req, httplib::Response& res);
 
   struct Transfer;      // one request's legs and who failed first (flow_state.h)
@@ -66,9 +66,9 @@ class RequestFlow {
   void StreamMerged(const std::string& id, int64_t n, std::vector<PromptPart>& parts,
                     httplib::Response& res);
   /// The merged stream's content provider.
-  static bool PumpMerged(Router& r, MergedStream& ms, httplib::DataSink& sink);
+  static bool PumpMerged(FlowServices& r, MergedStream& ms, httplib::DataSink& sink);
   /// Ends prompt `i`'s stream of `ms` once (EndStream), if not ended yet.
-  static void EndMergedPart(Router& r, MergedStream& ms, size_t i);
+  static void EndMergedPart(FlowServices& r, MergedStream& ms, size_t i);
 
   /// P/D mode, a request that skips its P leg (Router::SelectPd, --local-prefill-threshold):
   /// the client's body goes to D as to a colocated instance; answered as RunPd.
@@ -86,7 +86,8 @@ class RequestFlow {
   /// WorkerPool. False when the router is stopping.
   bool StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease lease, const std::string& body);
   /// Push, on the worker: P's answer `pr` decides whether the request fails (see docs/router.md).
-  static void RunPushPrefill(Router& r, Transfer& t, InstanceLease& lease, const LegResult& pr);
+  static void RunPushPrefill(FlowServices& r, Transfer& t, InstanceLease& lease,
+                             const LegResult& pr);
   /// Pull: runs P's leg on this thread; D's body, or nullopt after replying P's failure.
   std::optional<nlohmann::json> RunPullPrefill(Transfer& t, InstanceLease& lease,
                                                const ClientBody& body,
@@ -107,16 +108,16 @@ class RequestFlow {
   /// be retried on another P; nothing was written then.
   static bool PrefillRetry(Transfer& t, const Reply& failure);
   /// D's leg failed or the client left: closes P's leg (push) and has P abort the transfer.
-  static void AbortPrefill(Router& r, Transfer& t);
+  static void AbortPrefill(FlowServices& r, Transfer& t);
   /// The streamed answer's content provider (waiting at most `wait` for D's next events) and
   /// releaser.
-  static bool Pump(Router& r, StreamState& st, httplib::DataSink& sink,
+  static bool Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
                    std::chrono::milliseconds wait);
-  static void EndStream(Router& r, StreamState& st);
+  static void EndStream(FlowServices& r, StreamState& st);
   /// Adds `t`'s router timeline (done now) to the router's log; P/D transfers only.
-  static void RecordTimeline(Router& r, Transfer& t, bool ok);
+  static void RecordTimeline(FlowServices& r, Transfer& t, bool ok);
 
-  Router& router_;
+  FlowServices& router_;
 };
 
 }  // namespace kvpush::router

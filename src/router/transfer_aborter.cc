@@ -15,7 +15,7 @@ TransferAborter::~TransferAborter() {
 }
 
 void TransferAborter::Start() {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   if (running_ || stopping_) return;
   running_ = true;
   for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Work(); });
@@ -23,13 +23,13 @@ void TransferAborter::Start() {
 
 void TransferAborter::Stop() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     counts_.dropped += static_cast<int64_t>(queue_.size());
     queue_.clear();
     for (Leg* l : in_flight_) l->Stop();
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads_) {
     if (t.joinable()) t.join();
   }
@@ -39,7 +39,7 @@ void TransferAborter::Stop() {
 void TransferAborter::Abort(const InstanceAddress& instance, Role role,
                             const std::string& transfer_id, const std::string& request_id) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (!running_ || stopping_ || queue_.size() >= options_.max_queued) {
       ++counts_.dropped;
       if (!stopping_) {
@@ -50,31 +50,31 @@ void TransferAborter::Abort(const InstanceAddress& instance, Role role,
     }
     queue_.push_back(Job{instance, role, transfer_id, request_id});
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
 }
 
 AbortCounts TransferAborter::counts() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return counts_;
 }
 
 void TransferAborter::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(lock);
     if (stopping_) return;
     Job job = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     Send(job);
-    lock.lock();
+    lock.Lock();
   }
 }
 
 void TransferAborter::Send(const Job& job) {
   Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return;
     in_flight_.insert(&leg);
   }
@@ -83,7 +83,7 @@ void TransferAborter::Send(const Job& job) {
   const bool ok = r.answered && r.status == 200;
   const size_t k = job.role == Role::kPrefill ? 0 : 1;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     in_flight_.erase(&leg);
     ++(ok ? counts_.ok : counts_.failed)[k];
   }

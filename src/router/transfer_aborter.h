@@ -4,15 +4,15 @@
 // request's own thread waiting for it. See docs/router.md and docs/pd_protocol.md §1.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 #include "router/instance_pool.h"
 
 namespace kvpush::router {
@@ -67,14 +67,14 @@ class TransferAborter {
   void Send(const Job& job);
 
   AbortOptions options_;
-  mutable std::mutex mu_;  ///< guards everything below
-  std::condition_variable cv_;
-  std::deque<Job> queue_;
-  std::unordered_set<Leg*> in_flight_;
-  bool running_ = false;
-  bool stopping_ = false;
-  AbortCounts counts_;
-  std::vector<std::thread> threads_;
+  mutable Mutex mu_;  ///< guards everything below
+  CondVar cv_;
+  std::deque<Job> queue_ GUARDED_BY(mu_);
+  std::unordered_set<Leg*> in_flight_ GUARDED_BY(mu_);
+  bool running_ GUARDED_BY(mu_) = false;
+  bool stopping_ GUARDED_BY(mu_) = false;
+  AbortCounts counts_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_;  ///< started by Start, joined by Stop (not under mu_)
 };
 
 }  // namespace kvpush::router

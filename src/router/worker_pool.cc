@@ -6,7 +6,7 @@ namespace kvpush::router {
 
 WorkerPool::WorkerPool(size_t initial_threads, size_t max_threads)
     : max_threads_(std::max<size_t>(1, max_threads)) {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   const size_t n = std::min(initial_threads, max_threads_);
   for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { Work(); });
 }
@@ -17,7 +17,7 @@ WorkerPool::~WorkerPool() {
 
 bool WorkerPool::Submit(std::function<void()> task) {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     if (stopping_) return false;
     queue_.push_back(std::move(task));
     // Every idle worker is about to take one queued task; grow when they are not enough.
@@ -25,44 +25,44 @@ bool WorkerPool::Submit(std::function<void()> task) {
       threads_.emplace_back([this] { Work(); });
     }
   }
-  cv_.notify_one();
+  cv_.NotifyOne();
   return true;
 }
 
 void WorkerPool::Stop() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(mu_);
     stopping_ = true;
     threads.swap(threads_);
   }
-  cv_.notify_all();
+  cv_.NotifyAll();
   for (auto& t : threads) t.join();
 }
 
 size_t WorkerPool::threads() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return threads_.size();
 }
 
 size_t WorkerPool::idle_threads() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   return idle_;
 }
 
 void WorkerPool::Work() {
-  std::unique_lock<std::mutex> lock(mu_);
+  MutexLock lock(mu_);
   for (;;) {
     ++idle_;
-    cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+    while (!stopping_ && queue_.empty()) cv_.Wait(lock);
     --idle_;
     if (queue_.empty()) return;  // stopping, nothing left to run
     std::function<void()> task = std::move(queue_.front());
     queue_.pop_front();
-    lock.unlock();
+    lock.Unlock();
     task();
     task = nullptr;  // the task's captures go before the next wait
-    lock.lock();
+    lock.Lock();
   }
 }
 

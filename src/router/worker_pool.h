@@ -3,13 +3,14 @@
 // thread is created per request or per leg (docs/router.md, "Connections and threads").
 #pragma once
 
-#include <condition_variable>
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "common/mutex.h"
+#include "common/thread_annotations.h"
 
 namespace kvpush::router {
 
@@ -42,12 +43,12 @@ class WorkerPool {
   void Work();
 
   const size_t max_threads_;
-  mutable std::mutex mu_;  ///< guards everything below
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  std::vector<std::thread> threads_;
-  size_t idle_ = 0;
-  bool stopping_ = false;
+  mutable Mutex mu_;  ///< guards everything below
+  CondVar cv_;
+  std::deque<std::function<void()>> queue_ GUARDED_BY(mu_);
+  std::vector<std::thread> threads_ GUARDED_BY(mu_);
+  size_t idle_ GUARDED_BY(mu_) = 0;
+  bool stopping_ GUARDED_BY(mu_) = false;
 };
 
 }  // namespace kvpush::router

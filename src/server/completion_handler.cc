@@ -25,19 +25,19 @@ namespace {
 using std::chrono::milliseconds;
 using Role = pd::KvTransferParams::Role;
 
-void ReplyError(httplib::Response& res, const ApiError& e) {
+void ReplyError(httplib::Response& res, const http::ApiError& e) {
   res.status = e.http_status;
   res.set_content(e.ToJson(), "application/json");
 }
 
 /// A new request on a draining instance (HttpServer::BeginDrain).
-ApiError Draining() {
-  return ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode};
+http::ApiError Draining() {
+  return http::ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode};
 }
 
 /// A request still open when the drain timeout passed (HttpServer::CutOpenRequests).
-ApiError DrainTimeout() {
-  return ApiError{503, kDrainTimeoutMessage, "server_error", "", kDrainTimeoutCode};
+http::ApiError DrainTimeout() {
+  return http::ApiError{503, kDrainTimeoutMessage, "server_error", "", kDrainTimeoutCode};
 }
 
 /// "fp_" + the model fingerprint in 16 hex digits (ResponseMeta::system_fingerprint).
@@ -106,8 +106,8 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
 /// Step "submit": one engine request per choice (prompt-major, n per prompt). A D leg's choices
 /// 1..n-1 wait in `deferred` for choice 0's KV (SubmitForks). On an error every choice already
 /// submitted is aborted.
-std::optional<ApiError> Submit(const CompletionContext& c, PreparedRequest& p,
-                               CompletionState& st) {
+std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest& p,
+                                     CompletionState& st) {
   const OpenAiRequest& r = p.request;
   const pd::KvTransferParams& kv = p.kv;
   if (kv.role != Role::kNone) {
@@ -165,8 +165,8 @@ void RespondJson(const CompletionContext& c, const PreparedRequest& p, Completio
     if (c.state.stopping.load() || c.state.cut.load()) {
       AbortUnfinished(c.engine, st);
       return ReplyError(res, c.state.cut.load() ? DrainTimeout()
-                                                : ApiError{503, "server is shutting down",
-                                                           "server_error", "", ""});
+                                                : http::ApiError{503, "server is shutting down",
+                                                                 "server_error", "", ""});
     }
     for (auto& [i, o] : ReadChoices(st, milliseconds(100))) {
       if (st.choices[i].finish == FinishReason::kNone) st.Apply(i, o);
@@ -262,7 +262,7 @@ class StreamResponder {
     CompletionState& st = *st_;
     st.Apply(i, o);
     if (o.finish_reason == FinishReason::kError || o.finish_reason == FinishReason::kAbort) {
-      ApiError e = FromStatus(o.error.ok() ? Aborted("request aborted") : o.error, "");
+      http::ApiError e = FromStatus(o.error.ok() ? Aborted("request aborted") : o.error, "");
       return Write(sink, "data: " + e.ToJson() + "\n\n");
     }
     PromptLogprobs prompt;
@@ -304,7 +304,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
                                c.engine.model_config(), c.engine.config().max_model_len,
                                c.served_model_name,     c.connector != nullptr};
   auto prepared = PrepareCompletion(kind, req.body, prepare);
-  if (auto* e = std::get_if<ApiError>(&prepared)) return ReplyError(res, *e);
+  if (auto* e = std::get_if<http::ApiError>(&prepared)) return ReplyError(res, *e);
   PreparedRequest& p = std::get<PreparedRequest>(prepared);
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;

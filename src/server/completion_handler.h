@@ -5,7 +5,7 @@
 //   P/D gate a leg checked against the connector and the transfer registry (pd_gate.h)
 //   submit   one engine request per choice (D's forks deferred until choice 0's KV is in)
 //   respond  one JSON body, or an SSE stream; both read the choices with one ChoiceReader
-// Each step either continues or answers (an ApiError); none reaches into the HTTP server.
+// Each step either continues or answers (an http::ApiError); none reaches into the HTTP server.
 #pragma once
 
 #include <atomic>

@@ -10,38 +10,39 @@ namespace {
 using Role = pd::KvTransferParams::Role;
 
 /// "<field>: token id <t> is outside the vocabulary [0, <vocab>)".
-ApiError OutsideVocabulary(const std::string& field, int32_t t, int32_t vocab) {
-  return ApiError::Invalid(field + ": token id " + std::to_string(t) +
-                               " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
-                           field);
+http::ApiError OutsideVocabulary(const std::string& field, int32_t t, int32_t vocab) {
+  return http::ApiError::Invalid(field + ": token id " + std::to_string(t) +
+                                     " is outside the vocabulary [0, " + std::to_string(vocab) +
+                                     ")",
+                                 field);
 }
 
 /// The P/D params of the request, and where a leg may be sent at all.
-std::optional<ApiError> ReadKvTransferParams(ApiKind kind, const PrepareContext& c,
-                                             PreparedRequest& p) {
+std::optional<http::ApiError> ReadKvTransferParams(ApiKind kind, const PrepareContext& c,
+                                                   PreparedRequest& p) {
   auto parsed = pd::ParseKvTransferParams(p.request.kv_transfer_params);
   if (auto* e = std::get_if<pd::ParamError>(&parsed))
-    return ApiError::Invalid(e->message, e->param);
+    return http::ApiError::Invalid(e->message, e->param);
   p.kv = std::get<pd::KvTransferParams>(std::move(parsed));
   if (p.kv.role == Role::kNone) return std::nullopt;
   if (!c.pd_instance) {
     // The router's words for a client body carrying it (one error vocabulary): only the
     // router's legs to P/D instances (serve --role prefill|decode) may.
-    return ApiError::Invalid(
+    return http::ApiError::Invalid(
         "kv_transfer_params is only for the legs of a P/D request, which "
         "the router writes; a client request may not carry it",
         "kv_transfer_params");
   }
   if (kind == ApiKind::kCompletion && p.request.prompts.size() != 1) {
-    return ApiError::Invalid("kv_transfer_params: a P/D request takes exactly one prompt",
-                             "prompt");
+    return http::ApiError::Invalid("kv_transfer_params: a P/D request takes exactly one prompt",
+                                   "prompt");
   }
   return std::nullopt;
 }
 
 /// Token ids the engine would refuse, named by their own field (the engine's Submit error
 /// would be reported against `prompt`).
-std::optional<ApiError> CheckSamplingIds(const OpenAiRequest& r, int32_t vocab) {
+std::optional<http::ApiError> CheckSamplingIds(const OpenAiRequest& r, int32_t vocab) {
   for (const auto& [tid, bias] : r.logit_bias) {
     if (tid >= vocab) return OutsideVocabulary("logit_bias", tid, vocab);
   }
@@ -66,47 +67,49 @@ std::string EchoText(const OpenAiRequest& r, const PromptInput& p, const Tokeniz
 /// The token ids of one prompt: token-id prompts checked against the vocabulary, text
 /// tokenized with BOS when the vocabulary adds one (vLLM's add_special_tokens = true: Llama yes,
 /// Qwen no).
-std::variant<std::vector<int32_t>, ApiError> PromptIds(const PromptInput& p,
-                                                       const PrepareContext& c) {
+std::variant<std::vector<int32_t>, http::ApiError> PromptIds(const PromptInput& p,
+                                                             const PrepareContext& c) {
   if (!p.is_tokens) {
     auto enc = TokenizePrompt(c.tokenizer, p.text, /*add_special_tokens=*/true);
-    if (!enc.ok()) return ApiError::Invalid(enc.status().message(), "prompt");
+    if (!enc.ok()) return http::ApiError::Invalid(enc.status().message(), "prompt");
     return std::move(*enc);
   }
   for (int32_t t : p.tokens) {
     if (t < 0 || t >= c.model.vocab_size) {
-      return ApiError::Invalid("token id " + std::to_string(t) + " is outside the vocabulary [0, " +
-                                   std::to_string(c.model.vocab_size) + ")",
-                               "prompt");
+      return http::ApiError::Invalid("token id " + std::to_string(t) +
+                                         " is outside the vocabulary [0, " +
+                                         std::to_string(c.model.vocab_size) + ")",
+                                     "prompt");
     }
   }
   return p.tokens;
 }
 
 /// The context length rules for a prompt of `n` tokens; the max_tokens it gets.
-std::variant<int32_t, ApiError> MaxTokensFor(ApiKind kind, const PreparedRequest& p, int64_t n,
-                                             int32_t max_len) {
+std::variant<int32_t, http::ApiError> MaxTokensFor(ApiKind kind, const PreparedRequest& p,
+                                                   int64_t n, int32_t max_len) {
   const OpenAiRequest& r = p.request;
   const char* what = kind == ApiKind::kChat ? "messages" : "prompt";
   if (n + 1 > max_len) {
-    return ApiError::Invalid("This model's maximum context length is " + std::to_string(max_len) +
-                                 " tokens. However, your " + what + " has " + std::to_string(n) +
-                                 " tokens (at least one token must be generated).",
-                             what, "context_length_exceeded");
+    return http::ApiError::Invalid("This model's maximum context length is " +
+                                       std::to_string(max_len) + " tokens. However, your " + what +
+                                       " has " + std::to_string(n) +
+                                       " tokens (at least one token must be generated).",
+                                   what, "context_length_exceeded");
   }
   if (r.max_tokens && n + *r.max_tokens > max_len) {
-    return ApiError::Invalid("This model's maximum context length is " + std::to_string(max_len) +
-                                 " tokens. However, you requested " +
-                                 std::to_string(n + *r.max_tokens) + " tokens (" +
-                                 std::to_string(n) + " in the " + what + ", " +
-                                 std::to_string(*r.max_tokens) + " in the completion).",
-                             "max_tokens", "context_length_exceeded");
+    return http::ApiError::Invalid(
+        "This model's maximum context length is " + std::to_string(max_len) +
+            " tokens. However, you requested " + std::to_string(n + *r.max_tokens) + " tokens (" +
+            std::to_string(n) + " in the " + what + ", " + std::to_string(*r.max_tokens) +
+            " in the completion).",
+        "max_tokens", "context_length_exceeded");
   }
   const auto room = static_cast<int32_t>(max_len - n);
   const int32_t max_tokens =
       r.max_tokens ? *r.max_tokens : (kind == ApiKind::kChat ? room : std::min(16, room));
   if (r.min_tokens > max_tokens && p.kv.role != Role::kProducer) {
-    return ApiError::Invalid(
+    return http::ApiError::Invalid(
         "min_tokens must be less than or equal to max_tokens=" + std::to_string(max_tokens) +
             ", got " + std::to_string(r.min_tokens),
         "min_tokens");
@@ -115,19 +118,20 @@ std::variant<int32_t, ApiError> MaxTokensFor(ApiKind kind, const PreparedRequest
 }
 
 /// Every prompt tokenized and checked (chat: the messages rendered into one token prompt).
-std::optional<ApiError> TokenizePrompts(ApiKind kind, const PrepareContext& c, PreparedRequest& p) {
+std::optional<http::ApiError> TokenizePrompts(ApiKind kind, const PrepareContext& c,
+                                              PreparedRequest& p) {
   OpenAiRequest& r = p.request;
   if (kind == ApiKind::kChat) {  // the model's chat template (server/chat_template.h)
     auto chat_ids = c.chat.Build(r.messages, r.chat_template);
-    if (!chat_ids.ok()) return ApiError::Invalid(chat_ids.status().message(), "messages");
+    if (!chat_ids.ok()) return http::ApiError::Invalid(chat_ids.status().message(), "messages");
     r.prompts.push_back(PromptInput{true, "", std::move(*chat_ids)});
   }
   for (const PromptInput& prompt : r.prompts) {
     auto ids = PromptIds(prompt, c);
-    if (auto* e = std::get_if<ApiError>(&ids)) return *e;
+    if (auto* e = std::get_if<http::ApiError>(&ids)) return *e;
     std::vector<int32_t>& tokens = std::get<std::vector<int32_t>>(ids);
     auto max_tokens = MaxTokensFor(kind, p, static_cast<int64_t>(tokens.size()), c.max_model_len);
-    if (auto* e = std::get_if<ApiError>(&max_tokens)) return *e;
+    if (auto* e = std::get_if<http::ApiError>(&max_tokens)) return *e;
     p.max_tokens.push_back(std::get<int32_t>(max_tokens));
     if (r.echo) {
       p.echo.insert(p.echo.end(), static_cast<size_t>(r.n),
@@ -143,23 +147,23 @@ std::optional<ApiError> TokenizePrompts(ApiKind kind, const PrepareContext& c, P
 
 }  // namespace
 
-std::variant<PreparedRequest, ApiError> PrepareCompletion(ApiKind kind, std::string_view body,
-                                                          const PrepareContext& context) {
+std::variant<PreparedRequest, http::ApiError> PrepareCompletion(ApiKind kind, std::string_view body,
+                                                                const PrepareContext& context) {
   auto parsed = ParseOpenAiRequest(kind, body);
-  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  if (auto* e = std::get_if<http::ApiError>(&parsed)) return *e;
   PreparedRequest p;
   p.request = std::get<OpenAiRequest>(std::move(parsed));
   OpenAiRequest& r = p.request;
   if (!r.model.empty() && r.model != context.served_model_name) {
-    return ApiError{404, "The model '" + r.model + "' does not exist.", "invalid_request_error",
-                    "model", "model_not_found"};
+    return http::ApiError{404, "The model '" + r.model + "' does not exist.",
+                          "invalid_request_error", "model", "model_not_found"};
   }
   if (auto e = ReadKvTransferParams(kind, context, p)) return *e;
   // Echo with logprobs needs the prompt's logits, which P computes: the router gives D echo
   // false and puts P's `prompt_echo` before D's choices (docs/router.md).
   p.echo_logprobs = kind == ApiKind::kCompletion && r.echo && r.logprobs >= 0;
   if (p.echo_logprobs && p.kv.role == Role::kConsumer) {
-    return ApiError::Invalid(
+    return http::ApiError::Invalid(
         "echo with logprobs on a P/D decode leg: the prompt logprobs are "
         "computed by the prefill instance (the router sends D echo false "
         "and merges P's prompt_echo)",

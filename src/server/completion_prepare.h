@@ -10,10 +10,10 @@
 #include <variant>
 #include <vector>
 
+#include "http/api_error.h"
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "pd/kv_transfer_params.h"
-#include "server/api_error.h"
 #include "server/chat_template.h"
 #include "server/openai_request.h"
 
@@ -50,9 +50,9 @@ struct PreparedRequest {
 /// prompts checked against the vocabulary), the context length (prompt + 1, prompt +
 /// max_tokens), the default max_tokens (16 for completions, the room left for chat) and
 /// min_tokens <= max_tokens (except on a P leg, which clamps it). Errors are the answers vLLM
-/// gives, in this order: ApiError 400 (404 model_not_found for an unknown model) naming the
+/// gives, in this order: http::ApiError 400 (404 model_not_found for an unknown model) naming the
 /// field. Pure apart from reading the context; thread-safe.
-std::variant<PreparedRequest, ApiError> PrepareCompletion(ApiKind kind, std::string_view body,
-                                                          const PrepareContext& context);
+std::variant<PreparedRequest, http::ApiError> PrepareCompletion(ApiKind kind, std::string_view body,
+                                                                const PrepareContext& context);
 
 }  // namespace kvpush::server

@@ -2,24 +2,25 @@
 
 namespace kvpush::server {
 
-ApiError FromStatus(const Status& st, const std::string& param) {
+http::ApiError FromStatus(const Status& st, const std::string& param) {
   switch (st.code()) {
     case StatusCode::kInvalidArgument:
-      return ApiError::Invalid(st.message(), param);
+      return http::ApiError::Invalid(st.message(), param);
     case StatusCode::kResourceExhausted:
-      return ApiError::Invalid(st.message(), param, "kv_cache_too_small");
+      return http::ApiError::Invalid(st.message(), param, "kv_cache_too_small");
     case StatusCode::kUnavailable:
-      return ApiError{503, st.message(), "server_error", "", "overloaded"};
+      return http::ApiError{503, st.message(), "server_error", "", "overloaded"};
     case StatusCode::kAborted:
-      return ApiError{503, st.message(), "server_error", "", "aborted"};
+      return http::ApiError{503, st.message(), "server_error", "", "aborted"};
     default:
-      return ApiError{500, st.ToString(), "server_error", "", ""};
+      return http::ApiError{500, st.ToString(), "server_error", "", ""};
   }
 }
 
-ApiError TransferAborted(const std::string& transfer_id) {
-  return ApiError{409, "transfer " + transfer_id + " was aborted (POST /kv/abort)",
-                  "invalid_request_error", "kv_transfer_params.transfer_id", "transfer_aborted"};
+http::ApiError TransferAborted(const std::string& transfer_id) {
+  return http::ApiError{409, "transfer " + transfer_id + " was aborted (POST /kv/abort)",
+                        "invalid_request_error", "kv_transfer_params.transfer_id",
+                        "transfer_aborted"};
 }
 
 CompletionState::~CompletionState() {
@@ -90,9 +91,9 @@ bool SubmitForks(Engine& engine, CompletionState& st) {
     if (!h.ok() || (st.transfers != nullptr && !st.transfers->Add(st.transfer_id, h->id))) {
       if (h.ok()) engine.Abort(h->id);
       st.failed = true;
-      st.error = h.ok() ? ApiError{409, "transfer " + st.transfer_id + " was aborted",
-                                   "invalid_request_error", "kv_transfer_params.transfer_id",
-                                   "transfer_aborted"}
+      st.error = h.ok() ? http::ApiError{409, "transfer " + st.transfer_id + " was aborted",
+                                         "invalid_request_error", "kv_transfer_params.transfer_id",
+                                         "transfer_aborted"}
                         : FromStatus(h.status(), "prompt");
       st.choices[k].finish = FinishReason::kError;
       ++st.num_finished;

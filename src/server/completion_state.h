@@ -12,8 +12,8 @@
 
 #include "common/status.h"
 #include "engine/engine.h"
+#include "http/api_error.h"
 #include "pd/kv_transfer_params.h"
-#include "server/api_error.h"
 #include "server/openai_response.h"
 #include "server/transfer_requests.h"
 
@@ -22,10 +22,10 @@ namespace kvpush::server {
 /// Maps an engine Submit/finish error to an HTTP error: kInvalidArgument 400 naming `param`,
 /// kResourceExhausted 400 kv_cache_too_small, kUnavailable 503 overloaded, kAborted 503
 /// aborted, anything else 500.
-ApiError FromStatus(const Status& st, const std::string& param);
+http::ApiError FromStatus(const Status& st, const std::string& param);
 
 /// 409 transfer_aborted: a P/D leg whose transfer POST /kv/abort already ended.
-ApiError TransferAborted(const std::string& transfer_id);
+http::ApiError TransferAborted(const std::string& transfer_id);
 
 /// All per-request state, shared by the handler and the SSE content provider (one thread at a
 /// time: the HTTP thread that serves the request).
@@ -53,7 +53,7 @@ struct CompletionState {
   std::vector<bool> role_sent;
   size_t num_finished = 0;
   bool done_sent = false;
-  ApiError error;  ///< first kError/kAbort seen
+  http::ApiError error;  ///< first kError/kAbort seen
   bool failed = false;
   std::optional<pd::PullAnswer> pull_answer;  ///< from a pull producer's final output
 

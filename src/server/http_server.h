@@ -7,7 +7,6 @@
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,15 +14,10 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "engine/engine.h"
+#include "http/front_door.h"
 #include "server/chat_template.h"
 #include "server/completion_handler.h"
 #include "server/metrics.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace kvpush::connector {
 class PdConnector;
@@ -33,9 +27,9 @@ namespace kvpush::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8000;                   ///< 0 = pick a free port (see HttpServer::port())
-  std::string served_model_name;     ///< the `model` name clients use; required
-  int num_threads = 0;               ///< HTTP worker threads; 0 = max(16, max_num_seqs + 8)
+  int port = 8000;                ///< 0 = pick a free port (see HttpServer::port())
+  std::string served_model_name;  ///< the `model` name clients use; required
+  int num_threads = 0;            ///< HTTP worker threads; 0 = max(16, max_num_seqs + 8)
   /// Connections that arrive while every worker is busy (each completion holds its worker until
   /// it ends, waiting in the engine too) run on a short-lived thread of their own, at most this
   /// many at once; beyond that they wait for a worker. So GET /health answers at once however
@@ -103,9 +97,8 @@ class HttpServer {
 
   Engine& engine_;
   ServerOptions options_;
-  ChatPromptBuilder chat_;  ///< options_.chat_template over the engine's tokenizer
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  ChatPromptBuilder chat_;                 ///< options_.chat_template over the engine's tokenizer
+  std::unique_ptr<http::FrontDoor> door_;  ///< made by Start
   int port_ = 0;
   ServingState state_;  ///< stopping, draining, cut, in flight, local prefills
 
@@ -113,7 +106,7 @@ class HttpServer {
   HttpCounters counters_ GUARDED_BY(mu_);
   std::mt19937_64 rng_ GUARDED_BY(mu_);
 
-  TransferRequests transfers_;  ///< P/D requests in flight, for POST /kv/abort
+  TransferRequests transfers_;    ///< P/D requests in flight, for POST /kv/abort
   CompletionContext completion_;  ///< what the completion handlers use of this server
 };
 

@@ -20,7 +20,7 @@ namespace kvpush::server {
 using HttpCounters = std::map<std::pair<std::string, int>, int64_t>;
 
 /// Renders every metric. `model_name` becomes the model_name label. Pure; thread-safe.
-std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& http,
+std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& responses,
                              const std::string& model_name);
 
 /// The P/D connector's counters (kvpush_kv_transfer_*), Prometheus text, and

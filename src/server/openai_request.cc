@@ -20,20 +20,20 @@ std::string TypeName(const json& v) {
   return v.type_name();
 }
 
-ApiError WrongType(const std::string& field, const char* want, const json& v) {
-  return ApiError::Invalid("'" + field + "' must be " + want + ", got " + TypeName(v), field);
+http::ApiError WrongType(const std::string& field, const char* want, const json& v) {
+  return http::ApiError::Invalid("'" + field + "' must be " + want + ", got " + TypeName(v), field);
 }
 
 /// Reads an optional integer field into `out` (range-checked). Returns an error or nullopt.
-std::optional<ApiError> GetInt(const json& body, const std::string& field, int64_t lo, int64_t hi,
-                               std::optional<int64_t>& out) {
+std::optional<http::ApiError> GetInt(const json& body, const std::string& field, int64_t lo,
+                                     int64_t hi, std::optional<int64_t>& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
   int64_t v = 0;
   if (it->is_number_unsigned()) {
     uint64_t u = it->get<uint64_t>();
     if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      return ApiError::Invalid("'" + field + "' is out of range", field);
+      return http::ApiError::Invalid("'" + field + "' is out of range", field);
     }
     v = static_cast<int64_t>(u);
   } else if (it->is_number_integer()) {
@@ -48,30 +48,30 @@ std::optional<ApiError> GetInt(const json& body, const std::string& field, int64
     return WrongType(field, "an integer", *it);
   }
   if (v < lo || v > hi) {
-    return ApiError::Invalid("'" + field + "' must be in [" + std::to_string(lo) + ", " +
-                                 std::to_string(hi) + "], got " + std::to_string(v),
-                             field);
+    return http::ApiError::Invalid("'" + field + "' must be in [" + std::to_string(lo) + ", " +
+                                       std::to_string(hi) + "], got " + std::to_string(v),
+                                   field);
   }
   out = v;
   return std::nullopt;
 }
 
-std::optional<ApiError> GetFloat(const json& body, const std::string& field, double lo, double hi,
-                                 bool lo_open, float& out) {
+std::optional<http::ApiError> GetFloat(const json& body, const std::string& field, double lo,
+                                       double hi, bool lo_open, float& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_number()) return WrongType(field, "a number", *it);
   double d = it->get<double>();
   if (!std::isfinite(d) || d < lo || d > hi || (lo_open && d == lo)) {
-    return ApiError::Invalid("'" + field + "' must be in " + (lo_open ? "(" : "[") +
-                                 std::to_string(lo) + ", " + std::to_string(hi) + "]",
-                             field);
+    return http::ApiError::Invalid("'" + field + "' must be in " + (lo_open ? "(" : "[") +
+                                       std::to_string(lo) + ", " + std::to_string(hi) + "]",
+                                   field);
   }
   out = static_cast<float>(d);
   return std::nullopt;
 }
 
-std::optional<ApiError> GetBool(const json& body, const std::string& field, bool& out) {
+std::optional<http::ApiError> GetBool(const json& body, const std::string& field, bool& out) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_boolean()) return WrongType(field, "a boolean", *it);
@@ -80,30 +80,30 @@ std::optional<ApiError> GetBool(const json& body, const std::string& field, bool
 }
 
 /// A JSON array of integers in [0, 2^31) -> ids. `what` names the field for errors.
-std::optional<ApiError> GetIds(const json& arr, const std::string& field,
-                               std::vector<int32_t>& out) {
+std::optional<http::ApiError> GetIds(const json& arr, const std::string& field,
+                                     std::vector<int32_t>& out) {
   out.reserve(arr.size());
   for (const auto& e : arr) {
     if (!e.is_number_integer()) return WrongType(field, "an array of integer token ids", e);
     if (e.is_number_unsigned() ? e.get<uint64_t>() > 0x7fffffffull
                                : (e.get<int64_t>() < 0 || e.get<int64_t>() > 0x7fffffffll)) {
-      return ApiError::Invalid("'" + field + "' contains a token id out of range", field);
+      return http::ApiError::Invalid("'" + field + "' contains a token id out of range", field);
     }
     out.push_back(static_cast<int32_t>(e.get<int64_t>()));
   }
   return std::nullopt;
 }
 
-std::optional<ApiError> ParsePrompt(const json& body, OpenAiRequest& r) {
+std::optional<http::ApiError> ParsePrompt(const json& body, OpenAiRequest& r) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
-    return ApiError::Invalid("'prompt' is required", "prompt", "missing_required_parameter");
+    return http::ApiError::Invalid("'prompt' is required", "prompt", "missing_required_parameter");
   }
   const json& p = *it;
   if (p.is_string()) {
     r.prompts.push_back(PromptInput{false, p.get<std::string>(), {}});
   } else if (p.is_array()) {
-    if (p.empty()) return ApiError::Invalid("'prompt' is empty", "prompt");
+    if (p.empty()) return http::ApiError::Invalid("'prompt' is empty", "prompt");
     if (p[0].is_number()) {
       PromptInput in;
       in.is_tokens = true;
@@ -128,30 +128,31 @@ std::optional<ApiError> ParsePrompt(const json& body, OpenAiRequest& r) {
   }
   for (const auto& in : r.prompts) {
     if (in.is_tokens ? in.tokens.empty() : in.text.empty()) {
-      return ApiError::Invalid("'prompt' is empty", "prompt");
+      return http::ApiError::Invalid("'prompt' is empty", "prompt");
     }
   }
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
+std::optional<http::ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
   auto it = body.find("messages");
   if (it == body.end() || it->is_null()) {
-    return ApiError::Invalid("'messages' is required", "messages", "missing_required_parameter");
+    return http::ApiError::Invalid("'messages' is required", "messages",
+                                   "missing_required_parameter");
   }
   if (!it->is_array()) return WrongType("messages", "an array", *it);
-  if (it->empty()) return ApiError::Invalid("'messages' is empty", "messages");
+  if (it->empty()) return http::ApiError::Invalid("'messages' is empty", "messages");
   for (const auto& m : *it) {
     if (!m.is_object()) return WrongType("messages", "an array of objects", m);
     auto role = m.find("role");
     if (role == m.end() || !role->is_string()) {
-      return ApiError::Invalid("each message needs a string 'role'", "messages");
+      return http::ApiError::Invalid("each message needs a string 'role'", "messages");
     }
     ChatMessage msg;
     msg.role = role->get<std::string>();
     if (msg.role == "developer") msg.role = "system";
     if (msg.role != "system" && msg.role != "user" && msg.role != "assistant") {
-      return ApiError::Invalid(
+      return http::ApiError::Invalid(
           "unsupported message role '" + msg.role + "' (system, user, assistant are supported)",
           "messages");
     }
@@ -159,7 +160,7 @@ std::optional<ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
     if (content == m.end() || content->is_null()) {
       // An assistant message may have null content (tool calls); nothing else is supported.
       if (msg.role != "assistant") {
-        return ApiError::Invalid("message 'content' is required", "messages");
+        return http::ApiError::Invalid("message 'content' is required", "messages");
       }
     } else if (content->is_string()) {
       msg.content = content->get<std::string>();
@@ -167,7 +168,7 @@ std::optional<ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
       for (const auto& part : *content) {
         if (!part.is_object() || !part.contains("type") || part["type"] != "text" ||
             !part.contains("text") || !part["text"].is_string()) {
-          return ApiError::Invalid("only text content parts are supported", "messages");
+          return http::ApiError::Invalid("only text content parts are supported", "messages");
         }
         msg.content += part["text"].get<std::string>();
       }
@@ -179,7 +180,7 @@ std::optional<ApiError> ParseMessages(const json& body, OpenAiRequest& r) {
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseStop(const json& body, OpenAiRequest& r) {
+std::optional<http::ApiError> ParseStop(const json& body, OpenAiRequest& r) {
   auto it = body.find("stop");
   if (it != body.end() && !it->is_null()) {
     if (it->is_string()) {
@@ -193,7 +194,7 @@ std::optional<ApiError> ParseStop(const json& body, OpenAiRequest& r) {
       return WrongType("stop", "a string or an array of strings", *it);
     }
     if (r.stop.size() > kMaxStopStrings) {
-      return ApiError::Invalid("at most 16 stop strings are supported", "stop");
+      return http::ApiError::Invalid("at most 16 stop strings are supported", "stop");
     }
     std::erase_if(r.stop, [](const std::string& s) { return s.empty(); });
   }
@@ -210,14 +211,14 @@ bool IsEmptyValue(const json& v) {
   return v.is_null() || ((v.is_string() || v.is_array() || v.is_object()) && v.empty());
 }
 
-std::optional<ApiError> NotSupported(const std::string& field, const std::string& what = "") {
-  return ApiError::Invalid("'" + field + "' is not supported" + (what.empty() ? "" : ": " + what),
-                           field);
+std::optional<http::ApiError> NotSupported(const std::string& field, const std::string& what = "") {
+  return http::ApiError::Invalid(
+      "'" + field + "' is not supported" + (what.empty() ? "" : ": " + what), field);
 }
 
 /// Known OpenAI / vLLM fields that change the output and are not implemented: refused unless
 /// they carry their default (docs/server.md, "Request fields").
-std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
+std::optional<http::ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
   const bool chat = kind == ApiKind::kChat;
   std::optional<int64_t> v;
   if (auto e = GetInt(body, "best_of", 1, 1, v)) {
@@ -295,8 +296,8 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
     auto rf = body.find("response_format");
     if (rf != body.end() && !rf->is_null()) {
       if (!rf->is_object() || !rf->contains("type") || (*rf)["type"] != "text") {
-        return ApiError::Invalid("only response_format {\"type\": \"text\"} is supported",
-                                 "response_format");
+        return http::ApiError::Invalid("only response_format {\"type\": \"text\"} is supported",
+                                       "response_format");
       }
     }
   }
@@ -304,7 +305,7 @@ std::optional<ApiError> RefuseUnsupported(const json& body, ApiKind kind) {
 }
 
 /// `logit_bias`: an object {"<token id>": number in [-100, 100]} (OpenAI); null or {} = none.
-std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
+std::optional<http::ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
   auto it = body.find("logit_bias");
   if (it == body.end() || it->is_null()) return std::nullopt;
   if (!it->is_object()) return WrongType("logit_bias", "an object", *it);
@@ -314,21 +315,21 @@ std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
     for (char c : key) digits = digits && c >= '0' && c <= '9';
     const int64_t id = digits ? std::stoll(key) : -1;
     if (id < 0 || id > 0x7fffffffll) {
-      return ApiError::Invalid(
+      return http::ApiError::Invalid(
           "'logit_bias' keys must be token ids (decimal integers), got '" + key + "'",
           "logit_bias");
     }
     if (!e.value().is_number()) return WrongType("logit_bias", "an object of numbers", e.value());
     const double bias = e.value().get<double>();
     if (!std::isfinite(bias) || bias < -100.0 || bias > 100.0) {
-      return ApiError::Invalid("'logit_bias' values must be in [-100, 100]", "logit_bias");
+      return http::ApiError::Invalid("'logit_bias' values must be in [-100, 100]", "logit_bias");
     }
     r.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
   }
   std::sort(r.logit_bias.begin(), r.logit_bias.end());
   for (size_t i = 1; i < r.logit_bias.size(); ++i) {
     if (r.logit_bias[i].first == r.logit_bias[i - 1].first) {
-      return ApiError::Invalid(
+      return http::ApiError::Invalid(
           "'logit_bias' names token " + std::to_string(r.logit_bias[i].first) + " twice",
           "logit_bias");
     }
@@ -337,7 +338,7 @@ std::optional<ApiError> ParseLogitBias(const json& body, OpenAiRequest& r) {
 }
 
 /// vLLM's extra sampling parameters and the OpenAI penalties, n and echo.
-std::optional<ApiError> ParseSamplingExtras(const json& body, OpenAiRequest& r) {
+std::optional<http::ApiError> ParseSamplingExtras(const json& body, OpenAiRequest& r) {
   std::optional<int64_t> v;
   if (auto e = GetInt(body, "n", 1, kMaxN, v)) return e;
   if (v) r.n = static_cast<int32_t>(*v);
@@ -359,7 +360,7 @@ std::optional<ApiError> ParseSamplingExtras(const json& body, OpenAiRequest& r) 
   return std::nullopt;
 }
 
-std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body) {
+std::variant<OpenAiRequest, http::ApiError> ParseObject(ApiKind kind, const json& body) {
   OpenAiRequest r;
   r.kind = kind;
   if (auto e = RefuseUnsupported(body, kind)) return *e;
@@ -409,7 +410,7 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
     v.reset();
     if (auto e = GetInt(body, "top_logprobs", 0, kMaxLogprobs, v)) return *e;
     if (v && !want) {
-      return ApiError::Invalid("'top_logprobs' requires 'logprobs': true", "top_logprobs");
+      return http::ApiError::Invalid("'top_logprobs' requires 'logprobs': true", "top_logprobs");
     }
     if (want) r.logprobs = v ? static_cast<int32_t>(*v) : 0;
   }
@@ -424,8 +425,8 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
   auto so = body.find("stream_options");
   if (so != body.end() && !so->is_null()) {
     if (!r.stream) {
-      return ApiError::Invalid("'stream_options' is only allowed when 'stream' is true",
-                               "stream_options");
+      return http::ApiError::Invalid("'stream_options' is only allowed when 'stream' is true",
+                                     "stream_options");
     }
     if (!so->is_object()) return WrongType("stream_options", "an object", *so);
     if (auto e = GetBool(*so, "include_usage", r.include_usage)) {
@@ -438,17 +439,17 @@ std::variant<OpenAiRequest, ApiError> ParseObject(ApiKind kind, const json& body
 
 }  // namespace
 
-std::optional<ApiError> ParseChatTemplateOptions(const json& body, ChatTemplateOptions& out) {
+std::optional<http::ApiError> ParseChatTemplateOptions(const json& body, ChatTemplateOptions& out) {
   if (auto e = GetBool(body, "add_generation_prompt", out.add_generation_prompt)) return e;
   auto kw = body.find("chat_template_kwargs");
   if (kw == body.end() || kw->is_null()) return std::nullopt;
   if (!kw->is_object()) return WrongType("chat_template_kwargs", "an object", *kw);
   for (const auto& [key, value] : kw->items()) {
     if (key != "enable_thinking") {
-      return ApiError::Invalid("chat_template_kwargs: '" + key +
-                                   "' is not supported (no chat template here reads it; "
-                                   "supported: enable_thinking)",
-                               "chat_template_kwargs." + key);
+      return http::ApiError::Invalid("chat_template_kwargs: '" + key +
+                                         "' is not supported (no chat template here reads it; "
+                                         "supported: enable_thinking)",
+                                     "chat_template_kwargs." + key);
     }
     if (value.is_null()) continue;
     if (!value.is_boolean()) {
@@ -459,19 +460,20 @@ std::optional<ApiError> ParseChatTemplateOptions(const json& body, ChatTemplateO
   return std::nullopt;
 }
 
-std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body) {
+std::variant<OpenAiRequest, http::ApiError> ParseOpenAiRequest(ApiKind kind,
+                                                               std::string_view body) {
   json parsed = ParseJson(body);  // simdjson; nlohmann's verdicts (common/json_parse.h)
   // Words and code as the router gives them for the same input (one error vocabulary).
   if (parsed.is_discarded()) {
-    return ApiError::Invalid("request body is not valid JSON", "", "invalid_json");
+    return http::ApiError::Invalid("request body is not valid JSON", "", "invalid_json");
   }
   if (!parsed.is_object()) {
-    return ApiError::Invalid("request body must be a JSON object", "", "invalid_json");
+    return http::ApiError::Invalid("request body must be a JSON object", "", "invalid_json");
   }
   try {
     return ParseObject(kind, parsed);
   } catch (const json::exception& e) {  // defensive: every access above is type-checked
-    return ApiError::Invalid(std::string("malformed request: ") + e.what());
+    return http::ApiError::Invalid(std::string("malformed request: ") + e.what());
   }
 }
 

@@ -1,6 +1,6 @@
 // Parsing and validating OpenAI /v1/completions and /v1/chat/completions request bodies.
-// JSON in, a validated OpenAiRequest or an ApiError out; no I/O, no engine, no tokenizer, so it
-// can be fuzzed (fuzz/request_json_fuzz.cc).
+// JSON in, a validated OpenAiRequest or an http::ApiError out; no I/O, no engine, no tokenizer, so
+// it can be fuzzed (fuzz/request_json_fuzz.cc).
 #pragma once
 
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include <variant>
 #include <vector>
 
-#include "server/api_error.h"
+#include "http/api_error.h"
 
 namespace kvpush::server {
 
@@ -40,9 +40,9 @@ struct ChatTemplateOptions {
 
 /// Reads `add_generation_prompt` (a boolean, default true) and `chat_template_kwargs` (null, {} or
 /// {"enable_thinking": bool}; any other key: 400 naming it, since no template here reads one) of
-/// a chat request body. Errors: ApiError 400 naming the field. Pure; thread-safe.
-std::optional<ApiError> ParseChatTemplateOptions(const nlohmann::json& body,
-                                                 ChatTemplateOptions& out);
+/// a chat request body. Errors: http::ApiError 400 naming the field. Pure; thread-safe.
+std::optional<http::ApiError> ParseChatTemplateOptions(const nlohmann::json& body,
+                                                       ChatTemplateOptions& out);
 
 /// A validated request. Field semantics follow the OpenAI API and vLLM's extensions
 /// (top_k, ignore_eos, stop_token_ids). docs/server.md lists what is accepted and refused.
@@ -82,13 +82,13 @@ struct OpenAiRequest {
 /// Most choices per prompt (`n`).
 inline constexpr int32_t kMaxN = 128;
 
-/// Parses `body` for endpoint `kind`. Errors (ApiError, HTTP 400, invalid_request_error, param
-/// naming the field): malformed JSON, a non-object body, wrong field types, out-of-range values,
-/// best_of != 1, unsupported features (suffix, tools,
-/// beam search, structured outputs, prompt logprobs, ... — docs/server.md lists each), a
-/// non-default value of a known field that would change the output and is not implemented,
-/// stream_options without stream. Fields that change nothing here (user, metadata, store,
-/// service_tier, ...) and unknown fields are ignored. Thread-safe (pure). Never throws.
-std::variant<OpenAiRequest, ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body);
+/// Parses `body` for endpoint `kind`. Errors (http::ApiError, HTTP 400, invalid_request_error,
+/// param naming the field): malformed JSON, a non-object body, wrong field types, out-of-range
+/// values, best_of != 1, unsupported features (suffix, tools, beam search, structured outputs,
+/// prompt logprobs, ... — docs/server.md lists each), a non-default value of a known field that
+/// would change the output and is not implemented, stream_options without stream. Fields that
+/// change nothing here (user, metadata, store, service_tier, ...) and unknown fields are ignored.
+/// Thread-safe (pure). Never throws.
+std::variant<OpenAiRequest, http::ApiError> ParseOpenAiRequest(ApiKind kind, std::string_view body);
 
 }  // namespace kvpush::server

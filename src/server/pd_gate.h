@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "server/api_error.h"
+#include "http/api_error.h"
 #include "server/completion_handler.h"
 #include "server/completion_prepare.h"
 
@@ -18,6 +18,6 @@ namespace kvpush::server {
 /// given, naming it (400), then remote_engine_id set to P's; the whole leg against the prompt
 /// (pull: count, hash, P's block ids; 400); its transfer not aborted (409 transfer_aborted).
 /// Blocks on the handshake only (PdConnector::EnsurePeer); thread-safe.
-std::optional<ApiError> PassPdGate(const CompletionContext& context, PreparedRequest& p);
+std::optional<http::ApiError> PassPdGate(const CompletionContext& context, PreparedRequest& p);
 
 }  // namespace kvpush::server

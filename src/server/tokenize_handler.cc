@@ -4,7 +4,7 @@
 #include <nlohmann/json.hpp>
 #include <variant>
 
-#include "server/api_error.h"
+#include "http/api_error.h"
 #include "server/openai_request.h"
 
 namespace kvpush::server {
@@ -12,7 +12,7 @@ namespace kvpush::server {
 namespace {
 
 JsonReply Error(std::string message, std::string param) {
-  return {400, ApiError::Invalid(std::move(message), std::move(param)).ToJson()};
+  return {400, http::ApiError::Invalid(std::move(message), std::move(param)).ToJson()};
 }
 
 /// Parses a JSON object body; a discarded value when the body is not one.
@@ -28,8 +28,8 @@ JsonReply CheckModel(const nlohmann::json& j, std::string_view served) {
   if (!j["model"].is_string()) return Error("'model' must be a string", "model");
   const std::string model = j["model"].get<std::string>();
   if (model.empty() || model == served) return {0, ""};
-  return {404, ApiError{404, "The model '" + model + "' does not exist.", "invalid_request_error",
-                        "model", "model_not_found"}
+  return {404, http::ApiError{404, "The model '" + model + "' does not exist.",
+                              "invalid_request_error", "model", "model_not_found"}
                    .ToJson()};
 }
 
@@ -47,7 +47,7 @@ Result<std::vector<int32_t>> TokenizeMessages(const TokenizeTarget& target, cons
     if (j.contains(f)) body[f] = j[f];
   }
   auto parsed = ParseOpenAiRequest(ApiKind::kChat, body.dump());
-  if (const auto* e = std::get_if<ApiError>(&parsed)) {
+  if (const auto* e = std::get_if<http::ApiError>(&parsed)) {
     bad = {e->http_status, e->ToJson()};
     return std::vector<int32_t>{};
   }

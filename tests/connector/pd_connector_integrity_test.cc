@@ -248,8 +248,8 @@ TEST_F(PullIntegrity, APinThatOvertakesThePrefillsEndIsAnsweredWhenItEnds) {
   StartProducer();
   const pd::KvTransferParams params = HonestParams();
   KvLoadResult r = RunConsumer(params, [&] {
-    ASSERT_TRUE(WaitFor([&] { return d_->stats().pins_sent == 1; }));
-    std::this_thread::sleep_for(50ms);  // let the PIN reach P before the prefill ends
+    // The PIN reached P before the prefill ended (P holds it).
+    ASSERT_TRUE(WaitFor([&] { return p_->stats().pins_held == 1; }));
     FinishProducer();
   });
   ASSERT_TRUE(r.status.ok()) << r.status.ToString();

@@ -160,6 +160,7 @@ class FakeInstance {
   std::atomic<bool> preamble{false};      ///< D stream: a chat role-only chunk first, at once
   // Observations.
   std::atomic<int64_t> answered_ns{0};    ///< P: when it answered
+  std::atomic<int> decode_answers{0};     ///< D: answers begun (after delay_ms)
   std::atomic<int64_t> last_chunk_ns{0};  ///< D: when it wrote its last text chunk
   std::atomic<bool> write_failed{false};  ///< D: a stream write failed (client went away)
 
@@ -212,6 +213,7 @@ class FakeInstance {
 
   void AnswerDecode(const Received& r, httplib::Response& res) {
     if (delay_ms.load() > 0) Hold(delay_ms.load());
+    ++decode_answers;
     if (status.load() != 200) {
       res.status = status.load();
       res.set_content(

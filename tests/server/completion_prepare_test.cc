@@ -52,15 +52,15 @@ class PrepareTest : public ::testing::Test {
   }
   PreparedRequest Ok(ApiKind kind, const std::string& body, bool pd_instance = false) const {
     auto r = PrepareCompletion(kind, body, Context(pd_instance));
-    if (auto* e = std::get_if<ApiError>(&r)) {
+    if (auto* e = std::get_if<http::ApiError>(&r)) {
       ADD_FAILURE() << body << ": " << e->ToJson();
       return {};
     }
     return std::get<PreparedRequest>(std::move(r));
   }
-  ApiError Err(ApiKind kind, const std::string& body, bool pd_instance = false) const {
+  http::ApiError Err(ApiKind kind, const std::string& body, bool pd_instance = false) const {
     auto r = PrepareCompletion(kind, body, Context(pd_instance));
-    if (auto* e = std::get_if<ApiError>(&r)) return *e;
+    if (auto* e = std::get_if<http::ApiError>(&r)) return *e;
     ADD_FAILURE() << body << " was accepted";
     return {};
   }
@@ -116,7 +116,7 @@ TEST_F(PrepareTest, ErrorsInVllmsOrderNamingTheirField) {
        400, "kv_transfer_params", ""},
   };
   for (const Case& c : cases) {
-    const ApiError e = Err(ApiKind::kCompletion, c.body);
+    const http::ApiError e = Err(ApiKind::kCompletion, c.body);
     EXPECT_EQ(e.http_status, c.status) << c.body;
     EXPECT_EQ(e.param, c.param) << c.body << " " << e.message;
     EXPECT_EQ(e.code, c.code) << c.body;
@@ -124,7 +124,7 @@ TEST_F(PrepareTest, ErrorsInVllmsOrderNamingTheirField) {
   // A prompt with no room for one generated token.
   std::string ids = "[1";
   for (int i = 1; i < 32; ++i) ids += ",1";
-  const ApiError full = Err(ApiKind::kCompletion, R"({"prompt": )" + ids + "]}");
+  const http::ApiError full = Err(ApiKind::kCompletion, R"({"prompt": )" + ids + "]}");
   EXPECT_EQ(full.param, "prompt");
   EXPECT_EQ(full.code, "context_length_exceeded");
   EXPECT_NE(full.message.find("your prompt has 32 tokens"), std::string::npos) << full.message;

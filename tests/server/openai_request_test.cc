@@ -8,17 +8,17 @@ namespace {
 
 OpenAiRequest MustParse(ApiKind kind, const std::string& body) {
   auto r = ParseOpenAiRequest(kind, body);
-  if (auto* e = std::get_if<ApiError>(&r)) {
+  if (auto* e = std::get_if<http::ApiError>(&r)) {
     ADD_FAILURE() << body << " -> " << e->ToJson();
     return {};
   }
   return std::get<OpenAiRequest>(r);
 }
 
-ApiError MustFail(ApiKind kind, const std::string& body) {
+http::ApiError MustFail(ApiKind kind, const std::string& body) {
   auto r = ParseOpenAiRequest(kind, body);
-  EXPECT_TRUE(std::holds_alternative<ApiError>(r)) << body;
-  return std::holds_alternative<ApiError>(r) ? std::get<ApiError>(r) : ApiError{};
+  EXPECT_TRUE(std::holds_alternative<http::ApiError>(r)) << body;
+  return std::holds_alternative<http::ApiError>(r) ? std::get<http::ApiError>(r) : http::ApiError{};
 }
 
 TEST(OpenAiRequestTest, CompletionFields) {
@@ -164,12 +164,12 @@ TEST(OpenAiRequestTest, RefusalsNameTheField) {
       {ApiKind::kChat, R"({"messages":[{"role":"user","content":"x"}],"logprobs":1})", "logprobs"},
   };
   for (const auto& c : cases) {
-    ApiError e = MustFail(c.kind, c.body);
+    http::ApiError e = MustFail(c.kind, c.body);
     EXPECT_EQ(e.http_status, 400) << c.body;
     EXPECT_EQ(e.param, c.param) << c.body << " -> " << e.message;
     EXPECT_EQ(e.type, "invalid_request_error");
   }
-  ApiError bad = MustFail(ApiKind::kCompletion, "{\"prompt\": \"\xff\xfe\"}");
+  http::ApiError bad = MustFail(ApiKind::kCompletion, "{\"prompt\": \"\xff\xfe\"}");
   EXPECT_EQ(bad.http_status, 400);
   EXPECT_NE(bad.ToJson().find("\"param\":null"), std::string::npos);
 }
@@ -203,7 +203,7 @@ TEST(OpenAiRequestTest, SamplingExtensions) {
 TEST(OpenAiRequestTest, DeeplyNestedJsonDoesNotCrash) {
   std::string deep(100000, '[');
   deep += std::string(100000, ']');
-  ApiError e = MustFail(ApiKind::kCompletion, "{\"prompt\":" + deep + "}");
+  http::ApiError e = MustFail(ApiKind::kCompletion, "{\"prompt\":" + deep + "}");
   EXPECT_EQ(e.http_status, 400);
 }
 

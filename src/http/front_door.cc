@@ -1,0 +1,156 @@
+#include "http/front_door.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include "common/listen_backlog.h"
+#include "http/api_error.h"
+#include "http/task_queue.h"
+
+namespace kvpush::http {
+namespace {
+
+void Reply(Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(e.ToJson(), "application/json");
+}
+
+/// The message of an error cpp-httplib answers without a body (one vocabulary for the instances
+/// and the router: docs/server.md, "Errors").
+std::string BodylessErrorMessage(const Request& req, int status) {
+  switch (status) {
+    case 404:
+      return "no route for " + req.method + " " + req.path;
+    case 400:
+      return "malformed HTTP request (unreadable body, headers or content encoding; send a "
+             "JSON body with Content-Type: application/json)";
+    case 413:
+      return "request body too large";
+    case 414:
+      return "request URI too long";
+    default:
+      return "HTTP error " + std::to_string(status);
+  }
+}
+
+}  // namespace
+
+FrontDoor::FrontDoor(FrontDoorOptions options)
+    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+
+FrontDoor::~FrontDoor() {
+  Stop();
+}
+
+void FrontDoor::Get(std::string path, Handler handler) {
+  server_->Get(path, std::move(handler));
+  routes_.push_back(Route{std::move(path), "GET"});
+}
+
+void FrontDoor::Post(std::string path, Handler handler) {
+  server_->Post(path, std::move(handler));
+  routes_.push_back(Route{std::move(path), "POST"});
+}
+
+void FrontDoor::OnResponse(ResponseHook hook) {
+  hook_ = std::move(hook);
+}
+
+bool FrontDoor::IsRoute(std::string_view path) const {
+  for (const Route& r : routes_) {
+    if (r.path == path) return true;
+  }
+  return false;
+}
+
+void FrontDoor::InstallErrorAnswers() {
+  httplib::Server& s = *server_;
+  // Wrong method on a known path: 405 with an Allow header.
+  for (const Route& r : routes_) {
+    const std::string allow = r.method;
+    auto not_allowed = [allow](const Request& req, Response& res) {
+      res.set_header("Allow", allow);
+      Reply(res, ApiError{405,
+                          "method " + req.method + " is not allowed on " + req.path + " (use " +
+                              allow + ")",
+                          "invalid_request_error", "", "method_not_allowed"});
+    };
+    if (allow != "GET") s.Get(r.path, not_allowed);
+    if (allow != "POST") s.Post(r.path, not_allowed);
+    s.Put(r.path, not_allowed);
+    s.Delete(r.path, not_allowed);
+    s.Patch(r.path, not_allowed);
+    s.Options(r.path, not_allowed);
+  }
+  // Errors without a body (unknown path -> 404, 413, httplib's own 400s) get an OpenAI body.
+  s.set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req, Response& res) {
+    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    Reply(res, ApiError{res.status, BodylessErrorMessage(req, res.status),
+                        res.status >= 500 ? "server_error" : "invalid_request_error", "",
+                        res.status == 404 ? "not_found" : ""});
+    return httplib::Server::HandlerResponse::Handled;
+  }));
+  s.set_exception_handler([](const Request&, Response& res, const std::exception_ptr& ep) {
+    std::string what = "internal error";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    Reply(res, ApiError{500, what, "server_error", "", ""});
+  });
+  s.set_logger([this](const Request& req, const Response& res) {
+    if (hook_) hook_(req, res);
+    spdlog::debug("{} {} -> {}", req.method, req.path, res.status);
+  });
+}
+
+Status FrontDoor::Start() {
+  if (thread_.joinable()) return FailedPrecondition("HTTP front door already started");
+  const size_t workers = options_.worker_threads;
+  const size_t extra = options_.max_extra_threads;
+  server_->new_task_queue = [workers, extra] { return new ElasticTaskQueue(workers, extra); };
+  server_->set_payload_max_length(options_.max_body_bytes);
+  server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay on the token path)
+  server_->set_keep_alive_max_count(1000);
+  if (options_.write_timeout_s > 0) server_->set_write_timeout(options_.write_timeout_s, 0);
+  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
+  // silently share its connections. Keep SO_REUSEADDR only (restart over TIME_WAIT sockets), so a
+  // port that is in use makes Start() fail.
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  InstallErrorAnswers();
+  if (options_.port == 0) {
+    port_ = server_->bind_to_any_port(options_.host);
+    if (port_ <= 0) return Unavailable("cannot bind " + options_.host + ":<any>");
+  } else {
+    if (!server_->bind_to_port(options_.host, options_.port)) {
+      return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
+    }
+    port_ = options_.port;
+  }
+  // The library listens with a backlog of 5: too small for bursts of concurrent clients.
+  RaiseListenBacklog(port_, options_.listen_backlog);
+  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!server_->is_running() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (!server_->is_running()) return Unavailable("HTTP server did not start listening");
+  return Status::Ok();
+}
+
+void FrontDoor::Stop() {
+  if (server_) server_->stop();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kvpush::http

@@ -1,0 +1,91 @@
+// FrontDoor: the HTTP scaffold that both kvpush front doors (the instance's server/ and the
+// router/) register their routes on. It owns the cpp-httplib server and everything that is not a
+// handler: bind and socket options, the listen backlog, the connection threads (ElasticTaskQueue),
+// the 405 answer of a known path, OpenAI-style bodies for 404/400/413/414 and for a handler's
+// exception, and a hook called after every response (counters, access log).
+// docs/architecture.md, "The front door (src/http/)".
+#pragma once
+
+#include <httplib.h>
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "common/status.h"
+
+namespace kvpush::http {
+
+/// A handler sees cpp-httplib's request and response (streams use its chunked content provider);
+/// how connections are accepted and which thread runs a handler is the front door's business.
+using Request = httplib::Request;
+using Response = httplib::Response;
+using Handler = std::function<void(const Request&, Response&)>;
+/// Called once a response was written (or the connection failed): method, path, status.
+using ResponseHook = std::function<void(const Request&, const Response&)>;
+
+struct FrontDoorOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;                      ///< 0: a free port, see FrontDoor::port()
+  size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
+  size_t worker_threads = 16;        ///< connection threads kept running
+  /// Connections that arrive while no worker is idle run on a short-lived thread of their own, at
+  /// most this many at once; beyond that they wait for a worker (0: a fixed pool).
+  size_t max_extra_threads = 0;
+  int write_timeout_s = 0;  ///< a socket write's limit; 0: cpp-httplib's default (5 s)
+  int listen_backlog = 1024;
+};
+
+/// The HTTP front door of one process. Register routes, then Start(); each path takes one method
+/// and every other method on it gets 405 with an Allow header. Error bodies are OpenAI errors
+/// ({"error": {"message", "type", "param", "code"}}, http/api_error.h): 404 `not_found` for an
+/// unknown path, 405 `method_not_allowed`, 400 for a request cpp-httplib cannot read, 413 for a
+/// body over max_body_bytes, 414, and 500 `server_error` with the exception's message when a
+/// handler throws. A handler's own non-empty body is never replaced.
+/// Thread-safety: Get/Post/OnResponse and Start/Stop from one controlling thread, before and
+/// around serving; handlers and the hook run on the connection threads, concurrently.
+class FrontDoor {
+ public:
+  explicit FrontDoor(FrontDoorOptions options);
+  ~FrontDoor();  ///< Stop()
+  FrontDoor(const FrontDoor&) = delete;
+  FrontDoor& operator=(const FrontDoor&) = delete;
+
+  /// Registers `handler` for GET / POST on exactly `path` (no patterns). Before Start.
+  void Get(std::string path, Handler handler);
+  void Post(std::string path, Handler handler);
+  /// Sets the hook called after every response, known path or not. Before Start.
+  void OnResponse(ResponseHook hook);
+
+  /// Binds host:port, raises the listen backlog and serves on a background thread; returns once
+  /// the listen loop runs. Errors: kUnavailable (bind failed, or the loop did not start within
+  /// 10 s), kFailedPrecondition (already started).
+  Status Start();
+  /// Stops accepting, lets the connection threads finish, joins them. Idempotent.
+  void Stop();
+
+  /// The bound port (after Start).
+  int port() const { return port_; }
+  /// Whether `path` has a handler (for counters that fold unknown paths into one label).
+  bool IsRoute(std::string_view path) const;
+
+ private:
+  struct Route {
+    std::string path;
+    const char* method;
+  };
+  void InstallErrorAnswers();
+
+  FrontDoorOptions options_;
+  std::unique_ptr<httplib::Server> server_;
+  std::vector<Route> routes_;
+  ResponseHook hook_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace kvpush::http

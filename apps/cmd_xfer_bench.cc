@@ -3,7 +3,7 @@
 #include <cstdio>
 
 #include "apps/commands.h"
-#include "xfer/xfer_bench.h"
+#include "bench/xfer/xfer_bench.h"
 
 namespace kvpush::apps {
 

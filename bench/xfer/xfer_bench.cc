@@ -1,4 +1,4 @@
-#include "xfer/xfer_bench.h"
+#include "bench/xfer/xfer_bench.h"
 
 #include <poll.h>
 #include <sys/wait.h>

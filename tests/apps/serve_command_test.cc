@@ -11,7 +11,7 @@
 #include <fstream>
 #include <thread>
 
-#include "server_test_util.h"
+#include "server/server_test_util.h"
 #include "test_util.h"
 
 namespace kvpush::testing {

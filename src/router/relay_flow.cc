@@ -1,0 +1,273 @@
+// RequestFlow, the answer: D's (or a colocated instance's) leg relayed to the client, whole or
+// streamed event by event, and what a failure of it does to P's leg (docs/router.md).
+#include <httplib.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "common/json_parse.h"
+#include "pd/ids.h"
+#include "pd/legs.h"
+#include "router/decode_stream.h"
+#include "router/flow_services.h"
+#include "router/flow_state.h"
+#include "router/leg.h"
+#include "router/prompt_echo.h"
+#include "router/prompt_list.h"
+#include "router/request_flow.h"
+#include "router/sse_splitter.h"
+
+namespace kvpush::router {
+
+using nlohmann::json;
+
+namespace {
+
+/// Push, streamed: keeps the client's 200 back until D's stream carries output, P's leg ended
+/// (well or not) or D's leg ended, so that an early failure of P reaches the client as a plain
+/// HTTP error, as colocated serving gives it. Returns the events taken meanwhile, in order.
+std::vector<std::string> HoldUntilOutput(const std::function<bool()>& prefill_ended,
+                                         DecodeStream& ds) {
+  std::vector<std::string> held;
+  for (;;) {
+    if (prefill_ended()) return held;
+    const size_t before = held.size();
+    if (ds.TakeEvents(std::chrono::milliseconds(10), &held)) return held;
+    for (size_t i = before; i < held.size(); ++i) {
+      if (!IsPreambleEvent(held[i])) return held;
+    }
+  }
+}
+
+/// Push with echo and logprobs, streamed: keeps the client's 200 back until P's leg is over, so
+/// that its prompt_echo (or its failure) is known before D's first event is relayed. Returns the
+/// events taken meanwhile, in order.
+std::vector<std::string> HoldUntilPrefillDone(RequestFlow::Transfer& t, DecodeStream& ds,
+                                              std::chrono::milliseconds limit) {
+  std::vector<std::string> held;
+  while (!t.WaitPrefillDone(std::chrono::milliseconds(0))) {
+    if (ds.TakeEvents(std::chrono::milliseconds(10), &held)) {
+      t.WaitPrefillDone(limit);  // D's stream is over; P's answer follows its KV
+      break;
+    }
+  }
+  return held;
+}
+
+}  // namespace
+
+void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
+                               httplib::Response& res) {
+  FlowServices& r = router_;
+  const std::string role = RoleName(t.d_role);
+  if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
+  if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
+  const bool retry = RefusedUnstarted(dr) && t.retries_left > 0;
+  if (dr.answered && RefusedUnstarted(dr)) d_lease.MarkDraining();
+  if (t.mode == TransferMode::kColocated || t.local_prefill) {
+    spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, t.d_addr.url, Describe(dr));
+  } else {
+    spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
+                 t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
+  }
+  AbortPrefill(r, t);
+  if (retry) {  // nothing written: Handle retries (or writes refused_reply)
+    t.retry_url = t.d_addr.url;
+    t.retry_role = t.d_role;
+    t.refused_reply = LegFailureReply(r, t.d_role, t.d_addr, dr);
+    return;
+  }
+  r.CountRequest(t.mode, false);
+  LegFailureReply(r, t.d_role, t.d_addr, dr).WriteTo(res);
+}
+
+void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
+                             InstanceLease d_lease, httplib::Response& res) {
+  FlowServices& r = router_;
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
+  const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
+  if (t->echo_logprobs && dr.answered && dr.status == 200) {
+    // P's answer (its prompt_echo) follows the KV that D already has.
+    t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));
+  }
+  if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/false)) {
+    if (PrefillRetry(*t, *p_failed)) return;
+    r.CountRequest(t->mode, false);
+    return p_failed->WriteTo(res);
+  }
+  if (!dr.answered || dr.status != 200) return DecodeFailed(*t, d_lease, dr, res);
+  // A JSON answer is handed to the HTTP layer whole: its first byte goes with the rest.
+  t->timeline.Mark(RouterPhase::kFirstOutputRelayed);
+  if (t->echo_logprobs) {
+    const std::optional<PromptEcho> echo = t->PromptEchoOf();
+    json answer = json::parse(dr.body, nullptr, /*allow_exceptions=*/false);
+    if (!echo) {
+      r.CountLegFailure(Role::kPrefill);
+      r.CountRequest(t->mode, false);
+      return NoPromptEcho(*t, "prefill instance returned no prompt_echo").WriteTo(res);
+    }
+    if (!answer.is_object()) {
+      r.CountLegFailure(t->d_role);
+      r.CountRequest(t->mode, false);
+      return ErrorReply(502, "decode instance returned a body that is not a JSON object",
+                        "server_error", "bad_decode_answer")
+          .WriteTo(res);
+    }
+    PrependPromptEchoToAnswer(answer, *echo);
+    r.CountRequest(t->mode, true);
+    Reply merged = Forwarded(dr);
+    merged.body = answer.dump(-1, ' ', false, json::error_handler_t::replace);
+    RecordTimeline(r, *t, true);
+    return merged.WriteTo(res);
+  }
+  r.CountRequest(t->mode, true);
+  RecordTimeline(r, *t, true);
+  Forwarded(dr).WriteTo(res);
+}
+
+void RequestFlow::RecordTimeline(FlowServices& r, Transfer& t, bool ok) {
+  if (t.mode == TransferMode::kColocated || t.local_prefill) return;
+  t.timeline.Mark(RouterPhase::kDone);
+  r.RecordTimeline(t.timeline.ToJson(t.request_id, t.transfer_id,
+                                     t.mode == TransferMode::kPush ? "push" : "pull", ok));
+}
+
+void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::string& d_body,
+                               InstanceLease d_lease, httplib::Response& res,
+                               std::shared_ptr<StreamState>* capture) {
+  FlowServices& r = router_;
+  auto ds = std::make_shared<DecodeStream>(t->d_leg);
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
+  const int status = ds->Start(t->path, t->request_id, d_body);
+  std::vector<std::string> held;
+  if (status == 200 && t->mode == TransferMode::kPush && !t->local_prefill) {
+    held = t->echo_logprobs
+               ? HoldUntilPrefillDone(*t, *ds, std::chrono::milliseconds(t->d_leg->io_timeout_ms()))
+               : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
+  }
+  if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
+    if (PrefillRetry(*t, *p_failed)) return;  // ds's destructor closes D's leg
+    r.CountRequest(t->mode, false);
+    return p_failed->WriteTo(res);  // ds's destructor closes D's leg
+  }
+  if (status != 200) return DecodeFailed(*t, d_lease, ds->WaitFinished(), res);
+  std::optional<PromptEcho> echo;
+  if (t->echo_logprobs) {
+    echo = t->PromptEchoOf();
+    if (!echo) {  // nothing relayed yet: a plain error; ds's destructor closes D's leg
+      t->Finish();
+      r.CountLegFailure(Role::kPrefill);
+      r.CountRequest(t->mode, false);
+      return NoPromptEcho(*t, "prefill instance returned no prompt_echo").WriteTo(res);
+    }
+  }
+
+  auto st = std::make_shared<StreamState>();
+  st->t = t;
+  st->stream = ds;
+  st->decode_lease = std::move(d_lease);
+  st->held = std::move(held);
+  st->prompt_echo = std::move(echo);
+  res.status = 200;
+  if (capture != nullptr) {  // one prompt of a list: the merged stream relays it
+    *capture = std::move(st);
+    return;
+  }
+  FlowServices* rp = &r;
+  res.set_header("Cache-Control", "no-cache");
+  std::string content_type = ds->content_type();
+  if (content_type.empty()) content_type = "text/event-stream; charset=utf-8";
+  res.set_chunked_content_provider(
+      content_type,
+      [st, rp](size_t, httplib::DataSink& sink) -> bool {
+        return Pump(*rp, *st, sink, std::chrono::milliseconds(100));
+      },
+      [st, rp](bool) { EndStream(*rp, *st); });
+}
+
+bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
+                       std::chrono::milliseconds wait) {
+  if (r.stopping()) {
+    // Never a silent cut: the client's stream ends with an error event.
+    if (!st.terminal_sent) {
+      const std::string ev = "data: " + r.StopErrorJson() + "\n\n";
+      st.terminal_sent = st.failed = true;
+      if (!sink.write(ev.data(), ev.size())) return false;
+    }
+    st.completed = true;
+    sink.done();
+    return true;
+  }
+  std::vector<std::string> events;
+  events.swap(st.held);
+  const bool finished =
+      st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
+  for (const std::string& e : events) {
+    if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
+    const SseEventKind kind = ClassifySseEvent(e);
+    std::string out;
+    if (st.prompt_echo && kind == SseEventKind::kData) {
+      // Echo with logprobs: P's prompt part leads each choice's first event.
+      json chunk = ParseSseData(e);
+      if (PrependPromptEchoToChunk(chunk, *st.prompt_echo, &st.echoed)) out = SseEvent(chunk);
+    }
+    const std::string& ev = out.empty() ? e : out;
+    if (!sink.write(ev.data(), ev.size())) return false;
+    if (kind == SseEventKind::kData) st.t->timeline.Mark(RouterPhase::kFirstOutputRelayed);
+    if (kind == SseEventKind::kDone) st.terminal_sent = true;
+    if (kind == SseEventKind::kError) {
+      st.terminal_sent = true;
+      st.failed = true;
+      r.CountLegFailure(st.t->d_role);
+    }
+  }
+  if (!finished) return true;
+  if (!st.terminal_sent) {
+    std::string ev;
+    if (r.stopping()) {  // Stop() closed D's leg: say why
+      ev = "data: " + r.StopErrorJson() + "\n\n";
+    } else if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
+      ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
+    } else {
+      const LegResult lr = st.stream->result();
+      const std::string role = RoleName(st.t->d_role);
+      const std::string d = role + " instance " + st.t->d_addr.url;
+      const std::string msg = lr.answered ? d + " ended the stream without [DONE]"
+                              : !lr.cut_reason.empty()
+                                  ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
+                                  : d + " stream broke: " + lr.error;
+      spdlog::warn("request {}: {}", st.t->request_id, msg);
+      const std::string code = role + (lr.cut_reason.empty() ? "_stream_broken" : "_unhealthy");
+      ev = "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
+      r.CountLegFailure(st.t->d_role);
+    }
+    st.failed = true;
+    st.terminal_sent = true;
+    if (!sink.write(ev.data(), ev.size())) return false;
+  }
+  st.completed = true;
+  sink.done();
+  return true;
+}
+
+void RequestFlow::EndStream(FlowServices& r, StreamState& st) {
+  Transfer& t = *st.t;
+  if (!st.completed) {
+    // The client went away (or the router is stopping): close D's connection so D aborts.
+    spdlog::info("request {}: client disconnected mid-stream; closing the {} leg", t.request_id,
+                 RoleName(t.d_role));
+    st.stream->Stop();
+  }
+  t.Finish();
+  RecordTimeline(r, t, st.completed && !st.failed);
+  // D failed or the client left (not P: P's failure already aborted D): P's part is moot.
+  if ((!st.completed || st.failed) && !t.PrefillFailure()) AbortPrefill(r, t);
+  r.CountRequest(t.mode, st.completed && !st.failed);
+  st.stream.reset();  // waits until the reader task let go of the leg
+  st.decode_lease.Release();
+}
+
+}  // namespace kvpush::router

@@ -124,11 +124,11 @@ Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
 /// The chat template the server renders: the family detected in the model's template text, or
 /// the one --chat-template-format forces (its literals still read from the model's template when
 /// that is of the same family). An unrecognised template logs one warning and falls back to plain.
-server::ChatTemplate ResolveChatTemplate(std::optional<server::ChatTemplateFormat> forced,
+ChatTemplate ResolveChatTemplate(std::optional<ChatTemplateFormat> forced,
                                          const std::string& jinja) {
-  const server::DetectedChatTemplate d = server::DetectChatTemplate(jinja);
+  const DetectedChatTemplate d = DetectChatTemplate(jinja);
   if (forced && (!d.recognised || d.chat_template.format != *forced)) {
-    server::ChatTemplate t;
+    ChatTemplate t;
     t.format = *forced;
     return t;
   }
@@ -233,7 +233,7 @@ int RunServe(const ServeOptions& o) {
   so.port = o.port;
   so.connector = conn.get();
   so.enable_prompt_tokens_details = o.enable_prompt_tokens_details;
-  so.chat_template = ResolveChatTemplate(*server::ParseChatTemplateFormat(o.chat_template_format),
+  so.chat_template = ResolveChatTemplate(*ParseChatTemplateFormat(o.chat_template_format),
                                          model.chat_template);
   so.served_model_name = !o.served_model_name.empty() ? o.served_model_name
                           : o.executor == "sim"         ? o.sim_model
@@ -244,7 +244,7 @@ int RunServe(const ServeOptions& o) {
       o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
       model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
       so.served_model_name, so.host, so.port,
-      server::ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
+      ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
   server::HttpServer http(**engine, so);
   if (Status s = http.Start(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
@@ -356,7 +356,7 @@ void RegisterServeCommand(CLI::App& app) {
                   "Chat template family: auto (detected from the model's tokenizer.chat_template), "
                   "plain, chatml, qwen3, llama3, llama2, mistral")
       ->check([](const std::string& v) {
-        auto f = server::ParseChatTemplateFormat(v);
+        auto f = ParseChatTemplateFormat(v);
         return f.ok() ? std::string() : f.status().message();
       })
       ->capture_default_str();

@@ -6,7 +6,7 @@
 
 #include "model/gguf.h"
 #include "model/model.h"
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 #include "server/tokenize_handler.h"
 
 namespace kvpush::apps {
@@ -16,7 +16,7 @@ using nlohmann::json;
 
 struct Loaded {
   std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<server::ChatPromptBuilder> chat;
+  std::unique_ptr<ChatPromptBuilder> chat;
 };
 
 bool IsGguf(const std::string& path) {
@@ -64,8 +64,8 @@ Result<router::PromptTokenizer> LoadRouterTokenizer(const std::string& path) {
     loaded->tokenizer = std::move(model->tokenizer);
     jinja = model->chat_template;
   }
-  loaded->chat = std::make_unique<server::ChatPromptBuilder>(
-      server::DetectChatTemplate(jinja).chat_template, *loaded->tokenizer);
+  loaded->chat = std::make_unique<ChatPromptBuilder>(
+      DetectChatTemplate(jinja).chat_template, *loaded->tokenizer);
   return router::PromptTokenizer(
       [loaded](const std::string& route, const json& body) -> std::optional<std::vector<int32_t>> {
         const auto p = body.find("prompt");

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "engine/engine.h"
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 #include "server/openai_request.h"
 #include "server/transfer_requests.h"
 

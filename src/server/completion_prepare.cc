@@ -121,7 +121,7 @@ std::variant<int32_t, http::ApiError> MaxTokensFor(ApiKind kind, const PreparedR
 std::optional<http::ApiError> TokenizePrompts(ApiKind kind, const PrepareContext& c,
                                               PreparedRequest& p) {
   OpenAiRequest& r = p.request;
-  if (kind == ApiKind::kChat) {  // the model's chat template (server/chat_template.h)
+  if (kind == ApiKind::kChat) {  // the model's chat template (model/chat_template.h)
     auto chat_ids = c.chat.Build(r.messages, r.chat_template);
     if (!chat_ids.ok()) return http::ApiError::Invalid(chat_ids.status().message(), "messages");
     r.prompts.push_back(PromptInput{true, "", std::move(*chat_ids)});

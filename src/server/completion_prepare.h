@@ -14,7 +14,7 @@
 #include "model/model.h"
 #include "model/tokenizer.h"
 #include "pd/kv_transfer_params.h"
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 #include "server/openai_request.h"
 
 namespace kvpush::server {

@@ -15,7 +15,7 @@
 #include "common/thread_annotations.h"
 #include "engine/engine.h"
 #include "http/front_door.h"
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 #include "server/completion_handler.h"
 #include "server/metrics.h"
 
@@ -39,7 +39,7 @@ struct ServerOptions {
   /// vLLM's --enable-prompt-tokens-details: usage gets prompt_tokens_details.cached_tokens.
   bool enable_prompt_tokens_details = false;
   /// How /v1/chat/completions and /tokenize render `messages` (the model's template family,
-  /// server/chat_template.h); default: kvpush's plain template.
+  /// model/chat_template.h); default: kvpush's plain template.
   ChatTemplate chat_template;
   /// P/D instances (--role prefill|decode): serves POST /kv/handshake and requests with
   /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "http/api_error.h"
+#include "model/chat_template.h"
 
 namespace kvpush::server {
 
@@ -23,19 +24,6 @@ struct PromptInput {
   bool is_tokens = false;
   std::string text;
   std::vector<int32_t> tokens;
-};
-
-/// One chat message after flattening content parts into text.
-struct ChatMessage {
-  std::string role;  ///< "system", "user" or "assistant" ("developer" is mapped to "system")
-  std::string content;
-};
-
-/// How chat messages are rendered (vLLM's chat request fields `add_generation_prompt` and
-/// `chat_template_kwargs`; server/chat_template.h).
-struct ChatTemplateOptions {
-  bool add_generation_prompt = true;
-  std::optional<bool> enable_thinking;  ///< chat_template_kwargs.enable_thinking (Qwen3)
 };
 
 /// Reads `add_generation_prompt` (a boolean, default true) and `chat_template_kwargs` (null, {} or

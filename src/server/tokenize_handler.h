@@ -16,7 +16,7 @@
 //   POST /tokenize   {"messages": [...], "add_generation_prompt": true, "chat_template_kwargs":
 //                     {...}, "add_special_tokens": false, ...}
 //     -> the ids /v1/chat/completions gives the model for those messages (the model's chat
-//        template, server/chat_template.h; add_special_tokens: only false, as for chat).
+//        template, model/chat_template.h; add_special_tokens: only false, as for chat).
 // /detokenize shows control tokens as their text (skip_special_tokens = false, as vLLM's
 // tokenizer.decode). Errors: 400 invalid_request_error naming the field.
 #pragma once
@@ -26,7 +26,7 @@
 #include <string_view>
 
 #include "model/tokenizer.h"
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 
 namespace kvpush::server {
 

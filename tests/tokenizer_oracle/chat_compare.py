@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks a served model's chat prompts against the Jinja goldens (issue 12, chat templates).
 
-For every golden row of the served model's own template (tests/server/chat_template_goldens.json,
+For every golden row of the served model's own template (tests/model/chat_template_goldens.json,
 rendered by @huggingface/jinja from the template text the model carries) that renders without an
 error:
   * POST /tokenize {"messages", "add_generation_prompt", "chat_template_kwargs"} must equal

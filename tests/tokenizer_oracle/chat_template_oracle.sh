@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The chat-template oracle (ctest: chat_template_oracle): re-renders the goldens with the Jinja
 # engine (chat_templates.mjs, @huggingface/jinja) from the template texts and checks they equal the
-# committed tests/server/chat_template_goldens.json, which server_chat_template_test compares
+# committed tests/model/chat_template_goldens.json, which model_chat_template_test compares
 # kvpush's native renderers with. So the goldens can neither drift from the templates nor be
 # edited by hand. The date the llama3.2 template takes from strftime_now is masked. Exit 77 (ctest
 # SKIP) when node or the npm packages are absent: run scripts/tokenizer-oracle-setup.sh first.
@@ -18,7 +18,7 @@ if ! command -v node >/dev/null || [ ! -d "$here/node_modules/@huggingface/jinja
 fi
 mkdir -p "$work"
 node "$here/chat_templates.mjs" "$work/goldens.json"
-python3 - "$work/goldens.json" "$here/../server/chat_template_goldens.json" <<'PY'
+python3 - "$work/goldens.json" "$here/../model/chat_template_goldens.json" <<'PY'
 import json, sys
 fresh, committed = (json.load(open(p)) for p in sys.argv[1:3])
 def norm(doc):

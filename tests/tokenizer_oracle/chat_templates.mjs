@@ -1,8 +1,8 @@
 // Chat-template goldens: renders a fixed set of conversations with @huggingface/jinja from each
 // template text (Qwen3's and Llama 3's verbatim from the npm tokenizer packages, the others from
 // chat_templates/*.jinja, transcriptions: chat_templates/README.md) and writes them as JSON. kvpush's
-// native renderers (src/server/chat_template.cc) must give the same strings
-// (tests/server/chat_template_test.cc reads tests/server/chat_template_goldens.json; the ctest
+// native renderers (src/model/chat_template.cc) must give the same strings
+// (tests/model/chat_template_test.cc reads tests/model/chat_template_goldens.json; the ctest
 // chat_template_oracle re-renders and compares with that file).
 //
 // Usage: node chat_templates.mjs OUT.json

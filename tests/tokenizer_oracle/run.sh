@@ -48,5 +48,5 @@ python3 "$here/compare.py" --url "$url" --corpus "$work/corpus.jsonl" \
   --oracle "$work/oracle-$vocab.jsonl" --name "$vocab" --expect-bos "$bos" "${nfc[@]}"
 # The model carries the package's chat template (tokenizer_config.json): its chat prompts must be
 # the Jinja goldens' text, tokenized (chat_compare.py).
-python3 "$here/chat_compare.py" --url "$url" --goldens "$here/../server/chat_template_goldens.json" \
+python3 "$here/chat_compare.py" --url "$url" --goldens "$here/../model/chat_template_goldens.json" \
   --template "$vocab"

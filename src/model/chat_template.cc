@@ -1,8 +1,8 @@
-// Native renderers of the chat template families (server/chat_template.h). Each renderer follows
+// Native renderers of the chat template families (model/chat_template.h). Each renderer follows
 // its Jinja template statement by statement; the Python string methods those templates call
 // (strip, lstrip, rstrip, split, trim) are reproduced with Python's semantics, since vLLM and HF
 // render with Python's jinja2.
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 
 #include <algorithm>
 #include <ctime>
@@ -10,7 +10,7 @@
 #include <regex>
 #include <utility>
 
-namespace kvpush::server {
+namespace kvpush {
 
 namespace {
 
@@ -388,4 +388,4 @@ Result<std::vector<int32_t>> ChatPromptTokenizer::Encode(std::string_view text) 
   return ids;
 }
 
-}  // namespace kvpush::server
+}  // namespace kvpush

@@ -1,7 +1,7 @@
 // Chat templates: turning /v1/chat/completions messages into the prompt text a model was trained
 // on. kvpush runs no Jinja: it recognises the template family in the model's
 // `tokenizer.chat_template` (GGUF metadata; HF tokenizer_config.json) and renders it natively, to
-// the byte what the Jinja template renders (tests/server/chat_template_test.cc holds goldens
+// the byte what the Jinja template renders (tests/model/chat_template_test.cc holds goldens
 // rendered by @huggingface/jinja from the templates' text; docs/server.md "Chat templates").
 //
 // Families (`--chat-template-format`):
@@ -30,9 +30,22 @@
 
 #include "common/status.h"
 #include "model/tokenizer.h"
-#include "server/openai_request.h"
 
-namespace kvpush::server {
+namespace kvpush {
+
+/// One chat message after flattening content parts into text.
+struct ChatMessage {
+  std::string role;  ///< "system", "user" or "assistant" ("developer" is mapped to "system")
+  std::string content;
+};
+
+/// How chat messages are rendered (vLLM's chat request fields `add_generation_prompt` and
+/// `chat_template_kwargs`; model/chat_template.h).
+struct ChatTemplateOptions {
+  bool add_generation_prompt = true;
+  std::optional<bool> enable_thinking;  ///< chat_template_kwargs.enable_thinking (Qwen3)
+};
+
 
 enum class ChatTemplateFormat { kPlain, kChatMl, kQwen3, kLlama3, kLlama2, kMistral };
 
@@ -128,4 +141,4 @@ class ChatPromptBuilder {
 /// The server tokenizes the result with BOS prepended. Pure; thread-safe.
 std::string ApplyDefaultChatTemplate(const std::vector<ChatMessage>& messages);
 
-}  // namespace kvpush::server
+}  // namespace kvpush

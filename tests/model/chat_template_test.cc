@@ -1,8 +1,8 @@
-// Chat templates (server/chat_template.h): family detection from template texts, the native
+// Chat templates (model/chat_template.h): family detection from template texts, the native
 // renderers against goldens rendered by a Jinja engine (@huggingface/jinja) from the templates'
 // own text (chat_template_goldens.json, written by tests/tokenizer_oracle/chat_templates.mjs),
 // and the special-token-aware chat prompt tokenizer.
-#include "server/chat_template.h"
+#include "model/chat_template.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
-namespace kvpush::server {
+namespace kvpush {
 namespace {
 
 using nlohmann::json;
@@ -165,4 +165,4 @@ TEST(ChatPromptTokenizer, ControlTextsBecomeTheirIdsAndTheTextBetweenIsEncoded) 
 }
 
 }  // namespace
-}  // namespace kvpush::server
+}  // namespace kvpush

@@ -1,6 +1,6 @@
 // libFuzzer target: OpenAI request JSON parsing (src/server/openai_request.h). The first byte picks
 // the endpoint (even: /v1/completions, odd: /v1/chat/completions); the rest is the body. Every
-// input must give either a request that satisfies the documented invariants or an http::ApiError
+// input must give either a request that satisfies the documented invariants or an ApiError
 // with a 4xx status and a serializable body; nothing may crash, leak or hit UB.
 #include <cstddef>
 #include <cstdint>
@@ -9,7 +9,7 @@
 
 #include "server/openai_request.h"
 
-using kvpush::server::ApiError;
+using kvpush::http::ApiError;
 using kvpush::server::ApiKind;
 using kvpush::server::OpenAiRequest;
 
@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ApiKind kind = (data[0] & 1) ? ApiKind::kChat : ApiKind::kCompletion;
   std::string_view body(reinterpret_cast<const char*>(data + 1), size - 1);
   auto parsed = kvpush::server::ParseOpenAiRequest(kind, body);
-  if (auto* e = std::get_if<http::ApiError>(&parsed)) {
+  if (auto* e = std::get_if<ApiError>(&parsed)) {
     if (e->http_status < 400 || e->http_status > 499 || e->message.empty()) std::abort();
     if (e->ToJson().empty()) std::abort();
     return 0;

@@ -165,7 +165,7 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   void Push(EngineEvent ev, bool wake = true);
   void Loop();
   /// Feeds one queued event to the core (connector thread).
-  void HandleEvent(EngineEvent& ev);
+  void HandleEvent(EngineEvent ev);
   /// Reports every ended transfer to the core (connector thread).
   void PollTransfers();
   /// Copies the core's counters where stats() reads them (connector thread).

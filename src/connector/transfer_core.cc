@@ -112,52 +112,37 @@ std::string TransferCore::PeerOf(const pd::KvTransferParams& p) const {
 // ---------------------------------------------------------------------------------------------
 // Inputs
 
-void TransferCore::HandleEvent(EngineEvent& ev) {
-  switch (ev.kind) {
-    case EngineEvent::kProducerStart:
-      OnProducerStart(ev);
-      break;
-    case EngineEvent::kStep:
-      OnStep(ev);
-      break;
-    case EngineEvent::kLayer:
-      OnLayer(ev.layer);
-      break;
-    case EngineEvent::kProducerDone:
-      OnProducerDone(ev);
-      break;
-    case EngineEvent::kConsumerStart:
-      OnConsumerStart(ev);
-      break;
-    case EngineEvent::kReadPosted:
-      OnReadPosted(ev);
-      break;
-    case EngineEvent::kConsumerNotNeeded:
-    case EngineEvent::kConsumerRejected:
-      OnNotNeededOrRejected(ev);
-      break;
-    case EngineEvent::kConsumerAbort:
-      OnConsumerAbort(ev);
-      break;
-    case EngineEvent::kAbortTransfer:
-      OnAbortTransfer(ev.params.transfer_id);
-      break;
-  }
+void TransferCore::HandleEvent(EngineEvent ev) {
+  struct Dispatch {
+    TransferCore& core;
+    void operator()(ProducerStartEvent& e) const { core.OnProducerStart(e); }
+    void operator()(StepEvent& e) const { core.OnStep(e); }
+    void operator()(LayerEvent& e) const { core.OnLayer(e.layer); }
+    void operator()(ProducerDoneEvent& e) const { core.OnProducerDone(e); }
+    void operator()(ConsumerStartEvent& e) const { core.OnConsumerStart(e); }
+    void operator()(ReadPostedEvent& e) const { core.OnReadPosted(e); }
+    void operator()(ConsumerNotNeededEvent& e) const {
+      core.OnNotNeededOrRejected(e.params, false);
+    }
+    void operator()(ConsumerRejectedEvent& e) const { core.OnNotNeededOrRejected(e.params, true); }
+    void operator()(ConsumerAbortEvent& e) const { core.OnConsumerAbort(e); }
+    void operator()(AbortTransferEvent& e) const { core.OnAbortTransfer(e.transfer_id); }
+  };
+  std::visit(Dispatch{*this}, ev);
 }
 
-void TransferCore::OnNotNeededOrRejected(const EngineEvent& ev) {
+void TransferCore::OnNotNeededOrRejected(const pd::KvTransferParams& params, bool rejected) {
   // Nothing will be read or targeted: P may drop the prefill (push) or free the lease (pull).
-  const bool pull = ev.params.mode == Mode::kPull;
-  const bool rejected = ev.kind == EngineEvent::kConsumerRejected;
-  const std::string peer = PeerOf(ev.params);
+  const bool pull = params.mode == Mode::kPull;
+  const std::string peer = PeerOf(params);
   if (!peer.empty() && peers_.Find(peer)) {
     if (pull) {
-      SendSignal(peer, MsgTag::kRelease, ev.params.transfer_id);
+      SendSignal(peer, MsgTag::kRelease, params.transfer_id);
     } else if (rejected) {
-      SendFailure(peer, ev.params.transfer_id, StatusCode::kFailedPrecondition,
+      SendFailure(peer, params.transfer_id, StatusCode::kFailedPrecondition,
                   "the decode instance refused the request");
     } else {
-      SendSignal(peer, MsgTag::kNotNeeded, ev.params.transfer_id);
+      SendSignal(peer, MsgTag::kNotNeeded, params.transfer_id);
     }
   }
   if (!rejected) ++stats_.not_needed;
@@ -317,9 +302,8 @@ void TransferCore::ExpireTimers(TimePoint now) {
       continue;
     }
     SendFailure(it->second.peer, it->first, StatusCode::kDeadlineExceeded,
-                it->second.partial()
-                    ? "the push target's last parts never arrived at P"
-                    : "the prefill request for this transfer never arrived at P");
+                it->second.partial() ? "the push target's last parts never arrived at P"
+                                     : "the prefill request for this transfer never arrived at P");
     Tombstone(it->first);
     it = pending_targets_.erase(it);
   }

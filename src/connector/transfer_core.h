@@ -16,6 +16,7 @@
 #include <string>
 #include <unordered_map>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "common/clock.h"
@@ -121,20 +122,39 @@ struct StepChunk {
   std::vector<BlockId> blocks;
 };
 
-/// An input from the engine thread or an HTTP thread (queued by the shell, in order).
-struct EngineEvent {
-  enum Kind : uint8_t {
-    kProducerStart,      ///< P: a P/D request got its blocks (seq_id, params, blocks, prompt)
-    kStep,               ///< P: a step starts; `chunks` are the push producers in it
-    kLayer,              ///< P: layer `layer` of the current step is computed
-    kProducerDone,       ///< P: the engine finished the request (ok, token, error, blocks)
-    kConsumerStart,      ///< D: a request waits for remote KV (blocks, local/external tokens)
-    kConsumerNotNeeded,  ///< D: full prefix hit, nothing to load
-    kConsumerAbort,      ///< D: the engine finished a request still waiting for its KV
-    kReadPosted,         ///< D, vllm pull: the engine thread posted a READ (`transfer`/`error`)
-    kAbortTransfer,      ///< POST /kv/abort of params.transfer_id
-    kConsumerRejected,   ///< D: the engine refused a P/D request at admission
-  } kind = kStep;
+// Inputs from the engine thread or an HTTP thread, queued by the shell in order: one type per
+// kind, in one std::variant (EngineEvent).
+
+/// P: a P/D request got its blocks.
+struct ProducerStartEvent {
+  int64_t seq_id = 0;
+  pd::KvTransferParams params;
+  int32_t num_prompt_tokens = 0;
+  uint64_t prompt_hash = 0;
+  std::vector<BlockId> blocks;
+  /// The prefill's own answer is needed (prompt logprobs, echo with logprobs): when D needs no
+  /// KV (NOT_NEEDED) the transfer is dropped but the prefill runs to its end.
+  bool answer_needed = false;
+};
+/// P: a step starts; `chunks` are the push producers in it.
+struct StepEvent {
+  std::vector<StepChunk> chunks;
+};
+/// P: layer `layer` of the current step is computed.
+struct LayerEvent {
+  int32_t layer = 0;
+};
+/// P: the engine finished the request (`ok`: its prefill ran; else `error`, ok for an abort).
+struct ProducerDoneEvent {
+  int64_t seq_id = 0;
+  bool ok = false;
+  TokenOutput token;
+  Status error;
+  std::vector<BlockId> blocks;
+};
+/// D: a request waits for remote KV in `blocks` (`local_tokens` cached here, `external_tokens`
+/// to come from P).
+struct ConsumerStartEvent {
   int64_t seq_id = 0;
   pd::KvTransferParams params;
   int32_t num_prompt_tokens = 0;
@@ -143,16 +163,33 @@ struct EngineEvent {
   int32_t local_tokens = 0;
   int32_t external_tokens = 0;
   int64_t arrival_ns = 0;  ///< the request's arrival at the engine, on the core clock's scale
-  std::vector<StepChunk> chunks;
-  int32_t layer = 0;
-  bool ok = false;
-  TokenOutput token;
-  Status error;
-  TransferToken transfer = 0;  ///< kReadPosted: the READ's token when error is ok
-  /// kProducerStart: the prefill's own answer is needed (prompt logprobs, echo with logprobs):
-  /// when D needs no KV (NOT_NEEDED) the transfer is dropped but the prefill runs to its end.
-  bool answer_needed = false;
 };
+/// D: a full prefix hit, nothing to load.
+struct ConsumerNotNeededEvent {
+  pd::KvTransferParams params;
+};
+/// D: the engine refused a P/D request at admission.
+struct ConsumerRejectedEvent {
+  pd::KvTransferParams params;
+};
+/// D: the engine finished request `seq_id` while it still waited for its KV.
+struct ConsumerAbortEvent {
+  int64_t seq_id = 0;
+  std::string transfer_id;
+};
+/// D, vllm pull: the engine thread posted a READ (`transfer`, when `error` is ok).
+struct ReadPostedEvent {
+  std::string transfer_id;
+  Status error;
+  TransferToken transfer = 0;
+};
+/// POST /kv/abort of `transfer_id`.
+struct AbortTransferEvent {
+  std::string transfer_id;
+};
+using EngineEvent = std::variant<ProducerStartEvent, StepEvent, LayerEvent, ProducerDoneEvent,
+                                 ConsumerStartEvent, ConsumerNotNeededEvent, ConsumerRejectedEvent,
+                                 ConsumerAbortEvent, ReadPostedEvent, AbortTransferEvent>;
 
 /// Per-transfer protocol state of a producer (P). See docs/pd_protocol.md §3.
 enum class ProducerState : uint8_t {
@@ -195,8 +232,8 @@ class TransferCore {
                const Clock& clock, const PeerDirectory& peers, CoreActions& actions);
 
   // ---- inputs ----
-  /// An engine or HTTP event (EngineEvent::Kind says which). May consume ev's vectors.
-  void HandleEvent(EngineEvent& ev);
+  /// An engine or HTTP event (one of EngineEvent's types).
+  void HandleEvent(EngineEvent ev);
   /// A notification from `peer`: authenticated (when set_auth gave a PeerAuth: a payload whose
   /// MAC trailer does not verify, is missing or replayed is counted there and dropped, changing
   /// nothing here), then decoded and validated; a malformed one is counted in bad_messages and
@@ -255,7 +292,8 @@ class TransferCore {
     std::vector<int32_t> layer_done;  ///< per layer: tokens whose K/V are computed
     std::vector<int32_t> layer_sent;  ///< per layer: table index of the next block to send
     bool engine_done = false;         ///< the engine finished the request (blocks held)
-    bool answer_needed = false;       ///< EngineEvent::answer_needed: never aborted for NOT_NEEDED
+    bool answer_needed =
+        false;  ///< ProducerStartEvent::answer_needed: never aborted for NOT_NEEDED
     TokenOutput token;
     /// The D of this transfer: push, the one whose target was attached; pull, the one that
     /// pinned the lease. Empty until then.
@@ -333,7 +371,7 @@ class TransferCore {
   };
 
   // transfer_core.cc
-  void OnNotNeededOrRejected(const EngineEvent& ev);
+  void OnNotNeededOrRejected(const pd::KvTransferParams& params, bool rejected);
   void SendMessage(const std::string& peer, const PdMessage& m);
   void SendSignal(const std::string& peer, MsgTag tag, const std::string& tid);
   void SendFailure(const std::string& peer, const std::string& tid, StatusCode code,
@@ -362,11 +400,11 @@ class TransferCore {
   std::string PeerOf(const pd::KvTransferParams& p) const;
 
   // producer.cc
-  void OnProducerStart(EngineEvent& ev);
-  void OnStep(EngineEvent& ev);
+  void OnProducerStart(ProducerStartEvent& ev);
+  void OnStep(StepEvent& ev);
   void OnLayer(int32_t layer);
-  void OnProducerDone(EngineEvent& ev);
-  void FinishProducer(Producer& p, EngineEvent& ev);
+  void OnProducerDone(ProducerDoneEvent& ev);
+  void FinishProducer(Producer& p, ProducerDoneEvent& ev);
   void OnProducerMessage(const std::string& peer, PdMessage& m);
   void OnProducerCancel(const std::string& peer, const PdMessage& m);
   void OnPushTarget(const std::string& peer, PdMessage& m);
@@ -425,10 +463,10 @@ class TransferCore {
   void OnAbortTransfer(const std::string& tid);
 
   // consumer.cc
-  void OnConsumerStart(EngineEvent& ev);
-  void OnReadPosted(EngineEvent& ev);
+  void OnConsumerStart(ConsumerStartEvent& ev);
+  void OnReadPosted(ReadPostedEvent& ev);
   void SendConsumerRequest(Consumer& c);
-  void OnConsumerAbort(EngineEvent& ev);
+  void OnConsumerAbort(const ConsumerAbortEvent& ev);
   void OnConsumerMessage(const std::string& peer, PdMessage& m);
   void OnKvReady(Consumer& c, PdMessage& m);
   void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);

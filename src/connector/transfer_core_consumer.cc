@@ -48,9 +48,9 @@ Result<TransferOrder> TransferCore::BuildRead(const std::string& peer,
   return MakeReadOrder(layout_, peer, ps->num_blocks, local, remote);
 }
 
-void TransferCore::OnReadPosted(EngineEvent& ev) {
+void TransferCore::OnReadPosted(ReadPostedEvent& ev) {
   // vllm profile: the engine thread posted (or failed to post) the READ.
-  const std::string& tid = ev.params.transfer_id;
+  const std::string& tid = ev.transfer_id;
   auto it = consumers_.find(tid);
   if (it == consumers_.end()) {
     if (ev.error.ok()) actions_.Cancel(ev.transfer);
@@ -75,7 +75,7 @@ void TransferCore::OnReadPosted(EngineEvent& ev) {
   }
 }
 
-void TransferCore::OnConsumerStart(EngineEvent& ev) {
+void TransferCore::OnConsumerStart(ConsumerStartEvent& ev) {
   const std::string& tid = ev.params.transfer_id;
   if (consumers_.count(tid) != 0) {
     // A duplicate transfer id (router bug or replay): never let two requests share targets.
@@ -310,8 +310,8 @@ Status TransferCore::VerifyReceived(Consumer& c) {
   return DataLoss("received KV failed its checksum");
 }
 
-void TransferCore::OnConsumerAbort(EngineEvent& ev) {
-  auto it = consumers_.find(ev.params.transfer_id);
+void TransferCore::OnConsumerAbort(const ConsumerAbortEvent& ev) {
+  auto it = consumers_.find(ev.transfer_id);
   if (it == consumers_.end() || it->second.seq_id != ev.seq_id) {
     // Its load already ended (the result crossed the abort): nothing can land any more.
     actions_.ReleaseBlocks(ev.seq_id);

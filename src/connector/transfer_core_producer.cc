@@ -11,7 +11,7 @@ namespace kvpush::connector {
 
 using Mode = pd::KvTransferParams::Mode;
 
-void TransferCore::OnProducerStart(EngineEvent& ev) {
+void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   const std::string& tid = ev.params.transfer_id;
   if (IsTombstoned(tid) || producers_.count(tid) != 0) {
     // D already said it needs nothing (or a duplicate id): drop the prefill if it has not run,
@@ -58,7 +58,7 @@ void TransferCore::OnProducerStart(EngineEvent& ev) {
   }
 }
 
-void TransferCore::OnStep(EngineEvent& ev) {
+void TransferCore::OnStep(StepEvent& ev) {
   step_chunks_ = std::move(ev.chunks);
   for (const StepChunk& c : step_chunks_) {
     auto s = producer_by_seq_.find(c.seq_id);
@@ -81,7 +81,7 @@ void TransferCore::OnLayer(int32_t layer) {
   }
 }
 
-void TransferCore::OnProducerDone(EngineEvent& ev) {
+void TransferCore::OnProducerDone(ProducerDoneEvent& ev) {
   auto s = producer_by_seq_.find(ev.seq_id);
   if (s == producer_by_seq_.end()) {
     // Never announced (events are ordered, so it never started here): release at once.
@@ -95,7 +95,7 @@ void TransferCore::OnProducerDone(EngineEvent& ev) {
   if (early_pin) OnPin(early_pin->first, early_pin->second);
 }
 
-void TransferCore::FinishProducer(Producer& p, EngineEvent& ev) {
+void TransferCore::FinishProducer(Producer& p, ProducerDoneEvent& ev) {
   spdlog::debug("kv connector: producer {} finished (ok={}, target={}, state={})", p.tid, ev.ok,
                 p.targeted(), ProducerStateName(p.state));
   p.engine_done = true;

@@ -70,16 +70,13 @@ struct Child {
   }
   /// Waits for exit (deadline); returns the exit status or -1.
   int Wait(int timeout_ms) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-    while (std::chrono::steady_clock::now() < deadline) {
-      int st = 0;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        pid = -1;
-        return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return -1;
+    int st = 0;
+    const bool exited = kvpush::testing::WaitUntil(
+        [&] { return waitpid(pid, &st, WNOHANG) == pid; }, std::chrono::milliseconds(timeout_ms),
+        std::chrono::milliseconds(10));
+    if (!exited) return -1;
+    pid = -1;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
   }
 };
 

@@ -193,8 +193,7 @@ class CoreTest : public ::testing::Test {
   // ---- producer (P) inputs ----
   void StartProducer(int64_t seq, const std::string& tid, pd::KvTransferParams::Mode mode,
                      int32_t n = 10, std::vector<BlockId> blocks = {1, 2, 3}) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kProducerStart;
+    ProducerStartEvent ev;
     ev.seq_id = seq;
     ev.params.role = pd::KvTransferParams::Role::kProducer;
     ev.params.mode = mode;
@@ -206,8 +205,7 @@ class CoreTest : public ::testing::Test {
   }
   void FinishProducer(int64_t seq, bool ok = true, std::vector<BlockId> blocks = {1, 2, 3},
                       Status error = Status::Ok()) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kProducerDone;
+    ProducerDoneEvent ev;
     ev.seq_id = seq;
     ev.ok = ok;
     ev.token = TokenOutput{42, -0.5f, {{42, -0.5f}, {7, -1.5f}}};
@@ -216,14 +214,12 @@ class CoreTest : public ::testing::Test {
     core_->HandleEvent(ev);
   }
   void Step(int64_t seq, int32_t end_pos, std::vector<BlockId> blocks = {1, 2, 3}) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kStep;
+    StepEvent ev;
     ev.chunks.push_back(StepChunk{seq, end_pos, std::move(blocks)});
     core_->HandleEvent(ev);
   }
   void Layer(int32_t layer) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kLayer;
+    LayerEvent ev;
     ev.layer = layer;
     core_->HandleEvent(ev);
   }
@@ -280,8 +276,7 @@ class CoreTest : public ::testing::Test {
                      int32_t local = 0, int32_t external = 10, int32_t n = 10,
                      std::vector<BlockId> blocks = {8, 9, 10},
                      std::optional<pd::PullProfile> profile = std::nullopt) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kConsumerStart;
+    ConsumerStartEvent ev;
     ev.seq_id = seq;
     ev.params.role = pd::KvTransferParams::Role::kConsumer;
     ev.params.mode = mode;
@@ -297,10 +292,9 @@ class CoreTest : public ::testing::Test {
     core_->HandleEvent(ev);
   }
   void AbortConsumer(int64_t seq, const std::string& tid) {
-    EngineEvent ev;
-    ev.kind = EngineEvent::kConsumerAbort;
+    ConsumerAbortEvent ev;
     ev.seq_id = seq;
-    ev.params.transfer_id = tid;
+    ev.transfer_id = tid;
     core_->HandleEvent(ev);
   }
   /// KV_READY whose digest matches this arena's blocks `blocks` (what D received).

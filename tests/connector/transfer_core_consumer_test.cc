@@ -252,10 +252,9 @@ TEST_F(ConsumerTest, AnAbortedRequestsBlocksStayHeldWithoutAnAck) {
   // the blocks the engine holds for it are released only once P acknowledges.
   const std::string t = Tid(6);
   StartConsumer(6, t, Mode::kPush);
-  EngineEvent ab;
-  ab.kind = EngineEvent::kConsumerAbort;
+  ConsumerAbortEvent ab;
   ab.seq_id = 6;
-  ab.params.transfer_id = t;
+  ab.transfer_id = t;
   core_->HandleEvent(ab);
   ASSERT_EQ(rec_.Sent(MsgTag::kCancel).size(), 1u);
   Advance(milliseconds(300));
@@ -401,8 +400,7 @@ TEST_F(ConsumerTest, DuplicateTransferIdIsRefusedWithoutTouchingTheFirst) {
 
 TEST_F(ConsumerTest, RequestsThatCannotAskForKvEndAtOnce) {
   // No handshake with P (empty engine id, unknown endpoint).
-  EngineEvent ev;
-  ev.kind = EngineEvent::kConsumerStart;
+  ConsumerStartEvent ev;
   ev.seq_id = 1;
   ev.params.mode = Mode::kPush;
   ev.params.transfer_id = Tid(30);
@@ -440,8 +438,7 @@ TEST_F(ConsumerTest, RequestsThatCannotAskForKvEndAtOnce) {
 TEST_F(ConsumerTest, ARequestThatWaitedOutTheWatchdogInTheQueueAsksForNothing) {
   for (Mode mode : {Mode::kPush, Mode::kPull}) {
     rec_.Clear();
-    EngineEvent ev;
-    ev.kind = EngineEvent::kConsumerStart;
+    ConsumerStartEvent ev;
     ev.seq_id = 1;
     ev.params.mode = mode;
     ev.params.transfer_id = Tid(mode == Mode::kPush ? 40 : 41);
@@ -481,34 +478,33 @@ TEST_F(ConsumerTest, AbortWhileWaitingReleasesTheBlocksOnlyWhenNothingCanLand) {
 TEST_F(ConsumerTest, NotNeededAndRejectedTellTheProducer) {
   struct Case {
     const char* name;
-    EngineEvent::Kind kind;
+    bool rejected;  ///< ConsumerRejectedEvent, else ConsumerNotNeededEvent
     Mode mode;
     const char* engine;
     MsgTag expect;
     bool sent;
   };
   const Case cases[] = {
-      {"full prefix hit, push", EngineEvent::kConsumerNotNeeded, Mode::kPush, kP,
-       MsgTag::kNotNeeded, true},
-      {"full prefix hit, pull", EngineEvent::kConsumerNotNeeded, Mode::kPull, kP, MsgTag::kRelease,
-       true},
-      {"refused at admission, push", EngineEvent::kConsumerRejected, Mode::kPush, kP,
-       MsgTag::kTransferFailed, true},
-      {"refused at admission, pull", EngineEvent::kConsumerRejected, Mode::kPull, kP,
-       MsgTag::kRelease, true},
-      {"never handshaken: nobody to tell", EngineEvent::kConsumerRejected, Mode::kPush, "nobody",
-       MsgTag::kTransferFailed, false},
+      {"full prefix hit, push", false, Mode::kPush, kP, MsgTag::kNotNeeded, true},
+      {"full prefix hit, pull", false, Mode::kPull, kP, MsgTag::kRelease, true},
+      {"refused at admission, push", true, Mode::kPush, kP, MsgTag::kTransferFailed, true},
+      {"refused at admission, pull", true, Mode::kPull, kP, MsgTag::kRelease, true},
+      {"never handshaken: nobody to tell", true, Mode::kPush, "nobody", MsgTag::kTransferFailed,
+       false},
   };
   int n = 60;
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     rec_.Clear();
-    EngineEvent ev;
-    ev.kind = c.kind;
-    ev.params.mode = c.mode;
-    ev.params.transfer_id = Tid(++n);
-    ev.params.remote_engine_id = c.engine;
-    core_->HandleEvent(ev);
+    pd::KvTransferParams params;
+    params.mode = c.mode;
+    params.transfer_id = Tid(++n);
+    params.remote_engine_id = c.engine;
+    if (c.rejected) {
+      core_->HandleEvent(ConsumerRejectedEvent{params});
+    } else {
+      core_->HandleEvent(ConsumerNotNeededEvent{params});
+    }
     auto sent = rec_.Sent(c.expect);
     ASSERT_EQ(sent.size(), c.sent ? 1u : 0u);
     if (c.sent) {
@@ -560,10 +556,8 @@ TEST_F(ConsumerTest, VllmPullHandsTheReadToTheEngineThread) {
   ASSERT_EQ(handed.size(), 1u);
   EXPECT_EQ(handed[0].read.local, (std::vector<BlockId>{8, 9, 10}));
   EXPECT_EQ(handed[0].read.remote, (std::vector<int32_t>{1, 2, 3}));
-  EngineEvent ev;
-  ev.kind = EngineEvent::kReadPosted;
-  ev.seq_id = 1;
-  ev.params.transfer_id = t;
+  ReadPostedEvent ev;
+  ev.transfer_id = t;
   ev.transfer = 555;
   core_->HandleEvent(ev);
   EXPECT_EQ(core_->consumer_state(t), ConsumerState::kReading);
@@ -611,10 +605,8 @@ TEST_F(ConsumerTest, PullFailurePaths) {
     Deliver(kP, pinned);
     if (c.what == 1 || c.what == 2) DrainPosts(c.what == 2);
     if (c.what == 4) {
-      EngineEvent ev;
-      ev.kind = EngineEvent::kReadPosted;
-      ev.seq_id = n;
-      ev.params.transfer_id = t;
+      ReadPostedEvent ev;
+      ev.transfer_id = t;
       ev.error = Internal("post");
       core_->HandleEvent(ev);
     }
@@ -671,10 +663,8 @@ TEST_F(ConsumerTest, PullWatchdog) {
       ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);
       read = rec_.Of(Action::kPost)[0].token;
     } else {
-      EngineEvent ev;
-      ev.kind = EngineEvent::kReadPosted;
-      ev.seq_id = n;
-      ev.params.transfer_id = t;
+      ReadPostedEvent ev;
+      ev.transfer_id = t;
       ev.transfer = read = 900 + static_cast<TransferToken>(n);
       core_->HandleEvent(ev);
       ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);

@@ -112,9 +112,8 @@ TEST_F(ProducerTest, AbortBetweenThePostOfTheOneWriteAndItsEndCancelsItAndWaits)
   Deliver(kD, Target(t));
   auto posts = rec_.Of(Action::kPost);
   ASSERT_EQ(posts.size(), 1u);
-  EngineEvent ev;
-  ev.kind = EngineEvent::kAbortTransfer;
-  ev.params.transfer_id = t;
+  AbortTransferEvent ev;
+  ev.transfer_id = t;
   core_->HandleEvent(ev);
   ASSERT_EQ(rec_.Of(Action::kCancel).size(), 1u);  // its KV_READY is never sent if this wins
   EXPECT_EQ(rec_.Of(Action::kCancel)[0].token, posts[0].token);
@@ -630,9 +629,8 @@ TEST_F(ProducerTest, TransferFailedFromDecodeIsAcceptedOnlyFromTheTargetsDecode)
 TEST_F(ProducerTest, AbortTransferFreesTheBlocksAndTellsTheDecode) {
   const std::string t = Tid(20);
   Deliver(kD, Target(t));
-  EngineEvent ev;
-  ev.kind = EngineEvent::kAbortTransfer;
-  ev.params.transfer_id = t;
+  AbortTransferEvent ev;
+  ev.transfer_id = t;
   core_->HandleEvent(ev);  // only a pending target: refused
   auto failed = rec_.Sent(MsgTag::kTransferFailed);
   ASSERT_EQ(failed.size(), 1u);
@@ -641,18 +639,18 @@ TEST_F(ProducerTest, AbortTransferFreesTheBlocksAndTellsTheDecode) {
   StartProducer(2, u, Mode::kPush);
   FinishProducer(2);
   Deliver(kD, Target(u));
-  ev.params.transfer_id = u;
+  ev.transfer_id = u;
   core_->HandleEvent(ev);
   EXPECT_EQ(rec_.Count(Action::kRelease), 0u);  // WRITEs outstanding
   DrainPosts(false);
   EXPECT_EQ(rec_.Sent(MsgTag::kTransferFailed).size(), 2u);
   EXPECT_EQ(rec_.Count(Action::kRelease), 1u);
-  ev.params.transfer_id = Tid(22);  // unknown: nothing but a tombstone
+  ev.transfer_id = Tid(22);  // unknown: nothing but a tombstone
   core_->HandleEvent(ev);
   EXPECT_EQ(core_->stats().transfers_aborted, 2);
   const std::string v = Tid(23);
   StartProducer(3, v, Mode::kPull);
-  ev.params.transfer_id = v;
+  ev.transfer_id = v;
   core_->HandleEvent(ev);  // still prefilling: the engine is asked to abort
   EXPECT_EQ(rec_.Of(Action::kAbort).back().seq_id, 3);
 }

@@ -414,15 +414,13 @@ TEST_F(HttpServerTest, ClientDisconnectDuringSseAbortsTheRequest) {
   EXPECT_FALSE(res);  // we cancelled
   c->stop();
   c.reset();
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  int64_t aborted = 0;
-  while (std::chrono::steady_clock::now() < deadline) {
-    aborted =
-        server_->engine->stats().finished_by_reason[static_cast<size_t>(FinishReason::kAbort)];
-    if (aborted == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  EXPECT_EQ(aborted, 1);
+  EXPECT_TRUE(kvpush::testing::WaitUntil(
+      [&] {
+        return server_->engine->stats()
+                   .finished_by_reason[static_cast<size_t>(FinishReason::kAbort)] == 1;
+      },
+      std::chrono::seconds(10)))
+      << "the cancelled request was not aborted";
   probe_->step_delay_us = 0;
   server_->WaitIdle();
   EXPECT_LT(server_->engine->stats().generation_tokens, 1500);
@@ -439,11 +437,7 @@ TEST_F(HttpServerTest, OverloadGets503) {
   const std::string body = R"({"prompt":"the cat","max_tokens":300,"ignore_eos":true})";
   std::thread a([&] { server_->Post("/v1/completions", body); });
   auto wait_for = [&](auto pred) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (!pred() && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    return pred();
+    return kvpush::testing::WaitUntil(pred, std::chrono::seconds(10));
   };
   ASSERT_TRUE(wait_for([&] { return server_->engine->stats().num_running == 1; }));
   std::thread b([&] { server_->Post("/v1/completions", body); });

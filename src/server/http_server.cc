@@ -9,10 +9,10 @@
 #include "common/clock.h"
 #include "common/drain.h"
 #include "common/recent_records.h"
-#include "connector/pd_connector.h"
 #include "http/api_error.h"
 #include "pd/ids.h"
 #include "server/completion_handler.h"
+#include "server/pd_gate.h"
 #include "server/tokenize_handler.h"
 
 namespace kvpush::server {
@@ -21,12 +21,6 @@ namespace {
 void ReplyError(http::Response& res, const http::ApiError& e) {
   res.status = e.http_status;
   res.set_content(e.ToJson(), "application/json");
-}
-
-/// 404 for the P/D endpoints of an instance without a connector.
-http::ApiError NotPdInstance() {
-  return http::ApiError{404, "this instance has no KV connector (--role both)",
-                        "invalid_request_error", "", "not_pd_instance"};
 }
 
 }  // namespace
@@ -120,11 +114,8 @@ void HttpServer::Route() {
   s.Get("/metrics", [this](const http::Request&, http::Response& res) {
     std::string text =
         RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
-    if (options_.connector != nullptr) {
-      text += RenderConnectorMetrics(options_.connector->stats(), options_.served_model_name,
-                                     state_.local_prefills.load());
-      text += RenderHandoffMetrics(options_.connector->timelines(), options_.served_model_name);
-    }
+    text += RenderPdMetrics(options_.connector, options_.served_model_name,
+                            state_.local_prefills.load());
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Post("/tokenize", [this](const http::Request& req, http::Response& res) {
@@ -143,68 +134,9 @@ void HttpServer::Route() {
     res.status = r.status;
     res.set_content(r.body, "application/json");
   });
-  RouteKv();
+  RoutePdEndpoints(*door_, PdEndpoints{options_.connector, engine_, transfers_});
   s.OnResponse([this](const http::Request& req, const http::Response& res) {
     CountResponse(req.path, res.status);
-  });
-}
-
-void HttpServer::RouteKv() {
-  http::FrontDoor& s = *door_;
-  s.Post("/kv/handshake", [this](const http::Request& req, http::Response& res) {
-    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
-    auto body = nlohmann::json::parse(req.body, nullptr, false);
-    if (body.is_discarded()) {
-      ReplyError(res, http::ApiError::Invalid("handshake body is not JSON"));
-      return;
-    }
-    auto r = options_.connector->HandleHandshake(
-        body, req.remote_addr + ":" + std::to_string(req.remote_port));
-    if (!r.ok()) {
-      const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
-                       : r.status().code() == StatusCode::kInvalidArgument  ? 400
-                                                                            : 503;
-      ReplyError(res, http::ApiError{code, r.status().message(),
-                                     code == 503 ? "server_error" : "invalid_request_error", "",
-                                     code == 409 ? "incompatible_peer" : ""});
-      return;
-    }
-    res.set_content(r->dump(), "application/json");
-  });
-  // The handoff timelines of the latest transfers (docs/pd_protocol.md, Handoff timeline).
-  s.Get("/debug/handoff_timeline", [this](const http::Request& req, http::Response& res) {
-    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
-    const auto limit = req.has_param("limit") ? ParseListLimit(req.get_param_value("limit"), 4096)
-                                              : std::optional<size_t>(256);
-    if (!limit) {
-      return ReplyError(res, http::ApiError::Invalid("limit must be an integer in [1, 4096]",
-                                                     "limit", "invalid_limit"));
-    }
-    nlohmann::json body = {{"object", "list"},
-                           {"data", options_.connector->timelines().Recent(*limit)}};
-    res.set_content(body.dump(), "application/json");
-  });
-  // The router saw the other leg of a transfer fail: end this instance's part of it now.
-  s.Post("/kv/abort", [this](const http::Request& req, http::Response& res) {
-    if (options_.connector == nullptr) return ReplyError(res, NotPdInstance());
-    auto body = nlohmann::json::parse(req.body, nullptr, false);
-    if (!body.is_object()) {
-      return ReplyError(res, http::ApiError::Invalid("abort body must be a JSON object "
-                                                     "{\"transfer_id\": \"<32 lowercase hex>\"}"));
-    }
-    const auto it = body.find("transfer_id");
-    if (it == body.end() || !it->is_string() || !pd::IsValidTransferId(it->get<std::string>())) {
-      return ReplyError(res,
-                        http::ApiError::Invalid("transfer_id must be 32 lowercase hex characters",
-                                                "transfer_id", "invalid_transfer_id"));
-    }
-    const std::string tid = it->get<std::string>();
-    const std::vector<int64_t> ids = transfers_.Abort(tid);
-    for (int64_t id : ids) engine_.Abort(id);
-    options_.connector->AbortTransfer(tid);
-    spdlog::info("POST /kv/abort: transfer {} aborted ({} request(s) in flight)", tid, ids.size());
-    nlohmann::json out = {{"transfer_id", tid}, {"aborted_requests", ids.size()}};
-    res.set_content(out.dump(), "application/json");
   });
 }
 

@@ -90,7 +90,6 @@ class HttpServer {
 
  private:
   void Route();
-  void RouteKv();
   void CountResponse(const std::string& path, int status);
   std::string NewRequestId(const char* prefix);
   uint64_t RandomSeed();

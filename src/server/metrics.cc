@@ -1,6 +1,5 @@
 #include "server/metrics.h"
 
-#include "connector/pd_connector.h"
 #include "http/prometheus.h"
 
 namespace kvpush::server {
@@ -74,150 +73,16 @@ const EngineScalar kEngineScalars[] = {
      [](const EngineStats& s) { return static_cast<double>(s.requests_received); }},
 };
 
-/// The connector's scalar families, in page order (the auth failures family goes between the two
-/// tables), with how each reads its value.
-struct ConnectorScalar {
-  http::MetricFamily family;
-  double (*value)(const connector::ConnectorStats&);
-};
-const ConnectorScalar kConnectorScalars[] = {
-    {{"kvpush_kv_transfer_handshakes_total", "counter", "P/D handshakes completed."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.handshakes); }},
-    {{"kvpush_kv_transfer_push_targets_sent_total", "counter", "PUSH_TARGETs sent (decode)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.push_targets_sent); }},
-    {{"kvpush_kv_transfer_push_targets_received_total", "counter",
-      "PUSH_TARGETs received (prefill)."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(c.push_targets_received);
-     }},
-    {{"kvpush_kv_transfer_writes_total", "counter", "KV WRITE transfers posted (prefill)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.writes_posted); }},
-    {{"kvpush_kv_transfer_bytes_written_total", "counter", "KV bytes written to decode instances."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.bytes_written); }},
-    {{"kvpush_kv_transfer_kv_ready_sent_total", "counter",
-      "KV_READY sent (prefill, push), as a message or as the last WRITE's notification."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.kv_ready_sent); }},
-    {{"kvpush_kv_transfer_kv_ready_on_write_total", "counter",
-      "Prefill, push: KV_READYs that were the notification of the transfer's last WRITE (no "
-      "message of their own)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.kv_ready_on_write); }},
-    {{"kvpush_kv_transfer_kv_ready_received_total", "counter", "KV_READY messages received."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.kv_ready_received); }},
-    {{"kvpush_kv_transfer_reads_total", "counter", "Pull READs completed (decode)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.reads_completed); }},
-    {{"kvpush_kv_transfer_failed_total", "counter", "Transfers that ended in an error."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.transfers_failed); }},
-    {{"kvpush_kv_transfer_watchdog_expired_total", "counter", "Decode watchdog expiries."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.watchdog_expired); }},
-    {{"kvpush_kv_transfer_leases_expired_total", "counter", "Prefill leases that expired."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.leases_expired); }},
-    {{"kvpush_kv_transfer_not_needed_total", "counter",
-      "Decode: full prefix hits (no KV moved; NOT_NEEDED sent in push, RELEASE in pull)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.not_needed); }},
-    {{"kvpush_kv_transfer_not_needed_received_total", "counter",
-      "Prefill, push: NOT_NEEDED received (the decode instance had the prompt cached; the prefill "
-      "was dropped or its KV not sent)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.not_needed_received); }},
-    {{"kvpush_kv_transfer_aborted_total", "counter",
-      "Transfers ended early by POST /kv/abort (blocks freed before their lease ran out)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.transfers_aborted); }},
-    {{"kvpush_kv_transfer_pins_sent_total", "counter",
-      "Pull (D): PIN requests (confirm and pin P's lease before reading)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.pins_sent); }},
-    {{"kvpush_kv_transfer_pins_refused_total", "counter",
-      "Pull (P): PINs refused (lease expired, unknown or dropped transfer)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.pins_refused); }},
-    {{"kvpush_kv_transfer_pins_held_total", "counter",
-      "Pull (P): PINs that arrived before the prefill's end, held and answered when it ended."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.pins_held); }},
-    {{"kvpush_kv_transfer_blocks_verified_total", "counter",
-      "Decode: received KV blocks whose XXH3 checksum was verified."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.blocks_verified); }},
-    {{"kvpush_kv_transfer_checksum_mismatches_total", "counter",
-      "Decode: transfers whose received KV failed its checksum (discarded, never cached)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.checksum_mismatches); }},
-    {{"kvpush_kv_transfer_verify_seconds_sum", "counter",
-      "Decode: time spent verifying received KV once complete (on the TTFT path)."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(static_cast<double>(c.verify_ns_sum) * 1e-9);
-     }},
-    {{"kvpush_kv_transfer_verify_early_seconds_sum", "counter",
-      "Decode, push: time spent hashing KV chunks as each layer landed (overlapping P's compute)."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(static_cast<double>(c.verify_early_ns_sum) * 1e-9);
-     }},
-    {{"kvpush_kv_transfer_checksum_seconds_sum", "counter",
-      "Prefill: time spent checksumming KV blocks it sends."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(static_cast<double>(c.checksum_ns_sum) * 1e-9);
-     }},
-    {{"kvpush_kv_transfer_bad_messages_total", "counter", "Malformed or unexpected peer messages."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.bad_messages); }},
-};
-
-const ConnectorScalar kConnectorTailScalars[] = {
-    {{"kvpush_kv_transfer_push_tail_seconds_sum", "counter",
-      "Push (P): prefill finished (first token sampled) -> KV_READY posted, summed."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(static_cast<double>(c.push_tail_ns_sum) * 1e-9);
-     }},
-    {{"kvpush_kv_transfer_push_tail_seconds_count", "counter",
-      "Push (P): requests in the sum above."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.push_tail_count); }},
-    {{"kvpush_kv_transfer_read_seconds_sum", "counter",
-      "Pull (D): READ posted -> READ complete, summed over requests."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(static_cast<double>(c.read_ns_sum) * 1e-9);
-     }},
-    {{"kvpush_kv_transfer_read_seconds_count", "counter", "Pull (D): READs in the sum above."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.read_count); }},
-    {{"kvpush_kv_transfer_descriptors_total", "counter",
-      "KV descriptors (layer, K|V, block chunks) in the WRITEs/READs this instance posted."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.descriptors_posted); }},
-    {{"kvpush_kv_transfer_ops_total", "counter",
-      "Backend ops of those WRITEs/READs after coalescing adjacent descriptors."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.transfer_ops_posted); }},
-    {{"kvpush_kv_transfer_control_messages_sent_total", "counter",
-      "P/D control messages sent on their own (not riding on a WRITE)."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(c.control_messages_sent);
-     }},
-    {{"kvpush_kv_transfer_control_bytes_sent_total", "counter",
-      "Payload bytes of those control messages (MAC trailer included)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.control_bytes_sent); }},
-    {{"kvpush_kv_transfer_producers_active", "gauge", "Prefill-side transfers in flight."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.producers_active); }},
-    {{"kvpush_kv_transfer_consumers_waiting", "gauge", "Decode-side transfers in flight."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.consumers_waiting); }},
-    {{"kvpush_kv_transfer_quarantines_total", "counter",
-      "Decode loads given up while a WRITE or READ could still land (blocks quarantined)."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.quarantines); }},
-    {{"kvpush_kv_transfer_quarantines_released_total", "counter",
-      "Quarantines that ended (nothing can land any more; blocks back in the pool)."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(c.quarantines_released);
-     }},
-    {{"kvpush_kv_transfer_consumers_quarantined", "gauge",
-      "Decode-side transfers whose blocks are quarantined now."},
-     [](const connector::ConnectorStats& c) {
-       return static_cast<double>(c.consumers_quarantined);
-     }},
-    {{"kvpush_kv_blocks_quarantined", "gauge",
-      "KV blocks held out of use until no WRITE or READ can land in them."},
-     [](const connector::ConnectorStats& c) { return static_cast<double>(c.blocks_quarantined); }},
-};
+}  // namespace
 
 http::Labels ModelLabel(const std::string& model) {
   return {{"model_name", model}};
 }
 
-/// One series of a histogram family.
-void Series(http::PrometheusWriter& w, const std::string& name, const http::Labels& labels,
-            const Histogram& h) {
+void HistogramSeries(http::PrometheusWriter& w, const std::string& name, const http::Labels& labels,
+                     const Histogram& h) {
   w.HistogramSeries(name, labels, h.bounds(), h.counts(), h.sum(), h.count());
 }
-
-}  // namespace
 
 std::string RenderPrometheus(const EngineStats& s, const HttpCounters& responses,
                              const std::string& model_name) {
@@ -253,44 +118,7 @@ std::string RenderPrometheus(const EngineStats& s, const HttpCounters& responses
   };
   for (const auto& m : histograms) {
     w.Family(m.family);
-    Series(w, m.family.name, {}, m.h);
-  }
-  return w.str();
-}
-
-std::string RenderConnectorMetrics(const connector::ConnectorStats& c,
-                                   const std::string& model_name, int64_t local_prefill_requests) {
-  http::PrometheusWriter w(ModelLabel(model_name));
-  w.Scalar({"kvpush_pd_local_prefill_requests_total", "counter",
-            "Requests this P/D instance served whole, with no kv_transfer_params (on a decode "
-            "instance: prefilled locally because the router sent no P leg, or a direct client)."},
-           static_cast<double>(local_prefill_requests));
-  for (const ConnectorScalar& m : kConnectorScalars) w.Scalar(m.family, m.value(c));
-  if (c.auth_enabled) {
-    w.Family({"kvpush_kv_auth_failures_total", "counter",
-              "Peers refused by --kv-auth-key-file authentication, by kind."});
-    for (size_t k = 0; k < c.auth_failures.size(); ++k) {
-      w.Sample("kvpush_kv_auth_failures_total", static_cast<double>(c.auth_failures[k]),
-               {{"kind",
-                 std::string(connector::AuthFailureName(static_cast<connector::AuthFailure>(k)))}});
-    }
-  }
-  for (const ConnectorScalar& m : kConnectorTailScalars) w.Scalar(m.family, m.value(c));
-  return w.str();
-}
-
-std::string RenderHandoffMetrics(const connector::HandoffTimelineLog& log,
-                                 const std::string& model_name) {
-  const auto series = log.Histograms();
-  if (series.empty()) return "";
-  http::PrometheusWriter w(ModelLabel(model_name));
-  const std::string name = "kvpush_pd_handoff_phase_seconds";
-  w.Family({"kvpush_pd_handoff_phase_seconds", "histogram",
-            "P/D handoff intervals of the transfers that moved KV here (phase: prefill_compute, "
-            "target_after_prefill, prefill_tail, writes, decode_request, decode_kv_wait, "
-            "decode_verify, decode_load; docs/pd_protocol.md, Handoff timeline)."});
-  for (const auto& s : series) {
-    Series(w, name, {{"phase", s.interval}, {"mode", s.mode}}, s.histogram);
+    HistogramSeries(w, m.family.name, {}, m.h);
   }
   return w.str();
 }

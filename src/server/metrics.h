@@ -1,4 +1,5 @@
-// Prometheus text exposition (format 0.0.4) of the engine's and the HTTP server's metrics.
+// Prometheus text exposition (format 0.0.4) of the engine's and the HTTP server's metrics (the
+// connector's are written by the P/D gate, pd_gate.h).
 // Metric names are listed in docs/server.md.
 #pragma once
 
@@ -8,11 +9,8 @@
 #include <utility>
 
 #include "engine/engine_stats.h"
-
-namespace kvpush::connector {
-struct ConnectorStats;
-class HandoffTimelineLog;
-}  // namespace kvpush::connector
+#include "engine/histogram.h"
+#include "http/prometheus.h"
 
 namespace kvpush::server {
 
@@ -23,16 +21,11 @@ using HttpCounters = std::map<std::pair<std::string, int>, int64_t>;
 std::string RenderPrometheus(const EngineStats& stats, const HttpCounters& responses,
                              const std::string& model_name);
 
-/// The P/D connector's counters (kvpush_kv_transfer_*), Prometheus text, and
-/// kvpush_pd_local_prefill_requests_total = `local_prefill_requests` (requests this P/D
-/// instance served with no kv_transfer_params: prefilled here, no P leg).
-std::string RenderConnectorMetrics(const connector::ConnectorStats& stats,
-                                   const std::string& model_name,
-                                   int64_t local_prefill_requests = 0);
+/// {{"model_name", model}}: the label every instance metric carries (vLLM's name).
+http::Labels ModelLabel(const std::string& model);
 
-/// kvpush_pd_handoff_phase_seconds{phase, mode}: one histogram per handoff interval
-/// (connector/handoff_timeline.h, HandoffIntervals) and mode observed on this instance.
-std::string RenderHandoffMetrics(const connector::HandoffTimelineLog& log,
-                                 const std::string& model_name);
+/// One series of a histogram family of `w` (Family written before): `h`'s buckets, sum, count.
+void HistogramSeries(http::PrometheusWriter& w, const std::string& name, const http::Labels& labels,
+                     const Histogram& h);
 
 }  // namespace kvpush::server

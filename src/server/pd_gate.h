@@ -1,13 +1,19 @@
-// The P/D gate of a completion request (docs/server.md, docs/pd_protocol.md §1): the step
-// between prepare and submit that checks a leg against this instance's connector. The only
-// handler step that calls the connector.
+// The server's P/D gate: the one server file that reaches into connector/ (docs/server.md,
+// docs/pd_protocol.md §1). A completion request's gate step (between prepare and submit: a leg
+// checked against this instance's connector), the P/D endpoints (/kv/handshake, /kv/abort,
+// /debug/handoff_timeline) and the connector's /metrics families.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <string>
 
+#include "engine/engine.h"
 #include "http/api_error.h"
+#include "http/front_door.h"
 #include "server/completion_handler.h"
 #include "server/completion_prepare.h"
+#include "server/transfer_requests.h"
 
 namespace kvpush::server {
 
@@ -19,5 +25,25 @@ namespace kvpush::server {
 /// (pull: count, hash, P's block ids; 400); its transfer not aborted (409 transfer_aborted).
 /// Blocks on the handshake only (PdConnector::EnsurePeer); thread-safe.
 std::optional<http::ApiError> PassPdGate(const CompletionContext& context, PreparedRequest& p);
+
+/// What the P/D endpoints use; `connector` null on a colocated instance (they answer 404
+/// not_pd_instance there). Both references must outlive the front door.
+struct PdEndpoints {
+  connector::PdConnector* connector;
+  Engine& engine;
+  TransferRequests& transfers;
+};
+
+/// Registers POST /kv/handshake (409 incompatible_peer, 400, 503 by the handshake's error),
+/// POST /kv/abort ({"transfer_id"}: its requests aborted, the connector told; 400 on a bad id)
+/// and GET /debug/handoff_timeline (?limit in [1, 4096], default 256) on `door`.
+void RoutePdEndpoints(http::FrontDoor& door, const PdEndpoints& endpoints);
+
+/// The connector's /metrics families (kvpush_kv_transfer_*, kvpush_kv_auth_failures_total,
+/// kvpush_pd_handoff_phase_seconds, and kvpush_pd_local_prefill_requests_total =
+/// `local_prefill_requests`: requests this P/D instance served with no kv_transfer_params);
+/// "" without a connector. Thread-safe.
+std::string RenderPdMetrics(const connector::PdConnector* connector, const std::string& model_name,
+                            int64_t local_prefill_requests);
 
 }  // namespace kvpush::server

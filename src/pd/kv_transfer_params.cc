@@ -134,6 +134,10 @@ std::optional<ParamError> ReadPullFields(const Reader& in, KvTransferParams& p) 
     if (!parsed.ok()) return Bad("prompt_hash", "must be 1-16 hex digits");
     p.prompt_hash = *parsed;
   }
+  if (p.prompt_hash != 0 && p.num_prompt_tokens == 0) {
+    // The hash is of a prompt's num_prompt_tokens tokens; alone it would be dropped on the way.
+    return Bad("prompt_hash", "is given without num_prompt_tokens");
+  }
   if (auto e = in.Integer("first_token_id", -1, 0x7fffffff, p.first_token_id)) return e;
   if (auto e = in.FiniteFloat("first_token_logprob", p.first_token_logprob)) return e;
   if (p.first_token_id < 0 && p.first_token_logprob != 0.0f) {

@@ -65,7 +65,8 @@ struct ParamError {
 /// transfer_mode other than "push"/"pull" (default "pull", vLLM's NixlConnector semantics),
 /// a malformed transfer_id, wrong types, strings over their limit (ids 64, host and engine id
 /// 255), out-of-range port, counts or block ids, more than 1,000,000 block ids, a prompt_hash
-/// that is not 1-16 hex digits, a non-finite first_token_logprob or a non-zero one
+/// that is not 1-16 hex digits or a non-zero one without num_prompt_tokens, a non-finite
+/// first_token_logprob or a non-zero one
 /// without a first_token_id >= 0, an unknown pull_profile, a
 /// consumer without remote_host and remote_port, a pull consumer without remote_block_ids.
 /// Unknown fields are ignored (vLLM adds more). Pure; never throws.

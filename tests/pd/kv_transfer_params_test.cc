@@ -345,6 +345,18 @@ TEST(KvTransferParams, PromptHashIsHex) {
   EXPECT_EQ(Ok(j).prompt_hash, 0ull);
 }
 
+// Found by fuzz/kv_transfer_params_fuzz.cc: a prompt_hash without num_prompt_tokens was accepted
+// and then dropped by ToJson (which writes the hash with the count); it is refused now.
+TEST(KvTransferParams, PromptHashNeedsTheTokenCount) {
+  auto j = ConsumerPull();
+  j.erase("num_prompt_tokens");
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.prompt_hash");
+  j["num_prompt_tokens"] = 0;
+  EXPECT_EQ(Err(j).param, "kv_transfer_params.prompt_hash");
+  j["prompt_hash"] = "0";  // 0 is the default: nothing is lost
+  EXPECT_EQ(Ok(j).num_prompt_tokens, 0);
+}
+
 // prompt_hash is 1-16 hex digits and nothing else (docs/pd_protocol.md §1): a sign, white space or
 // a "0x" prefix is refused (it once went through strtoull, which took "-1" as 0xffffffffffffffff).
 TEST(KvTransferParams, PromptHashRefusesNonHexForms) {

@@ -62,9 +62,9 @@ class PdLegs : public PdFixture {
  protected:
   /// A serve process of `role` with `extra` flags; P/D instances use ucx:tcp and `kv`.
   Proc* Serve(const std::string& name, const std::string& role,
-              const std::vector<std::string>& extra, json kv = json::object()) {
+              const std::vector<std::string>& extra, const json& kv = json::object()) {
     const int port = Port();
-    const std::string cfg = role == "both" ? "" : KvCfg("ucx:tcp", std::move(kv));
+    const std::string cfg = role == "both" ? "" : KvCfg("ucx:tcp", kv);
     return Spawn(name, ServeArgs(model_, role, host_, port, cfg, extra), host_, port);
   }
 

@@ -236,18 +236,25 @@ TEST_P(MultiProcessTest, SmallTransfersAreExactOnTheCallersFastPath) {
   constexpr uint64_t kBytes = kChunks * kChunk;
   auto* local = reinterpret_cast<uint8_t*>(local_.data);
   auto w = Scattered(Op::kWrite, RemoteRegion(md), kChunks, kChunk);
+  // Rounds of 50 WRITEs, each checked exactly. ucx:shm: the worker is free almost always here (the
+  // progress thread sleeps between 1 ms polls), so most finish inside Post; a round in which a
+  // loaded machine kept the worker busy is measured again (at most 3 rounds): how often the
+  // fast path is taken is timing, whether it is taken at all is the property.
   int done_inside_post = 0;
-  for (int it = 0; it < 50; ++it) {
-    FillPattern(local, kBytes, 1000 + it);
-    ASSERT_TRUE(agent_->Post(w).ok());
-    if (agent_->GetStatus(w)->state == TransferState::kDone) ++done_inside_post;
-    auto st = agent_->Wait(w, In(milliseconds(10000))).value();
-    ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
-    auto expect = WrittenImage(kChunks, kChunk, kChunk, kBytes);
-    ASSERT_EQ(TargetHash(p, 0, kBytes), XXH64(expect.data(), kBytes, 0)) << "iteration " << it;
+  for (int round = 0; round < 3 && (round == 0 || done_inside_post < 25); ++round) {
+    done_inside_post = 0;
+    for (int it = 0; it < 50; ++it) {
+      FillPattern(local, kBytes, 1000 + it);
+      ASSERT_TRUE(agent_->Post(w).ok());
+      if (agent_->GetStatus(w)->state == TransferState::kDone) ++done_inside_post;
+      auto st = agent_->Wait(w, In(milliseconds(10000))).value();
+      ASSERT_EQ(st.state, TransferState::kDone) << st.error.ToString();
+      auto expect = WrittenImage(kChunks, kChunk, kChunk, kBytes);
+      ASSERT_EQ(TargetHash(p, 0, kBytes), XXH64(expect.data(), kBytes, 0)) << "iteration " << it;
+    }
+    if (GetParam() != "ucx:shm") break;
   }
   if (GetParam() == "ucx:shm") {
-    // The worker is free almost always here (the progress thread sleeps between 1 ms polls).
     EXPECT_GE(done_inside_post, 25) << "small WRITEs to a mapped region were not finished inline";
   }
   ASSERT_TRUE(SendFrame(p.to, Cmd('F', {77})));

@@ -18,8 +18,19 @@ uint64_t PromptHashOf(const Sequence& seq) {
       std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens)));
 }
 
-}  // namespace
+/// The fields a leg's start event has on either side (ProducerStartEvent, ConsumerStartEvent).
+template <typename Event>
+Event LegStart(const Sequence& seq, std::span<const BlockId> blocks) {
+  Event ev;
+  ev.seq_id = seq.seq_id;
+  ev.params = seq.request.kv_transfer;
+  ev.num_prompt_tokens = seq.num_prompt_tokens;
+  ev.prompt_hash = PromptHashOf(seq);
+  ev.blocks.assign(blocks.begin(), blocks.end());
+  return ev;
+}
 
+}  // namespace
 
 void PdConnector::BindEngine(std::function<void()> wake, std::function<void(int64_t)> abort) {
   wake_engine_ = std::move(wake);
@@ -48,12 +59,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   const pd::KvTransferParams& p = seq.request.kv_transfer;
   using Role = pd::KvTransferParams::Role;
   if (p.role == Role::kProducer) {
-    ProducerStartEvent ev;
-    ev.seq_id = seq.seq_id;
-    ev.params = p;
-    ev.num_prompt_tokens = seq.num_prompt_tokens;
-    ev.prompt_hash = PromptHashOf(seq);
-    ev.blocks.assign(blocks.begin(), blocks.end());
+    auto ev = LegStart<ProducerStartEvent>(seq, blocks);
     ev.answer_needed = seq.request.prompt_logprobs >= 0;
     if (p.mode == pd::KvTransferParams::Mode::kPush)
       push_producers_[seq.seq_id] = seq.num_prompt_tokens;
@@ -69,12 +75,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   }
   ++engine_waiting_;
   consumers_engine_[seq.seq_id] = 1;
-  ConsumerStartEvent ev;
-  ev.seq_id = seq.seq_id;
-  ev.params = p;
-  ev.num_prompt_tokens = seq.num_prompt_tokens;
-  ev.prompt_hash = PromptHashOf(seq);
-  ev.blocks.assign(blocks.begin(), blocks.end());
+  auto ev = LegStart<ConsumerStartEvent>(seq, blocks);
   ev.local_tokens = local;
   ev.external_tokens = num_external;
   ev.arrival_ns = seq.arrival_ns;

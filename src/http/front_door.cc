@@ -14,11 +14,6 @@
 namespace kvpush::http {
 namespace {
 
-void Reply(Response& res, const ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.ToJson(), "application/json");
-}
-
 /// The message of an error cpp-httplib answers without a body (one vocabulary for the instances
 /// and the router: docs/server.md, "Errors").
 std::string BodylessErrorMessage(const Request& req, int status) {
@@ -38,6 +33,11 @@ std::string BodylessErrorMessage(const Request& req, int status) {
 }
 
 }  // namespace
+
+void ReplyError(Response& res, const ApiError& e) {
+  res.status = e.http_status;
+  res.set_content(e.ToJson(), "application/json");
+}
 
 FrontDoor::FrontDoor(FrontDoorOptions options)
     : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
@@ -74,10 +74,10 @@ void FrontDoor::InstallErrorAnswers() {
     const std::string allow = r.method;
     auto not_allowed = [allow](const Request& req, Response& res) {
       res.set_header("Allow", allow);
-      Reply(res, ApiError{405,
-                          "method " + req.method + " is not allowed on " + req.path + " (use " +
-                              allow + ")",
-                          "invalid_request_error", "", "method_not_allowed"});
+      ReplyError(res, ApiError{405,
+                               "method " + req.method + " is not allowed on " + req.path +
+                                   " (use " + allow + ")",
+                               "invalid_request_error", "", "method_not_allowed"});
     };
     if (allow != "GET") s.Get(r.path, not_allowed);
     if (allow != "POST") s.Post(r.path, not_allowed);
@@ -89,9 +89,9 @@ void FrontDoor::InstallErrorAnswers() {
   // Errors without a body (unknown path -> 404, 413, httplib's own 400s) get an OpenAI body.
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    Reply(res, ApiError{res.status, BodylessErrorMessage(req, res.status),
-                        res.status >= 500 ? "server_error" : "invalid_request_error", "",
-                        res.status == 404 ? "not_found" : ""});
+    ReplyError(res, ApiError{res.status, BodylessErrorMessage(req, res.status),
+                             res.status >= 500 ? "server_error" : "invalid_request_error", "",
+                             res.status == 404 ? "not_found" : ""});
     return httplib::Server::HandlerResponse::Handled;
   }));
   s.set_exception_handler([](const Request&, Response& res, const std::exception_ptr& ep) {
@@ -102,7 +102,7 @@ void FrontDoor::InstallErrorAnswers() {
       what = e.what();
     } catch (...) {
     }
-    Reply(res, ApiError{500, what, "server_error", "", ""});
+    ReplyError(res, ApiError{500, what, "server_error", "", ""});
   });
   s.set_logger([this](const Request& req, const Response& res) {
     if (hook_) hook_(req, res);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "http/api_error.h"
 
 namespace kvpush::http {
 
@@ -27,6 +28,9 @@ using Response = httplib::Response;
 using Handler = std::function<void(const Request&, Response&)>;
 /// Called once a response was written (or the connection failed): method, path, status.
 using ResponseHook = std::function<void(const Request&, const Response&)>;
+
+/// Answers `res` with `e`: its HTTP status and its OpenAI error body (application/json).
+void ReplyError(Response& res, const ApiError& e);
 
 struct FrontDoorOptions {
   std::string host = "127.0.0.1";

@@ -63,10 +63,8 @@ void LegRegistry::StopAll() {
   for (const auto& [leg, role] : legs_) leg->Stop();
 }
 
-void LegRegistry::StopAllAndWaitBackground() {
+void LegRegistry::WaitBackground() {
   MutexLock lock(mu_);
-  stopping_ = true;
-  for (const auto& [leg, role] : legs_) leg->Stop();
   while (background_ != 0) cv_.Wait(lock);
 }
 

@@ -42,9 +42,9 @@ class LegRegistry {
 
   /// Stopping, step 1: every leg in flight is stopped, and so is every leg made from now on.
   void StopAll();
-  /// Stopping, step 2: stops the legs made meanwhile, then waits until no background task is
-  /// left (each ends once its legs are closed).
-  void StopAllAndWaitBackground();
+  /// Stopping, step 2 (after StopAll): waits until no background task is left (each ends once
+  /// its legs are closed).
+  void WaitBackground();
   /// Legs in flight plus background tasks running.
   size_t inflight() const;
 

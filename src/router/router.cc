@@ -23,8 +23,7 @@ constexpr size_t kInitialWorkers = 8;
 
 void ReplyError(http::Response& res, int status, const std::string& message,
                 const std::string& type, const std::string& code = {}) {
-  res.status = status;
-  res.set_content(ErrorJson(message, type, code), "application/json");
+  http::ReplyError(res, http::ApiError{status, message, type, "", code});
 }
 
 }  // namespace
@@ -267,7 +266,8 @@ void Router::Stop() {
   }
   if (door_) door_->Stop();
   // Legs created while the server drained were stopped at creation; close any still open.
-  legs_->StopAllAndWaitBackground();
+  legs_->StopAll();
+  legs_->WaitBackground();
   if (workers_) workers_->Stop();  // P-answer waits end once their legs are closed
   aborter_->Stop();
   connections_->Close();

@@ -25,11 +25,6 @@ namespace {
 using std::chrono::milliseconds;
 using Role = pd::KvTransferParams::Role;
 
-void ReplyError(httplib::Response& res, const http::ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.ToJson(), "application/json");
-}
-
 /// A new request on a draining instance (HttpServer::BeginDrain).
 http::ApiError Draining() {
   return http::ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode};
@@ -97,7 +92,7 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
   c.state.inflight.fetch_add(1);
   st->inflight = &c.state.inflight;
   if (c.state.draining.load()) {
-    ReplyError(res, Draining());
+    http::ReplyError(res, Draining());
     return nullptr;
   }
   return st;
@@ -164,16 +159,17 @@ void RespondJson(const CompletionContext& c, const PreparedRequest& p, Completio
   while (!st.all_finished()) {
     if (c.state.stopping.load() || c.state.cut.load()) {
       AbortUnfinished(c.engine, st);
-      return ReplyError(res, c.state.cut.load() ? DrainTimeout()
-                                                : http::ApiError{503, "server is shutting down",
-                                                                 "server_error", "", ""});
+      return http::ReplyError(
+          res, c.state.cut.load()
+                   ? DrainTimeout()
+                   : http::ApiError{503, "server is shutting down", "server_error", "", ""});
     }
     for (auto& [i, o] : ReadChoices(st, milliseconds(100))) {
       if (st.choices[i].finish == FinishReason::kNone) st.Apply(i, o);
     }
     SubmitForks(c.engine, st);
   }
-  if (st.failed) return ReplyError(res, st.error);
+  if (st.failed) return http::ReplyError(res, st.error);
   for (size_t k = 0; k < st.echo.size(); ++k) st.choices[k].text.insert(0, st.echo[k]);
   const Tokenizer& tok = c.engine.tokenizer();
   res.status = 200;
@@ -304,13 +300,13 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
                                c.engine.model_config(), c.engine.config().max_model_len,
                                c.served_model_name,     c.connector != nullptr};
   auto prepared = PrepareCompletion(kind, req.body, prepare);
-  if (auto* e = std::get_if<http::ApiError>(&prepared)) return ReplyError(res, *e);
+  if (auto* e = std::get_if<http::ApiError>(&prepared)) return http::ReplyError(res, *e);
   PreparedRequest& p = std::get<PreparedRequest>(prepared);
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;
   st->include_usage = p.request.include_usage;
-  if (auto e = PassPdGate(c, p)) return ReplyError(res, *e);
-  if (auto e = Submit(c, p, *st)) return ReplyError(res, *e);
+  if (auto e = PassPdGate(c, p)) return http::ReplyError(res, *e);
+  if (auto e = Submit(c, p, *st)) return http::ReplyError(res, *e);
   if (!p.request.stream) return RespondJson(c, p, *st, res);
   RespondStream(c, st, res);
 }

@@ -16,15 +16,6 @@
 #include "server/tokenize_handler.h"
 
 namespace kvpush::server {
-namespace {
-
-void ReplyError(http::Response& res, const http::ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.ToJson(), "application/json");
-}
-
-}  // namespace
-
 HttpServer::HttpServer(Engine& engine, ServerOptions options)
     : engine_(engine),
       options_(std::move(options)),
@@ -92,11 +83,12 @@ void HttpServer::Route() {
   });
   s.Get("/health", [this](const http::Request&, http::Response& res) {
     if (state_.stopping.load()) {
-      ReplyError(res, http::ApiError{503, "shutting down", "server_error", "", ""});
+      http::ReplyError(res, http::ApiError{503, "shutting down", "server_error", "", ""});
       return;
     }
     if (state_.draining.load()) {
-      ReplyError(res, http::ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode});
+      http::ReplyError(res,
+                       http::ApiError{503, kDrainingMessage, "server_error", "", kDrainingCode});
       return;
     }
     // Lock-free (Engine::load() reads atomics): /health stays fast under load. The router's

@@ -15,11 +15,6 @@
 namespace kvpush::server {
 namespace {
 
-void ReplyError(http::Response& res, const http::ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.ToJson(), "application/json");
-}
-
 /// 404 for the P/D endpoints of an instance without a connector.
 http::ApiError NotPdInstance() {
   return http::ApiError{404, "this instance has no KV connector (--role both)",
@@ -238,10 +233,10 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
 
 void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
   s.Post("/kv/handshake", [endpoints](const http::Request& req, http::Response& res) {
-    if (endpoints.connector == nullptr) return ReplyError(res, NotPdInstance());
+    if (endpoints.connector == nullptr) return http::ReplyError(res, NotPdInstance());
     auto body = nlohmann::json::parse(req.body, nullptr, false);
     if (body.is_discarded()) {
-      ReplyError(res, http::ApiError::Invalid("handshake body is not JSON"));
+      http::ReplyError(res, http::ApiError::Invalid("handshake body is not JSON"));
       return;
     }
     auto r = endpoints.connector->HandleHandshake(
@@ -250,21 +245,21 @@ void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
       const int code = r.status().code() == StatusCode::kFailedPrecondition ? 409
                        : r.status().code() == StatusCode::kInvalidArgument  ? 400
                                                                             : 503;
-      ReplyError(res, http::ApiError{code, r.status().message(),
-                                     code == 503 ? "server_error" : "invalid_request_error", "",
-                                     code == 409 ? "incompatible_peer" : ""});
+      http::ReplyError(res, http::ApiError{code, r.status().message(),
+                                           code == 503 ? "server_error" : "invalid_request_error",
+                                           "", code == 409 ? "incompatible_peer" : ""});
       return;
     }
     res.set_content(r->dump(), "application/json");
   });
   // The handoff timelines of the latest transfers (docs/pd_protocol.md, Handoff timeline).
   s.Get("/debug/handoff_timeline", [endpoints](const http::Request& req, http::Response& res) {
-    if (endpoints.connector == nullptr) return ReplyError(res, NotPdInstance());
+    if (endpoints.connector == nullptr) return http::ReplyError(res, NotPdInstance());
     const auto limit = req.has_param("limit") ? ParseListLimit(req.get_param_value("limit"), 4096)
                                               : std::optional<size_t>(256);
     if (!limit) {
-      return ReplyError(res, http::ApiError::Invalid("limit must be an integer in [1, 4096]",
-                                                     "limit", "invalid_limit"));
+      return http::ReplyError(res, http::ApiError::Invalid("limit must be an integer in [1, 4096]",
+                                                           "limit", "invalid_limit"));
     }
     nlohmann::json body = {{"object", "list"},
                            {"data", endpoints.connector->timelines().Recent(*limit)}};
@@ -272,11 +267,12 @@ void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
   });
   // The router saw the other leg of a transfer fail: end this instance's part of it now.
   s.Post("/kv/abort", [endpoints](const http::Request& req, http::Response& res) {
-    if (endpoints.connector == nullptr) return ReplyError(res, NotPdInstance());
+    if (endpoints.connector == nullptr) return http::ReplyError(res, NotPdInstance());
     auto body = nlohmann::json::parse(req.body, nullptr, false);
     if (!body.is_object()) {
-      return ReplyError(res, http::ApiError::Invalid("abort body must be a JSON object "
-                                                     "{\"transfer_id\": \"<32 lowercase hex>\"}"));
+      return http::ReplyError(res,
+                              http::ApiError::Invalid("abort body must be a JSON object "
+                                                      "{\"transfer_id\": \"<32 lowercase hex>\"}"));
     }
     const auto it = body.find("transfer_id");
     if (it == body.end() || !it->is_string() || !pd::IsValidTransferId(it->get<std::string>())) {

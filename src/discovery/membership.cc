@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "common/encoding.h"
+#include "common/thread_name.h"
 
 namespace kvpush::discovery {
 
@@ -121,7 +122,10 @@ MembershipWatcher::~MembershipWatcher() {
 void MembershipWatcher::Start() {
   if (thread_.joinable()) return;
   const int64_t revision = List();
-  thread_ = std::thread([this, revision] { Loop(revision); });
+  thread_ = std::thread([this, revision] {
+    SetThreadName("kvp-etcd-watch");
+    Loop(revision);
+  });
 }
 
 void MembershipWatcher::Stop() {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "common/thread_name.h"
+
 namespace kvpush::discovery {
 
 Result<std::unique_ptr<Registration>> Registration::Create(RegistrationOptions options) {
@@ -31,7 +33,10 @@ void Registration::Start() {
     MutexLock lock(mu_);
     if (left_ || thread_.joinable()) return;
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    SetThreadName("kvp-etcd-lease");
+    Loop();
+  });
 }
 
 void Registration::Leave() {

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "common/listen_backlog.h"
+#include "common/thread_name.h"
 #include "http/api_error.h"
 #include "http/task_queue.h"
 
@@ -138,7 +139,10 @@ Status FrontDoor::Start() {
   }
   // The library listens with a backlog of 5: too small for bursts of concurrent clients.
   RaiseListenBacklog(port_, options_.listen_backlog);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  thread_ = std::thread([this] {
+    SetThreadName("kvp-listen");
+    server_->listen_after_bind();
+  });
   // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (!server_->is_running() && std::chrono::steady_clock::now() < deadline) {

@@ -2,10 +2,17 @@
 
 #include <utility>
 
+#include "common/thread_name.h"
+
 namespace kvpush::http {
 
 ElasticTaskQueue::ElasticTaskQueue(size_t core, size_t max_extra) : max_extra_(max_extra) {
-  for (size_t i = 0; i < core; ++i) core_.emplace_back([this] { Work(); });
+  for (size_t i = 0; i < core; ++i) {
+    core_.emplace_back([this] {
+      SetThreadName("kvp-http");
+      Work();
+    });
+  }
 }
 
 ElasticTaskQueue::~ElasticTaskQueue() {
@@ -24,6 +31,7 @@ void ElasticTaskQueue::enqueue(std::function<void()> fn) {
   ++running_extra_;
   Extra& e = extras_.emplace_back();
   e.thread = std::thread([this, &e, fn = std::move(fn)] {
+    SetThreadName("kvp-http+");
     fn();
     MutexLock done(mu_);
     e.done = true;

@@ -8,6 +8,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "common/thread_name.h"
+
 namespace kvpush::router {
 
 const char* RoleName(Role role) {
@@ -128,7 +130,10 @@ void InstancePool::Start() {
     MutexLock lock(mu_);
     stop_ = false;
   }
-  thread_ = std::thread([this] { HealthLoop(); });
+  thread_ = std::thread([this] {
+    SetThreadName("kvp-rt-health");
+    HealthLoop();
+  });
 }
 
 void InstancePool::Stop() {

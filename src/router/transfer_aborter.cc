@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/thread_name.h"
 #include "router/leg.h"
 
 namespace kvpush::router {
@@ -18,7 +19,11 @@ void TransferAborter::Start() {
   MutexLock lock(mu_);
   if (running_ || stopping_) return;
   running_ = true;
-  for (int i = 0; i < options_.threads; ++i) threads_.emplace_back([this] { Work(); });
+  for (int i = 0; i < options_.threads; ++i)
+    threads_.emplace_back([this] {
+      SetThreadName("kvp-rt-abort");
+      Work();
+    });
 }
 
 void TransferAborter::Stop() {

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "common/thread_name.h"
+
 namespace kvpush::router {
 
 WorkerPool::WorkerPool(size_t initial_threads, size_t max_threads)
@@ -51,6 +53,7 @@ size_t WorkerPool::idle_threads() const {
 }
 
 void WorkerPool::Work() {
+  SetThreadName("kvp-rt-worker");
   MutexLock lock(mu_);
   for (;;) {
     ++idle_;

@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/thread_name.h"
 
 namespace kvpush::xfer {
 
@@ -64,7 +65,10 @@ Status ProgressShell::Start(ProgressHooks* hooks, const std::vector<int>& wait_f
     if (epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0)
       return IoError(options_.name + ": epoll_ctl failed");
   }
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    SetThreadName(("kvp-" + options_.name).c_str());
+    Loop();
+  });
   return Status::Ok();
 }
 

@@ -1,11 +1,13 @@
 #include "engine/engine.h"
 
+#include <sched.h>
 #include <spdlog/spdlog.h>
 
 #include <chrono>
 #include <utility>
 
 #include "common/clock.h"
+#include "common/thread_name.h"
 
 namespace kvpush {
 
@@ -33,7 +35,10 @@ Engine::Engine(const EngineConfig& config, std::unique_ptr<EngineCore> core,
   }
   core_->set_defer_outputs(true);
   spdlog::default_logger_raw();  // construct the registry before the engine thread may log
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    SetThreadName("kvp-engine");
+    Loop();
+  });
 }
 
 Engine::~Engine() {
@@ -163,7 +168,13 @@ void Engine::PublishAndFlush() {
     MutexLock lock(stats_mu_);
     stats_ = s;
   }
+  const bool flushed = core_->has_pending_outputs();
   core_->FlushOutputs();  // after the snapshot: a finished output implies updated stats
+  // The HTTP thread just woken to send these outputs may be queued on this core: let it run
+  // before the next forward pass. Without it the kernel lets this thread finish its slice (2-6
+  // ms on 2 cores) first and the token waits: TTFT p90 4.05 -> 2.02 ms colocated, 5.99 -> 3.71
+  // push, with decode steps running back to back (docs/engine.md, "Engine thread").
+  if (flushed) sched_yield();
 }
 
 }  // namespace kvpush

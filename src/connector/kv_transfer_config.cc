@@ -37,6 +37,17 @@ Result<std::chrono::milliseconds> Ms(const nlohmann::json& j, const char* key, i
   return std::chrono::milliseconds(x);
 }
 
+/// A byte count of `key` in [0, 2^max_log2], or `def` when absent.
+Result<uint64_t> Bytes(const nlohmann::json& j, const char* key, int max_log2, uint64_t def) {
+  if (!j.contains(key)) return def;
+  const auto& v = j[key];
+  if (!v.is_number_unsigned() || v.get<uint64_t>() > (uint64_t{1} << max_log2)) {
+    return InvalidArgument(std::string(key) + " must be an integer in [0, 2^" +
+                           std::to_string(max_log2) + "]");
+  }
+  return v.get<uint64_t>();
+}
+
 }  // namespace
 
 Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::string_view role) {
@@ -102,11 +113,19 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     const auto& x = j["kv_connector_extra_config"];
     if (!x.is_object()) return InvalidArgument("kv_connector_extra_config must be an object");
     for (const auto& [k, v] : x.items()) {
-      static const char* kKnown[] = {"backend",          "lease_ms",           "watchdog_ms",
-                                     "cancel_ack_ms",    "stall_ms",           "failure_policy",
-                                     "pull_profile",     "layerwise",          "engine_id",
-                                     "verify_checksums", "layerwise_min_bytes",
-                                     "block_list_part_bytes"};
+      static const char* kKnown[] = {"backend",
+                                     "lease_ms",
+                                     "watchdog_ms",
+                                     "cancel_ack_ms",
+                                     "stall_ms",
+                                     "failure_policy",
+                                     "pull_profile",
+                                     "layerwise",
+                                     "engine_id",
+                                     "verify_checksums",
+                                     "layerwise_min_bytes",
+                                     "block_list_part_bytes",
+                                     "eager_write_max_bytes"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
       if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
@@ -143,13 +162,10 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
       c.layerwise = x["layerwise"].get<bool>();
     }
-    if (x.contains("layerwise_min_bytes")) {
-      const auto& v = x["layerwise_min_bytes"];
-      if (!v.is_number_unsigned() || v.get<uint64_t>() > (uint64_t{1} << 40)) {
-        return InvalidArgument("layerwise_min_bytes must be an integer in [0, 2^40]");
-      }
-      c.layerwise_min_bytes = v.get<uint64_t>();
-    }
+    KVP_ASSIGN_OR_RETURN(c.layerwise_min_bytes,
+                         Bytes(x, "layerwise_min_bytes", 40, c.layerwise_min_bytes));
+    KVP_ASSIGN_OR_RETURN(c.eager_write_max_bytes,
+                         Bytes(x, "eager_write_max_bytes", 30, c.eager_write_max_bytes));
     if (x.contains("block_list_part_bytes")) {
       const auto& v = x["block_list_part_bytes"];
       if (!v.is_number_unsigned() || v.get<uint64_t>() < 16 ||
@@ -188,6 +204,7 @@ std::string KvTransferConfig::ToString() const {
          " pull_profile=" + std::string(pd::PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
          " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +
+         " eager_write_max_bytes=" + std::to_string(eager_write_max_bytes) +
          " block_list_part_bytes=" + std::to_string(block_list_part_bytes) +
          " verify_checksums=" + (verify_checksums ? "true" : "false");
 }

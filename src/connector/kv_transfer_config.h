@@ -52,6 +52,12 @@ struct KvTransferConfig {
   /// of one Qwen3-32B layer (8 KV heads x 128 x bf16 x K,V). 0: every layer as soon as it is
   /// computed, whatever its size.
   uint64_t layerwise_min_bytes = 256 * 1024;
+  /// A push WRITE (with its KV_READY or LAYER_READY notification) of at most this many bytes
+  /// goes as one eager message carrying the KV, where the transport's WRITE would need a round
+  /// trip before its notification (ucx:tcp; libfabric:tcp up to rxm's eager size): one message
+  /// and two thread wake-ups fewer on the TTFT path (xfer::AgentOptions::eager_write_max_bytes,
+  /// docs/xfer.md "Eager WRITEs"). 0: always RMA.
+  uint64_t eager_write_max_bytes = 256 * 1024;
   /// Byte budget of one PUSH_TARGET or PINNED part's block list (block_list.h): a longer list
   /// goes in several messages. In [16, kMaxBlockListBytes]; smaller values only multiply the
   /// messages (tests and the chaos run use 16 to make every list come in parts).

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <random>
 
+#include "common/thread_name.h"
 #include "pd/ids.h"
 #include "xfer/backend_factory.h"
 
@@ -53,6 +54,8 @@ Status PdConnector::Init() {
     ao.name = cfg.engine_id;
   }
   ao.stall_timeout = cfg.stall;
+  // Both sides of a P/D pair load each other's metadata (the handshake), which eager WRITEs need.
+  ao.eager_write_max_bytes = cfg.eager_write_max_bytes;
   ao.on_event = [this] {
     {
       MutexLock lock(mu_);
@@ -90,7 +93,10 @@ Status PdConnector::Init() {
   core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
                                          static_cast<CoreActions&>(*this));
   core_->set_auth(auth_.get());
-  thread_ = std::thread([this] { Loop(); });
+  thread_ = std::thread([this] {
+    SetThreadName("kvp-connector");
+    Loop();
+  });
   spdlog::info("kv connector: engine_id={} incarnation={:016x} {} layout: {}", agent_->name(),
                agent_->incarnation(), cfg.ToString(), L.ToString());
   return Status::Ok();

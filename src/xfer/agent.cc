@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <random>
 
+#include "common/thread_name.h"
+#include "xfer/eager_frame.h"
 #include "xfer/notification_frame.h"
 
 namespace kvpush::xfer {
@@ -47,7 +49,10 @@ Result<std::unique_ptr<Agent>> Agent::Create(AgentOptions options,
 Agent::Agent(AgentOptions options, std::unique_ptr<Backend> backend)
     : options_(std::move(options)), backend_(std::move(backend)) {
   backend_->SetSink(this);
-  watchdog_ = std::thread([this] { WatchdogLoop(); });
+  watchdog_ = std::thread([this] {
+    SetThreadName("kvp-xfer-watch");
+    WatchdogLoop();
+  });
 }
 
 Agent::~Agent() {
@@ -162,7 +167,14 @@ void Agent::FailPeerTransfersLocked(const std::string& peer, const Status& why) 
   std::vector<uint64_t> aborted;
   transfers_.ForEach([&](HandleBits h, Transfer& t) {
     mu_.AssertHeld();  // ForEach calls back synchronously, under the caller's lock
-    if (t.state != TransferState::kInProgress || t.peer != peer) return;
+    if (t.peer != peer) return;
+    // An eager frame already sent waits only for its ack, which cannot come now: settled.
+    if (t.eager && t.eager_sent && !t.settled) {
+      FinishLocked(t, why);
+      SettleLocked(t, why);
+      return;
+    }
+    if (t.state != TransferState::kInProgress) return;
     if (t.control) t.control->Abort();
     aborted.push_back((static_cast<uint64_t>(t.seq) << 32) | h.index);
     FinishLocked(t, why);
@@ -269,22 +281,47 @@ Result<PeerInfo> Agent::GetPeer(std::string_view peer) {
 // Backend events
 
 void Agent::OnPostDone(uint64_t token, Status status) {
+  if (IsAckToken(token)) return OnAckPosted(static_cast<uint32_t>(token >> 32), std::move(status));
   HandleBits h{static_cast<uint32_t>(token & 0xffffffffu), 0};
   uint32_t seq = static_cast<uint32_t>(token >> 32);
   MutexLock lock(mu_);
   Transfer* t = transfers_.AtIndex(h.index);
   if (t == nullptr || t->seq != seq) return;  // released or re-posted since: stale completion
-  if (status.ok() && t->state == TransferState::kInProgress) {
+  PostEndedLocked(*t, std::move(status));
+}
+
+void Agent::PostEndedLocked(Transfer& t, Status status) {
+  if (t.eager && status.ok()) {
+    // The frame left; it is done (or, ended early, settled) once the target acknowledged the
+    // copy, unless its peer was dropped meanwhile: then nothing more of it can arrive.
+    auto pit = peers_.find(t.peer);
+    const bool peer_kept =
+        pit != peers_.end() && pit->second.alive && pit->second.generation == t.peer_generation;
+    if (peer_kept) {
+      t.eager_sent = true;
+      return SettleEagerLocked(t);
+    }
+  }
+  if (status.ok() && t.state == TransferState::kInProgress) {
     // Progress on the connection: transfers queued behind this one are not stalled.
-    auto pit = peers_.find(t->peer);
-    if (pit != peers_.end() && pit->second.generation == t->peer_generation) {
+    auto pit = peers_.find(t.peer);
+    if (pit != peers_.end() && pit->second.generation == t.peer_generation) {
       pit->second.last_progress = SteadyClock::now();
     }
   }
-  SettleLocked(*t, std::move(status));
+  SettleLocked(t, std::move(status));
 }
 
 void Agent::OnMessage(std::span<const uint8_t> frame) {
+  switch (PeekFrameKind(frame)) {
+    case FrameKind::kEagerWrite:
+      return OnEagerWrite(frame);
+    case FrameKind::kEagerAck:
+      return OnEagerAck(frame);
+    case FrameKind::kNotification:
+    case FrameKind::kUnknown:
+      break;
+  }
   auto n = DecodeNotificationFrame(frame, options_.max_notification_bytes);
   if (!n.ok()) return;  // malformed frames are dropped (counted in a later issue)
   MutexLock lock(mu_);
@@ -353,14 +390,14 @@ void Agent::WatchdogLoop() {
       if (t.deadline <= now) {
         bool before_notify = t.control == nullptr || t.control->Abort();
         expired.push_back((static_cast<uint64_t>(t.seq) << 32) | h.index);
-        FinishLocked(t, DeadlineExceeded(
-                            "transfer to peer '" + t.peer + "' not complete within the " +
-                            std::to_string(options_.stall_timeout.count()) +
-                            " ms stall deadline (plus its bytes' time at " +
-                            std::to_string(options_.stall_floor_bytes_per_s / 1000000) +
-                            " MB/s; no post to this peer completed meanwhile)" +
-                            (before_notify ? " (notification not sent)"
-                                           : " (notification may have been sent)")));
+        FinishLocked(t,
+                     DeadlineExceeded("transfer to peer '" + t.peer + "' not complete within the " +
+                                      std::to_string(options_.stall_timeout.count()) +
+                                      " ms stall deadline (plus its bytes' time at " +
+                                      std::to_string(options_.stall_floor_bytes_per_s / 1000000) +
+                                      " MB/s; no post to this peer completed meanwhile)" +
+                                      (before_notify ? " (notification not sent)"
+                                                     : " (notification may have been sent)")));
       } else if (t.deadline < next) {
         next = t.deadline;
       }

@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <span>
 #include <string>
@@ -30,6 +31,7 @@
 #include "common/status.h"
 #include "common/thread_annotations.h"
 #include "xfer/backend.h"
+#include "xfer/eager_frame.h"
 #include "xfer/metadata.h"
 #include "xfer/slot_table.h"
 #include "xfer/types.h"
@@ -219,11 +221,20 @@ class Agent final : private BackendSink {
     std::vector<uint8_t> notification_frame;
     TransferState state = TransferState::kIdle;
     Status error;
-    uint32_t seq = 0;     // bumps on every post and release: stale completions are ignored
-    bool settled = true;  // false from Post until the backend reports the post's end
+    uint32_t seq = 0;      // bumps on every post and release: stale completions are ignored
+    bool settled = true;   // false from Post until the backend reports the post's end
     TimePoint deadline{};  // post + stall_timeout + TimeAtStallFloor; later while its peer
                            // makes progress (the watchdog moves it on)
     std::shared_ptr<PostControl> control;
+    // Eager WRITE (agent_eager.cc): sent as one frame with its notification; done once the
+    // backend reported the frame sent and the target acknowledged the copy.
+    bool eager = false;
+    std::vector<EagerRange> eager_ranges;     // the target ranges, in byte-stream order
+    std::vector<uint8_t> eager_notification;  // the notification payload
+    uint64_t target_incarnation = 0;          // the peer's incarnation when the transfer was made
+    bool eager_sent = false;                  // this post: the backend reported the frame sent
+    bool eager_acked = false;                 // this post: the target acknowledged it
+    Status eager_ack_status;                  // what the target answered
   };
 
   Agent(AgentOptions options, std::unique_ptr<Backend> backend);
@@ -231,6 +242,44 @@ class Agent final : private BackendSink {
   void OnPostDone(uint64_t token, Status status) override;
   void OnMessage(std::span<const uint8_t> frame) override;
   void OnPeerError(const BackendPeer* peer, Status status) override;
+  /// Target side of an eager WRITE: checks the sender and every range, copies the data, queues
+  /// the notification, then acknowledges (agent_eager.cc).
+  void OnEagerWrite(std::span<const uint8_t> frame) EXCLUDES(mu_);
+  /// Initiator side: the target's acknowledgement of an eager WRITE.
+  void OnEagerAck(std::span<const uint8_t> frame) EXCLUDES(mu_);
+  /// What an eager post's frame is built from (taken under mu_, built outside it).
+  struct EagerParts {
+    std::shared_ptr<const OpBatch> batch;
+    std::vector<EagerRange> ranges;
+    std::vector<uint8_t> notification;
+    uint64_t target_incarnation = 0;
+  };
+  /// Appends the target range of `n` bytes at `roff` into remote run `r` of `peer` to `ranges`,
+  /// merged with the last one when it continues it. False when the peer no longer lists r's
+  /// region (the transfer then goes as a plain WRITE, which will fail on its own).
+  static bool AddEagerRange(const Peer& peer, const Entry& r, uint64_t roff, uint64_t n, bool va,
+                            std::vector<EagerRange>* ranges);
+  /// Whether `t` (a WRITE with `notification_bytes`, its ranges in t.eager_ranges) goes as an
+  /// eager frame, by size against the options and the backend's caps.
+  bool EagerFits(const Transfer& t, size_t notification_bytes) const;
+  /// The eager frame of post `token`: header, ranges, the local bytes, the notification.
+  std::vector<uint8_t> EagerFrame(const EagerParts& parts, uint64_t token) const;
+  /// Settles an eager post once both the backend's report and the target's ack are in.
+  void SettleEagerLocked(Transfer& t) REQUIRES(mu_);
+  /// An ack this agent (as a target) still has to get out: posted again when the transport
+  /// refused it (agent_eager.cc).
+  struct PendingAck {
+    std::shared_ptr<BackendPeer> peer;
+    std::vector<uint8_t> frame;
+    int attempts = 0;
+  };
+  /// Acks are posted with this index in their token (no transfer slot has it) and the ack's id
+  /// in the sequence half.
+  static constexpr uint32_t kAckTokenIndex = 0xffffffffu;
+  static bool IsAckToken(uint64_t token);
+  void PostAck(uint32_t id, PendingAck ack) EXCLUDES(mu_);
+  /// The backend's report on ack `id`'s post: done, or posted again.
+  void OnAckPosted(uint32_t id, Status status) EXCLUDES(mu_);
 
   // All *Locked helpers require mu_.
   void FailPeerTransfersLocked(const std::string& peer, const Status& why) REQUIRES(mu_);
@@ -239,6 +288,9 @@ class Agent final : private BackendSink {
   /// The backend is done with t's post (or never took it): settled, and finished with `status`
   /// unless the agent ended it early (then its first status stays and waiters are woken).
   void SettleLocked(Transfer& t, Status status) REQUIRES(mu_);
+  /// The backend reported the end of t's current post (OnPostDone, or TryPostInline's kDone).
+  /// An eager frame sent waits for its ack (SettleEagerLocked); anything else settles.
+  void PostEndedLocked(Transfer& t, Status status) REQUIRES(mu_);
   Result<std::vector<Entry>> SelectRunsLocked(const List& list, const std::vector<uint32_t>& idx,
                                               const char* side) REQUIRES(mu_);
   void WatchdogLoop() EXCLUDES(mu_);
@@ -261,6 +313,8 @@ class Agent final : private BackendSink {
   std::deque<Notification> notifications_ GUARDED_BY(mu_);
   uint64_t next_peer_generation_ GUARDED_BY(mu_) = 1;
   uint32_t post_seq_ GUARDED_BY(mu_) = 0;  // tokens carry a fresh sequence number per post
+  std::map<uint32_t, PendingAck> pending_acks_ GUARDED_BY(mu_);  // eager acks in flight, by id
+  uint32_t ack_seq_ GUARDED_BY(mu_) = 0;
   size_t in_progress_ GUARDED_BY(mu_) = 0;
   std::atomic<uint64_t> finished_{0};  // bumps on every FinishLocked (Wait spins on it)
 

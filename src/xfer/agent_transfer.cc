@@ -1,5 +1,6 @@
 // Agent: prepared descriptor lists and transfers (validation, coalescing, posting, status).
 #include <algorithm>
+#include <optional>
 
 #include "xfer/agent.h"
 #include "xfer/notification_frame.h"
@@ -21,6 +22,12 @@ void Coalesce(std::vector<E>* runs, const E& e) {
 
 uint64_t Token(HandleBits h, uint32_t seq) {
   return (static_cast<uint64_t>(seq) << 32) | h.index;
+}
+
+/// The batch of a post that moves no RMA op (an eager frame travels as its notification).
+std::shared_ptr<const OpBatch> EmptyBatch() {
+  static const auto empty = std::make_shared<const OpBatch>();
+  return empty;
 }
 
 }  // namespace
@@ -162,6 +169,10 @@ Result<TransferHandle> Agent::CreateTransfer(const TransferSpec& spec) {
   KVP_ASSIGN_OR_RETURN(auto rruns, SelectRunsLocked(*remote, spec.remote_indices, "remote"));
   auto batch = std::make_shared<OpBatch>();
   batch->ops.reserve(std::max(lruns.size(), rruns.size()));
+  Transfer t;
+  const bool va = caps.addressing == AddressMode::kVirtualAddress;
+  const uint64_t eager_limit = std::min(caps.eager_write_max_bytes, options_.eager_write_max_bytes);
+  bool eager_possible = spec.op == Op::kWrite && !spec.notification.empty() && eager_limit > 0;
   size_t li = 0, ri = 0;
   uint64_t loff = 0, roff = 0;
   while (li < lruns.size() && ri < rruns.size()) {
@@ -171,6 +182,9 @@ Result<TransferHandle> Agent::CreateTransfer(const TransferSpec& spec) {
     batch->ops.push_back(XferOp{l.addr + loff, r.addr + roff, n,
                                 static_cast<const BackendRegion*>(l.backend),
                                 static_cast<const BackendRemoteRegion*>(r.backend)});
+    // The same bytes as the target's (region, offset) ranges, for an eager frame.
+    eager_possible = eager_possible && batch->total_bytes + n <= eager_limit &&
+                     AddEagerRange(pit->second, r, roff, n, va, &t.eager_ranges);
     batch->total_bytes += n;
     loff += n;
     roff += n;
@@ -179,15 +193,21 @@ Result<TransferHandle> Agent::CreateTransfer(const TransferSpec& spec) {
   }
   if (li != lruns.size() || ri != rruns.size())
     return InvalidArgument("CreateTransfer: local and remote selections differ in total bytes");
-  Transfer t;
   t.op = spec.op;
   t.peer = remote->peer;
   t.peer_generation = remote->peer_generation;
   t.backend_peer = pit->second.backend;
+  t.target_incarnation = pit->second.incarnation;
   t.batch = std::move(batch);
   if (!spec.notification.empty())
     t.notification_frame =
         EncodeNotificationFrame(options_.name, options_.incarnation, spec.notification);
+  t.eager = eager_possible && EagerFits(t, spec.notification.size());
+  if (t.eager) {
+    t.eager_notification = spec.notification;
+  } else {
+    t.eager_ranges.clear();
+  }
   return TransferHandle{transfers_.Insert(std::move(t))};
 }
 
@@ -220,6 +240,7 @@ Result<size_t> Agent::TransferOpCount(TransferHandle h) {
 
 Status Agent::Post(TransferHandle h) {
   PostRequest req;
+  std::optional<EagerParts> eager;
   {
     MutexLock lock(mu_);
     Transfer* t = transfers_.Find(h);
@@ -252,12 +273,21 @@ Status Agent::Post(TransferHandle h) {
     req.token = Token(h, t->seq);
     req.op = t->op;
     req.peer = t->backend_peer;
-    req.batch = t->batch;
-    req.notification = t->notification_frame;
     req.control = t->control;
+    if (t->eager) {
+      // One message: the data and the notification (agent_eager.cc); the ack settles it.
+      t->eager_sent = t->eager_acked = false;
+      t->eager_ack_status = Status::Ok();
+      req.batch = EmptyBatch();
+      eager = EagerParts{t->batch, t->eager_ranges, t->eager_notification, t->target_incarnation};
+    } else {
+      req.batch = t->batch;
+      req.notification = t->notification_frame;
+    }
     if (watchdog_idle_) watchdog_cv_.NotifyOne();
   }
   const uint64_t token = req.token;
+  if (eager) req.notification = EagerFrame(*eager, token);  // copies the data: outside mu_
   // Caller-thread fast path first (small posts on an idle backend finish here, without waking a
   // progress thread); otherwise the backend's thread issues it.
   Status inline_status;
@@ -266,7 +296,7 @@ Status Agent::Post(TransferHandle h) {
   if (taken == InlinePost::kDone) {
     MutexLock lock(mu_);
     Transfer* t = transfers_.AtIndex(h.index);
-    if (t != nullptr && Token(h, t->seq) == token) SettleLocked(*t, inline_status);
+    if (t != nullptr && Token(h, t->seq) == token) PostEndedLocked(*t, inline_status);
     return Status::Ok();  // the transfer's status carries any error, as for a later failure
   }
   Status s = backend_->Post(std::move(req));

@@ -48,6 +48,11 @@ struct BackendCaps {
   AddressMode addressing = AddressMode::kOffset;
   KeyKind key_kind = KeyKind::kNone;
   uint32_t max_message_bytes = 4096;  ///< largest SendMessage / notification frame, bytes
+  /// Largest WRITE (data bytes) that the Agent may send as one eager frame with its notification
+  /// (docs/xfer.md, "Eager WRITEs"), or 0: the backend's WRITE with a notification is already one
+  /// message's worth of latency (shm mappings, loopback). A backend that sets it carries frames of
+  /// up to max_message_bytes, which must leave room for the frame's header.
+  uint64_t eager_write_max_bytes = 0;
 };
 
 /// Backend-private data of a registered local region (e.g. a ucp_mem_h and its packed rkey).

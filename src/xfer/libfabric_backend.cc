@@ -25,6 +25,15 @@ std::vector<uint8_t> HoldFrame(uint32_t hold_us) {
   w.U32(hold_us);
   return out;
 }
+size_t RxmBufferSize() {
+  // The operator's FI_OFI_RXM_BUFFER_SIZE (read, never set, here), else rxm's default.
+  const char* env = std::getenv("FI_OFI_RXM_BUFFER_SIZE");
+  const long v = env != nullptr ? std::strtol(env, nullptr, 10) : 0;
+  return v >= static_cast<long>(kRxmHeaderRoom + kEagerFrameRoom + 1024) && v <= (64l << 20)
+             ? static_cast<size_t>(v)
+             : kRxmDefaultBufferSize;
+}
+
 std::string FiText(ssize_t rc) {
   return fi_strerror(static_cast<int>(rc < 0 ? -rc : rc));
 }
@@ -74,7 +83,11 @@ Status LibfabricBackend::Init() {
   caps_.addressing =
       (mr_mode & FI_MR_VIRT_ADDR) ? AddressMode::kVirtualAddress : AddressMode::kOffset;
   caps_.key_kind = (mr_mode & FI_MR_PROV_KEY) ? KeyKind::kProviderIssued : KeyKind::kAppChosen;
-  caps_.max_message_bytes = kRecvBytes;
+  // tcp: a WRITE's notification waits for FI_DELIVERY_COMPLETE (a round trip); a small WRITE
+  // goes as one eager frame instead (the Agent's), as large as rxm sends eagerly.
+  recv_bytes_ = is_shm ? kRecvBytesShm : RxmBufferSize() - kRxmHeaderRoom;
+  caps_.max_message_bytes = static_cast<uint32_t>(recv_bytes_);
+  caps_.eager_write_max_bytes = is_shm ? 0 : recv_bytes_ - kEagerFrameRoom;
   idle_timeout_ms_ = is_shm ? 1 : 1000;
   tx_limit_ = info_->tx_attr->size > 0 ? info_->tx_attr->size : 1024;
   hold_enabled_ = caps_.needs_target_progress;
@@ -108,7 +121,7 @@ Status LibfabricBackend::Init() {
   address_.resize(len);
   if ((rc = fi_getname(&ep_->fid, address_.data(), &len)) != 0) return FromFi(rc, "fi_getname");
   address_.resize(len);
-  recv_pool_.resize(kRecvBuffers * kRecvBytes);
+  recv_pool_.resize(kRecvBuffers * recv_bytes_);
   recv_ctx_.resize(kRecvBuffers);
   {
     MutexLock lock(shell_.mu());  // no thread yet; PostRecv may poll

@@ -29,7 +29,18 @@
 namespace kvpush::xfer::libfabric_internal {
 
 constexpr size_t kRecvBuffers = 64;
-constexpr size_t kRecvBytes = 8192;
+/// Bytes of each posted receive on shm (notifications only).
+constexpr size_t kRecvBytesShm = 8192;
+/// tcp;ofi_rxm sends a message eagerly only up to its buffer size (FI_OFI_RXM_BUFFER_SIZE,
+/// 16384 by default, less its own header); a larger one goes by rendezvous, which waits for
+/// both sides' progress threads and took 1.5 ms for a 20 KiB frame here, five times a WRITE and
+/// its notification. So eager WRITE frames stay within it: messages up to the buffer size less
+/// kRxmHeaderRoom, eager WRITEs' data up to that less kEagerFrameRoom (docs/xfer.md).
+constexpr size_t kRxmDefaultBufferSize = 16384;
+constexpr size_t kRxmHeaderRoom = 256;
+constexpr size_t kEagerFrameRoom = 4096;
+/// rxm's buffer size in this process: FI_OFI_RXM_BUFFER_SIZE when set and sane, else 16384.
+size_t RxmBufferSize();
 
 // Busy-poll this long after the last local activity (a completion, a job) before sleeping.
 constexpr int64_t kLingerNs = 50'000;
@@ -227,6 +238,7 @@ class LibfabricBackend final : public Backend, private ProgressHooks {
   fid_ep* ep_ = nullptr;
   int cq_fd_ = -1;
   int idle_timeout_ms_ = 1000;
+  size_t recv_bytes_ = kRecvBytesShm;  // bytes of each posted receive buffer
   size_t tx_limit_ = 1024;  // most transmit ops handed to the provider at once (tx_attr->size)
   bool hold_enabled_ = false;
   bool hold_from_start_ = false;  // shm: WRITEs ask for a hold before any -FI_EAGAIN

@@ -39,7 +39,7 @@ Status LibfabricBackend::Post(PostRequest request) {
 Status LibfabricBackend::PostRecv(size_t i) {
   ssize_t rc;
   do {
-    rc = fi_recv(ep_, recv_pool_.data() + i * kRecvBytes, kRecvBytes, nullptr, FI_ADDR_UNSPEC,
+    rc = fi_recv(ep_, recv_pool_.data() + i * recv_bytes_, recv_bytes_, nullptr, FI_ADDR_UNSPEC,
                  &recv_ctx_[i]);
     if (rc == -FI_EAGAIN) Poll();
   } while (rc == -FI_EAGAIN);
@@ -178,7 +178,7 @@ void LibfabricBackend::OnCompletion(Ctx* c, Status s, size_t len) {
   switch (c->kind) {
     case CtxKind::kRecv:
       if (s.ok()) {
-        std::span<const uint8_t> m(recv_pool_.data() + c->recv_index * kRecvBytes, len);
+        std::span<const uint8_t> m(recv_pool_.data() + c->recv_index * recv_bytes_, len);
         uint32_t hold_us = 0;
         if (IsHoldFrame(m, &hold_us))
           hot_until_ns_ =

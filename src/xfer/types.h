@@ -103,6 +103,15 @@ struct AgentOptions {
   int wait_spin_us = 100;
   /// Largest notification payload accepted for sending, bytes (receivers refuse larger frames).
   uint32_t max_notification_bytes = 4096;
+  /// A WRITE with a notification that moves at most this many bytes goes as one eager frame (its
+  /// data and notification in one message, acknowledged by the target: docs/xfer.md, "Eager
+  /// WRITEs") where the backend offers it (BackendCaps::eager_write_max_bytes, which also caps
+  /// it); 0 (the default) never. Either way the transfer completes once its data is visible at
+  /// the target. Needs every target to have loaded this agent's metadata (a symmetric exchange,
+  /// as kvpush's P/D handshake): a target checks an eager frame's sender against the peers it
+  /// knows and acknowledges through its own connection to it, and drops a frame from a stranger
+  /// (the transfer then ends at its stall deadline).
+  uint64_t eager_write_max_bytes = 0;
   /// Optional: called whenever a transfer finishes (any state) or a notification arrives, so an
   /// owner can wake its own thread instead of blocking in Wait/WaitNotifications. Called on the
   /// backend's progress thread or the agent's watchdog, with the agent's lock held: it must only

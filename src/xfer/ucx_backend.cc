@@ -109,6 +109,10 @@ Status UcxBackend::Init() {
     devices = env != nullptr && env[0] != '\0' ? "" : "lo";
     peer_errors_ = true;
     efd_wakes_ = true;
+    // A put needs a flush round trip before its notification's AM may follow; a small WRITE is
+    // one message instead (the Agent's eager frame, an AM of up to this much data).
+    caps_.eager_write_max_bytes = std::getenv("KVP_NO_EAGER") ? 0 : kEagerWriteMaxBytes;
+    caps_.max_message_bytes = kEagerWriteMaxBytes + 64 * 1024;
   } else if (options_.preset == "shm") {
     tls = "posix,sysv,cma";
     peer_errors_ = false;
@@ -357,8 +361,12 @@ void UcxBackend::CloseEp(UcxPeer* p) {
   peers_.erase(p);
   shell_.UnwatchProcess(p);
   ucp_request_param_t param{};
+  // A failed peer's endpoint is closed at once. A live one is flushed first: UCX 1.13 aborts
+  // the process when a forced close purges a wireup message still pending on the endpoint
+  // ("ucp_request.c:684 ... got REP message"), which happens when a peer is dropped right after
+  // it connected (seen in agent_eager_test). Either way the Agent has already stopped using it.
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  param.flags = p->failed ? UCP_EP_CLOSE_FLAG_FORCE : 0;
   ucs_status_ptr_t r = ucp_ep_close_nbx(p->ep, &param);
   if (r != nullptr && !UCS_PTR_IS_ERR(r)) closing_.push_back(r);
 }

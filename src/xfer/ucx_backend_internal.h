@@ -77,6 +77,9 @@ struct InFlight {
   Status inline_status;
 };
 
+/// tcp: the largest WRITE sent as one eager AM (BackendCaps::eager_write_max_bytes).
+constexpr uint64_t kEagerWriteMaxBytes = 256 * 1024;
+
 class UcxBackend final : public Backend, private ProgressHooks {
  public:
   explicit UcxBackend(const UcxOptions& o)

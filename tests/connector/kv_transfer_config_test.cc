@@ -40,6 +40,7 @@ TEST(KvTransferConfig, Defaults) {
     EXPECT_EQ(c.pull_profile, pd::PullProfile::kFast);
     EXPECT_TRUE(c.layerwise);
     EXPECT_EQ(c.layerwise_min_bytes, 256u * 1024u);
+    EXPECT_EQ(c.eager_write_max_bytes, 256u * 1024u);
     EXPECT_TRUE(c.verify_checksums);
   }
   // Default lease outlasts the default watchdog + 1 s (the handshake rule).
@@ -66,7 +67,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
       "kv_connector_extra_config": {"backend": "libfabric:shm", "lease_ms": 45000,
         "watchdog_ms": 1234, "cancel_ack_ms": 777, "stall_ms": 999, "failure_policy": "fail",
         "pull_profile": "vllm", "layerwise": false, "engine_id": "decode-a",
-        "verify_checksums": false, "layerwise_min_bytes": 0}})",
+        "verify_checksums": false, "layerwise_min_bytes": 0, "eager_write_max_bytes": 0}})",
                     "decode");
   EXPECT_EQ(c.kv_connector, "PullConnector");
   EXPECT_EQ(c.role, KvRole::kConsumer);
@@ -79,6 +80,7 @@ TEST(KvTransferConfig, EveryFieldParsed) {
   EXPECT_EQ(c.pull_profile, pd::PullProfile::kVllm);
   EXPECT_FALSE(c.layerwise);
   EXPECT_EQ(c.layerwise_min_bytes, 0u);
+  EXPECT_EQ(c.eager_write_max_bytes, 0u);
   EXPECT_FALSE(c.verify_checksums);
   EXPECT_EQ(c.engine_id, "decode-a");
 
@@ -152,6 +154,10 @@ TEST(KvTransferConfig, RefusesWrongTypes) {
   EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"layerwise_min_bytes": 1099511627776}})", "both")
                 .layerwise_min_bytes,
             uint64_t{1} << 40);
+  for (const char* v : {"-1", "1.5", "\"4096\"", "false", "1073741825"}) {
+    Err(std::string(R"({"kv_connector_extra_config": {"eager_write_max_bytes": )") + v + "}}",
+        {"eager_write_max_bytes", "integer"});
+  }
   for (const char* v : {"15", "3073", "-1", "16.5", "\"64\"", "null"}) {
     Err(std::string(R"({"kv_connector_extra_config": {"block_list_part_bytes": )") + v + "}}",
         {"block_list_part_bytes", "[16, 3072]"});

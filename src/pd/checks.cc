@@ -75,8 +75,14 @@ int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
   // Every whole block before the last token is cached: computing the short tail here is cheaper
   // than a transfer (push: the connector tells P it need not send anything).
   const bool full_hit = local >= (n - 1) / block_size * block_size;
+  if (p.mode == Mode::kPush) {
+    // Push moves every block P computed, the partial last one and the first token included, so
+    // D computes nothing. Only a prefix D holds already makes the rest its own: a prompt within
+    // one block with nothing cached is P's, as any other (D computing it too did the prefill
+    // twice, and on D's engine thread, the one P/D keeps free for decoding).
+    return full_hit && local > 0 ? 0 : n - local;
+  }
   if (full_hit) return 0;
-  if (p.mode == Mode::kPush) return n - local;
   const bool take_first = profile == PullProfile::kFast && p.first_token_id >= 0;
   const int32_t external = take_first ? n - local : n - 1 - local;
   return external > 0 ? external : 0;

@@ -107,8 +107,16 @@ TEST(TokensFromProducer, PushTakesEveryUncachedTokenPullVllmAllButTheLast) {
       {Mode::kPush, PullProfile::kFast, -1, 40, 0, 40},
       {Mode::kPush, PullProfile::kFast, -1, 40, 16, 24},
       {Mode::kPush, PullProfile::kFast, -1, 40, 32, 0},  // (40 - 1) / 16 * 16 = 32: full hit
-      {Mode::kPush, PullProfile::kFast, -1, 16, 0, 0},   // (16 - 1) / 16 * 16 = 0: full hit
+      // within one block, nothing cached: P's prefill and one WRITE, not D's own prefill too
+      {Mode::kPush, PullProfile::kFast, -1, 16, 0, 16},
+      {Mode::kPush, PullProfile::kFast, -1, 5, 0, 5},
       {Mode::kPush, PullProfile::kFast, -1, 17, 0, 17},
+      {Mode::kPush, PullProfile::kFast, -1, 17, 16, 0},  // (17 - 1) / 16 * 16 = 16: full hit
+      {Mode::kPush, PullProfile::kFast, -1, 32, 16, 0},  // 31 / 16 * 16 = 16: full hit
+      {Mode::kPush, PullProfile::kFast, -1, 33, 16, 17},
+      // pull keeps vLLM's rule: a prompt within one block is D's to compute
+      {Mode::kPull, PullProfile::kVllm, 5, 16, 0, 0},
+      {Mode::kPull, PullProfile::kFast, 5, 16, 0, 0},
       // fast pull with P's first token: like push; without it, all but the last token
       {Mode::kPull, PullProfile::kFast, 5, 40, 0, 40},
       {Mode::kPull, PullProfile::kFast, -1, 40, 0, 39},

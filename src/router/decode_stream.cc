@@ -8,8 +8,11 @@ namespace kvpush::router {
 
 int DecodeStream::Start(const std::string& path, const std::string& request_id,
                         const std::string& body) {
-  if (!leg_->Send("POST", path, request_id, body, /*sse=*/true, &result_) ||
-      !leg_->ReadHead(&result_)) {
+  const Leg::Ahead ahead = leg_->TakeSentAhead(&result_);
+  const bool sent = ahead == Leg::Ahead::kWritten ||
+                    (ahead == Leg::Ahead::kNone &&
+                     leg_->Send("POST", path, request_id, body, /*sse=*/true, &result_));
+  if (!sent || !leg_->ReadHead(&result_)) {
     finished_ = true;
     return 0;
   }

@@ -26,8 +26,8 @@ class DecodeStream {
   DecodeStream(const DecodeStream&) = delete;
   DecodeStream& operator=(const DecodeStream&) = delete;
 
-  /// Writes the request and reads D's status and headers on this thread. Returns D's status, or
-  /// 0 when the leg ended without an answer (see result()).
+  /// Writes the request (unless Leg::SendAhead did) and reads D's status and headers on this
+  /// thread. Returns D's status, or 0 when the leg ended without an answer (see result()).
   int Start(const std::string& path, const std::string& request_id, const std::string& body);
 
   /// For a non-200 status: reads the rest of D's body; returns the leg's result.

@@ -143,8 +143,34 @@ LegResult Leg::ReadAnswer() {
 LegResult Leg::Post(const std::string& path, const std::string& request_id,
                     const std::string& body) {
   LegResult failed;
+  switch (TakeSentAhead(&failed)) {
+    case Ahead::kWritten:
+      return ReadAnswer();
+    case Ahead::kFailed:
+      return failed;
+    case Ahead::kNone:
+      break;
+  }
   if (!Send("POST", path, request_id, body, /*sse=*/false, &failed)) return failed;
   return ReadAnswer();
+}
+
+bool Leg::SendAhead(const std::string& method, const std::string& path,
+                    const std::string& request_id, const std::string& body, bool sse) {
+  sent_ahead_ = true;
+  LegResult failed;
+  if (Send(method, path, request_id, body, sse, &failed)) return true;
+  ahead_failure_ = std::move(failed);
+  return false;
+}
+
+Leg::Ahead Leg::TakeSentAhead(LegResult* failed) {
+  if (!sent_ahead_) return Ahead::kNone;
+  sent_ahead_ = false;
+  if (!ahead_failure_) return Ahead::kWritten;
+  *failed = std::move(*ahead_failure_);
+  ahead_failure_.reset();
+  return Ahead::kFailed;
 }
 
 LegResult Leg::Get(const std::string& path, const std::string& request_id) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "common/mutex.h"
@@ -71,6 +72,17 @@ class Leg {
   /// Steps 2 and 3 whole, after Send: the complete answer (or the failure).
   LegResult ReadAnswer();
 
+  /// Step 1 ahead of the code that reads the answer: Send now (push: D's leg before P's), and
+  /// the first Post or DecodeStream::Start of this leg then only reads (or returns the write's
+  /// failure). False when the write failed.
+  bool SendAhead(const std::string& method, const std::string& path, const std::string& request_id,
+                 const std::string& body, bool sse);
+  /// What SendAhead did, for the code that reads the answer: nothing (kNone: send as usual),
+  /// wrote the request (kWritten: read the answer), or failed (kFailed: `*failed` holds the
+  /// failure; the call has ended). Consumes the mark.
+  enum class Ahead { kNone, kWritten, kFailed };
+  Ahead TakeSentAhead(LegResult* failed);
+
   /// Shuts the connection down (if any) and makes every later step fail at once. Thread-safe,
   /// idempotent.
   void Stop();
@@ -103,6 +115,9 @@ class Leg {
   /// The call's connection, from Send until the call ends. Set and reset by the owner under
   /// mu_ (Stop() reads it under mu_); the owner also reads it without mu_, so not GUARDED_BY.
   std::unique_ptr<HttpConn> conn_;
+  /// SendAhead's outcome until TakeSentAhead consumes it (owner thread only).
+  bool sent_ahead_ = false;
+  std::optional<LegResult> ahead_failure_;
 };
 
 }  // namespace kvpush::router

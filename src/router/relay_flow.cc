@@ -87,7 +87,7 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
 void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,
                              InstanceLease d_lease, httplib::Response& res) {
   FlowServices& r = router_;
-  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);  // unless D's leg was sent ahead (push)
   const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
   if (t->echo_logprobs && dr.answered && dr.status == 200) {
     // P's answer (its prompt_echo) follows the KV that D already has.
@@ -140,7 +140,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
                                std::shared_ptr<StreamState>* capture) {
   FlowServices& r = router_;
   auto ds = std::make_shared<DecodeStream>(t->d_leg);
-  t->timeline.Mark(RouterPhase::kDecodeLegWritten);
+  t->timeline.Mark(RouterPhase::kDecodeLegWritten);  // unless D's leg was sent ahead (push)
   const int status = ds->Start(t->path, t->request_id, d_body);
   std::vector<std::string> held;
   if (status == 200 && t->mode == TransferMode::kPush && !t->local_prefill) {

@@ -101,26 +101,31 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo; D
   // echoes nothing, and the router puts P's part before D's choices (prompt_echo.h).
   t->echo_logprobs = WantsPromptEcho(t->path, body);
-  json d_body;
+  std::string d_text;
   if (tm == TransferMode::kPush) {
     t->d_leg = r.legs().NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
     const json shell = client.Shell();  // leg builders start here: the prompt is not copied
+    json d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port);
+    if (t->echo_logprobs) d_body["echo"] = false;
+    d_text = ComposeLegBody(d_body, client);
+    // D's leg is written first: its PUSH_TARGET is what a short prefill waits for (D's leg, an
+    // engine step, the connector, a message), while one more write delays P's prefill by
+    // microseconds. A failed write is read where D's answer is (AnswerJson, AnswerStream).
+    t->timeline.Mark(RouterPhase::kDecodeLegWritten);
+    t->d_leg->SendAhead("POST", t->path, t->request_id, d_text, /*sse=*/t->stream);
     if (!StartPushPrefill(
             t, std::move(*p_lease),
             ComposeLegBody(pd::MakePrefillBody(shell, PdModeOf(tm), t->transfer_id), client))) {
       r.CountRequest(tm, false);
       return StopReply(r).WriteTo(res);
     }
-    d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port);
-    if (t->echo_logprobs) d_body["echo"] = false;
   } else {
     std::optional<json> d = RunPullPrefill(*t, *p_lease, client, pull_profile, res);
     if (!d) return;
-    d_body = std::move(*d);
-    if (t->echo_logprobs) d_body["echo"] = false;
+    if (t->echo_logprobs) (*d)["echo"] = false;
+    d_text = ComposeLegBody(*d, client);
     t->d_leg = r.legs().NewLeg(t->d_addr, Role::kDecode);
   }
-  const std::string d_text = ComposeLegBody(d_body, client);
   if (!t->stream) return AnswerJson(t, d_text, std::move(*d_lease), res);
   AnswerStream(t, d_text, std::move(*d_lease), res, capture);
 }

@@ -166,6 +166,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--out", default="pd_timeline.json")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
+    ap.add_argument("--raw", action="store_true",
+                    help="also write every request's record (client times, joined R/P/D records)")
     args = ap.parse_args()
     if not os.path.exists(args.model):
         print(f"pd_timeline: model {args.model} not found", file=sys.stderr)
@@ -183,6 +185,7 @@ def main():
             for mode in MODES:
                 run_request(ports, pids, mode, prompt, args.max_tokens)
         summaries = []
+        raw = []
         for length in lengths:
             results = []
             for i in range(args.requests):
@@ -195,12 +198,17 @@ def main():
             join(results, handoff_timelines(ports["prefill"]), handoff_timelines(ports["decode"]),
                  handoff_timelines(ports["router"]))
             s = summarize(results, length)
+            if args.raw:
+                raw.append({"length": length, "requests": results})
             print_summary(s)
             summaries.append(s)
         print(f"\nload average at the end {os.getloadavg()}")
         with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "model": args.model, "summaries": summaries,
-                       "loadavg_end": os.getloadavg()}, f, indent=1)
+            doc = {"backend": args.backend, "model": args.model, "summaries": summaries,
+                   "loadavg_end": os.getloadavg()}
+            if args.raw:
+                doc["raw"] = raw
+            json.dump(doc, f, indent=1)
     finally:
         stop_all(procs.values())
         if args.keep:

@@ -44,10 +44,9 @@ struct DemoOptions {
   std::string log_dir;
 };
 
-// Every prompt is longer than one KV block (16 tokens) so that every P/D request moves KV: a
-// prompt that fits in one block is a full prefix hit for the decode instance, which then computes
-// it itself and moves nothing (push: NOT_NEEDED drops P's prefill; pull: D recomputes the one
-// block), so it would measure no handoff.
+// Every prompt is longer than one KV block (16 tokens) so that every P/D request moves KV in every
+// mode: in pull a prompt within one block is the decode instance's to compute (vLLM's rule), so
+// it would measure no handoff there (push moves it: pd_protocol.md, NOT_NEEDED).
 const std::vector<std::string>& DemoPrompts() {
   static const std::vector<std::string> prompts = {
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -455,7 +454,7 @@ int RunDemo(const DemoOptions& opt) {
   }
   std::printf("Prompt lengths (tokens):");
   for (int64_t n : session.prompt_tokens()) std::printf(" %lld", static_cast<long long>(n));
-  std::printf("  (all > 16: every P/D request moves KV)\n");
+  std::printf("  (all > 16: every P/D request moves KV, in pull too)\n");
   std::printf(
       "Measured: %d round(s) x %zu prompts per mode after a warm-up round, modes "
       "interleaved in rotating order, one request at a time.\n",

@@ -76,15 +76,31 @@ def main():
     ap.add_argument("--loads", default="quiet,busy", help="quiet and/or busy")
     ap.add_argument("--seed", type=int, default=1, help="run k uses seed + k")
     ap.add_argument("--out", default="pd_push_vs_pull.json")
+    ap.add_argument("--resume", default=None, metavar="DIR",
+                    help="keep every run's raw JSON in DIR and reuse a run already there (same "
+                         "load, transport and run number) instead of measuring it again; the "
+                         "runs of an interrupted matrix are not lost")
     args = ap.parse_args()
     lengths = [int(x) for x in args.lengths.split(",")]
-    tmp = tempfile.mkdtemp(prefix="kvpush-pvp-")
+    tmp = args.resume or tempfile.mkdtemp(prefix="kvpush-pvp-")
+    os.makedirs(tmp, exist_ok=True)
     results = {}
     base_seed = args.seed
     for load in args.loads.split(","):
         for backend in args.backends.split(","):
             runs = []
             for k in range(args.runs):
+                raw_path = os.path.join(tmp, f"{load}-{backend}-{k}.json")
+                if args.resume and os.path.exists(raw_path):
+                    with open(raw_path) as f:
+                        doc = json.load(f)
+                    print(f"[{load} {backend} run {k + 1}/{args.runs}] reused {raw_path}",
+                          flush=True)
+                    runs.append({"loadavg_before": doc.get("loadavg_before"),
+                                 "loadavg_after": doc.get("loadavg_after"),
+                                 "summaries": doc["summaries"],
+                                 "h": {str(r["length"]): h_values(r) for r in doc["raw"]}})
+                    continue
                 hogs = hog(os.cpu_count() or 2) if load == "busy" else []
                 try:
                     if hogs:
@@ -92,9 +108,12 @@ def main():
                     la0 = os.getloadavg()
                     args.seed = base_seed + k
                     t0 = time.time()
-                    doc = run_timeline(args, backend, args.lengths,
-                                       os.path.join(tmp, f"{load}-{backend}-{k}.json"))
+                    doc = run_timeline(args, backend, args.lengths, raw_path + ".part")
                     la1 = os.getloadavg()
+                    doc["loadavg_before"], doc["loadavg_after"] = la0, la1
+                    with open(raw_path, "w") as f:
+                        json.dump(doc, f)
+                    os.remove(raw_path + ".part")
                 finally:
                     for h in hogs:
                         h.kill()

@@ -11,6 +11,7 @@
 #include "connector/messages.h"
 #include "xfer/byte_io.h"
 #include "xfer/metadata.h"
+#include "xfer/eager_frame.h"
 #include "xfer/notification_frame.h"
 
 namespace {
@@ -153,6 +154,21 @@ bool Frames(const std::filesystem::path& out) {
   return true;
 }
 
+bool EagerFrames(const std::filesystem::path& out) {
+  SeedDir dir(out, "eager_frame_fuzz");
+  const std::vector<xfer::EagerRange> ranges = {{0, 1, 4096, 3}, {0, 1, 65536, 2}};
+  std::vector<uint8_t> w;
+  xfer::BeginEagerWrite("prefill-0", 0x1234, 0x5678, 7, ranges, 2, &w);
+  for (uint8_t b : {1, 2, 3, 4, 5, 'o', 'k'}) w.push_back(b);
+  std::vector<uint8_t> in{0};
+  in.insert(in.end(), w.begin(), w.end());
+  if (!dir.Write(in)) return false;
+  const auto ack = xfer::EncodeEagerAck("decode-0", 0x5678, 7, StatusCode::kOk);
+  in = {1};
+  in.insert(in.end(), ack.begin(), ack.end());
+  return dir.Write(in);
+}
+
 bool Handshakes(const std::filesystem::path& out) {
   SeedDir dir(out, "handshake_fuzz");
   connector::HandshakeInfo h;
@@ -247,6 +263,7 @@ bool PromptLists(const std::filesystem::path& out) {
 }  // namespace
 
 bool WritePeerSeeds(const std::filesystem::path& out) {
-  return PdMessages(out) && BlockLists(out) && Metadata(out) && Frames(out) && Handshakes(out) &&
+  return PdMessages(out) && BlockLists(out) && Metadata(out) && Frames(out) && EagerFrames(out) &&
+         Handshakes(out) &&
          KvTransferParams(out) && SseStreams(out) && PromptLists(out);
 }

@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz block_list_fuzz
-  xfer_metadata_fuzz notification_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
+  xfer_metadata_fuzz notification_frame_fuzz eager_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
   prompt_list_fuzz client_body_fuzz discovery_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
@@ -28,6 +28,7 @@ declare -A OPTIONS=(
   [block_list_fuzz]="-max_len=4096"
   [xfer_metadata_fuzz]="-max_len=16384"
   [notification_frame_fuzz]="-max_len=8192"
+  [eager_frame_fuzz]="-max_len=8192"
   [handshake_fuzz]="-max_len=8192 -dict=fuzz/handshake.dict"
   [kv_transfer_params_fuzz]="-max_len=8192 -dict=fuzz/kv_transfer_params.dict"
   [sse_fuzz]="-max_len=8192"

@@ -38,6 +38,9 @@ struct ConnectorStats {
   int64_t checksum_ns_sum = 0;    ///< P: time spent hashing blocks (connector thread)
   int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
   int64_t bad_messages = 0;       ///< malformed or unexpected peer messages dropped
+  /// D: P's first tokens not taken because P's request sampled under other settings
+  /// (FirstTokenBinding differs); the engine computed the last prompt token instead.
+  int64_t first_tokens_unbound = 0;
   /// Push, P side: from the engine finishing the request (prefill done, first token sampled) to
   /// KV_READY posted: the part of the handoff P adds after its compute (the last layer's WRITE
   /// not yet complete, plus the connector thread's wake-up). The last layer's WRITE is posted as

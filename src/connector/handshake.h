@@ -14,8 +14,9 @@
 
 namespace kvpush::connector {
 
-/// Version of the P/D protocol implemented here; peers must match.
-inline constexpr int kConnectorVersion = 2;
+/// Version of the P/D protocol implemented here; peers must match. 2: block lists as runs, in
+/// parts; 3: KV_READY and PINNED carry the first token's binding.
+inline constexpr int kConnectorVersion = 3;
 
 struct HandshakeInfo {
   std::string engine_id;  ///< the peer's agent name

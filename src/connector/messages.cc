@@ -162,6 +162,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
     case MsgTag::kKvReady:
       if (m.top_logprobs.size() > kMaxTopLogprobs) return InvalidArgument("too many top logprobs");
       PutU64(b, m.kv_digest);
+      PutU64(b, m.first_token_binding);
       PutU32(b, static_cast<uint32_t>(m.token_id));
       PutF32(b, m.logprob);
       PutTopLogprobs(b, m.top_logprobs);
@@ -188,6 +189,7 @@ Result<std::vector<uint8_t>> EncodeMessage(const PdMessage& m) {
       PutU32(b, static_cast<uint32_t>(m.token_id));
       PutF32(b, m.logprob);
       PutU64(b, m.kv_digest);
+      PutU64(b, m.first_token_binding);
       PutTopLogprobs(b, m.top_logprobs);
       PutU32(b, m.first_block);
       KVP_RETURN_IF_ERROR(PutBlockPart(b, m, "pinned"));
@@ -227,7 +229,8 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
     }
     case MsgTag::kKvReady: {
       uint32_t tok = 0;
-      if (!r.U64(m.kv_digest) || !r.U32(tok) || !r.F32(m.logprob)) {
+      if (!r.U64(m.kv_digest) || !r.U64(m.first_token_binding) || !r.U32(tok) ||
+          !r.F32(m.logprob)) {
         return InvalidArgument("kv ready: truncated");
       }
       if (tok > 0x7fffffffu) return InvalidArgument("kv ready: negative token id");
@@ -254,7 +257,7 @@ Result<PdMessage> DecodeMessage(std::span<const uint8_t> payload) {
     case MsgTag::kPinned: {
       uint32_t tok = 0;
       if (!r.U32(m.num_prompt_tokens) || !r.U64(m.prompt_hash) || !r.U32(tok) ||
-          !r.F32(m.logprob) || !r.U64(m.kv_digest)) {
+          !r.F32(m.logprob) || !r.U64(m.kv_digest) || !r.U64(m.first_token_binding)) {
         return InvalidArgument("pinned: truncated header");
       }
       if (tok > 0x7fffffffu) return InvalidArgument("pinned: negative token id");

@@ -34,7 +34,7 @@ inline constexpr uint32_t kMaxTransferBlocks = 1u << 20;
 /// Bound on the block ids one PUSH_TARGET or PINNED part carries (what a decoder expands).
 inline constexpr uint32_t kMaxPartBlocks = 1u << 16;
 /// Byte budget of one part's encoded block list (block_list.h): with the largest header (a
-/// PINNED with 20 top logprobs, 241 bytes) and the MAC trailer it stays under the 4 KiB
+/// PINNED with 20 top logprobs, 249 bytes) and the MAC trailer it stays under the 4 KiB
 /// notification frame.
 inline constexpr size_t kMaxBlockListBytes = 3072;
 /// Upper bound on top-logprob pairs in a KV_READY.
@@ -58,7 +58,10 @@ struct PdMessage {
   uint32_t layer = 0;
   // kKvReady, kPinned: KvDigest (kv/block_checksum.h) of the blocks the transfer moves
   uint64_t kv_digest = 0;
-  // kKvReady, kPinned (also num_prompt_tokens, prompt_hash, first_block, block_ids)
+  // kKvReady, kPinned (also num_prompt_tokens, prompt_hash, first_block, block_ids): P's first
+  // token, and the FirstTokenBinding (engine/first_token_binding.h) of the request that sampled
+  // it; D takes the token only when its own request's binding is the same.
+  uint64_t first_token_binding = 0;
   int32_t token_id = -1;
   float logprob = 0.0f;
   std::vector<std::pair<int32_t, float>> top_logprobs;

@@ -141,8 +141,10 @@ Result<nlohmann::json> PdConnector::HandleHandshake(const nlohmann::json& body,
   return peers_->HandleHandshake(body, peer_addr);
 }
 
-Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port) {
-  return peers_->EnsurePeer(host, port);
+Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port,
+                                            const std::function<bool()>& cancelled) {
+  return peers_->EnsurePeer(host, port,
+                            HandshakeFlights::Clock::now() + options_.config.watchdog, cancelled);
 }
 
 Status PdConnector::ValidateRequest(const pd::KvTransferParams& p,

@@ -27,6 +27,7 @@
 #pragma once
 
 #include <atomic>
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -100,11 +101,15 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
                                          const std::string& peer_addr = "");
 
   /// Makes sure the instance at host:port is handshaken (cached per peer; a peer that failed
-  /// or restarted is handshaken again). Returns its engine id. Thread-safe; blocks on HTTP (at
-  /// most 2 s to connect + clamp(watchdog_ms, 1 s, 10 s) to answer), and only callers naming the
-  /// same host:port wait for each other.
-  /// Errors: kUnavailable (unreachable, HTTP error), kFailedPrecondition (incompatible).
-  Result<std::string> EnsurePeer(const std::string& host, int port);
+  /// or restarted is handshaken again). Returns its engine id. Thread-safe. Callers naming one
+  /// host:port share one handshake (2 s to connect + clamp(watchdog_ms, 1 s, 10 s) to answer);
+  /// each waits for it until watchdog_ms from now at most, or until `cancelled` (may be empty)
+  /// turns true; while a failed endpoint is probed again in the background, its failure is
+  /// answered at once (PeerRegistry, HandshakeFlights).
+  /// Errors: kUnavailable (unreachable, HTTP error), kFailedPrecondition (incompatible),
+  /// kDeadlineExceeded, kAborted.
+  Result<std::string> EnsurePeer(const std::string& host, int port,
+                                 const std::function<bool()>& cancelled = {});
 
   /// Checks a request's P/D params against this instance's role and, for a pull consumer,
   /// against the prompt (token count, prompt hash, block count). Thread-safe.

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "connector/pd_connector.h"
+#include "engine/first_token_binding.h"
 #include "pd/checks.h"
 #include "pd/ids.h"
 
@@ -26,6 +27,7 @@ Event LegStart(const Sequence& seq, std::span<const BlockId> blocks) {
   ev.params = seq.request.kv_transfer;
   ev.num_prompt_tokens = seq.num_prompt_tokens;
   ev.prompt_hash = PromptHashOf(seq);
+  ev.first_token_binding = FirstTokenBinding(seq.request);
   ev.blocks.assign(blocks.begin(), blocks.end());
   return ev;
 }

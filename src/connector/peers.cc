@@ -23,7 +23,11 @@ std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region
 
 PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
                            std::chrono::milliseconds watchdog, PeerAuth* auth)
-    : agent_(agent), self_(std::move(self)), watchdog_(watchdog), auth_(auth) {}
+    : agent_(agent),
+      self_(std::move(self)),
+      watchdog_(watchdog),
+      auth_(auth),
+      flights_([this](const std::string& key) { return Handshake(key); }) {}
 
 Status PeerRegistry::Adopt(const HandshakeInfo& peer) {
   KVP_RETURN_IF_ERROR(CheckCompatible(self_, peer));
@@ -105,19 +109,20 @@ std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
   return p.ok() && p->alive ? it->second : std::string();
 }
 
-Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port) {
+Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port,
+                                             HandshakeFlights::Clock::time_point deadline,
+                                             const std::function<bool()>& cancelled) {
   const std::string key = host + ":" + std::to_string(port);
   if (std::string id = AliveEndpoint(key); !id.empty()) return id;
-  std::shared_ptr<Mutex> endpoint_lock;
-  {
-    MutexLock lock(mu_);
-    auto& l = handshake_locks_[key];
-    if (!l) l = std::make_shared<Mutex>();
-    endpoint_lock = l;
-  }
-  MutexLock hs(*endpoint_lock);
-  // Another thread may have finished it meanwhile.
+  return flights_.Await(key, deadline, cancelled);
+}
+
+Result<std::string> PeerRegistry::Handshake(const std::string& key) {
+  // Another flight of this key may have finished just before this one began.
   if (std::string id = AliveEndpoint(key); !id.empty()) return id;
+  const size_t colon = key.rfind(':');
+  const std::string host = key.substr(0, colon);
+  const int port = std::stoi(key.substr(colon + 1));
   std::string nc, ns;
   KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, Exchange(host, port, key, nc, ns));
   KVP_RETURN_IF_ERROR(Adopt(peer));

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -16,6 +17,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "connector/handshake.h"
+#include "connector/handshake_flights.h"
 #include "connector/peer_auth.h"
 #include "connector/transfer_core.h"
 #include "kv/layout.h"
@@ -34,8 +36,10 @@ struct PeerState {
 };
 
 /// Thread-safe: HTTP threads (handshakes), the connector thread (lookups, liveness) and the
-/// engine thread (lookups) call it concurrently. Outgoing handshakes to one "host:port" are
-/// serialized; different endpoints do not wait for each other.
+/// engine thread (lookups) call it concurrently. Outgoing handshakes go through
+/// HandshakeFlights: callers naming one "host:port" share one attempt, a failure is answered at
+/// once while a background probe retries, and each caller waits until its own deadline at most;
+/// different endpoints do not wait for each other.
 class PeerRegistry final : public PeerDirectory {
  public:
   /// `agent` must outlive the registry. `self` is this instance's handshake document.
@@ -63,10 +67,16 @@ class PeerRegistry final : public PeerDirectory {
   Result<nlohmann::json> HandleHandshake(const nlohmann::json& body,
                                          const std::string& peer_addr = "");
 
-  /// Makes sure the instance at host:port is handshaken (see PdConnector::EnsurePeer).
-  /// Returns its engine id. Errors: kUnavailable (unreachable, HTTP error, bad answer),
-  /// kFailedPrecondition (refused as incompatible).
-  Result<std::string> EnsurePeer(const std::string& host, int port);
+  /// Makes sure the instance at host:port is handshaken (see PdConnector::EnsurePeer): at once
+  /// when it is known and alive, else through the endpoint's handshake flight
+  /// (HandshakeFlights::Await with `deadline` and `cancelled`). Returns its engine id.
+  /// Errors: kUnavailable (unreachable, HTTP error, bad answer; or, while the endpoint is being
+  /// probed after a failure, that failure at once), kFailedPrecondition (refused as
+  /// incompatible), kDeadlineExceeded (the handshake outlasted `deadline`), kAborted
+  /// (`cancelled`).
+  Result<std::string> EnsurePeer(const std::string& host, int port,
+                                 HandshakeFlights::Clock::time_point deadline,
+                                 const std::function<bool()>& cancelled = {});
 
   /// A copy of the peer's state, or nullopt when it was never handshaken.
   std::optional<PeerState> Get(const std::string& engine_id) const;
@@ -84,6 +94,9 @@ class PeerRegistry final : public PeerDirectory {
   std::string AliveEndpoint(const std::string& key) const;
   /// The authenticated handshake, server side (auth_ set).
   Result<nlohmann::json> HandleAuthStep(const nlohmann::json& body, const std::string& peer_addr);
+  /// One handshake with `key` ("host:port"), run by its flight: exchange, adopt, remember the
+  /// endpoint. Returns the engine id.
+  Result<std::string> Handshake(const std::string& key);
   /// Client side: the peer's document, plain or through the authenticated exchange.
   Result<HandshakeInfo> Exchange(const std::string& host, int port, const std::string& key,
                                  std::string& nc, std::string& ns);
@@ -95,9 +108,9 @@ class PeerRegistry final : public PeerDirectory {
   mutable Mutex mu_;
   std::map<std::string, PeerState, std::less<>> peers_;        ///< by engine id
   std::map<std::string, std::string, std::less<>> endpoints_;  ///< "host:port" -> engine id
-  /// One lock per "host:port": handshakes to one endpoint run one at a time.
-  std::map<std::string, std::shared_ptr<Mutex>, std::less<>> handshake_locks_ GUARDED_BY(mu_);
   int64_t handshakes_ GUARDED_BY(mu_) = 0;
+  /// Last: destroyed first, joining flight threads that still use the members above.
+  HandshakeFlights flights_;
 };
 
 }  // namespace kvpush::connector

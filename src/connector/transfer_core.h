@@ -135,6 +135,8 @@ struct ProducerStartEvent {
   /// The prefill's own answer is needed (prompt logprobs, echo with logprobs): when D needs no
   /// KV (NOT_NEEDED) the transfer is dropped but the prefill runs to its end.
   bool answer_needed = false;
+  /// FirstTokenBinding of the request: sent with the first token (KV_READY, PINNED).
+  uint64_t first_token_binding = 0;
 };
 /// P: a step starts; `chunks` are the push producers in it.
 struct StepEvent {
@@ -163,6 +165,8 @@ struct ConsumerStartEvent {
   int32_t local_tokens = 0;
   int32_t external_tokens = 0;
   int64_t arrival_ns = 0;  ///< the request's arrival at the engine, on the core clock's scale
+  /// FirstTokenBinding of the request: P's first token is taken only when P's is the same.
+  uint64_t first_token_binding = 0;
 };
 /// D: a full prefix hit, nothing to load.
 struct ConsumerNotNeededEvent {
@@ -295,6 +299,7 @@ class TransferCore {
     bool answer_needed =
         false;  ///< ProducerStartEvent::answer_needed: never aborted for NOT_NEEDED
     TokenOutput token;
+    uint64_t first_token_binding = 0;  ///< of the request that sampled `token`
     /// The D of this transfer: push, the one whose target was attached; pull, the one that
     /// pinned the lease. Empty until then.
     std::string peer;
@@ -339,6 +344,7 @@ class TransferCore {
     uint32_t num_blocks = 0;
     pd::PullProfile profile = pd::PullProfile::kVllm;
     bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
+    uint64_t first_token_binding = 0;  ///< of this request; P's token must have the same
     uint64_t expected_digest = 0;   ///< from KV_READY / PINNED
     /// The chunk hashes of the received blocks (block i: table entry first_block + i), made when
     /// the first LAYER_READY or the final check needs them.
@@ -469,6 +475,9 @@ class TransferCore {
   void OnConsumerAbort(const ConsumerAbortEvent& ev);
   void OnConsumerMessage(const std::string& peer, PdMessage& m);
   void OnKvReady(Consumer& c, PdMessage& m);
+  /// Whether P's first token in `m` (KV_READY, PINNED) was sampled under `c`'s settings
+  /// (FirstTokenBinding); counts and logs the other case.
+  bool TokenIsBound(const Consumer& c, const PdMessage& m);
   void OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st);
   void OnPinned(Consumer& c, PdMessage& m);
   /// Adds a PINNED part; true when `m` now holds P's whole, duplicate-free list. False while

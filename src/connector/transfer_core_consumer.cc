@@ -94,6 +94,7 @@ void TransferCore::OnConsumerStart(ConsumerStartEvent& ev) {
   c.external_tokens = ev.external_tokens;
   c.n = ev.num_prompt_tokens;
   c.prompt_hash = ev.prompt_hash;
+  c.first_token_binding = ev.first_token_binding;
   // The watchdog counts from the request's arrival: time spent in this instance's queue is
   // time P's lease was running too.
   c.deadline = TimePoint(std::chrono::nanoseconds(ev.arrival_ns)) + config_.watchdog;
@@ -189,7 +190,7 @@ void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
   if (!AddPinnedPart(c, m)) return;  // parts still missing, or refused
   Mark(c.timeline, HandoffPhase::kPinnedReceived);
   c.expected_digest = m.kv_digest;
-  if (c.take_first_token) {
+  if (c.take_first_token && TokenIsBound(c, m)) {
     c.first_token = TokenOutput{m.token_id, m.logprob, std::move(m.top_logprobs)};
   }
   std::vector<BlockId> local(c.blocks.begin() + c.first_block,
@@ -418,8 +419,24 @@ void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
     return;
   }
   Mark(c.timeline, HandoffPhase::kVerified);
+  if (!TokenIsBound(c, m)) {
+    CompleteConsumer(c, Status::Ok(), std::nullopt);
+    return;
+  }
   TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
   CompleteConsumer(c, Status::Ok(), std::move(t));
+}
+
+bool TransferCore::TokenIsBound(const Consumer& c, const PdMessage& m) {
+  if (m.first_token_binding == c.first_token_binding) return true;
+  // P sampled its first token under other settings than this request's (a client that sent
+  // the legs itself): the KV is the prompt's all the same, but the token is not this request's
+  // to emit. The load ends without it and the engine computes the last prompt token here.
+  ++stats_.first_tokens_unbound;
+  spdlog::info("kv connector: transfer {}: the prefill instance sampled its first token under "
+               "other sampling settings; the last prompt token is computed here",
+               c.tid);
+  return false;
 }
 
 void TransferCore::OnConsumerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {

@@ -36,6 +36,7 @@ void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   p.n = ev.num_prompt_tokens;
   p.prompt_hash = ev.prompt_hash;
   p.answer_needed = ev.answer_needed;
+  p.first_token_binding = ev.first_token_binding;
   p.blocks = std::move(ev.blocks);
   p.timeline.transfer_id = tid;
   p.timeline.producer = true;
@@ -465,6 +466,7 @@ void TransferCore::OnPin(const std::string& peer, const PdMessage& m) {
   a.num_prompt_tokens = static_cast<uint32_t>(p.n);
   a.prompt_hash = p.prompt_hash;
   a.token_id = p.token.id;
+  a.first_token_binding = p.first_token_binding;
   a.logprob = p.token.logprob;
   a.top_logprobs = p.token.top_logprobs;
   if (a.top_logprobs.size() > kMaxTopLogprobs) a.top_logprobs.resize(kMaxTopLogprobs);

@@ -153,6 +153,7 @@ PdMessage TransferCore::KvReadyMessage(const Producer& p) const {
   r.tag = MsgTag::kKvReady;
   r.transfer_id = p.tid;
   r.token_id = p.token.id;
+  r.first_token_binding = p.first_token_binding;
   r.logprob = p.token.logprob;
   r.kv_digest = PushDigest(p);
   r.top_logprobs = p.token.top_logprobs;

@@ -211,7 +211,12 @@ void EngineCore::ApplyKvLoads() {
     }
     ++stats_.kv_loads;
     stats_.prompt_tokens_transferred += seq.num_external_tokens;
-    scheduler_.OnKvLoaded(seq, local + seq.num_external_tokens);
+    int32_t loaded = local + seq.num_external_tokens;
+    // The KV of every prompt token came but no first token (P sampled it under other settings
+    // than this request's): the last prompt token is computed here, over its own KV, for its
+    // logits.
+    if (!r.first_token && loaded == seq.num_tokens()) --loaded;
+    scheduler_.OnKvLoaded(seq, loaded);
     // Its full blocks enter the prefix cache after the first token is out (CommitLoadedBlocks):
     // hashing them is O(prompt) on the TTFT path (0.3 ms at 131,000 tokens).
     loaded_.push_back(seq.seq_id);

@@ -37,7 +37,9 @@ struct KvLoadResult {
   Status status;
   bool recompute = false;
   /// The first output token sampled by P (push, pull "fast" profile), appended without
-  /// recomputation. Absent: the engine computes whatever is left of the prompt.
+  /// recomputation. Absent: the engine computes whatever is left of the prompt, and at least
+  /// its last token (a load of every prompt token without P's token: the last one is computed
+  /// again over its loaded K/V, for this request's own logits).
   std::optional<TokenOutput> first_token;
   /// Only with a failed status: the load was given up while a remote WRITE or READ may still
   /// land in the request's blocks after its local prefix-cache hit (P never acknowledged the

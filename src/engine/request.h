@@ -34,6 +34,9 @@ struct GenerationRequest {
   std::string request_id;              ///< caller's id, for logs and outputs (may repeat)
   std::vector<int32_t> prompt_tokens;  ///< including BOS if the caller wants one
   SamplingParams sampling;             ///< seed must already be chosen by the caller
+  /// The client gave `sampling.seed` (false: the caller drew it at random). Only the first
+  /// token's binding (first_token_binding.h) reads it.
+  bool seed_given = true;
   int32_t max_tokens = 16;             ///< >= 1; clamped to max_model_len - prompt length
   /// [0, max_tokens]: until this many tokens were generated, EOS and the stop token ids are
   /// never sampled (their logits are -inf) and neither they nor stop strings end the request;

@@ -62,6 +62,7 @@ GenerationRequest MakeGeneration(const OpenAiRequest& r, const pd::KvTransferPar
   g.sampling.repetition_penalty = r.repetition_penalty;
   g.sampling.logit_bias = r.logit_bias;
   g.sampling.seed = seed + static_cast<uint64_t>(j);
+  g.seed_given = r.seed.has_value();
   g.sampling.logprobs = r.logprobs;
   // Echo with logprobs: the prompt's logprobs, top `logprobs` each (vLLM's completions set
   // prompt_logprobs = logprobs when echo is on).

@@ -100,6 +100,12 @@ const ConnectorScalar kConnectorScalars[] = {
      }},
     {{"kvpush_kv_transfer_bad_messages_total", "counter", "Malformed or unexpected peer messages."},
      [](const connector::ConnectorStats& c) { return static_cast<double>(c.bad_messages); }},
+    {{"kvpush_kv_transfer_first_tokens_unbound_total", "counter",
+      "Decode: first tokens of the prefill instance not used because it sampled them under other "
+      "sampling settings (the last prompt token was computed here)."},
+     [](const connector::ConnectorStats& c) {
+       return static_cast<double>(c.first_tokens_unbound);
+     }},
 };
 
 const ConnectorScalar kConnectorTailScalars[] = {
@@ -208,12 +214,20 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
     return http::ApiError::Invalid(v.message(), "kv_transfer_params");
   }
   if (kv.role == Role::kConsumer) {
-    // Know P before the engine admits the request (cached after the first request).
-    auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port);
+    // Know P before the engine admits the request (cached after the first request). The wait
+    // shares the endpoint's one handshake, ends at the watchdog, and ends when the router
+    // aborts the transfer (POST /kv/abort).
+    const std::string tid = kv.transfer_id;
+    auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port,
+                                 [&context, tid] { return context.transfers.IsAborted(tid); });
+    if (!peer.ok() && peer.status().code() == StatusCode::kAborted) {
+      return TransferAborted(kv.transfer_id);
+    }
     if (!peer.ok()) {
-      return http::ApiError{502,
-                            "prefill instance " + kv.remote_host + ":" +
-                                std::to_string(kv.remote_port) + ": " + peer.status().message(),
+      const std::string endpoint = kv.remote_host + ":" + std::to_string(kv.remote_port);
+      spdlog::warn("request {}: 502 kv_peer_unavailable: prefill instance {}: {}", tid, endpoint,
+                   peer.status().ToString());
+      return http::ApiError{502, "prefill instance " + endpoint + ": " + peer.status().message(),
                             "server_error", "kv_transfer_params", "kv_peer_unavailable"};
     }
     if (!kv.remote_engine_id.empty() && kv.remote_engine_id != *peer) {

@@ -201,6 +201,7 @@ class CoreTest : public ::testing::Test {
     ev.num_prompt_tokens = n;
     ev.prompt_hash = 0x1234 + static_cast<uint64_t>(n);
     ev.blocks = std::move(blocks);
+    ev.first_token_binding = binding_;
     core_->HandleEvent(ev);
   }
   void FinishProducer(int64_t seq, bool ok = true, std::vector<BlockId> blocks = {1, 2, 3},
@@ -271,6 +272,10 @@ class CoreTest : public ::testing::Test {
     for (const Action& a : rec_.Of(Action::kPost)) Done(a.token, ok);
   }
 
+  /// FirstTokenBinding of the requests StartProducer / StartConsumer start, and of the KV_READY
+  /// and PINNED this fixture makes.
+  uint64_t binding_ = 0xb1d;
+
   // ---- consumer (D) inputs ----
   void StartConsumer(int64_t seq, const std::string& tid, pd::KvTransferParams::Mode mode,
                      int32_t local = 0, int32_t external = 10, int32_t n = 10,
@@ -289,6 +294,7 @@ class CoreTest : public ::testing::Test {
     ev.local_tokens = local;
     ev.external_tokens = external;
     ev.arrival_ns = clock_.NowNanos();
+    ev.first_token_binding = binding_;
     core_->HandleEvent(ev);
   }
   void AbortConsumer(int64_t seq, const std::string& tid) {
@@ -301,6 +307,7 @@ class CoreTest : public ::testing::Test {
   PdMessage KvReady(const std::string& tid, std::vector<BlockId> blocks = {8, 9, 10}) const {
     PdMessage m = Signal(MsgTag::kKvReady, tid);
     m.kv_digest = KvBlocksDigest(layout_, arena_, blocks);
+    m.first_token_binding = binding_;
     m.token_id = 42;
     m.logprob = -0.5f;
     return m;
@@ -311,6 +318,7 @@ class CoreTest : public ::testing::Test {
     PdMessage m = Signal(MsgTag::kPinned, tid);
     m.num_prompt_tokens = 10;
     m.prompt_hash = 0x1234 + 10;
+    m.first_token_binding = binding_;
     m.token_id = 42;
     m.logprob = -0.25f;
     m.first_block = 0;

@@ -70,7 +70,7 @@ TEST(Handshake, JsonHasTheDocumentedShape) {
   EXPECT_EQ(j["engine_id"], "prefill-127.0.0.1:8100");
   EXPECT_EQ(j["incarnation"], "0123456789abcdef");
   EXPECT_EQ(j["role"], "prefill");
-  EXPECT_EQ(j["connector_version"], 2);  // 2: block lists as runs, in parts
+  EXPECT_EQ(j["connector_version"], 3);  // 3: KV_READY and PINNED carry the first token's binding
   EXPECT_EQ(j["transfer_backend"], "ucx:tcp");
   EXPECT_EQ(j["model_fingerprint"], "fedcba9876543210");
   EXPECT_EQ(j["layout"]["num_layers"], 5);
@@ -372,7 +372,7 @@ TEST(Handshake, CheckCompatibleNamesTheFirstDifference) {
     const char* there;
   };
   const std::vector<Case> cases = {
-      {"connector_version", [](HandshakeInfo& h) { h.connector_version = 1; }, "2", "1"},
+      {"connector_version", [](HandshakeInfo& h) { h.connector_version = 1; }, "3", "1"},
       {"model_fingerprint", [](HandshakeInfo& h) { h.model_fingerprint = 1; }, "fedcba9876543210",
        "0000000000000001"},
       {"num_layers", [](HandshakeInfo& h) { h.layout.num_layers = 6; }, "5", "6"},

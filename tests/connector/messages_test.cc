@@ -43,6 +43,7 @@ PdMessage KvReady() {
   m.token_id = 42;
   m.logprob = -0.125f;
   m.kv_digest = 0x0123456789abcdefull;
+  m.first_token_binding = 0x0badc0ffee0ddf00ull;
   m.top_logprobs = {{42, -0.125f}, {7, -2.5f}, {0x7fffffff, -30.0f}};
   return m;
 }
@@ -150,8 +151,8 @@ TEST(Messages, PushTargetPartsAndLimits) {
 TEST(Messages, KvReadyRoundTrip) {
   const PdMessage m = KvReady();
   const auto b = Enc(m);
-  // tag + id + digest u64 + token u32 + logprob f32 + count u32 + 3 x (u32, f32)
-  ASSERT_EQ(b.size(), 1u + 32 + 8 + 4 + 4 + 4 + 3 * 8);
+  // tag + id + digest u64 + binding u64 + token u32 + logprob f32 + count u32 + 3 x (u32, f32)
+  ASSERT_EQ(b.size(), 1u + 32 + 8 + 8 + 4 + 4 + 4 + 3 * 8);
   EXPECT_EQ(b[0], 2);
   auto d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -160,6 +161,7 @@ TEST(Messages, KvReadyRoundTrip) {
   EXPECT_EQ(d->token_id, 42);
   EXPECT_EQ(d->logprob, -0.125f);
   EXPECT_EQ(d->kv_digest, 0x0123456789abcdefull);
+  EXPECT_EQ(d->first_token_binding, 0x0badc0ffee0ddf00ull);
   EXPECT_EQ(d->top_logprobs, m.top_logprobs);
 
   PdMessage none = KvReady();
@@ -396,15 +398,17 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   a.token_id = 99;
   a.logprob = -1.5f;
   a.kv_digest = 0x1122334455667788ull;
+  a.first_token_binding = 0x99aabbccddeeff00ull;
   a.top_logprobs = {{99, -1.5f}, {5, -2.25f}};
   a.first_block = 1;
   a.num_blocks = 3;
   a.block_ids = {9, 4, 7};
   b = Enc(a);
-  // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + ntop u32 +
-  // 2 x (u32, f32) + first u32 + num_blocks u32 + part_offset u32 + count u32 + nruns u32 +
-  // 3 runs of 2 one-byte varints
-  ASSERT_EQ(b.size(), 1u + 32 + 4 + 8 + 4 + 4 + 8 + 4 + 2 * 8 + 4 + 4 + 4 + 4 + 4 + 3 * 2);
+  // tag + id + tokens u32 + hash u64 + token u32 + logprob f32 + digest u64 + binding u64 +
+  // ntop u32 + 2 x (u32, f32) + first u32 + num_blocks u32 + part_offset u32 + count u32 +
+  // nruns u32 + 3 runs of 2 one-byte varints
+  ASSERT_EQ(b.size(),
+            1u + 32 + 4 + 8 + 4 + 4 + 8 + 8 + 4 + 2 * 8 + 4 + 4 + 4 + 4 + 4 + 3 * 2);
   EXPECT_EQ(b[0], 9);
   d = Dec(b);
   ASSERT_TRUE(d.ok()) << d.status().ToString();
@@ -414,6 +418,7 @@ TEST(Messages, PinAndPinnedRoundTrip) {
   EXPECT_EQ(d->token_id, 99);
   EXPECT_EQ(d->logprob, -1.5f);
   EXPECT_EQ(d->kv_digest, 0x1122334455667788ull);
+  EXPECT_EQ(d->first_token_binding, 0x99aabbccddeeff00ull);
   EXPECT_EQ(d->top_logprobs, a.top_logprobs);
   EXPECT_EQ(d->first_block, 1u);
   EXPECT_EQ(d->block_ids, a.block_ids);
@@ -473,11 +478,13 @@ TEST(Messages, DecodeRefusesNegativeIds) {
   b.insert(b.end(), kTid.begin(), kTid.end());
   PutU32(b, 0);  // digest (u64)
   PutU32(b, 0);
+  PutU32(b, 0);  // first token binding (u64)
+  PutU32(b, 0);
   PutU32(b, 0x80000000u);
   PutU32(b, 0);
   PutU32(b, 0);
   EXPECT_FALSE(Dec(b).ok());
-  b.resize(41);
+  b.resize(49);
   PutU32(b, 1);
   PutU32(b, 0);
   PutU32(b, 1);

@@ -45,6 +45,35 @@ TEST_F(ConsumerTest, PushTargetThenKvReadyLoadsTheKvWithPsFirstToken) {
   EXPECT_EQ(s.kv_ready_received, 1);
 }
 
+TEST_F(ConsumerTest, AFirstTokenSampledUnderOtherSettingsLoadsTheKvWithoutTheToken) {
+  // A client that sends the legs itself can run P at temperature 0 and D at 0.9 with a seed:
+  // P's token is not D's to emit. The KV is the prompt's (verified as usual); the load ends
+  // without the token, so the engine computes the last prompt token for its own logits.
+  struct Case {
+    const char* name;
+    Mode mode;
+  };
+  for (const Case& k :
+       {Case{"push: KV_READY", Mode::kPush}, Case{"pull fast: PINNED", Mode::kPull}}) {
+    SCOPED_TRACE(k.name);
+    Rebuild();
+    rec_.Clear();
+    const std::string t = Tid(5);
+    StartConsumer(1, t, k.mode);  // this request's binding: binding_
+    PdMessage m = k.mode == Mode::kPush ? KvReady(t) : Pinned(t);
+    m.first_token_binding = binding_ ^ 1;  // P's request sampled otherwise
+    Deliver(kP, m);
+    if (k.mode == Mode::kPull) Done(rec_.Of(Action::kPost).at(0).token);
+    auto loads = Loads();
+    ASSERT_EQ(loads.size(), 1u);
+    EXPECT_TRUE(loads[0].status.ok()) << loads[0].status.ToString();
+    EXPECT_FALSE(loads[0].first_token.has_value());
+    EXPECT_EQ(core_->stats().first_tokens_unbound, 1);
+    EXPECT_EQ(core_->stats().blocks_verified, 3);
+    EXPECT_EQ(core_->num_consumers(), 0u);
+  }
+}
+
 TEST_F(ConsumerTest, ChecksumMismatchDiscardsTheKv) {
   struct Case {
     const char* name;

@@ -67,6 +67,7 @@ TEST_F(ProducerTest, TargetAfterPrefillGetsOneWriteOfEveryLayerWhoseNotification
   EXPECT_EQ(ready[0].token, posts[0].token);
   EXPECT_EQ(ready[0].msg.transfer_id, t);
   EXPECT_EQ(ready[0].msg.token_id, 42);
+  EXPECT_EQ(ready[0].msg.first_token_binding, binding_);  // the request's, with its token
   EXPECT_EQ(ready[0].msg.top_logprobs.size(), 2u);
   const std::vector<BlockId> src = {1, 2, 3};
   EXPECT_EQ(ready[0].msg.kv_digest, KvBlocksDigest(layout_, arena_, src));
@@ -719,6 +720,7 @@ TEST_F(ProducerTest, PinIsAnsweredWithTheLeasedBlocksAndReleaseFreesThem) {
   EXPECT_EQ(pinned[0].msg.block_ids, (std::vector<int32_t>{2, 3}));
   EXPECT_EQ(pinned[0].msg.num_prompt_tokens, 10u);
   EXPECT_EQ(pinned[0].msg.token_id, 42);
+  EXPECT_EQ(pinned[0].msg.first_token_binding, binding_);
   const std::vector<BlockId> leased = {2, 3};
   EXPECT_EQ(pinned[0].msg.kv_digest, KvBlocksDigest(layout_, arena_, leased));
   Advance(milliseconds(900));  // the pin restarted the lease

@@ -449,46 +449,58 @@ TEST(EngineCoreTest, ConnectorHooksAreCalledAndHeldBlocksReleased) {
 }
 
 // An asynchronous load: the request waits without compute, then resumes with the first token
-// from the connector (push); a failed load is recomputed (policy recompute) or fails the request.
-TEST(EngineCoreTest, AsyncKvLoadResumesWithTheConnectorsFirstToken) {
+// from the connector (push); a load of every prompt token that brings no first token (P sampled
+// it under other settings, FirstTokenBinding) has the last prompt token computed here, over the
+// loaded K/V, for its own logits.
+TEST(EngineCoreTest, AsyncKvLoadResumesWithTheConnectorsFirstTokenOrComputesTheLastToken) {
   FakeTokenizer tok;
-  RecordingConnector conn;
-  conn.async_load = true;
-  conn.hold = false;
-  auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
-  const auto prompt = MakePrompt(9, 1);
-  const auto expected = FakeGreedy(prompt, 3, 64);
-  auto ch = std::make_shared<OutputChannel>();
-  core->AddRequest(7, MakeRequest(prompt, 3), ch, NowNs());
-  EXPECT_EQ(core->Step(), 0);  // admitted, waiting for the K/V: nothing computed
-  EXPECT_EQ(core->stats().num_waiting_for_kv, 1);
-  EXPECT_EQ(conn.allocated, 1);
-  EXPECT_TRUE(ch->TakeAll().empty());
-  // Fill the blocks the way P's WRITEs would (the fake model's K/V: token id, position + 1),
-  // then end the load with P's first token (the one P samples).
-  KvCache& kv = core->kv_cache();
-  const int32_t bs = kv.layout().block_size;
-  for (int32_t pos = 0; pos < static_cast<int32_t>(prompt.size()); ++pos) {
-    const BlockId b = conn.blocks[static_cast<size_t>(pos / bs)];
-    for (int32_t layer = 0; layer < kv.layout().num_layers; ++layer) {
-      for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
-        float* slot = kv.chunk_f32(layer, kind, b) + (pos % bs) * 2;
-        slot[0] = static_cast<float>(prompt[static_cast<size_t>(pos)]);
-        slot[1] = static_cast<float>(pos + 1);
+  for (bool with_token : {true, false}) {
+    SCOPED_TRACE(with_token ? "P's first token" : "no first token");
+    RecordingConnector conn;
+    conn.async_load = true;
+    conn.hold = false;
+    auto core = MakeCore(FakeConfig(64, 4, 64), tok, nullptr, &conn);
+    const auto prompt = MakePrompt(9, 1);
+    const auto expected = FakeGreedy(prompt, 3, 64);
+    auto ch = std::make_shared<OutputChannel>();
+    core->AddRequest(7, MakeRequest(prompt, 3), ch, NowNs());
+    EXPECT_EQ(core->Step(), 0);  // admitted, waiting for the K/V: nothing computed
+    EXPECT_EQ(core->stats().num_waiting_for_kv, 1);
+    EXPECT_EQ(conn.allocated, 1);
+    EXPECT_TRUE(ch->TakeAll().empty());
+    // Fill the blocks the way P's WRITEs would (the fake model's K/V: token id, position + 1),
+    // then end the load with P's first token (the one P samples) or without.
+    KvCache& kv = core->kv_cache();
+    const int32_t bs = kv.layout().block_size;
+    for (int32_t pos = 0; pos < static_cast<int32_t>(prompt.size()); ++pos) {
+      const BlockId b = conn.blocks[static_cast<size_t>(pos / bs)];
+      for (int32_t layer = 0; layer < kv.layout().num_layers; ++layer) {
+        for (KvKind kind : {KvKind::kKey, KvKind::kValue}) {
+          float* slot = kv.chunk_f32(layer, kind, b) + (pos % bs) * 2;
+          slot[0] = static_cast<float>(prompt[static_cast<size_t>(pos)]);
+          slot[1] = static_cast<float>(pos + 1);
+        }
       }
     }
+    // Built in place: GCC 12's -Wmaybe-uninitialized (under -fsanitize=address) misreads a copy
+    // of a KvLoadResult whose optional was assigned after construction.
+    if (with_token) {
+      conn.loads.push_back(
+          KvLoadResult{7, Status::Ok(), false, TokenOutput{expected[0], 0.0f, {}}});
+    } else {
+      conn.loads.push_back(KvLoadResult{7, Status::Ok(), false, std::nullopt});
+    }
+    const int64_t computed_before = core->stats().prompt_tokens_computed;
+    Collected got;
+    for (int i = 0; i < 10 && core->HasWork(); ++i) {
+      core->Step();
+      for (const auto& o : ch->TakeAll()) Accumulate(got, o);
+    }
+    EXPECT_EQ(got.tokens, expected);
+    EXPECT_EQ(core->stats().kv_loads, 1);
+    EXPECT_EQ(core->stats().prompt_tokens_computed - computed_before, with_token ? 0 : 1);
+    ExpectNoLeak(*core);
   }
-  // Built in place: GCC 12's -Wmaybe-uninitialized (under -fsanitize=address) misreads a copy of
-  // a KvLoadResult whose optional was assigned after construction.
-  conn.loads.push_back(KvLoadResult{7, Status::Ok(), false, TokenOutput{expected[0], 0.0f, {}}});
-  Collected got;
-  for (int i = 0; i < 10 && core->HasWork(); ++i) {
-    core->Step();
-    for (const auto& o : ch->TakeAll()) Accumulate(got, o);
-  }
-  EXPECT_EQ(got.tokens, expected);
-  EXPECT_EQ(core->stats().kv_loads, 1);
-  ExpectNoLeak(*core);
 }
 
 TEST(EngineCoreTest, FailedAsyncKvLoadIsRecomputedOrFailed) {

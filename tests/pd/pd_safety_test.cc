@@ -4,6 +4,7 @@
 // exactly the colocated tokens; anything else must be an explicit error.
 #include <gtest/gtest.h>
 
+#include <httplib.h>
 #include <signal.h>
 
 #include <random>
@@ -211,6 +212,60 @@ TEST_F(PdSafety, ForgedTransferParamsFailAloneOrAreIgnored) {
   ExpectIdle(d, true, "after forged params");
 }
 
+// Failing input 4 of the hostile-clients issue: a D leg sent straight to D, sampling at
+// temperature 0.8 with a seed, carrying what a greedy P leg produced. P's first token is not this
+// request's: D must not emit it (it used to: 200 with P's greedy token and every later token
+// different from colocated). D takes P's token only under the same FirstTokenBinding; here it
+// computes the last prompt token itself, so the answer is the colocated seeded one. Push and
+// both pull profiles; the greedy D leg (same settings as P) still takes P's token.
+TEST_F(PdSafety, APrefillsFirstTokenIsUsedOnlyUnderTheSamplingThatProducedIt) {
+  Proc *colo = nullptr, *p = nullptr, *d = nullptr;
+  ASSERT_NO_FATAL_FAILURE(StartTrio(&colo, &p, &d));
+  const std::string unbound = "kvpush_kv_transfer_first_tokens_unbound_total";
+  uint32_t seed = 120;
+  for (const char* mode : {"push", "pull-fast", "pull-vllm"}) {
+    for (bool d_seeded : {true, false}) {
+      SCOPED_TRACE(std::string(mode) + (d_seeded ? ", D seeded" : ", D greedy like P"));
+      const Req greedy = Prompt(seed++, 40, 12);  // > one block: the KV really moves
+      Req sampled = greedy;
+      sampled.seeded = d_seeded;
+      sampled.seed = 3;
+      const Res ref = Send(colo->host, colo->port, sampled);
+      ASSERT_EQ(ref.status, 200) << ref.raw;
+      const double unbound0 = Metric(d->host, d->port, unbound);
+      const std::string tid = NewTransferId();
+      json d_leg = sampled.Body();
+      Res got;
+      if (std::string(mode) == "push") {
+        d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
+                                       {"transfer_mode", "push"},   {"transfer_id", tid},
+                                       {"remote_host", p->host},    {"remote_port", p->port}};
+        std::thread p_leg([&] {
+          Res pr = PostRaw(p->host, p->port, PLegBody(greedy, "push", tid));
+          EXPECT_EQ(pr.status, 200) << pr.raw;
+        });
+        got = PostRaw(d->host, d->port, d_leg);
+        p_leg.join();
+      } else {
+        json kv = PullParams(p, greedy);
+        kv["pull_profile"] = std::string(mode) == "pull-fast" ? "fast" : "vllm";
+        d_leg["kv_transfer_params"] = kv;
+        got = PostRaw(d->host, d->port, d_leg);
+      }
+      ASSERT_EQ(got.status, 200) << got.raw;
+      EXPECT_EQ(got.ids, ref.ids) << "tokens differ from colocated\n  colocated: "
+                                  << IdsToString(ref.ids) << "\n  P/D:       "
+                                  << IdsToString(got.ids);
+      // pull-vllm never takes P's token; the others decline it exactly when D samples otherwise.
+      const bool declined = d_seeded && std::string(mode) != "pull-vllm";
+      EXPECT_EQ(Metric(d->host, d->port, unbound) - unbound0, declined ? 1 : 0);
+    }
+  }
+  EXPECT_EQ(Metric(d->host, d->port, kMismatches), 0);
+  ExpectIdle(p, true, "after the rebound first tokens");
+  ExpectIdle(d, true, "after the rebound first tokens");
+}
+
 // A 200 must carry the colocated body, logprobs included: pull-fast appends P's first token
 // (PINNED carries its top logprobs), push takes it from KV_READY, pull-vllm recomputes it.
 TEST_F(PdSafety, FirstTokenLogprobsMatchColocatedInEveryMode) {
@@ -281,6 +336,79 @@ TEST_F(PdSafety, AHungHandshakeHoldsUpOnlyItsOwnPeer) {
   EXPECT_LT(secs, 2.0) << "the healthy P's request waited behind the hung handshake";
   EXPECT_NE(stuck.status, 200) << "a request naming a hung P cannot have its KV";
   EXPECT_FALSE(stuck.error.empty());
+}
+
+// Failing input 1 of the hostile-clients issue: D legs naming a P that was stopped before any
+// handshake used to wait in line, one handshake timeout each (3, 6, 9, 12 s here; 10..40 s with
+// the default watchdog). Now they share one handshake and are all answered 502 within one
+// timeout; a leg after that gets the failure at once while D probes P in the background; a leg
+// whose transfer the router aborts stops waiting at once (409 transfer_aborted).
+TEST_F(PdSafety, LegsNamingAStoppedPrefillShareOneHandshakeAndNeverQueue) {
+  const std::string model = ModelOrGenerated();
+  ASSERT_FALSE(model.empty());
+  const std::string cfg = KvCfg("ucx:tcp");
+  Proc* stopped = Serve("prefill-stopped", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* stopped2 = Serve("prefill-stopped-2", Args(model, "prefill", Port(), cfg, 1024));
+  Proc* d = Serve("decode", Args(model, "decode", Port(), KvCfg("ucx:tcp", {{"watchdog_ms", 3000}}),
+                              1024));
+  ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({stopped, stopped2, d}));
+  for (Proc* p : {stopped, stopped2}) ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
+  struct Resume {
+    std::vector<pid_t> pids;
+    ~Resume() {
+      for (pid_t p : pids) ::kill(p, SIGCONT);
+    }
+  } resume{{stopped->child.pid(), stopped2->child.pid()}};
+  const Req req = Prompt(95, 40, 4);
+  auto leg = [&](Proc* prefill, const std::string& tid) {
+    return json{{"kv_transfer_params",
+                 {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", tid},
+                  {"remote_host", prefill->host}, {"remote_port", prefill->port}}}};
+  };
+  std::vector<Res> got(4);
+  std::vector<double> secs(4);
+  std::vector<std::thread> legs;
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < got.size(); ++i) {
+    legs.emplace_back([&, i] {
+      json extra = leg(stopped, NewTransferId());
+      got[i] = Send(d->host, d->port, req, {}, &extra, 60.0);
+      secs[i] = SecondsSince(t0);
+    });
+  }
+  for (auto& t : legs) t.join();
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("leg " + std::to_string(i));
+    EXPECT_EQ(got[i].status, 502) << got[i].raw << got[i].error;
+    EXPECT_NE(got[i].raw.find("kv_peer_unavailable"), std::string::npos) << got[i].raw;
+    // One handshake timeout (3 s read + 2 s connect at most) for all, not one each.
+    EXPECT_LT(secs[i], 5.5) << "the legs waited in line";
+  }
+  {
+    json extra = leg(stopped, NewTransferId());
+    const auto t1 = Clock::now();
+    Res again = Send(d->host, d->port, req, {}, &extra, 60.0);
+    EXPECT_EQ(again.status, 502) << again.raw;
+    EXPECT_NE(again.raw.find("retried in the background"), std::string::npos) << again.raw;
+    EXPECT_LT(SecondsSince(t1), 1.0) << "a known failure was not answered at once";
+  }
+  {
+    const std::string tid = NewTransferId();
+    Res aborted;
+    std::thread t([&] {
+      json extra = leg(stopped2, tid);
+      aborted = Send(d->host, d->port, req, {}, &extra, 60.0);
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its handshake is under way
+    const auto t1 = Clock::now();
+    httplib::Client cli(d->host, d->port);
+    auto ab = cli.Post("/kv/abort", json{{"transfer_id", tid}}.dump(), "application/json");
+    ASSERT_TRUE(ab) << httplib::to_string(ab.error());
+    EXPECT_EQ(ab->status, 200) << ab->body;
+    t.join();
+    EXPECT_EQ(aborted.status, 409) << aborted.raw << aborted.error;
+    EXPECT_LT(SecondsSince(t1), 1.5) << "an aborted leg kept waiting for its handshake";
+  }
 }
 
 /// One randomized round: its instance settings and requests.

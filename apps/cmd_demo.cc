@@ -45,8 +45,8 @@ struct DemoOptions {
 };
 
 // Every prompt is longer than one KV block (16 tokens) so that every P/D request moves KV in every
-// mode: in pull a prompt within one block is the decode instance's to compute (vLLM's rule), so
-// it would measure no handoff there (push moves it: pd_protocol.md, NOT_NEEDED).
+// mode: a prompt within one block is the decode instance's to compute (vLLM's rule, push and
+// pull alike: pd_protocol.md, NOT_NEEDED), so it would measure no handoff.
 const std::vector<std::string>& DemoPrompts() {
   static const std::vector<std::string> prompts = {
       "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
@@ -454,7 +454,8 @@ int RunDemo(const DemoOptions& opt) {
   }
   std::printf("Prompt lengths (tokens):");
   for (int64_t n : session.prompt_tokens()) std::printf(" %lld", static_cast<long long>(n));
-  std::printf("  (all > 16: every P/D request moves KV, in pull too)\n");
+  std::printf("  (all > 16: every P/D request moves KV; one of <= 16 tokens, within one KV block,\n"
+              "   is computed by the decode instance itself in every mode)\n");
   std::printf(
       "Measured: %d round(s) x %zu prompts per mode after a warm-up round, modes "
       "interleaved in rotating order, one request at a time.\n",

@@ -73,16 +73,13 @@ int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
   const int32_t n = num_prompt_tokens;
   const int32_t local = num_local_computed;
   // Every whole block before the last token is cached: computing the short tail here is cheaper
-  // than a transfer (push: the connector tells P it need not send anything).
+  // than a transfer (push: the connector tells P it need not send anything). A prompt within one
+  // block is such a hit in push too: with both cores busy, D computing 8-16 tokens itself beat
+  // P's prefill plus one WRITE by ~1 ms of median TTFT, and on a quiet machine they were even
+  // (docs/benchmarks/pd.md, "Push never loses").
   const bool full_hit = local >= (n - 1) / block_size * block_size;
-  if (p.mode == Mode::kPush) {
-    // Push moves every block P computed, the partial last one and the first token included, so
-    // D computes nothing. Only a prefix D holds already makes the rest its own: a prompt within
-    // one block with nothing cached is P's, as any other (D computing it too did the prefill
-    // twice, and on D's engine thread, the one P/D keeps free for decoding).
-    return full_hit && local > 0 ? 0 : n - local;
-  }
   if (full_hit) return 0;
+  if (p.mode == Mode::kPush) return n - local;
   const bool take_first = profile == PullProfile::kFast && p.first_token_id >= 0;
   const int32_t external = take_first ? n - local : n - 1 - local;
   return external > 0 ? external : 0;

@@ -36,9 +36,8 @@ Status CheckLegRole(const KvTransferParams& p, const InstanceFacts& instance);
 /// `num_local_computed` of the `num_prompt_tokens`: every uncached token in push and in the fast
 /// pull profile when P's first token is given; all but the last in the vllm profile (D computes
 /// the last token to sample the first output, as vLLM does). 0 (compute locally, take nothing)
-/// when the prefix cache holds every whole block before the last token (push: and at least one
-/// block, so a prompt within one block is still P's), or for a role other than kConsumer.
-/// `profile` is the request's pull profile resolved against the instance default.
+/// when the prefix cache holds every whole block before the last token, or for a role other than
+/// kConsumer. `profile` is the request's pull profile resolved against the instance default.
 int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
                            int32_t num_prompt_tokens, int32_t num_local_computed,
                            int32_t block_size);

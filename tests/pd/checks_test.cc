@@ -107,14 +107,14 @@ TEST(TokensFromProducer, PushTakesEveryUncachedTokenPullVllmAllButTheLast) {
       {Mode::kPush, PullProfile::kFast, -1, 40, 0, 40},
       {Mode::kPush, PullProfile::kFast, -1, 40, 16, 24},
       {Mode::kPush, PullProfile::kFast, -1, 40, 32, 0},  // (40 - 1) / 16 * 16 = 32: full hit
-      // within one block, nothing cached: P's prefill and one WRITE, not D's own prefill too
-      {Mode::kPush, PullProfile::kFast, -1, 16, 0, 16},
-      {Mode::kPush, PullProfile::kFast, -1, 5, 0, 5},
+      // A prompt within one block is D's to compute in both modes (measured: under CPU
+      // contention D's own 8-token prefill beats P's prefill plus one WRITE by ~1 ms)
+      {Mode::kPush, PullProfile::kFast, -1, 16, 0, 0},  // (16 - 1) / 16 * 16 = 0: full hit
+      {Mode::kPush, PullProfile::kFast, -1, 5, 0, 0},
       {Mode::kPush, PullProfile::kFast, -1, 17, 0, 17},
       {Mode::kPush, PullProfile::kFast, -1, 17, 16, 0},  // (17 - 1) / 16 * 16 = 16: full hit
       {Mode::kPush, PullProfile::kFast, -1, 32, 16, 0},  // 31 / 16 * 16 = 16: full hit
       {Mode::kPush, PullProfile::kFast, -1, 33, 16, 17},
-      // pull keeps vLLM's rule: a prompt within one block is D's to compute
       {Mode::kPull, PullProfile::kVllm, 5, 16, 0, 0},
       {Mode::kPull, PullProfile::kFast, 5, 16, 0, 0},
       // fast pull with P's first token: like push; without it, all but the last token

@@ -159,7 +159,7 @@ bool EagerFrames(const std::filesystem::path& out) {
   const std::vector<xfer::EagerRange> ranges = {{0, 1, 4096, 3}, {0, 1, 65536, 2}};
   std::vector<uint8_t> w;
   xfer::BeginEagerWrite("prefill-0", 0x1234, 0x5678, 7, ranges, 2, &w);
-  for (uint8_t b : {1, 2, 3, 4, 5, 'o', 'k'}) w.push_back(b);
+  for (uint8_t b : {1, 2, 3, 4, 5, 0x6f, 0x6b}) w.push_back(b);  // data, then "ok"
   std::vector<uint8_t> in{0};
   in.insert(in.end(), w.begin(), w.end());
   if (!dir.Write(in)) return false;

@@ -67,6 +67,14 @@ def mismatches(doc):
     return n, bad
 
 
+def run_entry(doc):
+    """What the report keeps of one run's raw document (pd_timeline --raw, with the load
+    averages this script adds)."""
+    return {"loadavg_before": doc.get("loadavg_before"), "loadavg_after": doc.get("loadavg_after"),
+            "answers": mismatches(doc), "summaries": doc["summaries"],
+            "h": {str(r["length"]): h_values(r) for r in doc["raw"]}}
+
+
 def h_values(raw_len):
     """{mode: [H ms]} of one length's raw requests (pd_timeline --raw)."""
     rs = raw_len["requests"]
@@ -114,11 +122,7 @@ def main():
                         doc = json.load(f)
                     print(f"[{load} {backend} run {k + 1}/{args.runs}] reused {raw_path}",
                           flush=True)
-                    runs.append({"loadavg_before": doc.get("loadavg_before"),
-                                 "loadavg_after": doc.get("loadavg_after"),
-                                 "answers": mismatches(doc),
-                                 "summaries": doc["summaries"],
-                                 "h": {str(r["length"]): h_values(r) for r in doc["raw"]}})
+                    runs.append(run_entry(doc))
                     continue
                 hogs = hog(os.cpu_count() or 2) if load == "busy" else []
                 try:
@@ -138,10 +142,7 @@ def main():
                         h.kill()
                 print(f"[{load} {backend} run {k + 1}/{args.runs}] {time.time() - t0:.0f} s, "
                       f"load average before {la0[0]:.2f} after {la1[0]:.2f}", flush=True)
-                runs.append({"loadavg_before": la0, "loadavg_after": la1,
-                             "answers": mismatches(doc),
-                             "summaries": doc["summaries"],
-                             "h": {str(r["length"]): h_values(r) for r in doc["raw"]}})
+                runs.append(run_entry(doc))
             results[f"{load} {backend}"] = runs
             report(load, backend, runs, lengths)
             md.append(markdown(load, backend, runs, lengths))

@@ -419,12 +419,9 @@ void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
     return;
   }
   Mark(c.timeline, HandoffPhase::kVerified);
-  if (!TokenIsBound(c, m)) {
-    CompleteConsumer(c, Status::Ok(), std::nullopt);
-    return;
-  }
-  TokenOutput t{m.token_id, m.logprob, std::move(m.top_logprobs)};
-  CompleteConsumer(c, Status::Ok(), std::move(t));
+  std::optional<TokenOutput> token;
+  if (TokenIsBound(c, m)) token = TokenOutput{m.token_id, m.logprob, std::move(m.top_logprobs)};
+  CompleteConsumer(c, Status::Ok(), std::move(token));
 }
 
 bool TransferCore::TokenIsBound(const Consumer& c, const PdMessage& m) {

@@ -220,12 +220,10 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
     const std::string tid = kv.transfer_id;
     auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port,
                                  [&context, tid] { return context.transfers.IsAborted(tid); });
-    if (!peer.ok() && peer.status().code() == StatusCode::kAborted) {
-      return TransferAborted(kv.transfer_id);
-    }
+    if (!peer.ok() && peer.status().code() == StatusCode::kAborted) return TransferAborted(tid);
     if (!peer.ok()) {
       const std::string endpoint = kv.remote_host + ":" + std::to_string(kv.remote_port);
-      spdlog::warn("request {}: 502 kv_peer_unavailable: prefill instance {}: {}", tid, endpoint,
+      spdlog::warn("transfer {}: 502 kv_peer_unavailable: prefill instance {}: {}", tid, endpoint,
                    peer.status().ToString());
       return http::ApiError{502, "prefill instance " + endpoint + ": " + peer.status().message(),
                             "server_error", "kv_transfer_params", "kv_peer_unavailable"};

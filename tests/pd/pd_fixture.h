@@ -63,6 +63,17 @@ inline json PLegBody(const Req& r, const std::string& mode, const std::string& t
   return b;
 }
 
+/// The extra body of a push D leg for transfer `tid`, naming `p` as the prefill instance.
+inline json PushDExtra(const std::string& tid, const Proc& p) {
+  return {{"kv_transfer_params",
+           {{"do_remote_prefill", true},
+            {"do_remote_decode", false},
+            {"transfer_mode", "push"},
+            {"transfer_id", tid},
+            {"remote_host", p.host},
+            {"remote_port", p.port}}}};
+}
+
 class PdFixture : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -38,16 +38,6 @@ std::pair<int, std::string> PostTo(const Proc& p, const std::string& path,
   return {r->status, r->body};
 }
 
-/// The push D leg of `r` for transfer `tid`, naming `p` as the prefill instance.
-json PushDExtra(const std::string& tid, const Proc& p) {
-  return {{"kv_transfer_params",
-           {{"do_remote_prefill", true},
-            {"do_remote_decode", false},
-            {"transfer_mode", "push"},
-            {"transfer_id", tid},
-            {"remote_host", p.host},
-            {"remote_port", p.port}}}};
-}
 
 /// Seconds one GET /health on `p` takes; -1 when it fails.
 double HealthSeconds(const Proc& p) {

@@ -237,9 +237,7 @@ TEST_F(PdSafety, APrefillsFirstTokenIsUsedOnlyUnderTheSamplingThatProducedIt) {
       json d_leg = sampled.Body();
       Res got;
       if (std::string(mode) == "push") {
-        d_leg["kv_transfer_params"] = {{"do_remote_prefill", true}, {"do_remote_decode", false},
-                                       {"transfer_mode", "push"},   {"transfer_id", tid},
-                                       {"remote_host", p->host},    {"remote_port", p->port}};
+        d_leg["kv_transfer_params"] = PushDExtra(tid, *p)["kv_transfer_params"];
         std::thread p_leg([&] {
           Res pr = PostRaw(p->host, p->port, PLegBody(greedy, "push", tid));
           EXPECT_EQ(pr.status, 200) << pr.raw;
@@ -311,21 +309,16 @@ TEST_F(PdSafety, AHungHandshakeHoldsUpOnlyItsOwnPeer) {
   } resume{hung->child.pid()};
   const Req req = Prompt(90, 40, 4);
   const Res ref = Send(colo->host, colo->port, req);
-  auto push_leg = [&](Proc* prefill, const std::string& tid) {
-    return json{{"kv_transfer_params",
-                 {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", tid},
-                  {"remote_host", prefill->host}, {"remote_port", prefill->port}}}};
-  };
   Res stuck;
   std::thread t([&] {
-    json extra = push_leg(hung, NewTransferId());
+    json extra = PushDExtra(NewTransferId(), *hung);
     stuck = Send(d->host, d->port, req, {}, &extra, 30.0);
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its handshake is under way
   const std::string tid = NewTransferId();
   json p_body = PLegBody(req, "push", tid);
   std::thread p_leg([&] { (void)PostRaw(p->host, p->port, p_body); });
-  json extra = push_leg(p, tid);
+  json extra = PushDExtra(tid, *p);
   const auto t0 = Clock::now();
   Res ok = Send(d->host, d->port, req, {}, &extra, 30.0);
   const double secs = SecondsSince(t0);
@@ -360,18 +353,13 @@ TEST_F(PdSafety, LegsNamingAStoppedPrefillShareOneHandshakeAndNeverQueue) {
     }
   } resume{{stopped->child.pid(), stopped2->child.pid()}};
   const Req req = Prompt(95, 40, 4);
-  auto leg = [&](Proc* prefill, const std::string& tid) {
-    return json{{"kv_transfer_params",
-                 {{"do_remote_prefill", true}, {"transfer_mode", "push"}, {"transfer_id", tid},
-                  {"remote_host", prefill->host}, {"remote_port", prefill->port}}}};
-  };
   std::vector<Res> got(4);
   std::vector<double> secs(4);
   std::vector<std::thread> legs;
   const auto t0 = Clock::now();
   for (size_t i = 0; i < got.size(); ++i) {
     legs.emplace_back([&, i] {
-      json extra = leg(stopped, NewTransferId());
+      json extra = PushDExtra(NewTransferId(), *stopped);
       got[i] = Send(d->host, d->port, req, {}, &extra, 60.0);
       secs[i] = SecondsSince(t0);
     });
@@ -385,7 +373,7 @@ TEST_F(PdSafety, LegsNamingAStoppedPrefillShareOneHandshakeAndNeverQueue) {
     EXPECT_LT(secs[i], 5.5) << "the legs waited in line";
   }
   {
-    json extra = leg(stopped, NewTransferId());
+    json extra = PushDExtra(NewTransferId(), *stopped);
     const auto t1 = Clock::now();
     Res again = Send(d->host, d->port, req, {}, &extra, 60.0);
     EXPECT_EQ(again.status, 502) << again.raw;
@@ -396,7 +384,7 @@ TEST_F(PdSafety, LegsNamingAStoppedPrefillShareOneHandshakeAndNeverQueue) {
     const std::string tid = NewTransferId();
     Res aborted;
     std::thread t([&] {
-      json extra = leg(stopped2, tid);
+      json extra = PushDExtra(tid, *stopped2);
       aborted = Send(d->host, d->port, req, {}, &extra, 60.0);
     });
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // its handshake is under way

@@ -49,7 +49,11 @@ int64_t HandshakeFlights::attempts() const {
 Result<std::string> HandshakeFlights::Answer(const std::string& key, const Flight& f,
                                              bool at_once) {
   if (f.failure.ok()) return f.engine_id;
-  if (!at_once) return f.failure;
+  if (!at_once) {
+    // The flight thread starts its probe under the lock it woke us with, so a waiter sees it.
+    if (!f.probing) return f.failure;
+    return Status(f.failure.code(), f.failure.message() + " (retried in the background)");
+  }
   return Status(f.failure.code(), f.failure.message() + " (handshake with " + key + " failed " +
                                       std::to_string(MsSince(f.failed_at)) +
                                       " ms ago; retried in the background)");

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "apps/build_info.h"
 #include "apps/commands.h"
 #include "apps/router_tokenizer.h"
 #include "common/log.h"
@@ -31,6 +32,7 @@ struct RouterCliOptions {
   std::string routing = "least-outstanding";
   std::string log_level = "info";
   double drain_timeout_s = 30.0;
+  bool instance_api_key_given = false;  ///< else the instances get --api-key
 };
 
 int RunRouter(RouterCliOptions o) {
@@ -40,6 +42,8 @@ int RunRouter(RouterCliOptions o) {
   }
   o.router.mode = o.mode == "pull" ? router::TransferMode::kPull : router::TransferMode::kPush;
   o.router.routing = *router::ParseRoutingPolicy(o.routing);  // CLI11 checked the value
+  o.router.build = ThisBuild();
+  if (!o.instance_api_key_given) o.router.instance_api_key = o.router.api_key;
   if (!o.router.tokenizer_path.empty()) {
     auto tok = LoadRouterTokenizer(o.router.tokenizer_path);
     if (!tok.ok()) {
@@ -154,9 +158,20 @@ void RegisterRouterCommand(CLI::App& app) {
   cmd->add_option("--request-timeout-s", opts->router.request_timeout_s,
                   "Read/write timeout of each leg to an instance")
       ->capture_default_str();
+  cmd->add_option("--api-key", opts->router.api_key,
+                  "Require `Authorization: Bearer KEY` from clients on every path but /health, "
+                  "/version and /metrics (default: $VLLM_API_KEY)")
+      ->envname("VLLM_API_KEY");
+  cmd->add_option("--instance-api-key", opts->router.instance_api_key,
+                  "The Bearer token of the router's calls to the instances (their --api-key; "
+                  "default: --api-key)");
+  cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}",
+                opts->router.log_requests,
+                "Turn the access log (one line per request at info) off or on (default: on)");
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
-  cmd->callback([opts] {
+  cmd->callback([opts, cmd] {
+    opts->instance_api_key_given = cmd->count("--instance-api-key") > 0;
     int rc = RunRouter(*opts);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -16,6 +16,9 @@
 
 #include "apps/commands.h"
 #include "apps/serve_discovery.h"
+#include "apps/serve_options.h"
+#include "apps/serve_vllm_flags.h"
+#include "apps/build_info.h"
 #include "connector/handshake.h"
 #include "common/log.h"
 #include "connector/pd_connector.h"
@@ -35,30 +38,6 @@ extern "C" void OnStopSignal(int) {
   g_stop_signals.fetch_add(1);
 }
 
-struct ServeOptions {
-  std::string model;
-  std::string tokenizer;
-  std::string role = "both";
-  std::string host = "127.0.0.1";
-  std::string advertise_host;
-  std::string kv_transfer_config;
-  std::string kv_auth_key_file;
-  std::string xfer_fault_plan;
-  int port = 8000;
-  std::string served_model_name;
-  std::string log_level = "info";
-  int blas_threads = 1;
-  EngineConfig engine;
-  bool no_prefix_caching = false;
-  bool enable_prompt_tokens_details = false;
-  std::string chat_template_format = "auto";
-  std::string executor = "llama";
-  std::string sim_model = "qwen3-32b";
-  std::string sim_hw = "h200";
-  SimOptions sim;
-  double drain_timeout_s = 30.0;
-  ServeDiscoveryFlags discovery;
-};
 
 /// The graceful drain after the first SIGTERM/SIGINT (docs/server.md, "Graceful drain"):
 /// `pre_drain` callbacks in order (leave discovery first, so routers stop choosing this
@@ -141,12 +120,39 @@ ChatTemplate ResolveChatTemplate(std::optional<ChatTemplateFormat> forced,
   return d.chat_template;
 }
 
-int RunServe(const ServeOptions& o) {
+/// The instance's role: --role when given, else the --kv-transfer-config's kv_role (vLLM sets the
+/// role there); "both" without either.
+std::string RoleOf(connector::KvRole r) {
+  switch (r) {
+    case connector::KvRole::kProducer:
+      return "prefill";
+    case connector::KvRole::kConsumer:
+      return "decode";
+    case connector::KvRole::kBoth:
+      break;
+  }
+  return "both";
+}
+
+int RunServe(ServeOptions o) {
   if (Status s = InitLogging(o.log_level); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
     return 2;
   }
-  const bool pd = o.role != "both" || !o.kv_transfer_config.empty();
+  if (Status s = ResolveServeModelPath(o); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
+    return 2;
+  }
+  std::optional<ChatTemplate> flag_template;
+  if (!o.chat_template.empty()) {
+    auto t = LoadChatTemplateFlag(o.chat_template);
+    if (!t.ok()) {
+      std::fprintf(stderr, "kvpush serve: %s\n", t.status().message().c_str());
+      return 2;
+    }
+    flag_template = *t;
+  }
+  const bool pd = (o.role_given && o.role != "both") || !o.kv_transfer_config.empty();
   if (!pd && !o.kv_auth_key_file.empty()) {
     std::fprintf(stderr,
                  "kvpush serve: --kv-auth-key-file needs P/D serving (--role prefill|decode or "
@@ -155,12 +161,14 @@ int RunServe(const ServeOptions& o) {
   }
   connector::KvTransferConfig kc;
   if (pd) {
-    auto parsed = connector::KvTransferConfig::Parse(o.kv_transfer_config, o.role);
+    auto parsed =
+        connector::KvTransferConfig::Parse(o.kv_transfer_config, o.role_given ? o.role : "");
     if (!parsed.ok()) {
       std::fprintf(stderr, "kvpush serve: %s\n", parsed.status().message().c_str());
       return 2;
     }
     kc = *parsed;
+    o.role = RoleOf(kc.role);
   }
   if (!o.xfer_fault_plan.empty()) {
     auto plan = xfer::ParseFaultPlan(o.xfer_fault_plan);
@@ -182,7 +190,7 @@ int RunServe(const ServeOptions& o) {
     return 2;
   }
   EngineConfig ec = o.engine;
-  ec.enable_prefix_caching = !o.no_prefix_caching;
+  ec.enable_prefix_caching = o.enable_prefix_caching;
   if (Status s = ec.Validate(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
@@ -215,6 +223,7 @@ int RunServe(const ServeOptions& o) {
                                                                    : o.host;
     co.advertise_port = o.port;
     co.auth_key_file = o.kv_auth_key_file;
+    co.api_key = o.api_key;
     auto c = connector::PdConnector::Create(co);
     if (!c.ok()) {
       std::fprintf(stderr, "kvpush serve: KV connector: %s\n", c.status().ToString().c_str());
@@ -233,11 +242,20 @@ int RunServe(const ServeOptions& o) {
   so.port = o.port;
   so.connector = conn.get();
   so.enable_prompt_tokens_details = o.enable_prompt_tokens_details;
-  so.chat_template = ResolveChatTemplate(*ParseChatTemplateFormat(o.chat_template_format),
-                                         model.chat_template);
-  so.served_model_name = !o.served_model_name.empty() ? o.served_model_name
-                          : o.executor == "sim"         ? o.sim_model
-                                                        : std::filesystem::path(o.model).filename().string();
+  so.chat_template =
+      flag_template ? *flag_template
+                    : ResolveChatTemplate(*ParseChatTemplateFormat(o.chat_template_format),
+                                          model.chat_template);
+  so.served_model_name = !o.served_model_names.empty() ? o.served_model_names[0]
+                          : o.executor == "sim"          ? o.sim_model
+                                                         : std::filesystem::path(o.model).filename().string();
+  if (o.served_model_names.size() > 1) {
+    so.served_model_aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
+  }
+  so.api_key = o.api_key;
+  so.build = ThisBuild();
+  so.seed = o.seed;
+  so.log_requests = o.log_requests;
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
       "role={} served_model_name={} host={} port={} chat_template={} {}",
@@ -332,13 +350,14 @@ void RegisterServeCommand(CLI::App& app) {
                   "Address peers use to reach this instance (default: --host)");
   cmd->add_option("--host", opts->host, "Address to bind")->capture_default_str();
   cmd->add_option("--port", opts->port, "Port to bind (0 = any free port)")->capture_default_str();
-  cmd->add_option("--served-model-name", opts->served_model_name,
-                  "Model name in the API (default: the model file name)");
+  cmd->add_option("--served-model-name", opts->served_model_names,
+                  "Model name(s) in the API (default: the model file name): responses carry the "
+                  "first, requests may name any");
   cmd->add_option("--block-size", opts->engine.block_size, "Tokens per KV block")
       ->capture_default_str();
   cmd->add_option("--num-kv-blocks,--num-gpu-blocks-override", opts->engine.num_kv_blocks,
                   "KV blocks in the pool (overrides --kv-cache-memory)");
-  cmd->add_option("--kv-cache-memory", opts->engine.kv_cache_memory_bytes,
+  cmd->add_option("--kv-cache-memory,--kv-cache-memory-bytes", opts->engine.kv_cache_memory_bytes,
                   "KV arena bytes when --num-kv-blocks is not given")
       ->capture_default_str();
   cmd->add_option("--max-num-seqs", opts->engine.max_num_seqs, "Max running requests per step")
@@ -348,7 +367,8 @@ void RegisterServeCommand(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--max-model-len", opts->engine.max_model_len,
                   "Max prompt + output tokens (default: the model's context length)");
-  cmd->add_flag("--no-enable-prefix-caching", opts->no_prefix_caching, "Disable the prefix cache");
+  cmd->add_flag("--enable-prefix-caching{true},--no-enable-prefix-caching{false}",
+                opts->enable_prefix_caching, "Enable (default) or disable the prefix cache");
   cmd->add_flag("--enable-prompt-tokens-details", opts->enable_prompt_tokens_details,
                 "Add usage.prompt_tokens_details.cached_tokens (this instance's prefix-cache "
                 "hit; never KV that came from a peer) to responses, as vLLM does");
@@ -383,7 +403,9 @@ void RegisterServeCommand(CLI::App& app) {
   AddServeDiscoveryFlags(cmd, &opts->discovery);
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
-  cmd->callback([opts] {
+  AddVllmServeFlags(cmd, opts.get());
+  cmd->callback([opts, cmd] {
+    opts->role_given = cmd->count("--role") > 0;
     int rc = RunServe(*opts);
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

@@ -9,7 +9,7 @@ PACKAGES=(
   clang clang-tidy clang-format libclang-rt-14-dev
   libucx-dev ucx-utils libfabric-dev libfabric-bin
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev
-  libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
+  libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
   iproute2 procps curl python3 python3-numpy
   etcd-server
 )

@@ -1,5 +1,6 @@
 #include "connector/kv_transfer_config.h"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "xfer/backend_factory.h"
@@ -48,6 +49,68 @@ Result<uint64_t> Bytes(const nlohmann::json& j, const char* key, int max_log2, u
   return v.get<uint64_t>();
 }
 
+/// vLLM's NIXL backend names (kv_connector_extra_config.backends) as kvpush backends.
+Result<std::string> BackendFromVllm(const nlohmann::json& backends) {
+  if (!backends.is_array() || backends.size() != 1 || !backends[0].is_string()) {
+    return InvalidArgument(
+        "kv_connector_extra_config.backends must be a list of one name, [\"UCX\"] or "
+        "[\"LIBFABRIC\"] (kvpush runs one transport per instance; \"backend\" names it "
+        "exactly: ucx:tcp, ucx:shm, libfabric:tcp, libfabric:shm)");
+  }
+  const std::string name = backends[0].get<std::string>();
+  if (name == "UCX") return std::string("ucx:tcp");
+  if (name == "LIBFABRIC") return std::string("libfabric:tcp");
+  return InvalidArgument("kv_connector_extra_config.backends: '" + name +
+                         "' is not a backend kvpush has (UCX, LIBFABRIC)");
+}
+
+/// vLLM's spellings of kvpush settings (docs/configuration.md, "vLLM's keys"): the top-level
+/// kv_load_failure_policy, and kv_connector_extra_config.backends and .kv_lease_duration
+/// (seconds). One given beside kvpush's own key for the same setting must agree with it.
+Status ApplyVllmSynonyms(const nlohmann::json& top, const nlohmann::json& extra,
+                         KvTransferConfig& c) {
+  if (top.contains("kv_load_failure_policy")) {
+    const auto& v = top["kv_load_failure_policy"];
+    FailurePolicy p;
+    if (v == "recompute") {
+      p = FailurePolicy::kRecompute;
+    } else if (v == "fail") {
+      p = FailurePolicy::kFail;
+    } else {
+      return InvalidArgument("kv_load_failure_policy must be \"recompute\" or \"fail\"");
+    }
+    if (extra.contains("failure_policy") && p != c.failure_policy) {
+      return InvalidArgument(
+          "kv_load_failure_policy contradicts kv_connector_extra_config.failure_policy");
+    }
+    c.failure_policy = p;
+  }
+  if (extra.contains("backends")) {
+    KVP_ASSIGN_OR_RETURN(std::string b, BackendFromVllm(extra["backends"]));
+    const bool same_transport = c.backend.rfind(b.substr(0, b.find(':')), 0) == 0;
+    if (extra.contains("backend") && !same_transport) {
+      return InvalidArgument("kv_connector_extra_config.backends contradicts backend '" +
+                             c.backend + "'");
+    }
+    if (!extra.contains("backend")) c.backend = b;
+  }
+  if (extra.contains("kv_lease_duration")) {
+    const auto& v = extra["kv_lease_duration"];
+    const double s = v.is_number() ? v.get<double>() : -1;
+    if (!(s >= 0.1 && s <= 3600)) {
+      return InvalidArgument(
+          "kv_connector_extra_config.kv_lease_duration must be a number of seconds in [0.1, "
+          "3600]");
+    }
+    const auto lease = std::chrono::milliseconds(std::llround(s * 1000));
+    if (extra.contains("lease_ms") && lease != c.lease) {
+      return InvalidArgument("kv_connector_extra_config.kv_lease_duration contradicts lease_ms");
+    }
+    c.lease = lease;
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::string_view role) {
@@ -56,7 +119,7 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     c.role = KvRole::kProducer;
   } else if (role == "decode") {
     c.role = KvRole::kConsumer;
-  } else if (role == "both") {
+  } else if (role == "both" || role.empty()) {
     c.role = KvRole::kBoth;
   } else {
     return InvalidArgument("--role must be prefill, decode or both");
@@ -70,20 +133,22 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
   }
   for (const auto& [k, v] : j.items()) {
     if (k != "kv_connector" && k != "kv_role" && k != "kv_connector_extra_config" &&
-        k != "kv_buffer_device" && k != "engine_id") {
+        k != "kv_buffer_device" && k != "engine_id" && k != "kv_load_failure_policy") {
       return InvalidArgument("--kv-transfer-config: unknown field '" + k + "'");
     }
   }
   if (j.contains("kv_connector")) {
     if (!j["kv_connector"].is_string()) return InvalidArgument("kv_connector must be a string");
     const std::string name = j["kv_connector"].get<std::string>();
-    if (name == "PushConnector" || name == "KvpushPushConnector") {
+    if (name == "PushConnector" || name == "KvpushPushConnector" || name == "NixlPushConnector") {
       c.kv_connector = "PushConnector";
-    } else if (name == "PullConnector" || name == "NixlConnector") {
+    } else if (name == "PullConnector" || name == "NixlConnector" ||
+               name == "NixlPullConnector") {
       c.kv_connector = "PullConnector";
     } else {
       return InvalidArgument("kv_connector '" + name +
-                             "' is not supported (PushConnector, PullConnector, NixlConnector)");
+                             "' is not supported (PushConnector or NixlPushConnector: push; "
+                             "PullConnector, NixlConnector or NixlPullConnector: pull)");
     }
   }
   if (j.contains("kv_role")) {
@@ -100,7 +165,7 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       return InvalidArgument("kv_role must be kv_producer, kv_consumer or kv_both, got '" + r +
                              "'");
     }
-    if (role != "both" && jr != c.role) {
+    if (role != "both" && !role.empty() && jr != c.role) {
       return InvalidArgument("kv_role '" + r + "' contradicts --role " + std::string(role));
     }
     c.role = jr;
@@ -125,7 +190,9 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
                                      "verify_checksums",
                                      "layerwise_min_bytes",
                                      "block_list_part_bytes",
-                                     "eager_write_max_bytes"};
+                                     "eager_write_max_bytes",
+                                     "backends",
+                                     "kv_lease_duration"};
       bool known = false;
       for (const char* kk : kKnown) known = known || k == kk;
       if (!known) return InvalidArgument("kv_connector_extra_config: unknown field '" + k + "'");
@@ -182,6 +249,10 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       c.verify_checksums = x["verify_checksums"].get<bool>();
     }
   }
+  KVP_RETURN_IF_ERROR(ApplyVllmSynonyms(
+      j, j.contains("kv_connector_extra_config") ? j["kv_connector_extra_config"]
+                                                 : nlohmann::json::object(),
+      c));
   bool backend_known = c.backend == "loopback";  // in-process (tests)
   for (const auto& b : xfer::MultiProcessBackendSpecs()) backend_known |= b == c.backend;
   if (!backend_known) {

@@ -63,9 +63,13 @@ struct KvTransferConfig {
   /// messages (tests and the chaos run use 16 to make every list come in parts).
   uint32_t block_list_part_bytes = kMaxBlockListBytes;
 
-  /// Parses and validates `json` (an object). `role` comes from --role when the JSON has no
-  /// kv_role ("prefill" -> kv_producer, "decode" -> kv_consumer, "both" -> kv_both); a JSON
-  /// kv_role that contradicts --role is refused. Errors: kInvalidArgument naming the field.
+  /// Parses and validates `json` (an object). `role` is --role ("prefill" -> kv_producer,
+  /// "decode" -> kv_consumer, "both" -> kv_both) or "" when it was not given: then the JSON's
+  /// kv_role decides (kv_both when it has none); a kv_role that contradicts a given --role
+  /// (other than "both") is refused. vLLM's names are accepted (NixlConnector, NixlPushConnector,
+  /// NixlPullConnector; kv_load_failure_policy; kv_connector_extra_config.backends and
+  /// .kv_lease_duration in seconds), each agreeing with kvpush's key for the same setting when
+  /// both are given. Errors: kInvalidArgument naming the field.
   static Result<KvTransferConfig> Parse(std::string_view json, std::string_view role);
 
   /// One line with every field, for the start-up log.

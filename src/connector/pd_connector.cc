@@ -89,7 +89,8 @@ Status PdConnector::Init() {
     KVP_ASSIGN_OR_RETURN(auth_, PeerAuth::FromKeyFile(options_.auth_key_file));
     auth_->set_self(agent_->name());
   }
-  peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog, auth_.get());
+  peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog, auth_.get(),
+                                          options_.api_key);
   core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
                                          static_cast<CoreActions&>(*this));
   core_->set_auth(auth_.get());

@@ -62,6 +62,9 @@ struct ConnectorOptions {
   /// `serve --kv-auth-key-file`: when set, peers are authenticated with the shared key it holds
   /// (peer_auth.h); empty: no authentication.
   std::string auth_key_file;
+  /// `serve --api-key`: the Bearer token of this instance's calls to its peers' /kv/* endpoints
+  /// (a deployment's instances share one key); "" = none.
+  std::string api_key;
 };
 
 /// The shell of the P/D connector: owns the xfer::Agent, the KV arena it registers, the

@@ -22,10 +22,12 @@ std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region
 }
 
 PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
-                           std::chrono::milliseconds watchdog, PeerAuth* auth)
+                           std::chrono::milliseconds watchdog, PeerAuth* auth,
+                           std::string api_key)
     : agent_(agent),
       self_(std::move(self)),
       watchdog_(watchdog),
+      api_key_(std::move(api_key)),
       auth_(auth),
       flights_([this](const std::string& key) { return Handshake(key); }) {}
 
@@ -164,6 +166,7 @@ Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
   httplib::Client cli(host, port);
   cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(2, 0);
+  if (!api_key_.empty()) cli.set_bearer_token_auth(api_key_);
   // A request whose handshake outlasts the watchdog would give up on its KV anyway.
   const auto read_ms = std::clamp<int64_t>(watchdog_.count(), 1000, 10000);
   cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);

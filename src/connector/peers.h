@@ -46,9 +46,10 @@ class PeerRegistry final : public PeerDirectory {
   /// `watchdog` bounds how long an outgoing handshake waits for its answer
   /// (clamp(watchdog, 1 s, 10 s); 2 s to connect). `auth` (may be null: no authentication;
   /// must outlive the registry) makes both handshake directions the authenticated two-step
-  /// exchange of peer_auth.h and refuses unauthenticated peers.
+  /// exchange of peer_auth.h and refuses unauthenticated peers. `api_key`: sent as the Bearer
+  /// token of each POST /kv/handshake (the peer's --api-key; "" = none).
   PeerRegistry(xfer::Agent& agent, HandshakeInfo self, std::chrono::milliseconds watchdog,
-               PeerAuth* auth = nullptr);
+               PeerAuth* auth = nullptr, std::string api_key = {});
   PeerRegistry(const PeerRegistry&) = delete;
   PeerRegistry& operator=(const PeerRegistry&) = delete;
 
@@ -104,6 +105,7 @@ class PeerRegistry final : public PeerDirectory {
   xfer::Agent& agent_;
   const HandshakeInfo self_;
   const std::chrono::milliseconds watchdog_;
+  const std::string api_key_;
   PeerAuth* const auth_;
   mutable Mutex mu_;
   std::map<std::string, PeerState, std::less<>> peers_;        ///< by engine id

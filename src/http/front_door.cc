@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
+#include <cctype>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -35,6 +36,48 @@ std::string BodylessErrorMessage(const Request& req, int status) {
 
 }  // namespace
 
+namespace {
+
+/// The current request of this connection thread (see CurrentAccessNote).
+thread_local AccessNote t_note;
+thread_local std::chrono::steady_clock::time_point t_start;
+
+bool IsOpenPath(const std::string& path) {
+  for (std::string_view open : kOpenPaths) {
+    if (path == open) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+AccessNote& CurrentAccessNote() {
+  return t_note;
+}
+
+std::chrono::steady_clock::time_point CurrentRequestStart() {
+  return t_start;
+}
+
+bool BearerMatches(std::string_view authorization, std::string_view api_key) {
+  constexpr std::string_view kScheme = "Bearer ";
+  if (authorization.size() < kScheme.size()) return false;
+  // The scheme is case-insensitive (RFC 9110, 11.1).
+  for (size_t i = 0; i < kScheme.size(); ++i) {
+    if (std::tolower(static_cast<unsigned char>(authorization[i])) !=
+        std::tolower(static_cast<unsigned char>(kScheme[i]))) {
+      return false;
+    }
+  }
+  const std::string_view token = authorization.substr(kScheme.size());
+  if (token.size() != api_key.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < token.size(); ++i) {
+    diff |= static_cast<unsigned char>(token[i] ^ api_key[i]);
+  }
+  return diff == 0;
+}
+
 void ReplyError(Response& res, const ApiError& e) {
   res.status = e.http_status;
   res.set_content(e.ToJson(), "application/json");
@@ -66,6 +109,24 @@ bool FrontDoor::IsRoute(std::string_view path) const {
     if (r.path == path) return true;
   }
   return false;
+}
+
+void FrontDoor::InstallPreRouting() {
+  server_->set_pre_routing_handler([this](const Request& req, Response& res) {
+    t_note = AccessNote{};
+    t_start = std::chrono::steady_clock::now();
+    if (options_.api_key.empty() || IsOpenPath(req.path)) {
+      return httplib::Server::HandlerResponse::Unhandled;
+    }
+    const std::string& auth = req.get_header_value("Authorization");
+    if (BearerMatches(auth, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    ReplyError(res, ApiError{401,
+                             auth.empty() ? "no API key given: send Authorization: Bearer <key>"
+                                          : "incorrect API key",
+                             "invalid_request_error", "", "invalid_api_key"});
+    return httplib::Server::HandlerResponse::Handled;
+  });
 }
 
 void FrontDoor::InstallErrorAnswers() {
@@ -107,8 +168,34 @@ void FrontDoor::InstallErrorAnswers() {
   });
   s.set_logger([this](const Request& req, const Response& res) {
     if (hook_) hook_(req, res);
-    spdlog::debug("{} {} -> {}", req.method, req.path, res.status);
+    LogAccess(req, res);
+    // A request cpp-httplib refuses before routing (a malformed one) has no start of its own.
+    t_start = {};
+    t_note = AccessNote{};
   });
+}
+
+void FrontDoor::LogAccess(const Request& req, const Response& res) const {
+  const bool open = IsOpenPath(req.path);
+  const auto level = options_.access_log && !open ? spdlog::level::info : spdlog::level::debug;
+  if (!spdlog::should_log(level)) return;
+  const AccessNote& n = t_note;
+  std::string line = fmt::format("{} {} {}", req.method, req.path, res.status);
+  if (t_start != std::chrono::steady_clock::time_point{}) {
+    line += fmt::format(" {:.1f} ms", std::chrono::duration<double, std::milli>(
+                                          std::chrono::steady_clock::now() - t_start)
+                                          .count());
+  }
+  std::string id = n.request_id;
+  if (id.empty()) id = res.get_header_value("x-request-id");
+  if (id.empty()) id = req.get_header_value("x-request-id");
+  if (!id.empty()) line += " request_id=" + id;
+  if (!n.mode.empty()) line += " mode=" + n.mode;
+  if (n.prompt_tokens >= 0) line += fmt::format(" prompt_tokens={}", n.prompt_tokens);
+  if (n.output_tokens >= 0) line += fmt::format(" output_tokens={}", n.output_tokens);
+  if (n.ttft_ms >= 0) line += fmt::format(" ttft_ms={:.1f}", n.ttft_ms);
+  line += " client=" + req.remote_addr;
+  spdlog::log(level, "{}", line);
 }
 
 Status FrontDoor::Start() {
@@ -127,7 +214,13 @@ Status FrontDoor::Start() {
     int yes = 1;
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
+  if (!IsRoute("/version")) {
+    Get("/version", [this](const Request&, Response& res) {
+      res.set_content(options_.build.ToJson(), "application/json");
+    });
+  }
   InstallErrorAnswers();
+  InstallPreRouting();
   if (options_.port == 0) {
     port_ = server_->bind_to_any_port(options_.host);
     if (port_ <= 0) return Unavailable("cannot bind " + options_.host + ":<any>");

@@ -8,7 +8,9 @@
 
 #include <httplib.h>
 
+#include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -18,6 +20,7 @@
 
 #include "common/status.h"
 #include "http/api_error.h"
+#include "http/build_info.h"
 
 namespace kvpush::http {
 
@@ -42,14 +45,49 @@ struct FrontDoorOptions {
   size_t max_extra_threads = 0;
   int write_timeout_s = 0;  ///< a socket write's limit; 0: cpp-httplib's default (5 s)
   int listen_backlog = 1024;
+  BuildInfo build;  ///< answered on GET /version
+  /// vLLM's --api-key: when non-empty, every path but the open ones (kOpenPaths: /health,
+  /// /version, /metrics) needs `Authorization: Bearer <api_key>`, or gets 401 `invalid_api_key`.
+  std::string api_key;
+  /// One access-log line per request at info (requests to the open paths at debug): method,
+  /// path, status, milliseconds to the response's end, and the AccessNote's fields.
+  bool access_log = false;
 };
+
+/// What a handler adds to its request's access-log line. Unset fields (empty, negative) are left
+/// out of the line.
+struct AccessNote {
+  std::string request_id;      ///< the request's id (else its x-request-id header is logged)
+  std::string mode;            ///< router: push | pull | colocated
+  int64_t prompt_tokens = -1;  ///< usage.prompt_tokens
+  int64_t output_tokens = -1;  ///< usage.completion_tokens
+  double ttft_ms = -1;         ///< from the request's arrival to its first token
+};
+
+/// The AccessNote of the request the calling thread serves. cpp-httplib runs one request's
+/// routing, handler, streamed body and logger on one connection thread, so a handler (and its
+/// content provider) fills this and the front door's logger reads it; it is reset when the next
+/// request's routing starts. Call only from a handler or content provider.
+AccessNote& CurrentAccessNote();
+
+/// When the calling thread's current request arrived (its routing began). Same rules.
+std::chrono::steady_clock::time_point CurrentRequestStart();
+
+/// Paths a front door answers without its API key: what load balancers, orchestrators and
+/// Prometheus poll (vLLM leaves them open too).
+inline constexpr std::string_view kOpenPaths[] = {"/health", "/version", "/metrics"};
+
+/// Whether `authorization` (an Authorization header's value, "" when absent) carries `api_key`
+/// as a Bearer token. The comparison takes the same time wherever the first difference is. Pure.
+bool BearerMatches(std::string_view authorization, std::string_view api_key);
 
 /// The HTTP front door of one process. Register routes, then Start(); each path takes one method
 /// and every other method on it gets 405 with an Allow header. Error bodies are OpenAI errors
 /// ({"error": {"message", "type", "param", "code"}}, http/api_error.h): 404 `not_found` for an
 /// unknown path, 405 `method_not_allowed`, 400 for a request cpp-httplib cannot read, 413 for a
 /// body over max_body_bytes, 414, and 500 `server_error` with the exception's message when a
-/// handler throws. A handler's own non-empty body is never replaced.
+/// handler throws. A handler's own non-empty body is never replaced. Every front door answers
+/// GET /version with its options' BuildInfo.
 /// Thread-safety: Get/Post/OnResponse and Start/Stop from one controlling thread, before and
 /// around serving; handlers and the hook run on the connection threads, concurrently.
 class FrontDoor {
@@ -83,6 +121,9 @@ class FrontDoor {
     const char* method;
   };
   void InstallErrorAnswers();
+  void InstallPreRouting();
+  /// The access-log line of one answered request.
+  void LogAccess(const Request& req, const Response& res) const;
 
   FrontDoorOptions options_;
   std::unique_ptr<httplib::Server> server_;

@@ -5,11 +5,12 @@
 namespace kvpush::router {
 
 Leg::Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s,
-         double io_timeout_s)
+         double io_timeout_s, const std::string& api_key)
     : address_(std::move(address)),
       pool_(pool),
       connect_timeout_s_(connect_timeout_s),
-      io_timeout_s_(io_timeout_s) {}
+      io_timeout_s_(io_timeout_s),
+      auth_header_(api_key.empty() ? std::string() : "Authorization: Bearer " + api_key + "\r\n") {}
 
 Leg::~Leg() {
   std::unique_ptr<HttpConn> conn;
@@ -87,7 +88,7 @@ bool Leg::Send(const std::string& method, const std::string& path, const std::st
     *failed = Failed("connect failed");
     return false;
   }
-  std::string headers = "x-request-id: " + request_id + "\r\n";
+  std::string headers = "x-request-id: " + request_id + "\r\n" + auth_header_;
   if (method == "POST") headers += "Content-Type: application/json\r\n";
   if (sse) headers += "Accept: text/event-stream\r\n";
   if (!conn_->WriteRequest(method, path, headers, method == "POST" ? body : "", io_timeout_s_)) {

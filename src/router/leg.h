@@ -45,8 +45,11 @@ struct LegResult {
 /// a fresh connection is opened and closed after the call.
 class Leg {
  public:
-  /// `pool`: not owned, must outlive the leg; null for a fresh connection per call.
-  Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s, double io_timeout_s);
+  /// `pool`: not owned, must outlive the leg; null for a fresh connection per call. `api_key`:
+  /// sent as `Authorization: Bearer <api_key>` on every call ("" = none; the instances'
+  /// --api-key).
+  Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s, double io_timeout_s,
+      const std::string& api_key = {});
   /// Closes the connection of a call that did not end (an abandoned stream).
   ~Leg();
   Leg(const Leg&) = delete;
@@ -108,6 +111,7 @@ class Leg {
   ConnectionPool* pool_ = nullptr;
   double connect_timeout_s_ = 5.0;
   double io_timeout_s_ = 600.0;
+  std::string auth_header_;  ///< "Authorization: Bearer ...\r\n" or ""
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
   mutable Mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()

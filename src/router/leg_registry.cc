@@ -6,14 +6,16 @@ namespace kvpush::router {
 
 LegRegistry::LegRegistry(ConnectionPool* connections, double connect_timeout_s,
                          double request_timeout_s,
-                         std::function<bool(const std::string& url)> is_healthy)
+                         std::function<bool(const std::string& url)> is_healthy,
+                         std::string api_key)
     : connections_(connections),
       connect_timeout_s_(connect_timeout_s),
       request_timeout_s_(request_timeout_s),
+      api_key_(std::move(api_key)),
       is_healthy_(std::move(is_healthy)) {}
 
 std::shared_ptr<Leg> LegRegistry::NewLeg(const InstanceAddress& address, Role role) {
-  std::shared_ptr<Leg> leg(new Leg(address, connections_, connect_timeout_s_, request_timeout_s_),
+  std::shared_ptr<Leg> leg(new Leg(address, connections_, connect_timeout_s_, request_timeout_s_, api_key_),
                            [this](Leg* l) {
                              Forget(l);
                              delete l;

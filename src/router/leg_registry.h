@@ -22,9 +22,10 @@ namespace kvpush::router {
 class LegRegistry {
  public:
   /// `connections`: not owned, outlives the registry and every leg. `is_healthy(url)`: whether
-  /// the instance at url is healthy now (InstancePool::IsHealthy; null: always).
+  /// the instance at url is healthy now (InstancePool::IsHealthy; null: always). `api_key`: what
+  /// every leg sends as its Bearer token ("" = none).
   LegRegistry(ConnectionPool* connections, double connect_timeout_s, double request_timeout_s,
-              std::function<bool(const std::string& url)> is_healthy);
+              std::function<bool(const std::string& url)> is_healthy, std::string api_key = {});
   LegRegistry(const LegRegistry&) = delete;
   LegRegistry& operator=(const LegRegistry&) = delete;
 
@@ -54,6 +55,7 @@ class LegRegistry {
   ConnectionPool* const connections_;
   const double connect_timeout_s_;
   const double request_timeout_s_;
+  const std::string api_key_;
   const std::function<bool(const std::string&)> is_healthy_;
   mutable Mutex mu_;
   CondVar cv_;                                           ///< notified when a background task ends

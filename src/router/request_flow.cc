@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/json_parse.h"
+#include "http/front_door.h"
 #include "pd/ids.h"
 #include "pd/legs.h"
 #include "router/decode_stream.h"
@@ -208,6 +209,9 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   }
   t->mode = mode.mode;
   *pull_profile = mode.pull_profile;
+  http::AccessNote& note = http::CurrentAccessNote();
+  note.request_id = t->request_id;
+  note.mode = TransferModeName(mode.mode);
   Result<ClientBody> parsed = ParseClientBody(req.body);
   if (!parsed.ok()) return reject("request body is not valid JSON", "invalid_json");
   *client = std::move(parsed).value();

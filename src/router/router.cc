@@ -26,16 +26,22 @@ void ReplyError(http::Response& res, int status, const std::string& message,
   http::ReplyError(res, http::ApiError{status, message, type, "", code});
 }
 
+AbortOptions WithApiKey(AbortOptions o, const std::string& api_key) {
+  o.api_key = api_key;
+  return o;
+}
+
 }  // namespace
 
 Router::Router(RouterOptions options)
     : options_(std::move(options)),
-      aborter_(std::make_unique<TransferAborter>(options_.abort)),
+      aborter_(std::make_unique<TransferAborter>(WithApiKey(options_.abort, options_.instance_api_key))),
       connections_(std::make_unique<ConnectionPool>(
           ConnectionPoolOptions{options_.max_idle_connections, options_.max_idle_connection_s})),
       legs_(std::make_unique<LegRegistry>(
           connections_.get(), options_.connect_timeout_s, options_.request_timeout_s,
-          [this](const std::string& url) { return !pool_ || pool_->IsHealthy(url); })) {}
+          [this](const std::string& url) { return !pool_ || pool_->IsHealthy(url); },
+          options_.instance_api_key)) {}
 
 Router::~Router() {
   Stop();
@@ -231,7 +237,9 @@ Status Router::Start() {
   const int write_timeout_s = static_cast<int>(options_.request_timeout_s);
   door_ = std::make_unique<http::FrontDoor>(
       http::FrontDoorOptions{options_.host, options_.port, options_.max_body_bytes,
-                             static_cast<size_t>(threads), 0, std::max(1, write_timeout_s)});
+                             static_cast<size_t>(threads), 0, std::max(1, write_timeout_s),
+                             /*listen_backlog=*/1024, options_.build, options_.api_key,
+                             options_.log_requests});
   Route();
   aborter_->Start();
   if (Status st = door_->Start(); !st.ok()) {

@@ -91,7 +91,9 @@ std::string RouterOptions::ToString() const {
     << " connect_timeout_s=" << connect_timeout_s
     << " max_concurrent_streams=" << max_concurrent_streams
     << " max_idle_connections=" << max_idle_connections
-    << " max_idle_connection_s=" << max_idle_connection_s;
+    << " max_idle_connection_s=" << max_idle_connection_s
+    << " api_key=" << (api_key.empty() ? "(none)" : "(set)")
+    << " instance_api_key=" << (instance_api_key.empty() ? "(none)" : "(set)");
   return s.str();
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "http/build_info.h"
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/routing_policy.h"
@@ -63,6 +64,14 @@ struct RouterOptions {
   int32_t block_size = 0;
   size_t prefix_index_blocks = 65536;  ///< `--prefix-index-blocks`: PrefixIndex size per D
   std::string tokenizer_path;          ///< `--tokenizer` (shown by ToString)
+  /// `--api-key`: clients need `Authorization: Bearer <api_key>` on every path but /health,
+  /// /version and /metrics ("" = open; http::FrontDoorOptions::api_key).
+  std::string api_key;
+  /// `--instance-api-key`: the Bearer token of every leg and /kv/abort call to an instance (their
+  /// --api-key; "" = none).
+  std::string instance_api_key;
+  http::BuildInfo build;  ///< GET /version and kvpush_build_info
+  bool log_requests = true;  ///< one access-log line per request at info
   PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }

@@ -77,7 +77,8 @@ void TransferAborter::Work() {
 }
 
 void TransferAborter::Send(const Job& job) {
-  Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s);
+  Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s,
+          options_.api_key);
   {
     MutexLock lock(mu_);
     if (stopping_) return;

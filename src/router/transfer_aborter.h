@@ -25,6 +25,7 @@ struct AbortOptions {
   double connect_timeout_s = 1.0;  ///< per call
   double read_timeout_s = 2.0;     ///< per call
   size_t max_queued = 4096;        ///< more waiting aborts are dropped (logged, counted)
+  std::string api_key;             ///< the instances' --api-key ("" = none)
 };
 
 /// What the aborter did, for /metrics. Value type.

@@ -299,7 +299,8 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   if (!st) return;
   const PrepareContext prepare{c.engine.tokenizer(),    c.chat,
                                c.engine.model_config(), c.engine.config().max_model_len,
-                               c.served_model_name,     c.connector != nullptr};
+                               c.served_model_name,     c.connector != nullptr,
+                               c.served_model_aliases};
   auto prepared = PrepareCompletion(kind, req.body, prepare);
   if (auto* e = std::get_if<http::ApiError>(&prepared)) return http::ReplyError(res, *e);
   PreparedRequest& p = std::get<PreparedRequest>(prepared);

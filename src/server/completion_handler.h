@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <vector>
 #include <string>
 
 #include "engine/engine.h"
@@ -45,6 +46,7 @@ struct CompletionContext {
   Engine& engine;
   const ChatPromptBuilder& chat;  ///< the served model's chat template over its tokenizer
   std::string served_model_name;
+  std::vector<std::string> served_model_aliases;  ///< other names requests may give
   bool prompt_tokens_details = false;  ///< usage carries prompt_tokens_details.cached_tokens
   connector::PdConnector* connector = nullptr;  ///< null: colocated (no kv_transfer_params)
   TransferRequests& transfers;                  ///< P/D requests in flight, for POST /kv/abort

@@ -1,5 +1,7 @@
 #include "server/completion_prepare.h"
 
+#include "server/tokenize_handler.h"
+
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -154,7 +156,7 @@ std::variant<PreparedRequest, http::ApiError> PrepareCompletion(ApiKind kind, st
   PreparedRequest p;
   p.request = std::get<OpenAiRequest>(std::move(parsed));
   OpenAiRequest& r = p.request;
-  if (!r.model.empty() && r.model != context.served_model_name) {
+  if (!r.model.empty() && !ServesModel(r.model, context.served_model_name, context.model_aliases)) {
     return http::ApiError{404, "The model '" + r.model + "' does not exist.",
                           "invalid_request_error", "model", "model_not_found"};
   }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -27,6 +28,8 @@ struct PrepareContext {
   int32_t max_model_len = 0;      ///< tokens, prompt + completion
   std::string_view served_model_name;
   bool pd_instance = false;  ///< has a P/D connector (accepts kv_transfer_params)
+  /// Other names requests may give for the served model (vLLM: --served-model-name A B).
+  std::span<const std::string> model_aliases = {};
 };
 
 /// A request ready to be submitted: its fields, its P/D params and, per prompt, its token ids.

@@ -1,5 +1,7 @@
 #include "server/completion_state.h"
 
+#include "http/front_door.h"
+
 namespace kvpush::server {
 
 http::ApiError FromStatus(const Status& st, const std::string& param) {
@@ -32,7 +34,29 @@ CompletionState::~CompletionState() {
   if (inflight != nullptr) inflight->fetch_sub(1);
 }
 
+void CompletionState::NoteAccess(const RequestOutput& o) const {
+  http::AccessNote& note = http::CurrentAccessNote();
+  note.request_id = meta.id;
+  const auto start = http::CurrentRequestStart();
+  if (note.ttft_ms < 0 && !o.tokens.empty() && start != std::chrono::steady_clock::time_point{}) {
+    note.ttft_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count();
+  }
+  if (all_finished()) {
+    const UsageCounts u = SumUsage(choices);
+    note.prompt_tokens = u.prompt_tokens;
+    note.output_tokens = u.completion_tokens;
+  }
+}
+
 bool CompletionState::Apply(size_t i, const RequestOutput& o) {
+  const bool done = ApplyChoice(i, o);
+  NoteAccess(o);
+  return done;
+}
+
+bool CompletionState::ApplyChoice(size_t i, const RequestOutput& o) {
   ChoiceResult& c = choices[i];
   c.text += o.text;
   c.tokens.insert(c.tokens.end(), o.tokens.begin(), o.tokens.end());

@@ -57,7 +57,9 @@ struct CompletionState {
   bool failed = false;
   std::optional<pd::PullAnswer> pull_answer;  ///< from a pull producer's final output
 
-  /// Applies one output to choice i; returns true when it finished the choice.
+  /// Applies one output to choice i; returns true when it finished the choice. Also notes the
+  /// request's id, first-token time and (once all finished) usage for the access log
+  /// (http::CurrentAccessNote: call on the request's HTTP thread).
   bool Apply(size_t i, const RequestOutput& o);
   bool all_finished() const { return num_finished == handles.size(); }
   /// Choice i is running in the engine (submitted, not finished; `choices` may not be sized yet).
@@ -70,6 +72,10 @@ struct CompletionState {
     return !deferred.empty() &&
            (!choices[0].tokens.empty() || choices[0].finish != FinishReason::kNone);
   }
+
+ private:
+  bool ApplyChoice(size_t i, const RequestOutput& o);
+  void NoteAccess(const RequestOutput& o) const;
 };
 
 /// The one reader of a request's n choices (as llama.cpp's server_response_reader): every output

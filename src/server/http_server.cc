@@ -21,9 +21,11 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
       options_(std::move(options)),
       chat_(options_.chat_template, engine.tokenizer()),
       rng_(std::random_device{}()),
+      seed_rng_(options_.seed.value_or(0)),
       completion_{engine_,
                   chat_,
                   options_.served_model_name,
+                  options_.served_model_aliases,
                   options_.enable_prompt_tokens_details,
                   options_.connector,
                   transfers_,
@@ -48,7 +50,7 @@ std::string HttpServer::NewRequestId(const char* prefix) {
 
 uint64_t HttpServer::RandomSeed() {
   MutexLock lock(mu_);
-  return rng_();
+  return options_.seed ? seed_rng_() : rng_();
 }
 
 void HttpServer::CountResponse(const std::string& path, int status) {
@@ -72,13 +74,20 @@ void HttpServer::Route() {
   s.Post("/v1/completions", completions(ApiKind::kCompletion));
   s.Post("/v1/chat/completions", completions(ApiKind::kChat));
   s.Get("/v1/models", [this](const http::Request&, http::Response& res) {
-    nlohmann::json m = {{"id", options_.served_model_name},
-                        {"object", "model"},
-                        {"created", static_cast<int64_t>(std::time(nullptr))},
-                        {"owned_by", "kvpush"},
-                        {"root", options_.served_model_name},
-                        {"max_model_len", engine_.config().max_model_len}};
-    nlohmann::json body = {{"object", "list"}, {"data", nlohmann::json::array({m})}};
+    // One entry per served name, as vLLM lists them; `root` is the first.
+    nlohmann::json data = nlohmann::json::array();
+    std::vector<std::string> names{options_.served_model_name};
+    names.insert(names.end(), options_.served_model_aliases.begin(),
+                 options_.served_model_aliases.end());
+    for (const std::string& name : names) {
+      data.push_back({{"id", name},
+                      {"object", "model"},
+                      {"created", static_cast<int64_t>(std::time(nullptr))},
+                      {"owned_by", "kvpush"},
+                      {"root", options_.served_model_name},
+                      {"max_model_len", engine_.config().max_model_len}});
+    }
+    nlohmann::json body = {{"object", "list"}, {"data", data}};
     res.set_content(body.dump(), "application/json");
   });
   s.Get("/health", [this](const http::Request&, http::Response& res) {
@@ -108,12 +117,16 @@ void HttpServer::Route() {
         RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
     text += RenderPdMetrics(options_.connector, options_.served_model_name,
                             state_.local_prefills.load());
+    http::PrometheusWriter build(ModelLabel(options_.served_model_name));
+    http::WriteBuildInfo(build, options_.build);
+    text += build.str();
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
   s.Post("/tokenize", [this](const http::Request& req, http::Response& res) {
     const JsonReply r =
         HandleTokenize(TokenizeTarget{engine_.tokenizer(), engine_.config().max_model_len,
-                                      options_.served_model_name, &chat_},
+                                      options_.served_model_name, &chat_,
+                                      options_.served_model_aliases},
                        req.body);
     res.status = r.status;
     res.set_content(r.body, "application/json");
@@ -121,7 +134,8 @@ void HttpServer::Route() {
   s.Post("/detokenize", [this](const http::Request& req, http::Response& res) {
     const JsonReply r =
         HandleDetokenize(TokenizeTarget{engine_.tokenizer(), engine_.config().max_model_len,
-                                        options_.served_model_name},
+                                        options_.served_model_name, nullptr,
+                                        options_.served_model_aliases},
                          req.body);
     res.status = r.status;
     res.set_content(r.body, "application/json");
@@ -143,7 +157,8 @@ Status HttpServer::Start() {
                                                : std::max(16, engine_.config().max_num_seqs + 8);
   door_ = std::make_unique<http::FrontDoor>(http::FrontDoorOptions{
       options_.host, options_.port, options_.max_body_bytes, static_cast<size_t>(threads),
-      static_cast<size_t>(std::max(0, options_.max_extra_threads))});
+      static_cast<size_t>(std::max(0, options_.max_extra_threads)), /*write_timeout_s=*/0,
+      /*listen_backlog=*/1024, options_.build, options_.api_key, options_.log_requests});
   Route();
   if (Status st = door_->Start(); !st.ok()) {
     door_.reset();

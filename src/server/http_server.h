@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <utility>
@@ -29,6 +30,13 @@ struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;                ///< 0 = pick a free port (see HttpServer::port())
   std::string served_model_name;  ///< the `model` name clients use; required
+  /// Other names requests may give (vLLM's --served-model-name A B: responses say A).
+  std::vector<std::string> served_model_aliases;
+  /// vLLM's --seed: unseeded requests draw their sampling seeds from a generator seeded with
+  /// it (reproducible for the same requests in the same order); none: a random seed.
+  std::optional<uint64_t> seed;
+  /// One access-log line per request at info (vLLM's --disable-log-requests turns it off).
+  bool log_requests = true;
   int num_threads = 0;            ///< HTTP worker threads; 0 = max(16, max_num_seqs + 8)
   /// Connections that arrive while every worker is busy (each completion holds its worker until
   /// it ends, waiting in the engine too) run on a short-lived thread of their own, at most this
@@ -45,6 +53,10 @@ struct ServerOptions {
   /// kv_transfer_params. Null for a colocated instance (such requests get 400). Must outlive
   /// the server.
   connector::PdConnector* connector = nullptr;
+  /// vLLM's --api-key: every path but /health, /version and /metrics needs `Authorization:
+  /// Bearer <api_key>` (the P/D endpoints /kv/* too); "" = open (http::FrontDoorOptions).
+  std::string api_key;
+  http::BuildInfo build;  ///< GET /version and kvpush_build_info
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and on a P/D
@@ -103,7 +115,8 @@ class HttpServer {
 
   mutable Mutex mu_;
   HttpCounters counters_ GUARDED_BY(mu_);
-  std::mt19937_64 rng_ GUARDED_BY(mu_);
+  std::mt19937_64 rng_ GUARDED_BY(mu_);       ///< request ids (and seeds without --seed)
+  std::mt19937_64 seed_rng_ GUARDED_BY(mu_);  ///< seeds of unseeded requests under --seed
 
   TransferRequests transfers_;    ///< P/D requests in flight, for POST /kv/abort
   CompletionContext completion_;  ///< what the completion handlers use of this server

@@ -9,6 +9,15 @@
 
 namespace kvpush::server {
 
+bool ServesModel(std::string_view model, std::string_view name,
+                 std::span<const std::string> aliases) {
+  if (model == name) return true;
+  for (const std::string& a : aliases) {
+    if (model == a) return true;
+  }
+  return false;
+}
+
 namespace {
 
 JsonReply Error(std::string message, std::string param) {
@@ -23,11 +32,13 @@ nlohmann::json ParseObject(std::string_view body) {
 
 /// 404 model_not_found when the body names another model (as the completion endpoints);
 /// status 0 when the model is absent, empty or the served one.
-JsonReply CheckModel(const nlohmann::json& j, std::string_view served) {
+JsonReply CheckModel(const nlohmann::json& j, const TokenizeTarget& target) {
   if (!j.contains("model") || j["model"].is_null()) return {0, ""};
   if (!j["model"].is_string()) return Error("'model' must be a string", "model");
   const std::string model = j["model"].get<std::string>();
-  if (model.empty() || model == served) return {0, ""};
+  if (model.empty() || ServesModel(model, target.served_model_name, target.model_aliases)) {
+    return {0, ""};
+  }
   return {404, http::ApiError{404, "The model '" + model + "' does not exist.",
                               "invalid_request_error", "model", "model_not_found"}
                    .ToJson()};
@@ -63,7 +74,7 @@ JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body) {
   if (j.is_discarded()) {
     return Error("request body is not a JSON object (a JSON string must be valid UTF-8)", "");
   }
-  if (JsonReply m = CheckModel(j, target.served_model_name); m.status != 0) return m;
+  if (JsonReply m = CheckModel(j, target); m.status != 0) return m;
   const bool chat = j.contains("messages");
   if (chat && j.contains("prompt")) return Error("give 'prompt' or 'messages', not both", "prompt");
   if (!chat && (!j.contains("prompt") || !j["prompt"].is_string())) {
@@ -113,7 +124,7 @@ JsonReply HandleDetokenize(const TokenizeTarget& target, std::string_view body) 
   const Tokenizer& tokenizer = target.tokenizer;
   const nlohmann::json j = ParseObject(body);
   if (j.is_discarded()) return Error("request body is not a JSON object", "");
-  if (JsonReply m = CheckModel(j, target.served_model_name); m.status != 0) return m;
+  if (JsonReply m = CheckModel(j, target); m.status != 0) return m;
   if (!j.contains("tokens") || !j["tokens"].is_array()) {
     return Error("'tokens' must be an array of token ids", "tokens");
   }

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <string>
+#include <span>
 #include <string_view>
 
 #include "model/tokenizer.h"
@@ -43,7 +44,12 @@ struct TokenizeTarget {
   int32_t max_model_len = 0;
   std::string_view served_model_name;
   const ChatPromptBuilder* chat = nullptr;  ///< renders "messages" (null: messages get 400)
+  std::span<const std::string> model_aliases = {};  ///< other names of the served model
 };
+
+/// Whether a request's `model` names the served model: `name` or one of `aliases`. Pure.
+bool ServesModel(std::string_view model, std::string_view name,
+                 std::span<const std::string> aliases);
 
 /// Serves one /tokenize body. Pure apart from reading the tokenizer; thread-safe.
 JsonReply HandleTokenize(const TokenizeTarget& target, std::string_view body);

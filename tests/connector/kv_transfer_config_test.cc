@@ -53,12 +53,50 @@ TEST(KvTransferConfig, RoleComesFromTheCommandLine) {
   EXPECT_EQ(Ok("", "decode").role, KvRole::kConsumer);
   EXPECT_EQ(Ok("", "both").role, KvRole::kBoth);
   Err("", {"--role"}, "router");
-  Err("{}", {"--role"}, "");
+  // No --role: kv_role decides, as in vLLM's launch lines; neither: kv_both.
+  EXPECT_EQ(Ok("{}", "").role, KvRole::kBoth);
+  EXPECT_EQ(Ok(R"({"kv_role": "kv_producer"})", "").role, KvRole::kProducer);
+  EXPECT_EQ(Ok(R"({"kv_role": "kv_consumer"})", "").role, KvRole::kConsumer);
+  EXPECT_EQ(Ok(R"({"kv_role": "kv_both"})", "").role, KvRole::kBoth);
+  Err(R"({"kv_role": "kv_producer"})", {"contradicts --role decode"}, "decode");
   EXPECT_EQ(KvRoleName(KvRole::kProducer), "kv_producer");
   EXPECT_EQ(KvRoleName(KvRole::kConsumer), "kv_consumer");
   EXPECT_EQ(KvRoleName(KvRole::kBoth), "kv_both");
   EXPECT_EQ(pd::PullProfileName(pd::PullProfile::kVllm), "vllm");
   EXPECT_EQ(pd::PullProfileName(pd::PullProfile::kFast), "fast");
+}
+
+// vLLM's spellings (docs/configuration.md, "vLLM's keys"), each agreeing with kvpush's own key.
+TEST(KvTransferConfig, VllmNamesAndKeys) {
+  EXPECT_EQ(Ok(R"({"kv_connector": "NixlConnector"})").kv_connector, "PullConnector");
+  EXPECT_EQ(Ok(R"({"kv_connector": "NixlPullConnector"})").kv_connector, "PullConnector");
+  EXPECT_EQ(Ok(R"({"kv_connector": "NixlPushConnector"})").kv_connector, "PushConnector");
+  Err(R"({"kv_connector": "LMCacheConnectorV1"})", {"LMCacheConnectorV1", "NixlPushConnector"});
+  EXPECT_EQ(Ok(R"({"kv_load_failure_policy": "fail"})").failure_policy, FailurePolicy::kFail);
+  EXPECT_EQ(Ok(R"({"kv_load_failure_policy": "recompute",
+                   "kv_connector_extra_config": {"failure_policy": "recompute"}})")
+                .failure_policy,
+            FailurePolicy::kRecompute);
+  Err(R"({"kv_load_failure_policy": "fail",
+          "kv_connector_extra_config": {"failure_policy": "recompute"}})",
+      {"kv_load_failure_policy", "contradicts"});
+  Err(R"({"kv_load_failure_policy": "retry"})", {"kv_load_failure_policy"});
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"backends": ["UCX"]}})").backend, "ucx:tcp");
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"backends": ["LIBFABRIC"]}})").backend,
+            "libfabric:tcp");
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"backends": ["UCX"], "backend": "ucx:shm"}})")
+                .backend,
+            "ucx:shm");
+  Err(R"({"kv_connector_extra_config": {"backends": ["UCX"], "backend": "libfabric:tcp"}})",
+      {"backends", "contradicts"});
+  Err(R"({"kv_connector_extra_config": {"backends": ["UCX", "LIBFABRIC"]}})", {"one name"});
+  Err(R"({"kv_connector_extra_config": {"backends": ["GDS"]}})", {"GDS"});
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"kv_lease_duration": 45}})").lease, 45000ms);
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"kv_lease_duration": 7.5}})").lease, 7500ms);
+  Err(R"({"kv_connector_extra_config": {"kv_lease_duration": 0}})", {"kv_lease_duration"});
+  Err(R"({"kv_connector_extra_config": {"kv_lease_duration": "30"}})", {"kv_lease_duration"});
+  Err(R"({"kv_connector_extra_config": {"kv_lease_duration": 30, "lease_ms": 20000}})",
+      {"contradicts lease_ms"});
 }
 
 TEST(KvTransferConfig, EveryFieldParsed) {

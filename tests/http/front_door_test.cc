@@ -164,5 +164,99 @@ TEST(FrontDoor, ExtraThreadsServeWhileEveryWorkerIsBusy) {
   EXPECT_EQ(h->body, "held");
 }
 
+// GET /version on every front door: its BuildInfo as JSON; kvpush_build_info renders it.
+TEST(FrontDoor, AnswersVersionWithItsBuild) {
+  FrontDoorOptions o;
+  o.build = BuildInfo{"1.2.3", std::string(40, 'a'), true};
+  FrontDoor door(o);
+  ASSERT_TRUE(door.Start().ok());
+  httplib::Client c("127.0.0.1", door.port());
+  auto r = c.Get("/version");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200);
+  const json j = json::parse(r->body);
+  EXPECT_EQ(j["version"], "1.2.3");
+  EXPECT_EQ(j["git_commit"], std::string(40, 'a'));
+  EXPECT_EQ(j["git_dirty"], true);
+  EXPECT_EQ(o.build.ToString(), "1.2.3 (git aaaaaaaaaaaa, modified)");
+  PrometheusWriter w;
+  WriteBuildInfo(w, o.build);
+  EXPECT_NE(w.str().find("kvpush_build_info{version=\"1.2.3\",git_commit=\"" +
+                         std::string(40, 'a') + "\",git_dirty=\"true\"} 1\n"),
+            std::string::npos)
+      << w.str();
+}
+
+TEST(FrontDoor, BearerMatchesOnlyTheExactKey) {
+  EXPECT_TRUE(BearerMatches("Bearer sk-1", "sk-1"));
+  EXPECT_TRUE(BearerMatches("bearer sk-1", "sk-1"));  // the scheme is case-insensitive
+  EXPECT_FALSE(BearerMatches("Bearer sk-12", "sk-1"));
+  EXPECT_FALSE(BearerMatches("Bearer sk-2", "sk-1"));
+  EXPECT_FALSE(BearerMatches("Bearer SK-1", "sk-1"));  // the token is not
+  EXPECT_FALSE(BearerMatches("Basic sk-1", "sk-1"));
+  EXPECT_FALSE(BearerMatches("sk-1", "sk-1"));
+  EXPECT_FALSE(BearerMatches("", "sk-1"));
+}
+
+// vLLM's --api-key: 401 invalid_api_key without the key or with a wrong one, on every path but
+// the open ones (unknown paths included: nothing is revealed to a caller without the key).
+TEST(FrontDoor, AnApiKeyGuardsEveryPathButHealthVersionAndMetrics) {
+  FrontDoorOptions o;
+  o.api_key = "sk-test";
+  FrontDoor door(o);
+  for (const char* path : {"/v1/x", "/kv/abort", "/health", "/metrics"}) {
+    door.Get(path, [](const Request&, Response& res) { res.set_content("ok", "text/plain"); });
+  }
+  ASSERT_TRUE(door.Start().ok());
+  httplib::Client c("127.0.0.1", door.port());
+  for (const char* path : {"/v1/x", "/kv/abort", "/nowhere"}) {
+    SCOPED_TRACE(path);
+    auto none = c.Get(path);
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 401);
+    EXPECT_EQ(none->get_header_value("WWW-Authenticate"), "Bearer");
+    EXPECT_EQ(ErrorOf(none)["code"], "invalid_api_key");
+    auto wrong = c.Get(path, httplib::Headers{{"Authorization", "Bearer sk-wrong"}});
+    ASSERT_TRUE(wrong);
+    EXPECT_EQ(wrong->status, 401);
+    EXPECT_EQ(ErrorOf(wrong)["message"], "incorrect API key");
+  }
+  auto ok = c.Get("/v1/x", httplib::Headers{{"Authorization", "Bearer sk-test"}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+  auto missing = c.Get("/nowhere", httplib::Headers{{"Authorization", "Bearer sk-test"}});
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+  for (const char* path : {"/health", "/metrics", "/version"}) {
+    auto open = c.Get(path);
+    ASSERT_TRUE(open);
+    EXPECT_EQ(open->status, 200) << path;
+  }
+}
+
+// The access note a handler fills is the one of its own request, fresh for each request on a
+// kept-alive connection, and is timed from the request's routing.
+TEST(FrontDoor, EachRequestHasItsOwnAccessNote) {
+  FrontDoor door(FrontDoorOptions{});
+  std::atomic<int> stale{0};
+  door.Get("/n", [&](const Request& req, Response& res) {
+    AccessNote& n = CurrentAccessNote();
+    if (!n.request_id.empty() || n.prompt_tokens >= 0) ++stale;
+    if (CurrentRequestStart() == std::chrono::steady_clock::time_point{}) ++stale;
+    n.request_id = req.get_param_value("id");
+    n.prompt_tokens = 3;
+    res.set_content(n.request_id, "text/plain");
+  });
+  ASSERT_TRUE(door.Start().ok());
+  httplib::Client c("127.0.0.1", door.port());
+  c.set_keep_alive(true);
+  for (int i = 0; i < 3; ++i) {
+    auto r = c.Get("/n?id=r" + std::to_string(i));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "r" + std::to_string(i));
+  }
+  EXPECT_EQ(stale.load(), 0);
+}
+
 }  // namespace
 }  // namespace kvpush::http

@@ -13,5 +13,6 @@ void RegisterXferBenchCommand(CLI::App& app);  // kvpush xfer-bench (apps/cmd_xf
 void RegisterDemoCommand(CLI::App& app);       // kvpush demo      (apps/cmd_demo.cc)
 void RegisterRouterCommand(CLI::App& app);     // kvpush router    (apps/cmd_router.cc)
 void RegisterBenchCommand(CLI::App& app);      // kvpush bench     (apps/cmd_bench.cc)
+void RegisterWaitReadyCommand(CLI::App& app);  // kvpush wait-ready (apps/cmd_wait_ready.cc)
 
 }  // namespace kvpush::apps

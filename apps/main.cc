@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
   kvpush::apps::RegisterDemoCommand(app);
   kvpush::apps::RegisterRouterCommand(app);
   kvpush::apps::RegisterBenchCommand(app);
+  kvpush::apps::RegisterWaitReadyCommand(app);
   // vLLM's `serve --config FILE.yaml`: the file's flags join the command line first.
   auto args = kvpush::apps::ExpandConfigFile(std::vector<std::string>(argv + 1, argv + argc),
                                              "serve");

@@ -101,6 +101,24 @@ void Engine::Abort(int64_t id) {
   cv_.NotifyOne();
 }
 
+Result<int32_t> Engine::ResetPrefixCache(std::chrono::milliseconds timeout) {
+  auto reply = std::make_shared<std::promise<Result<int32_t>>>();
+  std::future<Result<int32_t>> answer = reply->get_future();
+  {
+    MutexLock lock(mu_);
+    if (stopping_) return Unavailable("engine is shutting down");
+    Command c;
+    c.reset = std::move(reply);
+    queue_.push_back(std::move(c));
+  }
+  cv_.NotifyOne();
+  if (answer.wait_for(timeout) != std::future_status::ready) {
+    return DeadlineExceeded("the engine did not reach the prefix-cache reset within " +
+                            std::to_string(timeout.count()) + " ms");
+  }
+  return answer.get();
+}
+
 EngineStats Engine::stats() const {
   MutexLock lock(stats_mu_);
   return stats_;
@@ -130,6 +148,8 @@ void Engine::Loop() {
     for (Command& c : cmds) {
       if (c.abort) {
         core_->Abort(c.id);
+      } else if (c.reset) {
+        c.reset->set_value(core_->ResetPrefixCache());
       } else {
         core_->AddRequest(c.id, std::move(c.request), std::move(c.channel), c.arrival_ns);
       }
@@ -149,6 +169,7 @@ void Engine::Loop() {
     rest.swap(queue_);
   }
   for (Command& c : rest) {
+    if (c.reset) c.reset->set_value(Unavailable("engine is shutting down"));
     if (c.abort || c.channel == nullptr) continue;
     RequestOutput out;
     out.finish_reason = FinishReason::kAbort;

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <future>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -55,6 +57,12 @@ class Engine {
   /// Makes the engine thread run a step soon (a connector has news). Thread-safe, non-blocking.
   void Wake();
 
+  /// EngineCore::ResetPrefixCache on the engine thread, between two steps; waits for it at most
+  /// `timeout`. Returns the blocks freed. Errors: those of EngineCore::ResetPrefixCache,
+  /// kUnavailable (stopping), kDeadlineExceeded (the engine thread did not get to it in time; it
+  /// still runs it). Thread-safe, blocking.
+  Result<int32_t> ResetPrefixCache(std::chrono::milliseconds timeout);
+
   /// Stops the engine thread (idempotent). Thread-safe.
   void Stop();
 
@@ -90,6 +98,8 @@ class Engine {
 
   struct Command {
     bool abort = false;
+    /// A prefix-cache reset (ResetPrefixCache): its answer goes here.
+    std::shared_ptr<std::promise<Result<int32_t>>> reset;
     int64_t id = 0;
     GenerationRequest request;
     std::shared_ptr<OutputChannel> channel;

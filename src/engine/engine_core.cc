@@ -170,6 +170,17 @@ void EngineCore::Abort(int64_t seq_id) {
   Finish(*it->second, FinishReason::kAbort, Aborted("request aborted"), {}, {});
 }
 
+Result<int32_t> EngineCore::ResetPrefixCache() {
+  const BlockPool::Stats s = pool_.stats();
+  if (s.num_used > 0) {
+    return FailedPrecondition(std::to_string(s.num_used) +
+                              " KV blocks are in use (running or waiting requests, or KV held "
+                              "for a peer); the prefix cache was not reset");
+  }
+  pool_.ResetPrefixCache();
+  return s.num_cached;
+}
+
 void EngineCore::AbortAll(const std::string& reason) {
   std::vector<int64_t> ids;
   ids.reserve(seqs_.size());

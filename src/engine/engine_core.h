@@ -73,6 +73,12 @@ class EngineCore {
   /// True while any request is waiting or running (or the connector holds blocks).
   bool HasWork() const;
 
+  /// vLLM's reset_prefix_cache: when no block is in use (no request running or waiting, no KV
+  /// held for a peer), every cached block is dropped from the prefix cache and becomes free;
+  /// returns how many. Errors: kFailedPrecondition naming the blocks in use (nothing changes:
+  /// a block a request holds keeps its hash, as vLLM refuses then too).
+  Result<int32_t> ResetPrefixCache();
+
   /// Counters and gauges, refreshed.
   const EngineStats& stats();
 

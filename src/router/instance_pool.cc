@@ -357,6 +357,11 @@ int32_t InstancePool::ReportedBlockSize() const {
   return 0;
 }
 
+void InstancePool::ClearPrefixIndexes() {
+  MutexLock lock(mu_);
+  for (Instance& inst : instances_) inst.index.reset();
+}
+
 std::optional<InstanceLease> InstancePool::AcquireDecode(std::span<const uint64_t> hashes,
                                                          RoutingPolicy policy,
                                                          const CacheAwareOptions& options,

@@ -209,6 +209,9 @@ class InstancePool {
   /// order given, then those added at run time.
   std::vector<InstanceSnapshot> Snapshot() const;
 
+  /// Forgets what every decode instance's PrefixIndex recorded (their prefix caches were reset).
+  void ClearPrefixIndexes();
+
   /// Adds an instance at run time (membership change). It is selectable once its first health
   /// check passes; that check runs at once on the health thread (when started). Returns false
   /// (and changes nothing) when an instance of that role and URL is already a member.

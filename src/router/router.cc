@@ -118,6 +118,48 @@ void Router::RouteModels() {
   door_->Post("/detokenize", proxy);
 }
 
+void Router::RouteResetPrefixCache() {
+  // vLLM's endpoint, fanned out: each member instance (P, D or colocated) resets its prefix
+  // cache; 200 when every one did, else the first refusal's status (409 a block in use, 502 an
+  // instance unreachable) naming each instance that did not. The router's estimates of what
+  // each D caches are forgotten either way (some may have been reset).
+  door_->Post("/reset_prefix_cache", [this](const http::Request& req, http::Response& res) {
+    std::string id = req.get_header_value("x-request-id");
+    if (!pd::IsValidRequestId(id)) id = ids_.RequestId("reset-");
+    json instances = json::array();
+    int status = 200;
+    std::string failed;
+    for (const InstanceSnapshot& s : Snapshot()) {
+      auto address = ParseInstanceUrl(s.url);
+      if (!address.ok()) continue;
+      const LegResult r = legs_->NewLeg(*address, s.role)->Post(req.path, id, "{}");
+      const int st = r.answered ? r.status : 502;
+      json entry = {{"role", RoleName(s.role)}, {"url", s.url}, {"status", st}};
+      const json body = json::parse(r.body, nullptr, false);
+      if (st == 200 && body.is_object() && body.contains("blocks_freed")) {
+        entry["blocks_freed"] = body["blocks_freed"];
+      }
+      if (st != 200) {
+        if (status == 200) status = st == 409 ? 409 : 502;
+        std::string why = r.answered ? r.body.substr(0, 200) : r.error;
+        if (body.is_object() && body.contains("error") && body["error"].contains("message")) {
+          why = body["error"]["message"].get<std::string>();
+        }
+        failed += (failed.empty() ? "" : "; ") + std::string(RoleName(s.role)) + " " + s.url +
+                  ": " + why;
+      }
+      instances.push_back(std::move(entry));
+    }
+    pool_->ClearPrefixIndexes();
+    if (status != 200) {
+      return ReplyError(res, status, "prefix cache not reset on " + failed,
+                        status == 409 ? "invalid_request_error" : "server_error",
+                        status == 409 ? "prefix_cache_in_use" : "instance_unreachable");
+    }
+    res.set_content(json{{"reset", true}, {"instances", instances}}.dump(), "application/json");
+  });
+}
+
 void Router::RouteHealth() {
   door_->Get("/health", [this](const http::Request&, http::Response& res) {
     const std::vector<InstanceSnapshot> snap = Snapshot();
@@ -180,6 +222,7 @@ void Router::Route() {
   s.Post("/v1/completions", completions);
   s.Post("/v1/chat/completions", completions);
   RouteModels();
+  RouteResetPrefixCache();
   RouteHealth();
   s.Get("/metrics", [this](const http::Request&, http::Response& res) {
     res.set_content(RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");

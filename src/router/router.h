@@ -127,6 +127,8 @@ class Router final : private FlowServices {
   void Route();
   void RouteHealth();
   void RouteModels();
+  /// POST /reset_prefix_cache: every instance's, then the router's PrefixIndexes (router.cc).
+  void RouteResetPrefixCache();
   /// Creates and starts membership_ (options_.discovery), feeding pool_. Errors: its Create's.
   Status StartDiscovery();
   /// The pool's unhealthy callback: cuts every leg in flight to `url`.

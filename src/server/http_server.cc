@@ -140,6 +140,19 @@ void HttpServer::Route() {
     res.status = r.status;
     res.set_content(r.body, "application/json");
   });
+  // vLLM's POST /reset_prefix_cache (e.g. between benchmark runs, so one run does not hit the
+  // cache the one before it filled). Refused with 409 while any KV block is in use.
+  s.Post("/reset_prefix_cache", [this](const http::Request&, http::Response& res) {
+    const Result<int32_t> r = engine_.ResetPrefixCache(std::chrono::seconds(10));
+    if (!r.ok()) {
+      const bool busy = r.status().code() == StatusCode::kFailedPrecondition;
+      return http::ReplyError(res, http::ApiError{busy ? 409 : 503, r.status().message(),
+                                                  busy ? "invalid_request_error" : "server_error",
+                                                  "", busy ? "prefix_cache_in_use" : ""});
+    }
+    res.set_content(nlohmann::json{{"reset", true}, {"blocks_freed", *r}}.dump(),
+                    "application/json");
+  });
   RoutePdEndpoints(*door_, PdEndpoints{options_.connector, engine_, transfers_});
   s.OnResponse([this](const http::Request& req, const http::Response& res) {
     CountResponse(req.path, res.status);

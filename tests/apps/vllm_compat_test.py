@@ -187,6 +187,13 @@ def run_yaml_and_keys(args, logdir, model_name):
                                 d.url, "--api-key", KEY])
         cl.wait()
         compare_modes(rp, cp, d, model_name, key=KEY, label="YAML --config, --api-key")
+        s, doc = call(cp, "POST", "/reset_prefix_cache", {}, KEY)
+        check(s == 200 and doc.get("blocks_freed", 0) > 0,
+              "colocated POST /reset_prefix_cache freed its cached blocks: %s" % doc)
+        s, doc = call(rp, "POST", "/reset_prefix_cache", {}, KEY)
+        check(s == 200 and len(doc.get("instances", [])) == 2 and
+              all(i["status"] == 200 for i in doc["instances"]),
+              "the router's POST /reset_prefix_cache reset P and D: %s" % doc)
         s, doc = call(dp, "POST", "/v1/completions", completion(PROMPTS[0], "alias"), KEY)
         check(s == 200 and doc.get("model") == model_name,
               "a second --served-model-name is served; responses name the first")

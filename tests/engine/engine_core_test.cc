@@ -110,6 +110,36 @@ TEST(EngineCoreTest, PrefixCacheHitsOnRepeatedPrompt) {
   ExpectNoLeak(*core);
 }
 
+// vLLM's reset_prefix_cache: refused while a request holds blocks (nothing changes), then every
+// cached block is freed and the same prompt no longer hits.
+TEST(EngineCoreTest, ResetPrefixCacheFreesCachedBlocksOnlyWhenNoneIsInUse) {
+  FakeTokenizer tok;
+  auto core = MakeCore(FakeConfig(128, 4, 512), tok);
+  auto prompt = MakePrompt(23, 7);  // 5 full blocks + 3 tokens
+  auto first = RunAll(*core, {MakeRequest(prompt, 6)}, 1);
+  const int32_t cached = core->stats().kv.num_cached;
+  EXPECT_GT(cached, 0);
+  auto ch = std::make_shared<OutputChannel>();
+  core->AddRequest(50, MakeRequest(MakePrompt(9, 2), 4), ch, 0);
+  core->Step();  // it holds blocks now
+  auto busy = core->ResetPrefixCache();
+  ASSERT_FALSE(busy.ok());
+  EXPECT_EQ(busy.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(busy.status().message().find("in use"), std::string::npos);
+  core->Abort(50);
+  core->Step();
+  const int32_t before = core->stats().kv.num_cached;
+  EXPECT_GE(before, cached);
+  auto freed = core->ResetPrefixCache();
+  ASSERT_TRUE(freed.ok()) << freed.status().ToString();
+  EXPECT_EQ(*freed, before);
+  EXPECT_EQ(core->stats().kv.num_cached, 0);
+  auto again = RunAll(*core, {MakeRequest(prompt, 6)}, 2);
+  EXPECT_EQ(again[0].num_cached_tokens, 0);
+  EXPECT_EQ(again[0].tokens, first[0].tokens);
+  ExpectNoLeak(*core);
+}
+
 TEST(EngineCoreTest, PrefixCacheNeverMatchesTheWholePrompt) {
   FakeTokenizer tok;
   auto core = MakeCore(FakeConfig(128, 4, 512), tok);

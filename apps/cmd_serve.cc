@@ -2,7 +2,13 @@
 // lists every flag; docs/server.md the API). Runs until SIGINT/SIGTERM.
 #include <spdlog/spdlog.h>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <atomic>
 #include <chrono>
 #include <csignal>
@@ -82,6 +88,33 @@ void Drain(server::HttpServer& http, const connector::PdConnector* conn, double 
   }
   spdlog::info("kvpush serve: drained in {:.3f} s",
                std::chrono::duration<double>(Clock::now() - t0).count());
+}
+
+/// Fails when host:port cannot be bound now (in use, or not an address of this host), so that a
+/// port in use is reported before the model loads (seconds to minutes), not after. Port 0 and a
+/// port freed before the server binds it are not errors here; the server's own bind decides.
+Status CheckPortBindable(const std::string& host, int port) {
+  if (port == 0) return Status::Ok();
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* res = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+    return InvalidArgument("--host " + host + ": not an address");
+  }
+  const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
+  int yes = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // as the server binds
+  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  freeaddrinfo(res);
+  if (!ok) {
+    return Unavailable("cannot bind " + host + ":" + std::to_string(port) + ": " +
+                       std::strerror(err));
+  }
+  return Status::Ok();
 }
 
 /// The llama executor from --model, or the sim executor from the --sim-* flags.
@@ -188,6 +221,10 @@ int RunServe(ServeOptions o) {
   if (Status s = ValidateServeDiscoveryFlags(o.discovery, o.host); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
+  }
+  if (Status s = CheckPortBindable(o.host, o.port); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s (before loading the model)\n", s.message().c_str());
+    return 1;
   }
   EngineConfig ec = o.engine;
   ec.enable_prefix_caching = o.enable_prefix_caching;

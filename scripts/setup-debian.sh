@@ -10,7 +10,7 @@ PACKAGES=(
   libucx-dev ucx-utils libfabric-dev libfabric-bin
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
-  iproute2 procps curl python3 python3-numpy
+  iproute2 procps curl python3 python3-numpy dpkg-dev systemd adduser
   etcd-server
 )
 # node and npm (the tokenizer oracle): Debian's packages, unless a node that brings its own npm

@@ -31,6 +31,12 @@ else
   ctest --output-on-failure --timeout 600 -j"${CTEST_JOBS:-2}"
 fi
 cd "$ROOT"
+# The Debian package (CPack): built from this build, its units verified, the packaged binary's
+# --version and a served request (installed with apt when KVPUSH_PACKAGE_INSTALL=1, as CI does;
+# else unpacked into a scratch folder). KVPUSH_PACKAGE=0 skips this step.
+if [ "${KVPUSH_PACKAGE:-1}" != 0 ]; then
+  BUILD_DIR="${BUILD_DIR:-build}" scripts/package.sh
+fi
 # The lock rules written as Clang thread-safety annotations (docs/xfer.md, "Checking lock rules"):
 # the annotated translation units compiled with clang++ -Werror=thread-safety (compile only).
 BUILD_DIR="${BUILD_DIR:-build}" scripts/thread-safety.sh

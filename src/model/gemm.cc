@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "model/gemm_kernels.h"
+#include "model/int8_gemm.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -34,18 +35,40 @@ void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64
 
 }  // namespace gemm_internal
 
-InvariantGemm::InvariantGemm(GemmBackend backend) : backend_(backend) {
+InvariantGemm::InvariantGemm(GemmBackend backend, QuantMath quant)
+    : backend_(backend), quant_(quant), q8_(std::make_unique<gemm_internal::Q8Rows>()) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (backend_ == GemmBackend::kFixedOrder) {
-    __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
       isa_ = 2;
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    } else if (avx2) {
       isa_ = 1;
+    }
+  }
+  if (backend_ != GemmBackend::kFixedOrderScalar) {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni")) {
+      q8_isa_ = 2;
+    } else if (avx2 && __builtin_cpu_supports("f16c")) {
+      q8_isa_ = 1;
     }
   }
 }
 
+InvariantGemm::~InvariantGemm() = default;
+InvariantGemm::InvariantGemm(InvariantGemm&&) noexcept = default;
+InvariantGemm& InvariantGemm::operator=(InvariantGemm&&) noexcept = default;
+
 std::string InvariantGemm::name() const {
+  std::string q = "; q8_0 dequantized f32";
+  if (quant_ == QuantMath::kInt8) {
+    q = q8_isa_ == 2 ? "; q8_0 int8 avx512-vnni" : q8_isa_ == 1 ? "; q8_0 int8 avx2" : "; q8_0 int8 scalar";
+  }
+  return GemmName() + q;
+}
+
+std::string InvariantGemm::GemmName() const {
   switch (backend_) {
     case GemmBackend::kFixedOrder:
       return isa_ == 2   ? "fixed-order avx512"
@@ -83,6 +106,14 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
     return;
   }
   if (rows <= 0) return;
+  if (quant_ == QuantMath::kInt8 && w.type() == GgmlType::kQ8_0) {
+    q8_->Quantize(x, rows, k);
+    const gemm_internal::Q8GemmFn fn = q8_isa_ == 2   ? gemm_internal::Q8GemmAvx512Vnni
+                                       : q8_isa_ == 1 ? gemm_internal::Q8GemmAvx2
+                                                      : gemm_internal::Q8GemmScalar;
+    fn(*q8_, w.row_data(0), w.row_bytes(), n, y, n);
+    return;
+  }
   // Decode-sized calls on AVX-512 read Q8_0 / F16 / BF16 directly (same bits as the tiles).
   if (backend_ == GemmBackend::kFixedOrder && isa_ == 2 && rows < kFusedMaxRows && k % 32 == 0) {
     const GgmlType t = w.type();

@@ -29,8 +29,8 @@ inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float*
 
 }  // namespace
 
-LlamaExecutor::LlamaExecutor(LlamaWeights weights, GemmBackend gemm)
-    : weights_(std::move(weights)), gemm_(gemm) {}
+LlamaExecutor::LlamaExecutor(LlamaWeights weights, GemmBackend gemm, QuantMath quant_math)
+    : weights_(std::move(weights)), gemm_(gemm, quant_math) {}
 
 Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weights,
                                                              const LlamaExecutorOptions& options) {
@@ -39,7 +39,7 @@ Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weight
     weights.config.context_length = std::min(weights.config.context_length, options.max_context);
   }
   SetBlasThreads(options.blas_threads);
-  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm));
+  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm, options.quant_math));
   const ModelConfig& c = ex->weights_.config;
   // RoPE frequencies in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim). The angles
   // pos * freq_i are computed per step for the rows in the batch (no context-sized table, so a

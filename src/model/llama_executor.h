@@ -20,7 +20,8 @@
 // 1 / sqrt(head_dim).
 //
 // Weights stay in their stored type (F32, F16, BF16, Q8_0, Q4_K, Q6_K): InvariantGemm dequantizes
-// them per tile, the embedding lookup per row (model/weight_matrix.h).
+// them per tile, the embedding lookup per row (model/weight_matrix.h); Q8_0 matrices are by default
+// multiplied with int8 activations and integer dot products instead (QuantMath, model/gemm.h).
 // Batch invariance: GEMMs go through InvariantGemm (fixed summation order); RMSNorm, RoPE,
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
 // row's own data and position. A sequence's logits are therefore bit-identical whatever else is in
@@ -42,6 +43,7 @@ struct LlamaExecutorOptions {
   int32_t max_context = 0;   ///< 0 = the model's context length; else min(model, this)
   int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global; used by kOpenBlasTiles only)
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
+  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 arithmetic (model/gemm.h)
 };
 
 class LlamaExecutor final : public Executor {
@@ -52,7 +54,7 @@ class LlamaExecutor final : public Executor {
 
   const ModelConfig& config() const override { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
-  /// The GEMM kernel in use, e.g. "fixed-order avx512".
+  /// The GEMM kernels in use, e.g. "fixed-order avx512; q8_0 int8 avx512-vnni".
   std::string gemm_name() const { return gemm_.name(); }
 
   /// See Executor::Execute. The KV cache layout must match the model (num_layers, num_kv_heads,
@@ -62,7 +64,7 @@ class LlamaExecutor final : public Executor {
                  LayerObserver* observer) override;
 
  private:
-  LlamaExecutor(LlamaWeights weights, GemmBackend gemm);
+  LlamaExecutor(LlamaWeights weights, GemmBackend gemm, QuantMath quant_math);
   Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
                   int64_t* total_tokens, int64_t* logit_rows) const;
   /// Per-row RoPE cos/sin and the token embeddings into x_.

@@ -19,6 +19,7 @@ struct ModelLoadOptions {
   int32_t max_context = 0;     ///< 0 = the model's context length
   int32_t blas_threads = 1;    ///< OpenBLAS threads (process-global; kOpenBlasTiles only)
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
+  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 arithmetic (model/gemm.h)
 };
 
 struct LoadedModel {

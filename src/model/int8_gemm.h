@@ -1,0 +1,63 @@
+// Integer dot-product GEMM for Q8_0 weights (internal to gemm.cc): Y[m, n] = sum_k X[m, k] W[n, k]
+// with the activations X quantized per 32-value block to int8, as ggml pairs Q8_0 weights with
+// Q8_0 activations (the idea, not its code: here the activation scale stays f32).
+//
+// Activation quantization (Q8Rows::Quantize), per row m and block b of 32 values, depending only
+// on those 32 values:  amax = max |x|,  dx = amax / 127 (f32 division),  id = dx != 0 ? 1 / dx : 0,
+// qx = nearest-even(x * id) clamped to [-127, 127].
+//
+// The canonical arithmetic, identical in every kernel and for every element (so results are
+// bit-identical between the AVX-512 VNNI, AVX2 and scalar kernels and independent of how many
+// rows or columns are computed together, of the row's position and of the thread that computes
+// it): 16 f32 lane accumulators, all +0. For each block b in increasing order,
+//   s = dw_b * dx_b                      (f32 product; dw_b = the weight block's fp16 scale)
+//   for j in 0..7:  P_j = sum_{t<4} qx[32b + 4j + t] * qw[32b + 4j + t]    (exact, int32)
+//                   acc[8 (b mod 2) + j] = fma(s, float(P_j), acc[8 (b mod 2) + j])
+// (even blocks feed lanes 0..7, odd blocks lanes 8..15; |P_j| <= 4 * 127 * 128 is exact in f32),
+// then acc_i += acc_{i+8}, acc_i += acc_{i+4}, acc_i += acc_{i+2}, y = acc_0 + acc_1 (the same
+// tree as the f32 kernels, gemm_kernels.h).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace kvpush::gemm_internal {
+
+/// Rows of X quantized per 32-value block (see the file comment). k must be a multiple of 32.
+/// Not thread-safe while Quantize runs; concurrent const use is safe.
+class Q8Rows {
+ public:
+  /// Quantizes X [rows, k] (row stride k). Reuses its buffers (no allocation once grown).
+  void Quantize(const float* x, int64_t rows, int64_t k);
+
+  int64_t rows() const { return rows_; }
+  int64_t k() const { return k_; }
+  /// The k int8 values of row m.
+  const int8_t* q(int64_t m) const { return q_.data() + m * k_; }
+  /// The k / 32 f32 block scales of row m.
+  const float* d(int64_t m) const { return d_.data() + m * (k_ / 32); }
+
+ private:
+  int64_t rows_ = 0, k_ = 0;
+  std::vector<int8_t> q_;
+  std::vector<float> d_;
+};
+
+/// Signature shared by the kernels: every row of `x` against W rows [0, n_rows) stored as Q8_0
+/// (`row_bytes` = x.k() / 32 * 34 bytes per row), written to Y[m, n] at y[m * ldy + n].
+using Q8GemmFn = void (*)(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                          float* y, int64_t ldy);
+
+/// Portable reference: exactly the canonical sequence above, one element at a time.
+void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                  float* y, int64_t ldy);
+/// AVX2 (maddubs / madd on 256-bit vectors); call only when the CPU has AVX2, FMA and F16C.
+void Q8GemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                int64_t ldy);
+/// AVX-512 VNNI (vpdpbusd on two blocks per 512-bit vector); call only when the CPU has
+/// AVX512F, AVX512BW, AVX512DQ and AVX512_VNNI.
+void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                      float* y, int64_t ldy);
+
+}  // namespace kvpush::gemm_internal

@@ -1,5 +1,6 @@
-// kvpush_model_greedy_bench: one greedy generation through LlamaExecutor (called directly: no engine,
-// no HTTP), timed the way bench/llamacpp/greedy.mjs times llama.cpp, for bench/model_vs_llamacpp.py.
+// kvpush_model_greedy_bench: one greedy generation through LlamaExecutor (called directly: no
+// engine, no HTTP), timed the way bench/llamacpp/greedy.mjs times llama.cpp, for
+// bench/model_vs_llamacpp.py.
 //
 //   prefill s = time of the one Execute() that computes the whole prompt (one chunk) and its last
 //               position's logits, plus the argmax giving generated token 1

@@ -61,9 +61,11 @@ InvariantGemm::InvariantGemm(InvariantGemm&&) noexcept = default;
 InvariantGemm& InvariantGemm::operator=(InvariantGemm&&) noexcept = default;
 
 std::string InvariantGemm::name() const {
-  std::string q = "; q8_0 dequantized f32";
+  std::string q = "; q8_0/q4_k/q6_k dequantized f32";
   if (quant_ == QuantMath::kInt8) {
-    q = q8_isa_ == 2 ? "; q8_0 int8 avx512-vnni" : q8_isa_ == 1 ? "; q8_0 int8 avx2" : "; q8_0 int8 scalar";
+    q = q8_isa_ == 2   ? "; q8_0/q4_k/q6_k int8 avx512-vnni"
+        : q8_isa_ == 1 ? "; q8_0 int8 avx2, q4_k/q6_k int8 scalar"
+                       : "; q8_0/q4_k/q6_k int8 scalar";
   }
   return GemmName() + q;
 }
@@ -93,6 +95,21 @@ namespace {
 constexpr int64_t kFusedMaxRows = 4;
 }  // namespace
 
+gemm_internal::Q8GemmFn InvariantGemm::Int8Kernel(GgmlType type) const {
+  namespace gi = gemm_internal;
+  if (quant_ != QuantMath::kInt8) return nullptr;
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return q8_isa_ == 2 ? gi::Q8GemmAvx512Vnni : q8_isa_ == 1 ? gi::Q8GemmAvx2 : gi::Q8GemmScalar;
+    case GgmlType::kQ4_K:
+      return q8_isa_ == 2 ? gi::Q4KGemmAvx512Vnni : gi::Q4KGemmScalar;
+    case GgmlType::kQ6_K:
+      return q8_isa_ == 2 ? gi::Q6KGemmAvx512Vnni : gi::Q6KGemmScalar;
+    default:
+      return nullptr;
+  }
+}
+
 int64_t InvariantGemm::WeightTileRows(int64_t k) {
   constexpr int64_t kTileFloats = 32 * 1024;  // 128 KiB of f32
   const int64_t rows = k > 0 ? kTileFloats / k : 64;
@@ -106,11 +123,8 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
     return;
   }
   if (rows <= 0) return;
-  if (quant_ == QuantMath::kInt8 && w.type() == GgmlType::kQ8_0) {
+  if (const gemm_internal::Q8GemmFn fn = Int8Kernel(w.type()); fn != nullptr) {
     q8_->Quantize(x, rows, k);
-    const gemm_internal::Q8GemmFn fn = q8_isa_ == 2   ? gemm_internal::Q8GemmAvx512Vnni
-                                       : q8_isa_ == 1 ? gemm_internal::Q8GemmAvx2
-                                                      : gemm_internal::Q8GemmScalar;
     fn(*q8_, w.row_data(0), w.row_bytes(), n, y, n);
     return;
   }

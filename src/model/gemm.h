@@ -23,7 +23,7 @@
 // same GEMM on the fully dequantized f32 matrix, and row invariance holds as before
 // (tests/model/quant_model_test.cc).
 //
-// Q8_0 weights by default take another path (QuantMath::kInt8): each row of X is quantized per
+// Q8_0, Q4_K and Q6_K weights by default take another path (QuantMath::kInt8): each row of X is quantized per
 // 32-value block to int8 with an f32 scale and multiplied with integer dot products
 // (model/int8_gemm.h). Its canonical order is again per element and fixed, so row invariance and
 // the independence from the ISA hold exactly as above; the values differ from the f32 path by the
@@ -45,7 +45,8 @@ enum class GemmBackend {
   kOpenBlasTiles,     ///< cblas_sgemm on fixed 8-row tiles
 };
 
-/// How a GEMM with Q8_0 weights is computed (other stored types are always dequantized to f32).
+/// How a GEMM with Q8_0, Q4_K or Q6_K weights is computed (F16 / BF16 are always dequantized to
+/// f32).
 enum class QuantMath {
   kInt8,        ///< X quantized per 32-value block to int8 + f32 scale, int8 x int8 dot products
   kDequantF32,  ///< W dequantized to f32, then the f32 kernel: bit-identical to the f32-dequantized
@@ -54,7 +55,9 @@ enum class QuantMath {
 
 namespace gemm_internal {
 class Q8Rows;
-}
+using Q8GemmFn = void (*)(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                          float* y, int64_t ldy);
+}  // namespace gemm_internal
 
 /// Computes Y[rows, n] = X[rows, k] * W[n, k]^T (W row-major [out = n, in = k], as nn.Linear).
 /// Row m of Y depends only on row m of X and on W (bitwise), never on `rows` or on other rows.
@@ -72,7 +75,7 @@ class InvariantGemm {
   void Run(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y);
 
   /// Y[rows, n] = X[rows, k] * W^T with W = `w` ([n = w.rows(), k = w.cols()]) in its stored type:
-  /// F32 in place as above; Q8_0 with QuantMath::kInt8 through the integer kernel (for any
+  /// F32 in place as above; Q8_0 / Q4_K / Q6_K with QuantMath::kInt8 through the integer kernel (for any
   /// `rows`, 1 included, so decode and prefill share one per-row order); other types dequantized
   /// WeightTileRows(k) rows at a time (see the file comment), bit-identical to Run() on the
   /// dequantized f32 matrix.
@@ -85,11 +88,14 @@ class InvariantGemm {
   GemmBackend backend() const { return backend_; }
   QuantMath quant_math() const { return quant_; }
   /// "fixed-order avx512", "fixed-order avx2", "fixed-order scalar" or "openblas 8-row tiles",
-  /// then "; q8_0 int8 avx512-vnni" (or avx2, scalar) or "; q8_0 dequantized f32".
+  /// then "; q8_0/q4_k/q6_k int8 avx512-vnni" (or the avx2 / scalar variants) or
+  /// "; q8_0/q4_k/q6_k dequantized f32".
   std::string name() const;
 
  private:
-  std::string GemmName() const;  ///< name() without the Q8_0 part
+  std::string GemmName() const;  ///< name() without the quantized part
+  /// The integer kernel for `type` under quant_, or nullptr (float path).
+  gemm_internal::Q8GemmFn Int8Kernel(GgmlType type) const;
   /// Run() writing Y with row stride `ldy` (>= n).
   void RunStrided(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y,
                   int64_t ldy);

@@ -6,8 +6,51 @@
 #include <cstring>
 
 #include "model/dtype.h"
+#include "model/quant.h"
 
 namespace kvpush::gemm_internal {
+
+namespace {
+
+uint16_t U16(const uint8_t* p) {
+  return static_cast<uint16_t>(p[0] | (p[1] << 8));
+}
+
+/// The canonical tree over 16 lanes.
+float Tree(float* acc) {
+  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+  return acc[0] + acc[1];
+}
+
+/// Codes (0..15) of the 32 values of sub-block j of a Q4_K super-block, and its scale and min.
+void Q4KSub(const uint8_t* blk, int j, uint8_t* code, int* sc, int* m) {
+  const uint8_t* s = blk + 4;
+  if (j < 4) {
+    *sc = s[j] & 63;
+    *m = s[j + 4] & 63;
+  } else {
+    *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+  const uint8_t* qs = blk + 16 + 32 * (j / 2);
+  for (int t = 0; t < 32; ++t) code[t] = (j & 1) != 0 ? qs[t] >> 4 : qs[t] & 15;
+}
+
+/// Codes (0..63) of the 32 values of sub-block j of a Q6_K super-block.
+void Q6KSub(const uint8_t* blk, int j, uint8_t* code) {
+  const uint8_t* ql = blk + 64 * (j / 4);
+  const uint8_t* qh = blk + 128 + 32 * (j / 4);
+  const int part = j % 4;  // values 32 part .. 32 part + 31 of the half
+  for (int l = 0; l < 32; ++l) {
+    const int low = part % 2 == 0 ? ql[l] : ql[l + 32];
+    const int nib = part < 2 ? low & 15 : low >> 4;
+    code[l] = static_cast<uint8_t>(nib | (((qh[l] >> (2 * part)) & 3) << 4));
+  }
+}
+
+}  // namespace
 
 void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k) {
   rows_ = rows;
@@ -55,10 +98,65 @@ void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n
           lane = std::fma(s, static_cast<float>(p), lane);
         }
       }
-      for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-      for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-      for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-      y[m * ldy + n] = acc[0] + acc[1];
+      y[m * ldy + n] = Tree(acc);
+    }
+  }
+}
+
+void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy) {
+  const int64_t nb = x.k() / kQ8BlockValues;
+  for (int64_t m = 0; m < x.rows(); ++m) {
+    for (int64_t n = 0; n < n_rows; ++n) {
+      float acc[16] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + (b / 8) * kQ4KBlockBytes;
+        uint8_t code[32];
+        int sc = 0, mn = 0;
+        Q4KSub(blk, static_cast<int>(b % 8), code, &sc, &mn);
+        const float dx = x.d(m)[b];
+        const float s1 = (HalfToFloat(U16(blk)) * static_cast<float>(sc)) * dx;
+        const float s2 = (HalfToFloat(U16(blk + 2)) * static_cast<float>(mn)) * dx;
+        const int8_t* xb = x.q(m) + b * kQ8BlockValues;
+        for (int j = 0; j < 8; ++j) {
+          int32_t p = 0, msum = 0;
+          for (int t = 4 * j; t < 4 * j + 4; ++t) {
+            p += int32_t{code[t]} * int32_t{xb[t]};
+            msum += xb[t];
+          }
+          float& lane = acc[8 * (b & 1) + j];
+          lane = std::fma(s1, static_cast<float>(p), lane);
+          lane = std::fma(-s2, static_cast<float>(msum), lane);
+        }
+      }
+      y[m * ldy + n] = Tree(acc);
+    }
+  }
+}
+
+void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy) {
+  const int64_t nb = x.k() / kQ8BlockValues;
+  for (int64_t m = 0; m < x.rows(); ++m) {
+    for (int64_t n = 0; n < n_rows; ++n) {
+      float acc[16] = {};
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + (b / 8) * kQ6KBlockBytes;
+        uint8_t code[32];
+        Q6KSub(blk, static_cast<int>(b % 8), code);
+        const float d = HalfToFloat(U16(blk + 208));
+        const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+        const float dx = x.d(m)[b];
+        const int8_t* xb = x.q(m) + b * kQ8BlockValues;
+        for (int j = 0; j < 8; ++j) {
+          int32_t p = 0;
+          for (int t = 4 * j; t < 4 * j + 4; ++t) p += (int32_t{code[t]} - 32) * int32_t{xb[t]};
+          const float s = (d * static_cast<float>(sc[2 * (b % 8) + j / 4])) * dx;
+          float& lane = acc[8 * (b & 1) + j];
+          lane = std::fma(s, static_cast<float>(p), lane);
+        }
+      }
+      y[m * ldy + n] = Tree(acc);
     }
   }
 }

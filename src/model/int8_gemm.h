@@ -1,6 +1,6 @@
-// Integer dot-product GEMM for Q8_0 weights (internal to gemm.cc): Y[m, n] = sum_k X[m, k] W[n, k]
-// with the activations X quantized per 32-value block to int8, as ggml pairs Q8_0 weights with
-// Q8_0 activations (the idea, not its code: here the activation scale stays f32).
+// Integer dot-product GEMM for Q8_0, Q4_K and Q6_K weights (internal to gemm.cc): Y[m, n] = sum_k
+// X[m, k] W[n, k] with the activations X quantized per 32-value block to int8, as ggml pairs Q8_0
+// weights with Q8_0 activations (the idea, not its code: here the activation scale stays f32).
 //
 // Activation quantization (Q8Rows::Quantize), per row m and block b of 32 values, depending only
 // on those 32 values:  amax = max |x|,  dx = amax / 127 (f32 division),  id = dx != 0 ? 1 / dx : 0,
@@ -16,11 +16,23 @@
 // (even blocks feed lanes 0..7, odd blocks lanes 8..15; |P_j| <= 4 * 127 * 128 is exact in f32),
 // then acc_i += acc_{i+8}, acc_i += acc_{i+4}, acc_i += acc_{i+2}, y = acc_0 + acc_1 (the same
 // tree as the f32 kernels, gemm_kernels.h).
+//
+// Q4_K and Q6_K (formats in model/quant.h) use the same activations, blocks of 32 and lanes; block
+// b is sub-block j = b mod 8 of super-block b / 8 (fp16 d, and dmin for Q4_K), and only the lane
+// update differs (M_j = sum_{t<4} qx[32b + 4j + t], lane = 8 (b mod 2) + j):
+//   Q4_K (code q in 0..15, 6-bit sc and m of sub-block j):
+//     s1 = (d * sc) * dx_b, s2 = (dmin * m) * dx_b,  P_j = sum_{t<4} q * qx,
+//     acc = fma(s1, float(P_j), acc);  acc = fma(-s2, float(M_j), acc)
+//   Q6_K (code c in 0..63, int8 scales sc[16] of the super-block):
+//     s = (d * sc[2 (b mod 8) + j / 4]) * dx_b,  P_j = sum_{t<4} (c - 32) * qx,
+//     acc = fma(s, float(P_j), acc)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <vector>
+
+#include "model/gemm.h"
 
 namespace kvpush::gemm_internal {
 
@@ -44,20 +56,30 @@ class Q8Rows {
   std::vector<float> d_;
 };
 
-/// Signature shared by the kernels: every row of `x` against W rows [0, n_rows) stored as Q8_0
-/// (`row_bytes` = x.k() / 32 * 34 bytes per row), written to Y[m, n] at y[m * ldy + n].
-using Q8GemmFn = void (*)(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
-                          float* y, int64_t ldy);
+// Every kernel has the signature Q8GemmFn (declared in model/gemm.h): every row of `x` against W
+// rows [0, n_rows) in the kernel's stored type (`row_bytes` per row), written to Y[m, n] at
+// y[m * ldy + n]. Thread-safety: pure functions of their arguments.
 
 /// Portable reference: exactly the canonical sequence above, one element at a time.
-void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
-                  float* y, int64_t ldy);
+void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                  int64_t ldy);
 /// AVX2 (maddubs / madd on 256-bit vectors); call only when the CPU has AVX2, FMA and F16C.
 void Q8GemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
                 int64_t ldy);
 /// AVX-512 VNNI (vpdpbusd on two blocks per 512-bit vector); call only when the CPU has
 /// AVX512F, AVX512BW, AVX512DQ and AVX512_VNNI.
-void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
-                      float* y, int64_t ldy);
+void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                      int64_t ldy);
+
+/// Q4_K / Q6_K weights (x.k() a multiple of 256), same signature as Q8GemmFn: the scalar
+/// reference and the AVX-512 VNNI kernels (same CPU requirements as Q8GemmAvx512Vnni).
+void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy);
+void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy);
+void Q4KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                       float* y, int64_t ldy);
+void Q6KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                       float* y, int64_t ldy);
 
 }  // namespace kvpush::gemm_internal

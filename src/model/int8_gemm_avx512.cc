@@ -57,8 +57,8 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
       const int8_t* q = x.q(m + r) + b * 32;
       const float* d = x.d(m + r) + b;
       const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      const __m256i hi =
-          pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32)) : _mm256_setzero_si256();
+      const __m256i hi = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))
+                              : _mm256_setzero_si256();
       ux[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bias);
       dx[r] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[0])),
                                  _mm256_set1_ps(pair ? d[1] : 0.0f), 1);
@@ -71,9 +71,8 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
                               : _mm256_setzero_si256();
       const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       const __m512 dw = PairScale(HalfAt(blk), pair ? HalfAt(blk + kBlockBytes) : 0);
-      const __m512i neg =
-          _mm512_sub_epi32(_mm512_setzero_si512(),
-                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
+      const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
       for (int r = 0; r < R; ++r) {
         const __m512i p = _mm512_dpbusd_epi32(neg, ux[r], wq);
         const __m512 s = _mm512_mul_ps(dw, dx[r]);
@@ -87,8 +86,8 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
 
 }  // namespace
 
-void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
-                      float* y, int64_t ldy) {
+void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                      int64_t ldy) {
   const int64_t rows = x.rows();
   // Column groups of 64 outer, rows inner: a group of W rows (~70 KiB at k = 1024) stays in L2
   // while every row of X passes it.

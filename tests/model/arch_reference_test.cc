@@ -6,7 +6,7 @@
 // 1e-4 relative: max |kvpush - reference| / max |reference| over the compared logits. Models
 // stored as F16, BF16, Q8_0, Q4_K and Q6_K are compared with the reference running the same
 // stored weights (dequantized by the reference's own reader), through kvpush's float path
-// (QuantMath::kDequantF32). Q8_0 is compared again through the default integer path
+// (QuantMath::kDequantF32). Q8_0, Q4_K and Q6_K are compared again through the default integer path
 // (QuantMath::kInt8: int8 activations), whose error is that of the activation rounding and is
 // bounded by kInt8Tolerance (measured values in docs/model.md).
 // Skips with a message when /usr/bin/python3 or numpy is missing (Debian: python3-numpy).
@@ -217,7 +217,8 @@ TEST_P(ArchReferenceTest, LogitsMatchNumpyReference) {
   ASSERT_TRUE(w.ok()) << w.status().ToString();
   ASSERT_TRUE(w->WriteFile(path).ok());
   CompareWithReference(path, ac.label, dir);
-  if (ac.options.dtype == GgmlType::kQ8_0) {
+  const GgmlType t = ac.options.dtype;
+  if (t == GgmlType::kQ8_0 || t == GgmlType::kQ4_K || t == GgmlType::kQ6_K) {
     CompareWithReference(path, std::string(ac.label) + " int8", dir, QuantMath::kInt8,
                          kInt8Tolerance);
   }

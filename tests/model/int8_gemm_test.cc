@@ -1,34 +1,45 @@
-// The Q8_0 integer GEMM (model/int8_gemm.h, QuantMath::kInt8):
+// The integer GEMMs for Q8_0, Q4_K and Q6_K (model/int8_gemm.h, QuantMath::kInt8):
 //  * activation quantization gives the documented values;
 //  * the AVX-512 VNNI, AVX2 and scalar kernels give identical bits (whichever the CPU has);
 //  * each output row is bitwise a function of its input row only, for 1..40 rows at any position;
 //  * the result stays within a small relative error of the f32 path (QuantMath::kDequantF32).
+#include "model/int8_gemm.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "model/dtype.h"
 #include "model/gemm.h"
-#include "model/int8_gemm.h"
 #include "model/weight_matrix.h"
 
 namespace kvpush {
 namespace {
 
-WeightMatrix RandomQ8(int64_t n, int64_t k, uint32_t seed) {
+WeightMatrix RandomW(GgmlType type, int64_t n, int64_t k, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);
   std::vector<float> v(static_cast<size_t>(n * k));
   for (float& f : v) f = u(rng);
-  std::vector<uint8_t> bytes(static_cast<size_t>(n) * static_cast<size_t>(k / 32 * 34));
-  EXPECT_TRUE(QuantizeFromF32(GgmlType::kQ8_0, v, bytes).ok());
-  auto w = WeightMatrix::FromStored(GgmlType::kQ8_0, n, k, bytes, nullptr);
+  const size_t row = *GgmlRowBytes(type, k);
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * row);
+  for (int64_t r = 0; r < n; ++r) {
+    EXPECT_TRUE(QuantizeFromF32(type, std::span<const float>(v).subspan(r * k, k),
+                                std::span<uint8_t>(bytes).subspan(r * row, row))
+                    .ok());
+  }
+  auto w = WeightMatrix::FromStored(type, n, k, bytes, nullptr);
   EXPECT_TRUE(w.ok()) << w.status().ToString();
   return std::move(*w);
+}
+
+WeightMatrix RandomQ8(int64_t n, int64_t k, uint32_t seed) {
+  return RandomW(GgmlType::kQ8_0, n, k, seed);
 }
 
 std::vector<float> RandomX(int64_t rows, int64_t k, uint32_t seed) {
@@ -108,7 +119,8 @@ TEST(Int8GemmTest, RowResultIndependentOfRowCountAndPosition) {
       gemm.Run(x.data() + first * k, rows, w, y.data());
       for (int64_t m = 0; m < rows; ++m) {
         for (int64_t j = 0; j < n; ++j) {
-          ASSERT_EQ(y[static_cast<size_t>(m * n + j)], alone[static_cast<size_t>((first + m) * n + j)])
+          ASSERT_EQ(y[static_cast<size_t>(m * n + j)],
+                    alone[static_cast<size_t>((first + m) * n + j)])
               << "rows " << rows << ", first " << first << ", row " << m << ", col " << j;
         }
       }
@@ -134,6 +146,62 @@ TEST(Int8GemmTest, CloseToTheFloatPath) {
   EXPECT_LT(diff / scale, 1e-2);
   EXPECT_GT(diff, 0.0);  // the int8 path is really taken
 }
+
+struct KQuantCase {
+  GgmlType type;
+  gemm_internal::Q8GemmFn scalar, avx512;
+  double max_rel_err;  ///< vs the f32 path (which has the same weights)
+};
+
+class Int8KQuantTest : public ::testing::TestWithParam<KQuantCase> {};
+
+TEST_P(Int8KQuantTest, KernelAgreesBitwiseRowInvariantAndCloseToFloatPath) {
+  const KQuantCase& c = GetParam();
+  __builtin_cpu_init();
+  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  const int64_t k = 512, n = 45, max_rows = 11;
+  const WeightMatrix w = RandomW(c.type, n, k, 11);
+  const std::vector<float> x = RandomX(max_rows, k, 12);
+  gemm_internal::Q8Rows q;
+  q.Quantize(x.data(), max_rows, k);
+  std::vector<float> ref(static_cast<size_t>(max_rows * n)), got(ref.size());
+  c.scalar(q, w.row_data(0), w.row_bytes(), n, ref.data(), n);
+  if (vnni) {
+    c.avx512(q, w.row_data(0), w.row_bytes(), n, got.data(), n);
+    EXPECT_EQ(got, ref) << "avx512 vnni vs scalar";
+  }
+  InvariantGemm gemm;
+  for (int64_t rows = 1; rows <= max_rows; ++rows) {
+    for (int64_t first : {int64_t{0}, max_rows - rows}) {
+      gemm.Run(x.data() + first * k, rows, w, got.data());
+      for (int64_t i = 0; i < rows * n; ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(i)], ref[static_cast<size_t>(first * n + i)])
+            << "rows " << rows << ", first " << first << ", element " << i;
+      }
+    }
+  }
+  InvariantGemm f32(GemmBackend::kFixedOrder, QuantMath::kDequantF32);
+  f32.Run(x.data(), max_rows, w, got.data());
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(ref[i]) - got[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(got[i])));
+  }
+  std::printf("%s int8 vs f32 path: max |diff| / max |y| = %.2e\n",
+              GgmlTypeName(static_cast<uint32_t>(c.type)).c_str(), diff / scale);
+  EXPECT_LT(diff / scale, c.max_rel_err);
+  EXPECT_GT(diff, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, Int8KQuantTest,
+                         ::testing::Values(KQuantCase{GgmlType::kQ4_K, gemm_internal::Q4KGemmScalar,
+                                                      gemm_internal::Q4KGemmAvx512Vnni, 1e-2},
+                                           KQuantCase{GgmlType::kQ6_K, gemm_internal::Q6KGemmScalar,
+                                                      gemm_internal::Q6KGemmAvx512Vnni, 1e-2}),
+                         [](const auto& p) {
+                           return GgmlTypeName(static_cast<uint32_t>(p.param.type));
+                         });
 
 }  // namespace
 }  // namespace kvpush

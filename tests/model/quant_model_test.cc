@@ -3,8 +3,8 @@
 //  * through the float path (QuantMath::kDequantF32) gives bit-identical logits and fingerprint to
 //    the same model dequantized to f32 at load (the old path), so storing the type changes
 //    memory, not arithmetic;
-//  * through the default path (Q8_0: int8 activations and integer dot products) stays within the
-//    same bound of the f32 original;
+//  * through the default path (Q8_0, Q4_K, Q6_K: int8 activations and integer dot products) stays
+//    within the same bound of the f32 original;
 //  * agrees with the original f32 model (same seed, before quantization) within the error
 //    documented per type in docs/model.md (max |logit - f32 logit| / max |f32 logit|, printed);
 //  * keeps resident memory near the file size (VmRSS grows by <= 1.3x the file plus the KV cache).
@@ -159,7 +159,7 @@ TEST_P(QuantModelTest, StoredTypeMatchesDequantizedF32BitwiseAndF32OriginalWithi
   std::printf("%-5s (%s): max |logit - f32 logit| / max |f32 logit| = %.2e; weights %.3f x f32\n",
               c.name, c.arch, err, bytes_ratio);
   EXPECT_LT(err, c.max_rel_err) << c.name;
-  if (c.type == GgmlType::kQ8_0) {
+  if (c.type == GgmlType::kQ8_0 || c.type == GgmlType::kQ4_K || c.type == GgmlType::kQ6_K) {
     auto int8 = Load(dir + "/q.gguf", QuantMath::kInt8);
     const std::vector<float> got8 = RunSteps(*int8);
     const double err8 = PromptRelError(got8, ref, vocab);

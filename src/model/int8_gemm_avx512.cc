@@ -38,8 +38,65 @@ inline uint16_t HalfAt(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
 }
 
-/// R rows of X (from row m) against C rows of W: the canonical order, two blocks per step; an odd
-/// last block updates lanes 0..7 only (masked), as the canonical order leaves lanes 8..15 alone.
+/// [p[0] x 8, p[1] x 8].
+inline __m512 Pair(const float* p) {
+  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const __m128 v = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+/// Blocks b and b + 1 (kPair) or block b alone (the odd last block: lanes 0..7 only, as the
+/// canonical order leaves lanes 8..15 alone) of R rows of X (from row m) against C rows of W.
+template <int R, int C, bool kPair>
+inline void Step(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, int64_t b,
+                 __m512 (&acc)[R][C]) {
+  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512i ux[R];
+  __m512 dx[R];
+  for (int r = 0; r < R; ++r) {
+    const int8_t* q = x.q(m + r) + b * 32;
+    if constexpr (kPair) {
+      ux[r] = _mm512_xor_si512(_mm512_loadu_si512(q), bias);
+      dx[r] = Pair(x.d(m + r) + b);
+    } else {
+      ux[r] = _mm512_xor_si512(
+          _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(q))), bias);
+      dx[r] = _mm512_set1_ps(x.d(m + r)[b]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int c = 0; c < C; ++c) {
+    const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + b * kBlockBytes;
+    if constexpr (R == 1) {  // decode streams W: ask for the next tile's blocks now
+      _mm_prefetch(reinterpret_cast<const char*>(blk + C * row_bytes), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(blk + C * row_bytes + 64), _MM_HINT_T0);
+    }
+    const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+    __m512i wq;
+    __m512 dw;
+    if constexpr (kPair) {
+      const __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 36));
+      wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+      dw = PairScale(HalfAt(blk), HalfAt(blk + kBlockBytes));
+    } else {
+      wq = _mm512_zextsi256_si512(lo);
+      dw = PairScale(HalfAt(blk), HalfAt(blk));
+    }
+    const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(),
+                                         _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(neg, ux[r], wq));
+      const __m512 s = _mm512_mul_ps(dw, dx[r]);
+      if constexpr (kPair) {
+        acc[r][c] = _mm512_fmadd_ps(s, p, acc[r][c]);
+      } else {
+        acc[r][c] = _mm512_mask3_fmadd_ps(s, p, acc[r][c], 0x00ff);
+      }
+    }
+  }
+}
+
+/// R rows of X (from row m) against C rows of W: the canonical order, two blocks per step.
 template <int R, int C>
 inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y,
                  int64_t ldy) {
@@ -47,39 +104,9 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
   __m512 acc[R][C];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
-  for (int64_t b = 0; b < nb; b += 2) {
-    const bool pair = b + 1 < nb;
-    const __mmask16 lanes = pair ? 0xffff : 0x00ff;
-    __m512i ux[R];
-    __m512 dx[R];
-    for (int r = 0; r < R; ++r) {
-      const int8_t* q = x.q(m + r) + b * 32;
-      const float* d = x.d(m + r) + b;
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q));
-      const __m256i hi = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32))
-                              : _mm256_setzero_si256();
-      ux[r] = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), bias);
-      dx[r] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(d[0])),
-                                 _mm256_set1_ps(pair ? d[1] : 0.0f), 1);
-    }
-#pragma GCC unroll 8
-    for (int c = 0; c < C; ++c) {
-      const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + b * kBlockBytes;
-      const __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      const __m256i hi = pair ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 36))
-                              : _mm256_setzero_si256();
-      const __m512i wq = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
-      const __m512 dw = PairScale(HalfAt(blk), pair ? HalfAt(blk + kBlockBytes) : 0);
-      const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                           _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
-      for (int r = 0; r < R; ++r) {
-        const __m512i p = _mm512_dpbusd_epi32(neg, ux[r], wq);
-        const __m512 s = _mm512_mul_ps(dw, dx[r]);
-        acc[r][c] = _mm512_mask3_fmadd_ps(s, _mm512_cvtepi32_ps(p), acc[r][c], lanes);
-      }
-    }
-  }
+  int64_t b = 0;
+  for (; b + 1 < nb; b += 2) Step<R, C, true>(x, m, w, row_bytes, b, acc);
+  if (b < nb) Step<R, C, false>(x, m, w, row_bytes, b, acc);
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
 }

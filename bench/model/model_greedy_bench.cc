@@ -133,7 +133,7 @@ int main(int argc, char** argv) {
 
   kvpush::ModelLoadOptions lo;
   lo.path = model;
-  if (threads != 1) Die("this build's executor runs on one thread");
+  lo.threads = threads;
   auto m = kvpush::LoadModel(lo);
   if (!m.ok()) Die(m.status().ToString());
   const auto& c = m->config;

@@ -8,6 +8,7 @@
 
 #include "model/gemm_kernels.h"
 #include "model/int8_gemm.h"
+#include "model/worker_pool.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -117,15 +118,39 @@ int64_t InvariantGemm::WeightTileRows(int64_t k) {
 }
 
 void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, float* y) {
-  const int64_t k = w.cols(), n = w.rows();
+  if (rows <= 0) return;
+  const int64_t n = w.rows();
+  const gemm_internal::Q8GemmFn int8 = Int8Kernel(w.type());
+  if (int8 != nullptr) q8_->Quantize(x, rows, w.cols());
+  // Parts are contiguous column ranges (multiples of 8 columns); every element is computed in
+  // its canonical order whichever part it falls in, so the split changes no bit. OpenBLAS
+  // threads itself (and its padding buffers are shared), so kOpenBlasTiles stays one part.
+  const int parts = pool_ != nullptr && backend_ != GemmBackend::kOpenBlasTiles
+                        ? static_cast<int>(std::min<int64_t>(pool_->threads(), (n + 7) / 8))
+                        : 1;
+  const int64_t chunk = ((n + parts - 1) / parts + 7) / 8 * 8;
+  if (static_cast<int>(tiles_.size()) < parts) tiles_.resize(static_cast<size_t>(parts));
+  auto part = [&](int p) {
+    const int64_t n0 = std::min(n, p * chunk), n1 = std::min(n, n0 + chunk);
+    if (n1 > n0) RunColumns(x, rows, w, int8, n0, n1, y, tiles_[static_cast<size_t>(p)]);
+  };
+  if (parts == 1) {
+    part(0);
+  } else {
+    pool_->Run(parts, part);
+  }
+}
+
+void InvariantGemm::RunColumns(const float* x, int64_t rows, const WeightMatrix& w,
+                               gemm_internal::Q8GemmFn int8, int64_t n0, int64_t n1, float* y,
+                               std::vector<float>& tile) {
+  const int64_t k = w.cols(), n = w.rows(), nn = n1 - n0;
   if (const float* f = w.f32(); f != nullptr) {
-    RunStrided(x, rows, k, f, n, y, n);
+    RunStrided(x, rows, k, f + n0 * k, nn, y + n0, n);
     return;
   }
-  if (rows <= 0) return;
-  if (const gemm_internal::Q8GemmFn fn = Int8Kernel(w.type()); fn != nullptr) {
-    q8_->Quantize(x, rows, k);
-    fn(*q8_, w.row_data(0), w.row_bytes(), n, y, n);
+  if (int8 != nullptr) {
+    int8(*q8_, w.row_data(n0), w.row_bytes(), nn, y + n0, n);
     return;
   }
   // Decode-sized calls on AVX-512 read Q8_0 / F16 / BF16 directly (same bits as the tiles).
@@ -135,16 +160,18 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
       const auto st = t == GgmlType::kQ8_0  ? gemm_internal::StoredType::kQ8_0
                       : t == GgmlType::kF16 ? gemm_internal::StoredType::kF16
                                             : gemm_internal::StoredType::kBF16;
-      gemm_internal::GemmStoredAvx512(st, x, rows, k, w.row_data(0), w.row_bytes(), n, y, n);
+      gemm_internal::GemmStoredAvx512(st, x, rows, k, w.row_data(n0), w.row_bytes(), nn, y + n0, n);
       return;
     }
   }
-  const int64_t tile = WeightTileRows(k);
-  if (static_cast<int64_t>(tile_.size()) < tile * k) tile_.resize(static_cast<size_t>(tile * k));
-  for (int64_t n0 = 0; n0 < n; n0 += tile) {
-    const int64_t nn = std::min(tile, n - n0);
-    w.DequantizeRows(n0, nn, tile_.data());
-    RunStrided(x, rows, k, tile_.data(), nn, y + n0, n);
+  const int64_t tile_rows = WeightTileRows(k);
+  if (static_cast<int64_t>(tile.size()) < tile_rows * k) {
+    tile.resize(static_cast<size_t>(tile_rows * k));
+  }
+  for (int64_t c = n0; c < n1; c += tile_rows) {
+    const int64_t cn = std::min(tile_rows, n1 - c);
+    w.DequantizeRows(c, cn, tile.data());
+    RunStrided(x, rows, k, tile.data(), cn, y + c, n);
   }
 }
 

@@ -23,8 +23,8 @@
 // same GEMM on the fully dequantized f32 matrix, and row invariance holds as before
 // (tests/model/quant_model_test.cc).
 //
-// Q8_0, Q4_K and Q6_K weights by default take another path (QuantMath::kInt8): each row of X is quantized per
-// 32-value block to int8 with an f32 scale and multiplied with integer dot products
+// Q8_0, Q4_K and Q6_K weights by default take another path (QuantMath::kInt8): each row of X is
+// quantized per 32-value block to int8 with an f32 scale and multiplied with integer dot products
 // (model/int8_gemm.h). Its canonical order is again per element and fixed, so row invariance and
 // the independence from the ISA hold exactly as above; the values differ from the f32 path by the
 // activation rounding (docs/model.md, "Integer dot products").
@@ -53,6 +53,8 @@ enum class QuantMath {
                 ///< model (the float reference path)
 };
 
+class WorkerPool;
+
 namespace gemm_internal {
 class Q8Rows;
 using Q8GemmFn = void (*)(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
@@ -75,11 +77,16 @@ class InvariantGemm {
   void Run(const float* x, int64_t rows, int64_t k, const float* w, int64_t n, float* y);
 
   /// Y[rows, n] = X[rows, k] * W^T with W = `w` ([n = w.rows(), k = w.cols()]) in its stored type:
-  /// F32 in place as above; Q8_0 / Q4_K / Q6_K with QuantMath::kInt8 through the integer kernel (for any
-  /// `rows`, 1 included, so decode and prefill share one per-row order); other types dequantized
-  /// WeightTileRows(k) rows at a time (see the file comment), bit-identical to Run() on the
-  /// dequantized f32 matrix.
+  /// F32 in place as above; Q8_0 / Q4_K / Q6_K with QuantMath::kInt8 through the integer kernel
+  /// (for any `rows`, 1 included, so decode and prefill share one per-row order); other types
+  /// dequantized WeightTileRows(k) rows at a time (see the file comment), bit-identical to Run() on
+  /// the dequantized f32 matrix.
   void Run(const float* x, int64_t rows, const WeightMatrix& w, float* y);
+
+  /// Splits every stored-type Run() over `pool`'s threads by output columns (W rows), except for
+  /// kOpenBlasTiles; nullptr (default) = the calling thread only. Bits do not change with the
+  /// thread count (each element keeps its canonical order). `pool` must outlive this object.
+  void set_pool(WorkerPool* pool) { pool_ = pool; }
 
   /// Rows of W dequantized per tile for an input width of `k` values (a multiple of 8, 8..64;
   /// about 128 KiB of f32).
@@ -107,7 +114,14 @@ class InvariantGemm {
   std::unique_ptr<gemm_internal::Q8Rows> q8_;  ///< X quantized (QuantMath::kInt8)
   std::vector<float> pad_x_;
   std::vector<float> pad_y_;
-  std::vector<float> tile_;  ///< dequantized rows of W (stored-type Run)
+  /// Y[:, n0:n1] of the stored-type Run() (written at y + n0, row stride w.rows()); `tile` is the
+  /// calling part's dequantization scratch. Touches no other member for the fixed-order backends,
+  /// so parts run concurrently.
+  void RunColumns(const float* x, int64_t rows, const WeightMatrix& w, gemm_internal::Q8GemmFn int8,
+                  int64_t n0, int64_t n1, float* y, std::vector<float>& tile);
+
+  WorkerPool* pool_ = nullptr;
+  std::vector<std::vector<float>> tiles_;  ///< per part: dequantized rows of W
 };
 
 /// Sets OpenBLAS's thread count (process-global) and returns the value OpenBLAS reports.

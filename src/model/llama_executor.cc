@@ -29,17 +29,25 @@ inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float*
 
 }  // namespace
 
-LlamaExecutor::LlamaExecutor(LlamaWeights weights, GemmBackend gemm, QuantMath quant_math)
-    : weights_(std::move(weights)), gemm_(gemm, quant_math) {}
+LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& options)
+    : weights_(std::move(weights)), gemm_(options.gemm, options.quant_math) {
+  if (options.threads > 1) {
+    pool_ = std::make_unique<WorkerPool>(options.threads);
+    gemm_.set_pool(pool_.get());
+  }
+}
 
 Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weights,
                                                              const LlamaExecutorOptions& options) {
   KVP_RETURN_IF_ERROR(ValidateLlamaWeights(weights));
+  if (options.threads < 1 || options.threads > 256) {
+    return InvalidArgument("threads must be 1..256, got " + std::to_string(options.threads));
+  }
   if (options.max_context > 0) {
     weights.config.context_length = std::min(weights.config.context_length, options.max_context);
   }
   SetBlasThreads(options.blas_threads);
-  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm, options.quant_math));
+  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options));
   const ModelConfig& c = ex->weights_.config;
   // RoPE frequencies in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim). The angles
   // pos * freq_i are computed per step for the rows in the batch (no context-sized table, so a

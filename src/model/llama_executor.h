@@ -26,8 +26,10 @@
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
 // row's own data and position. A sequence's logits are therefore bit-identical whatever else is in
 // the batch and however its prompt is chunked (tests/model/batch_invariance_test.cc).
-// Threading: everything runs on the calling (engine) thread (see docs/model.md); with the
-// kOpenBlasTiles backend OpenBLAS gets LlamaExecutorOptions::blas_threads threads.
+// Threading: the GEMMs of the fixed-order backends are split by output columns over
+// LlamaExecutorOptions::threads threads (a WorkerPool; the calling thread takes part); everything
+// else runs on the calling (engine) thread (see docs/model.md). With the kOpenBlasTiles backend
+// OpenBLAS gets LlamaExecutorOptions::blas_threads threads instead.
 #pragma once
 
 #include <memory>
@@ -36,6 +38,7 @@
 #include "model/executor.h"
 #include "model/gemm.h"
 #include "model/llama_weights.h"
+#include "model/worker_pool.h"
 
 namespace kvpush {
 
@@ -43,7 +46,10 @@ struct LlamaExecutorOptions {
   int32_t max_context = 0;   ///< 0 = the model's context length; else min(model, this)
   int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global; used by kOpenBlasTiles only)
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
-  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 arithmetic (model/gemm.h)
+  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 / Q4_K / Q6_K arithmetic (model/gemm.h)
+  /// Threads for the linear layers (the calling thread included; 1 = no workers): each GEMM's
+  /// output columns are split over them. Logits are bit-identical for every value.
+  int32_t threads = 1;
 };
 
 class LlamaExecutor final : public Executor {
@@ -64,7 +70,7 @@ class LlamaExecutor final : public Executor {
                  LayerObserver* observer) override;
 
  private:
-  LlamaExecutor(LlamaWeights weights, GemmBackend gemm, QuantMath quant_math);
+  LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& options);
   Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
                   int64_t* total_tokens, int64_t* logit_rows) const;
   /// Per-row RoPE cos/sin and the token embeddings into x_.
@@ -80,6 +86,7 @@ class LlamaExecutor final : public Executor {
   LlamaWeights weights_;
   std::vector<float> rope_freq_;  ///< [rope_dim / 2]: theta^(-2i / rope_dim) / rope_freqs[i]
   std::vector<float> rope_cos_, rope_sin_;  ///< per step: [tokens, rope_dim / 2]
+  std::unique_ptr<WorkerPool> pool_;        ///< null with threads = 1
   InvariantGemm gemm_;
   // Scratch, [tokens, width] row-major.
   std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, scores_;

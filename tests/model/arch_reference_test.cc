@@ -151,8 +151,7 @@ class ArchReferenceTest : public ::testing::TestWithParam<ArchCase> {};
 
 /// Loads `path` and checks its logits against the reference for prompts of 1, 17 and 300 tokens.
 void CompareWithReference(const std::string& path, const std::string& label, const std::string& dir,
-                          QuantMath quant = QuantMath::kDequantF32,
-                          double tolerance = kTolerance) {
+                          QuantMath quant = QuantMath::kDequantF32, double tolerance = kTolerance) {
   ModelLoadOptions lo;
   lo.path = path;
   lo.quant_math = quant;

@@ -48,10 +48,9 @@ InvariantGemm::InvariantGemm(GemmBackend backend, QuantMath quant)
     }
   }
   if (backend_ != GemmBackend::kFixedOrderScalar) {
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni")) {
+    if (gemm_internal::CpuHasAvx512Vnni()) {
       q8_isa_ = 2;
-    } else if (avx2 && __builtin_cpu_supports("f16c")) {
+    } else if (gemm_internal::CpuHasAvx2FmaF16c()) {
       q8_isa_ = 1;
     }
   }

@@ -1,6 +1,8 @@
 // Activation quantization and the scalar reference of the Q8_0 integer GEMM (model/int8_gemm.h).
 #include "model/int8_gemm.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -51,6 +53,23 @@ void Q6KSub(const uint8_t* blk, int j, uint8_t* code) {
 }
 
 }  // namespace
+
+bool CpuHasAvx512Vnni() {
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512dq")) {
+    return false;  // these also tell that the OS saves the AVX-512 state
+  }
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid_count(7, 0, &a, &b, &c, &d) != 0 && (c & (1u << 11)) != 0;  // AVX512_VNNI
+}
+
+bool CpuHasAvx2FmaF16c() {
+  __builtin_cpu_init();
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  const bool f16c = __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & (1u << 29)) != 0;
+  return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
 
 void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k) {
   rows_ = rows;
@@ -151,7 +170,8 @@ void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
         for (int j = 0; j < 8; ++j) {
           int32_t p = 0;
           for (int t = 4 * j; t < 4 * j + 4; ++t) p += (int32_t{code[t]} - 32) * int32_t{xb[t]};
-          const float s = (d * static_cast<float>(sc[2 * (b % 8) + j / 4])) * dx;
+          const int64_t scale_index = 2 * (b % 8) + j / 4;  // 16-value sub-block of the lane
+          const float s = (d * static_cast<float>(sc[scale_index])) * dx;
           float& lane = acc[8 * (b & 1) + j];
           lane = std::fma(s, static_cast<float>(p), lane);
         }

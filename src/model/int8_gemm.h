@@ -36,6 +36,14 @@
 
 namespace kvpush::gemm_internal {
 
+/// True when the CPU (and OS) support AVX512F, AVX512BW, AVX512DQ and AVX512_VNNI (CPUID leaf 7
+/// ECX bit 11), which the *Avx512Vnni kernels need.
+bool CpuHasAvx512Vnni();
+
+/// True when the CPU supports AVX2, FMA and F16C (CPUID leaf 1 ECX bit 29), which Q8GemmAvx2
+/// needs.
+bool CpuHasAvx2FmaF16c();
+
 /// Rows of X quantized per 32-value block (see the file comment). k must be a multiple of 32.
 /// Not thread-safe while Quantize runs; concurrent const use is safe.
 class Q8Rows {

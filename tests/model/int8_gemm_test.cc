@@ -72,10 +72,8 @@ TEST(Int8GemmTest, QuantizeRoundsToNearestEvenWithAbsmaxScale) {
 
 TEST(Int8GemmTest, KernelsAgreeBitwiseWithScalarReference) {
   __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                    __builtin_cpu_supports("f16c");
-  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();
+  const bool vnni = gemm_internal::CpuHasAvx512Vnni();
   std::printf("CPU: avx2 %d, avx512 vnni %d\n", avx2, vnni);
   for (int64_t k : {32, 64, 96, 1024}) {
     for (int64_t rows : {1, 3, 4, 9}) {
@@ -158,8 +156,7 @@ class Int8KQuantTest : public ::testing::TestWithParam<KQuantCase> {};
 TEST_P(Int8KQuantTest, KernelAgreesBitwiseRowInvariantAndCloseToFloatPath) {
   const KQuantCase& c = GetParam();
   __builtin_cpu_init();
-  const bool vnni = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                    __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+  const bool vnni = gemm_internal::CpuHasAvx512Vnni();
   const int64_t k = 512, n = 45, max_rows = 11;
   const WeightMatrix w = RandomW(c.type, n, k, 11);
   const std::vector<float> x = RandomX(max_rows, k, 12);

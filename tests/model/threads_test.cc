@@ -81,7 +81,7 @@ std::vector<float> RunSteps(const std::vector<uint8_t>& bytes, int threads, Quan
     }
   }
   const KvLayout& lay = kv->layout();
-  const size_t tok = static_cast<size_t>(lay.num_kv_heads * lay.head_dim);
+  const size_t tok = static_cast<size_t>(lay.num_kv_heads) * static_cast<size_t>(lay.head_dim);
   for (int i = 0; i < kSeqs; ++i) {
     const int32_t n = static_cast<int32_t>(prompts[i].size()) + 3;
     for (int32_t l = 0; l < lay.num_layers; ++l) {

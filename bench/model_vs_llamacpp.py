@@ -66,12 +66,19 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
+    ap.add_argument("--kvpush-bench", default="",
+                    help="kvpush_model_greedy_bench to run (default: BUILD_DIR's; give a copy "
+                         "when rebuilding while the benchmark runs)")
+    ap.add_argument("--float-path", action="store_true",
+                    help="also run kvpush with --quant-math f32 (the float path) as a third "
+                         "engine, 'kvpush-f32'")
     ap.add_argument("--models-dir", default=os.path.join(ROOT, "build", "bench-results", "models"))
     ap.add_argument("--json", default=os.path.join(ROOT, "build", "bench-results",
                                                    "model-vs-llamacpp.json"))
     args = ap.parse_args()
 
-    bench = os.path.join(args.build_dir, "bench", "model", "kvpush_model_greedy_bench")
+    bench = args.kvpush_bench or os.path.join(args.build_dir, "bench", "model",
+                                              "kvpush_model_greedy_bench")
     mjs = os.path.join(ROOT, "bench", "llamacpp", "greedy.mjs")
     if not os.path.exists(os.path.join(ROOT, "bench", "llamacpp", "node_modules")):
         sys.exit("run `npm ci --prefix bench/llamacpp` first")
@@ -106,11 +113,13 @@ def run_config(bench, mjs, model, prompt_file, dtype, plen, thr, args):
     common = ["--model", model, "--prompt-file", prompt_file, "--decode", str(args.decode),
               "--threads", str(thr)]
     cmds = {"kvpush": [bench] + common, "llama.cpp": ["node", mjs] + common}
-    runs = {"kvpush": [], "llama.cpp": []}
+    if args.float_path:
+        cmds["kvpush-f32"] = [bench] + common + ["--quant-math", "f32"]
+    runs = {eng: [] for eng in cmds}
     errors = {}
     load_before = loadavg()
     for rep in range(args.reps):
-        order = ["kvpush", "llama.cpp"] if rep % 2 == 0 else ["llama.cpp", "kvpush"]
+        order = list(cmds) if rep % 2 == 0 else list(reversed(list(cmds)))
         for eng in order:
             if eng in errors:
                 continue
@@ -132,7 +141,7 @@ def run_config(bench, mjs, model, prompt_file, dtype, plen, thr, args):
             "tokens": rs[0]["tokens"],
             "tokens_stable": all(r["tokens"] == rs[0]["tokens"] for r in rs),
         }
-        if eng == "kvpush":
+        if eng.startswith("kvpush"):
             row[eng]["gemm"] = rs[0].get("gemm")
     if "kvpush" in row and "llama.cpp" in row:
         first, share = agreement(row["kvpush"]["tokens"], row["llama.cpp"]["tokens"])
@@ -156,6 +165,13 @@ def print_row(r):
           f"{f(l, 'prefill_tok_s'):>8} {ratio('prefill_tok_s'):>6} | {f(k, 'decode_tok_s'):>15} "
           f"{f(l, 'decode_tok_s'):>8} {ratio('decode_tok_s'):>6} | {agree:>12} | "
           f"{r['load_before']} / {r['load_after']}", flush=True)
+    if "kvpush-f32" in r and l:
+        f = r["kvpush-f32"]
+        first, _ = agreement(f["tokens"], l["tokens"])
+        print(f"      kvpush float path: prefill {f['prefill_tok_s']:.1f} "
+              f"({f['prefill_tok_s'] / l['prefill_tok_s']:.2f}x), decode {f['decode_tok_s']:.1f} "
+              f"({f['decode_tok_s'] / l['decode_tok_s']:.2f}x), greedy agree {first}/"
+              f"{len(f['tokens'])}")
     for eng, err in r["errors"].items():
         print(f"      {eng} failed: {err.splitlines()[-1] if err else '?'}")
 

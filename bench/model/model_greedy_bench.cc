@@ -11,7 +11,9 @@
 // "tokens": [generated ids], "gemm"}.
 //
 //   kvpush_model_greedy_bench --model M.gguf --prompt-file ids.txt [--decode 48] [--threads 1]
-// ids.txt: whitespace-separated token ids (no BOS is added).
+//       [--quant-math int8|f32]
+// ids.txt: whitespace-separated token ids (no BOS is added). --quant-math f32 takes the float path
+// for Q8_0 / Q4_K / Q6_K (weights dequantized to f32, as before the integer kernels).
 //   kvpush_model_greedy_bench --gen OUT.gguf --arch llama3 --dtype q8_0 --dim 1024 --layers 8
 //       --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 [--seed 1]
 // writes the same file as `kvpush gen-model` with those flags (family RoPE base), without needing
@@ -134,6 +136,9 @@ int main(int argc, char** argv) {
   kvpush::ModelLoadOptions lo;
   lo.path = model;
   lo.threads = threads;
+  const std::string quant = get("quant-math", "int8");
+  if (quant != "int8" && quant != "f32") Die("--quant-math must be int8 or f32");
+  lo.quant_math = quant == "int8" ? kvpush::QuantMath::kInt8 : kvpush::QuantMath::kDequantF32;
   auto m = kvpush::LoadModel(lo);
   if (!m.ok()) Die(m.status().ToString());
   const auto& c = m->config;

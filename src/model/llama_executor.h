@@ -33,6 +33,7 @@
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/executor.h"
@@ -79,7 +80,11 @@ class LlamaExecutor final : public Executor {
   void Project(const LlamaLayerWeights& w, int64_t n_tok);
   /// Copies k_ and v_ into each row's cache slot of `layer`.
   void StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+  /// Attention of every (token, head) of the step, split over the pool's threads.
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+  /// Head h of the token at `pos` (row `row` of q_ / att_); `scores` holds pos + 1 floats.
+  void AttentionHead(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row, int64_t h,
+                     const KvCache& kv, float* scores);
   /// x_ += SwiGLU FFN of RMSNorm(x_) * ffn_norm.
   void FeedForward(const LlamaLayerWeights& w, int64_t n_tok);
 
@@ -89,7 +94,10 @@ class LlamaExecutor final : public Executor {
   std::unique_ptr<WorkerPool> pool_;        ///< null with threads = 1
   InvariantGemm gemm_;
   // Scratch, [tokens, width] row-major.
-  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, scores_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_;
+  std::vector<float> scores_;  ///< attention scores: scores_parts_ equal slices, one per thread
+  int scores_parts_ = 1;
+  std::vector<std::pair<const SequenceChunk*, int32_t>> attn_rows_;  ///< per row: chunk, position
 };
 
 }  // namespace kvpush

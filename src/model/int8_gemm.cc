@@ -85,9 +85,10 @@ void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k) {
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
     int8_t* qb = q_.data() + i * kQ8BlockValues;
     for (int t = 0; t < kQ8BlockValues; ++t) {
-      // nearbyint rounds to nearest even in the default rounding mode (as the SIMD kernels'
-      // _MM_FROUND_TO_NEAREST_INT would); the clamp only guards x * id = 127.00001.
-      const float r = std::clamp(std::nearbyint(xb[t] * id), -127.0f, 127.0f);
+      // lrint rounds to nearest even in the default rounding mode. The clamp guards
+      // x * id = 127.00001 and non-finite activations (a NaN or an infinite x gives an unspecified
+      // long, never undefined behaviour; such rows give garbage logits on every path).
+      const long r = std::clamp(std::lrint(xb[t] * id), -127L, 127L);  // NOLINT(google-runtime-int)
       qb[t] = static_cast<int8_t>(r);
     }
     d_[static_cast<size_t>(i)] = d;

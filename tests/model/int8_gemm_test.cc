@@ -70,6 +70,18 @@ TEST(Int8GemmTest, QuantizeRoundsToNearestEvenWithAbsmaxScale) {
   for (int t = 32; t < 64; ++t) EXPECT_EQ(q.q(0)[t], 0);
 }
 
+TEST(Int8GemmTest, NonFiniteActivationsGiveCodesInRange) {
+  std::vector<float> x(64, 1.0f);
+  x[3] = std::nanf("");
+  x[40] = INFINITY;
+  gemm_internal::Q8Rows q;
+  q.Quantize(x.data(), 1, 64);  // no undefined behaviour (UBSan builds check the conversions)
+  for (int t = 0; t < 64; ++t) {
+    EXPECT_GE(q.q(0)[t], -127) << t;
+    EXPECT_LE(q.q(0)[t], 127) << t;
+  }
+}
+
 TEST(Int8GemmTest, KernelsAgreeBitwiseWithScalarReference) {
   __builtin_cpu_init();
   const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();

@@ -7,6 +7,8 @@
 #include <cstring>
 
 #include "model/gemm_kernels.h"
+#include "model/int8_gemm.h"
+#include "model/worker_pool.h"
 
 extern "C" char* openblas_get_corename(void);
 
@@ -34,18 +36,41 @@ void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64
 
 }  // namespace gemm_internal
 
-InvariantGemm::InvariantGemm(GemmBackend backend) : backend_(backend) {
+InvariantGemm::InvariantGemm(GemmBackend backend, QuantMath quant)
+    : backend_(backend), quant_(quant), q8_(std::make_unique<gemm_internal::Q8Rows>()) {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   if (backend_ == GemmBackend::kFixedOrder) {
-    __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f")) {
       isa_ = 2;
-    } else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    } else if (avx2) {
       isa_ = 1;
+    }
+  }
+  if (backend_ != GemmBackend::kFixedOrderScalar) {
+    if (gemm_internal::CpuHasAvx512Vnni()) {
+      q8_isa_ = 2;
+    } else if (gemm_internal::CpuHasAvx2FmaF16c()) {
+      q8_isa_ = 1;
     }
   }
 }
 
+InvariantGemm::~InvariantGemm() = default;
+InvariantGemm::InvariantGemm(InvariantGemm&&) noexcept = default;
+InvariantGemm& InvariantGemm::operator=(InvariantGemm&&) noexcept = default;
+
 std::string InvariantGemm::name() const {
+  std::string q = "; q8_0/q4_k/q6_k dequantized f32";
+  if (quant_ == QuantMath::kInt8) {
+    q = q8_isa_ == 2   ? "; q8_0/q4_k/q6_k int8 avx512-vnni"
+        : q8_isa_ == 1 ? "; q8_0 int8 avx2, q4_k/q6_k int8 scalar"
+                       : "; q8_0/q4_k/q6_k int8 scalar";
+  }
+  return GemmName() + q;
+}
+
+std::string InvariantGemm::GemmName() const {
   switch (backend_) {
     case GemmBackend::kFixedOrder:
       return isa_ == 2   ? "fixed-order avx512"
@@ -70,6 +95,21 @@ namespace {
 constexpr int64_t kFusedMaxRows = 4;
 }  // namespace
 
+gemm_internal::Q8GemmFn InvariantGemm::Int8Kernel(GgmlType type) const {
+  namespace gi = gemm_internal;
+  if (quant_ != QuantMath::kInt8) return nullptr;
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return q8_isa_ == 2 ? gi::Q8GemmAvx512Vnni : q8_isa_ == 1 ? gi::Q8GemmAvx2 : gi::Q8GemmScalar;
+    case GgmlType::kQ4_K:
+      return q8_isa_ == 2 ? gi::Q4KGemmAvx512Vnni : gi::Q4KGemmScalar;
+    case GgmlType::kQ6_K:
+      return q8_isa_ == 2 ? gi::Q6KGemmAvx512Vnni : gi::Q6KGemmScalar;
+    default:
+      return nullptr;
+  }
+}
+
 int64_t InvariantGemm::WeightTileRows(int64_t k) {
   constexpr int64_t kTileFloats = 32 * 1024;  // 128 KiB of f32
   const int64_t rows = k > 0 ? kTileFloats / k : 64;
@@ -77,12 +117,41 @@ int64_t InvariantGemm::WeightTileRows(int64_t k) {
 }
 
 void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, float* y) {
-  const int64_t k = w.cols(), n = w.rows();
+  if (rows <= 0) return;
+  const int64_t n = w.rows();
+  const gemm_internal::Q8GemmFn int8 = Int8Kernel(w.type());
+  if (int8 != nullptr) q8_->Quantize(x, rows, w.cols());
+  // Parts are contiguous column ranges (multiples of 8 columns); every element is computed in
+  // its canonical order whichever part it falls in, so the split changes no bit. OpenBLAS
+  // threads itself (and its padding buffers are shared), so kOpenBlasTiles stays one part.
+  const int parts = pool_ != nullptr && backend_ != GemmBackend::kOpenBlasTiles
+                        ? static_cast<int>(std::min<int64_t>(pool_->threads(), (n + 7) / 8))
+                        : 1;
+  const int64_t chunk = ((n + parts - 1) / parts + 7) / 8 * 8;
+  if (static_cast<int>(tiles_.size()) < parts) tiles_.resize(static_cast<size_t>(parts));
+  auto part = [&](int p) {
+    const int64_t n0 = std::min(n, p * chunk), n1 = std::min(n, n0 + chunk);
+    if (n1 > n0) RunColumns(x, rows, w, int8, n0, n1, y, tiles_[static_cast<size_t>(p)]);
+  };
+  if (parts == 1) {
+    part(0);
+  } else {
+    pool_->Run(parts, part);
+  }
+}
+
+void InvariantGemm::RunColumns(const float* x, int64_t rows, const WeightMatrix& w,
+                               gemm_internal::Q8GemmFn int8, int64_t n0, int64_t n1, float* y,
+                               std::vector<float>& tile) {
+  const int64_t k = w.cols(), n = w.rows(), nn = n1 - n0;
   if (const float* f = w.f32(); f != nullptr) {
-    RunStrided(x, rows, k, f, n, y, n);
+    RunStrided(x, rows, k, f + n0 * k, nn, y + n0, n);
     return;
   }
-  if (rows <= 0) return;
+  if (int8 != nullptr) {
+    int8(*q8_, w.row_data(n0), w.row_bytes(), nn, y + n0, n);
+    return;
+  }
   // Decode-sized calls on AVX-512 read Q8_0 / F16 / BF16 directly (same bits as the tiles).
   if (backend_ == GemmBackend::kFixedOrder && isa_ == 2 && rows < kFusedMaxRows && k % 32 == 0) {
     const GgmlType t = w.type();
@@ -90,16 +159,18 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
       const auto st = t == GgmlType::kQ8_0  ? gemm_internal::StoredType::kQ8_0
                       : t == GgmlType::kF16 ? gemm_internal::StoredType::kF16
                                             : gemm_internal::StoredType::kBF16;
-      gemm_internal::GemmStoredAvx512(st, x, rows, k, w.row_data(0), w.row_bytes(), n, y, n);
+      gemm_internal::GemmStoredAvx512(st, x, rows, k, w.row_data(n0), w.row_bytes(), nn, y + n0, n);
       return;
     }
   }
-  const int64_t tile = WeightTileRows(k);
-  if (static_cast<int64_t>(tile_.size()) < tile * k) tile_.resize(static_cast<size_t>(tile * k));
-  for (int64_t n0 = 0; n0 < n; n0 += tile) {
-    const int64_t nn = std::min(tile, n - n0);
-    w.DequantizeRows(n0, nn, tile_.data());
-    RunStrided(x, rows, k, tile_.data(), nn, y + n0, n);
+  const int64_t tile_rows = WeightTileRows(k);
+  if (static_cast<int64_t>(tile.size()) < tile_rows * k) {
+    tile.resize(static_cast<size_t>(tile_rows * k));
+  }
+  for (int64_t c = n0; c < n1; c += tile_rows) {
+    const int64_t cn = std::min(tile_rows, n1 - c);
+    w.DequantizeRows(c, cn, tile.data());
+    RunStrided(x, rows, k, tile.data(), cn, y + c, n);
   }
 }
 

@@ -29,17 +29,25 @@ inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float*
 
 }  // namespace
 
-LlamaExecutor::LlamaExecutor(LlamaWeights weights, GemmBackend gemm)
-    : weights_(std::move(weights)), gemm_(gemm) {}
+LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& options)
+    : weights_(std::move(weights)), gemm_(options.gemm, options.quant_math) {
+  if (options.threads > 1) {
+    pool_ = std::make_unique<WorkerPool>(options.threads);
+    gemm_.set_pool(pool_.get());
+  }
+}
 
 Result<std::unique_ptr<LlamaExecutor>> LlamaExecutor::Create(LlamaWeights weights,
                                                              const LlamaExecutorOptions& options) {
   KVP_RETURN_IF_ERROR(ValidateLlamaWeights(weights));
+  if (options.threads < 1 || options.threads > 256) {
+    return InvalidArgument("threads must be 1..256, got " + std::to_string(options.threads));
+  }
   if (options.max_context > 0) {
     weights.config.context_length = std::min(weights.config.context_length, options.max_context);
   }
   SetBlasThreads(options.blas_threads);
-  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options.gemm));
+  std::unique_ptr<LlamaExecutor> ex(new LlamaExecutor(std::move(weights), options));
   const ModelConfig& c = ex->weights_.config;
   // RoPE frequencies in float as llama2.c: freq_i = 1 / theta^(2i / rope_dim). The angles
   // pos * freq_i are computed per step for the rows in the batch (no context-sized table, so a
@@ -117,50 +125,71 @@ Status LlamaExecutor::Validate(std::span<const SequenceChunk> batch, const KvCac
 }
 
 void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv) {
+  // (token, head) items are independent and each is computed alone in a fixed order, so they are
+  // split over the pool's threads (contiguous ranges of items) without changing a bit.
+  std::vector<std::pair<const SequenceChunk*, int32_t>>& rows = attn_rows_;
+  rows.clear();
+  for (const SequenceChunk& ch : batch) {
+    for (size_t t = 0; t < ch.tokens.size(); ++t) {
+      rows.emplace_back(&ch, ch.start_pos + static_cast<int32_t>(t));
+    }
+  }
+  const int64_t heads = weights_.config.num_heads;
+  const int64_t items = static_cast<int64_t>(rows.size()) * heads;
+  const int parts =
+      pool_ != nullptr ? static_cast<int>(std::min<int64_t>(pool_->threads(), items)) : 1;
+  const size_t stride = scores_.size() / static_cast<size_t>(std::max(1, scores_parts_));
+  const int64_t chunk = (items + parts - 1) / parts;
+  auto part = [&](int p) {
+    float* scores = scores_.data() + static_cast<size_t>(p) * stride;
+    for (int64_t i = p * chunk; i < std::min(items, (p + 1) * chunk); ++i) {
+      const auto& [ch, pos] = rows[static_cast<size_t>(i / heads)];
+      AttentionHead(layer, *ch, pos, i / heads, i % heads, kv, scores);
+    }
+  };
+  if (parts <= 1) {
+    part(0);
+  } else {
+    pool_->Run(parts, part);
+  }
+}
+
+void LlamaExecutor::AttentionHead(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row,
+                                  int64_t h, const KvCache& kv, float* scores) {
   const ModelConfig& c = weights_.config;
   const int64_t hd = c.head_dim, nkv = c.num_kv_heads, qdim = int64_t{c.num_heads} * hd;
-  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int64_t kvh = h / (c.num_heads / c.num_kv_heads);
   const int32_t bs = kv.layout().block_size;
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hd));
-  float* scores = scores_.data();
-  int64_t row = 0;
-  for (const SequenceChunk& ch : batch) {
-    for (size_t t = 0; t < ch.tokens.size(); ++t, ++row) {
-      const int32_t pos = ch.start_pos + static_cast<int32_t>(t);
-      for (int64_t h = 0; h < c.num_heads; ++h) {
-        const int64_t kvh = h / group;
-        const float* q = q_.data() + row * qdim + h * hd;
-        // Scores over positions [0, pos], block by block through the block table.
-        float max = -INFINITY;
-        for (int32_t p = 0; p <= pos; p += bs) {
-          const float* kb =
-              kv.chunk_f32(layer, KvKind::kKey, ch.block_table[static_cast<size_t>(p / bs)]);
-          const int32_t n = std::min(bs, pos + 1 - p);
-          for (int32_t s = 0; s < n; ++s) {
-            const float sc = Dot(q, kb + (s * nkv + kvh) * hd, hd) * inv_sqrt;
-            scores[p + s] = sc;
-            max = std::max(max, sc);
-          }
-        }
-        float sum = 0.0f;
-        for (int32_t p = 0; p <= pos; ++p) {
-          scores[p] = std::exp(scores[p] - max);
-          sum += scores[p];
-        }
-        const float inv_sum = 1.0f / sum;
-        float* out = att_.data() + row * qdim + h * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int32_t p = 0; p <= pos; p += bs) {
-          const float* vb =
-              kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
-          const int32_t n = std::min(bs, pos + 1 - p);
-          for (int32_t s = 0; s < n; ++s) {
-            const float a = scores[p + s] * inv_sum;
-            const float* v = vb + (s * nkv + kvh) * hd;
-            for (int64_t d = 0; d < hd; ++d) out[d] += a * v[d];
-          }
-        }
-      }
+  const float* q = q_.data() + row * qdim + h * hd;
+  // Scores over positions [0, pos], block by block through the block table.
+  float max = -INFINITY;
+  for (int32_t p = 0; p <= pos; p += bs) {
+    const float* kb =
+        kv.chunk_f32(layer, KvKind::kKey, ch.block_table[static_cast<size_t>(p / bs)]);
+    const int32_t n = std::min(bs, pos + 1 - p);
+    for (int32_t s = 0; s < n; ++s) {
+      const float sc = Dot(q, kb + (s * nkv + kvh) * hd, hd) * inv_sqrt;
+      scores[p + s] = sc;
+      max = std::max(max, sc);
+    }
+  }
+  float sum = 0.0f;
+  for (int32_t p = 0; p <= pos; ++p) {
+    scores[p] = std::exp(scores[p] - max);
+    sum += scores[p];
+  }
+  const float inv_sum = 1.0f / sum;
+  float* out = att_.data() + row * qdim + h * hd;
+  std::fill(out, out + hd, 0.0f);
+  for (int32_t p = 0; p <= pos; p += bs) {
+    const float* vb =
+        kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
+    const int32_t n = std::min(bs, pos + 1 - p);
+    for (int32_t s = 0; s < n; ++s) {
+      const float a = scores[p + s] * inv_sum;
+      const float* v = vb + (s * nkv + kvh) * hd;
+      for (int64_t d = 0; d < hd; ++d) out[d] += a * v[d];
     }
   }
 }
@@ -289,7 +318,8 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
   for (const SequenceChunk& ch : batch) {
     max_pos = std::max<int64_t>(max_pos, ch.start_pos + static_cast<int64_t>(ch.tokens.size()) - 1);
   }
-  grow(scores_, max_pos + 1);
+  scores_parts_ = pool_ != nullptr ? pool_->threads() : 1;
+  grow(scores_, static_cast<int64_t>(max_pos + 1) * scores_parts_);
   Embed(batch);
 
   for (int32_t l = 0; l < c.num_layers; ++l) {

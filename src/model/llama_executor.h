@@ -20,21 +20,26 @@
 // 1 / sqrt(head_dim).
 //
 // Weights stay in their stored type (F32, F16, BF16, Q8_0, Q4_K, Q6_K): InvariantGemm dequantizes
-// them per tile, the embedding lookup per row (model/weight_matrix.h).
+// them per tile, the embedding lookup per row (model/weight_matrix.h); Q8_0 matrices are by default
+// multiplied with int8 activations and integer dot products instead (QuantMath, model/gemm.h).
 // Batch invariance: GEMMs go through InvariantGemm (fixed summation order); RMSNorm, RoPE,
 // attention and softmax are per-row loops with a fixed summation order that depends only on the
 // row's own data and position. A sequence's logits are therefore bit-identical whatever else is in
 // the batch and however its prompt is chunked (tests/model/batch_invariance_test.cc).
-// Threading: everything runs on the calling (engine) thread (see docs/model.md); with the
-// kOpenBlasTiles backend OpenBLAS gets LlamaExecutorOptions::blas_threads threads.
+// Threading: the GEMMs of the fixed-order backends are split by output columns over
+// LlamaExecutorOptions::threads threads (a WorkerPool; the calling thread takes part); everything
+// else runs on the calling (engine) thread (see docs/model.md). With the kOpenBlasTiles backend
+// OpenBLAS gets LlamaExecutorOptions::blas_threads threads instead.
 #pragma once
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "model/executor.h"
 #include "model/gemm.h"
 #include "model/llama_weights.h"
+#include "model/worker_pool.h"
 
 namespace kvpush {
 
@@ -42,6 +47,10 @@ struct LlamaExecutorOptions {
   int32_t max_context = 0;   ///< 0 = the model's context length; else min(model, this)
   int32_t blas_threads = 1;  ///< OpenBLAS threads (process-global; used by kOpenBlasTiles only)
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
+  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 / Q4_K / Q6_K arithmetic (model/gemm.h)
+  /// Threads for the linear layers (the calling thread included; 1 = no workers): each GEMM's
+  /// output columns are split over them. Logits are bit-identical for every value.
+  int32_t threads = 1;
 };
 
 class LlamaExecutor final : public Executor {
@@ -52,7 +61,7 @@ class LlamaExecutor final : public Executor {
 
   const ModelConfig& config() const override { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
-  /// The GEMM kernel in use, e.g. "fixed-order avx512".
+  /// The GEMM kernels in use, e.g. "fixed-order avx512; q8_0 int8 avx512-vnni".
   std::string gemm_name() const { return gemm_.name(); }
 
   /// See Executor::Execute. The KV cache layout must match the model (num_layers, num_kv_heads,
@@ -62,7 +71,7 @@ class LlamaExecutor final : public Executor {
                  LayerObserver* observer) override;
 
  private:
-  LlamaExecutor(LlamaWeights weights, GemmBackend gemm);
+  LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& options);
   Status Validate(std::span<const SequenceChunk> batch, const KvCache& kv, std::span<float> logits,
                   int64_t* total_tokens, int64_t* logit_rows) const;
   /// Per-row RoPE cos/sin and the token embeddings into x_.
@@ -71,16 +80,24 @@ class LlamaExecutor final : public Executor {
   void Project(const LlamaLayerWeights& w, int64_t n_tok);
   /// Copies k_ and v_ into each row's cache slot of `layer`.
   void StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+  /// Attention of every (token, head) of the step, split over the pool's threads.
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
+  /// Head h of the token at `pos` (row `row` of q_ / att_); `scores` holds pos + 1 floats.
+  void AttentionHead(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row, int64_t h,
+                     const KvCache& kv, float* scores);
   /// x_ += SwiGLU FFN of RMSNorm(x_) * ffn_norm.
   void FeedForward(const LlamaLayerWeights& w, int64_t n_tok);
 
   LlamaWeights weights_;
   std::vector<float> rope_freq_;  ///< [rope_dim / 2]: theta^(-2i / rope_dim) / rope_freqs[i]
   std::vector<float> rope_cos_, rope_sin_;  ///< per step: [tokens, rope_dim / 2]
+  std::unique_ptr<WorkerPool> pool_;        ///< null with threads = 1
   InvariantGemm gemm_;
   // Scratch, [tokens, width] row-major.
-  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_, scores_;
+  std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_;
+  std::vector<float> scores_;  ///< attention scores: scores_parts_ equal slices, one per thread
+  int scores_parts_ = 1;
+  std::vector<std::pair<const SequenceChunk*, int32_t>> attn_rows_;  ///< per row: chunk, position
 };
 
 }  // namespace kvpush

@@ -30,6 +30,8 @@ Result<LoadedModel> Finish(LlamaWeights weights, std::unique_ptr<Tokenizer> toke
   eo.max_context = options.max_context;
   eo.blas_threads = options.blas_threads;
   eo.gemm = options.gemm;
+  eo.quant_math = options.quant_math;
+  eo.threads = options.threads;
   KVP_ASSIGN_OR_RETURN(auto executor, LlamaExecutor::Create(std::move(weights), eo));
   LoadedModel m;
   m.config = executor->config();

@@ -19,6 +19,8 @@ struct ModelLoadOptions {
   int32_t max_context = 0;     ///< 0 = the model's context length
   int32_t blas_threads = 1;    ///< OpenBLAS threads (process-global; kOpenBlasTiles only)
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
+  QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 / Q4_K / Q6_K arithmetic (model/gemm.h)
+  int32_t threads = 1;  ///< executor GEMM threads, caller included (LlamaExecutorOptions::threads)
 };
 
 struct LoadedModel {

@@ -1,0 +1,93 @@
+// Integer dot-product GEMM for Q8_0, Q4_K and Q6_K weights (internal to gemm.cc): Y[m, n] = sum_k
+// X[m, k] W[n, k] with the activations X quantized per 32-value block to int8, as ggml pairs Q8_0
+// weights with Q8_0 activations (the idea, not its code: here the activation scale stays f32).
+//
+// Activation quantization (Q8Rows::Quantize), per row m and block b of 32 values, depending only
+// on those 32 values:  amax = max |x|,  dx = amax / 127 (f32 division),  id = dx != 0 ? 1 / dx : 0,
+// qx = nearest-even(x * id) clamped to [-127, 127].
+//
+// The canonical arithmetic, identical in every kernel and for every element (so results are
+// bit-identical between the AVX-512 VNNI, AVX2 and scalar kernels and independent of how many
+// rows or columns are computed together, of the row's position and of the thread that computes
+// it): 16 f32 lane accumulators, all +0. For each block b in increasing order,
+//   s = dw_b * dx_b                      (f32 product; dw_b = the weight block's fp16 scale)
+//   for j in 0..7:  P_j = sum_{t<4} qx[32b + 4j + t] * qw[32b + 4j + t]    (exact, int32)
+//                   acc[8 (b mod 2) + j] = fma(s, float(P_j), acc[8 (b mod 2) + j])
+// (even blocks feed lanes 0..7, odd blocks lanes 8..15; |P_j| <= 4 * 127 * 128 is exact in f32),
+// then acc_i += acc_{i+8}, acc_i += acc_{i+4}, acc_i += acc_{i+2}, y = acc_0 + acc_1 (the same
+// tree as the f32 kernels, gemm_kernels.h).
+//
+// Q4_K and Q6_K (formats in model/quant.h) use the same activations, blocks of 32 and lanes; block
+// b is sub-block j = b mod 8 of super-block b / 8 (fp16 d, and dmin for Q4_K), and only the lane
+// update differs (M_j = sum_{t<4} qx[32b + 4j + t], lane = 8 (b mod 2) + j):
+//   Q4_K (code q in 0..15, 6-bit sc and m of sub-block j):
+//     s1 = (d * sc) * dx_b, s2 = (dmin * m) * dx_b,  P_j = sum_{t<4} q * qx,
+//     acc = fma(s1, float(P_j), acc);  acc = fma(-s2, float(M_j), acc)
+//   Q6_K (code c in 0..63, int8 scales sc[16] of the super-block):
+//     s = (d * sc[2 (b mod 8) + j / 4]) * dx_b,  P_j = sum_{t<4} (c - 32) * qx,
+//     acc = fma(s, float(P_j), acc)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/gemm.h"
+
+namespace kvpush::gemm_internal {
+
+/// True when the CPU (and OS) support AVX512F, AVX512BW, AVX512DQ and AVX512_VNNI (CPUID leaf 7
+/// ECX bit 11), which the *Avx512Vnni kernels need.
+bool CpuHasAvx512Vnni();
+
+/// True when the CPU supports AVX2, FMA and F16C (CPUID leaf 1 ECX bit 29), which Q8GemmAvx2
+/// needs.
+bool CpuHasAvx2FmaF16c();
+
+/// Rows of X quantized per 32-value block (see the file comment). k must be a multiple of 32.
+/// Not thread-safe while Quantize runs; concurrent const use is safe.
+class Q8Rows {
+ public:
+  /// Quantizes X [rows, k] (row stride k). Reuses its buffers (no allocation once grown).
+  void Quantize(const float* x, int64_t rows, int64_t k);
+
+  int64_t rows() const { return rows_; }
+  int64_t k() const { return k_; }
+  /// The k int8 values of row m.
+  const int8_t* q(int64_t m) const { return q_.data() + m * k_; }
+  /// The k / 32 f32 block scales of row m.
+  const float* d(int64_t m) const { return d_.data() + m * (k_ / 32); }
+
+ private:
+  int64_t rows_ = 0, k_ = 0;
+  std::vector<int8_t> q_;
+  std::vector<float> d_;
+};
+
+// Every kernel has the signature Q8GemmFn (declared in model/gemm.h): every row of `x` against W
+// rows [0, n_rows) in the kernel's stored type (`row_bytes` per row), written to Y[m, n] at
+// y[m * ldy + n]. Thread-safety: pure functions of their arguments.
+
+/// Portable reference: exactly the canonical sequence above, one element at a time.
+void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                  int64_t ldy);
+/// AVX2 (maddubs / madd on 256-bit vectors); call only when the CPU has AVX2, FMA and F16C.
+void Q8GemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                int64_t ldy);
+/// AVX-512 VNNI (vpdpbusd on two blocks per 512-bit vector); call only when the CPU has
+/// AVX512F, AVX512BW, AVX512DQ and AVX512_VNNI.
+void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                      int64_t ldy);
+
+/// Q4_K / Q6_K weights (x.k() a multiple of 256), same signature as Q8GemmFn: the scalar
+/// reference and the AVX-512 VNNI kernels (same CPU requirements as Q8GemmAvx512Vnni).
+void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy);
+void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                   int64_t ldy);
+void Q4KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                       float* y, int64_t ldy);
+void Q6KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
+                       float* y, int64_t ldy);
+
+}  // namespace kvpush::gemm_internal

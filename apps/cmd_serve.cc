@@ -130,6 +130,7 @@ Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
   mo.path = o.model;
   mo.tokenizer_path = o.tokenizer;
   mo.blas_threads = o.blas_threads;
+  mo.threads = o.threads;
   return LoadModel(mo);
 }
 
@@ -427,6 +428,12 @@ void RegisterServeCommand(CLI::App& app) {
                   "Waiting requests beyond which new ones get HTTP 503")
       ->capture_default_str();
   cmd->add_option("--blas-threads", opts->blas_threads, "OpenBLAS threads of the executor")
+      ->capture_default_str();
+  cmd->add_option("--threads", opts->threads,
+                  "Executor threads, this one included: each GEMM and attention split by output "
+                  "rows; every value keeps its summation order, so logits and KV are the same at "
+                  "any count (P and D may differ; docs/model.md, Threading)")
+      ->check(CLI::Range(1, 256))
       ->capture_default_str();
   cmd->add_option("--xfer-fault-plan", opts->xfer_fault_plan,
                   "Testing only: inject KV transfer failures and delays (fault backend), e.g. "

@@ -29,6 +29,7 @@ struct ServeOptions {
   std::vector<std::string> served_model_names;
   std::string log_level = "info";
   int blas_threads = 1;
+  int threads = 1;  ///< --threads: the executor's GEMM and attention threads
   EngineConfig engine;
   bool enable_prefix_caching = true;  ///< --[no-]enable-prefix-caching
   bool enable_prompt_tokens_details = false;

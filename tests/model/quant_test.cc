@@ -162,9 +162,10 @@ TEST(QuantTest, QuantizationErrorPerType) {
   }
 }
 
-// InvariantGemm on a stored-type matrix (fused AVX-512 kernel for < 4 rows of Q8_0 / F16 / BF16,
-// dequantized tiles otherwise) equals the scalar reference kernel on the dequantized f32 matrix,
-// bit for bit, for every row count 1..9.
+// InvariantGemm's float path (QuantMath::kDequantF32) on a stored-type matrix (fused AVX-512
+// kernel for < 4 rows of Q8_0 / F16 / BF16, dequantized tiles otherwise) equals the scalar
+// reference kernel on the dequantized f32 matrix, bit for bit, for every row count 1..9. (The
+// integer path of Q8_0 / Q4_K / Q6_K quantizes the activations too: int8_gemm_test checks it.)
 TEST(QuantTest, StoredTypeGemmEqualsScalarGemmOnDequantizedMatrix) {
   const int64_t n = 37, k = 512;
   const std::vector<float> values = TestValues(static_cast<size_t>(n * k), 8);
@@ -179,7 +180,8 @@ TEST(QuantTest, StoredTypeGemmEqualsScalarGemmOnDequantizedMatrix) {
     ASSERT_TRUE(stored.ok());
     std::vector<float> dense(static_cast<size_t>(n * k));
     stored->DequantizeRows(0, n, dense.data());
-    InvariantGemm fast(GemmBackend::kFixedOrder), scalar(GemmBackend::kFixedOrderScalar);
+    InvariantGemm fast(GemmBackend::kFixedOrder, QuantMath::kDequantF32),
+        scalar(GemmBackend::kFixedOrderScalar, QuantMath::kDequantF32);
     for (int64_t rows = 1; rows <= 9; ++rows) {
       std::vector<float> got(static_cast<size_t>(rows * n)), want(got.size());
       fast.Run(x.data(), rows, *stored, got.data());

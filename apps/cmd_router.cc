@@ -65,7 +65,8 @@ int RunRouter(RouterCliOptions o) {
   }
   std::signal(SIGINT, OnRouterStopSignal);
   std::signal(SIGTERM, OnRouterStopSignal);
-  std::printf("kvpush router: listening on http://%s:%d\n", o.router.host.c_str(), r.port());
+  std::printf("kvpush router: listening on %s://%s:%d\n",
+              o.router.tls_cert_file.empty() ? "http" : "https", o.router.host.c_str(), r.port());
   std::fflush(stdout);
   while (g_stop_signals.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   // Drain (docs/router.md "Shutdown"): new requests get 503 draining, requests in flight get up
@@ -162,6 +163,13 @@ void RegisterRouterCommand(CLI::App& app) {
                   "Require `Authorization: Bearer KEY` from clients on every path but /health, "
                   "/version and /metrics (default: $VLLM_API_KEY)")
       ->envname("VLLM_API_KEY");
+  cmd->add_option("--ssl-certfile", opts->router.tls_cert_file,
+                  "Serve clients over HTTPS only with this PEM certificate (with --ssl-keyfile); "
+                  "the legs to the instances stay plain HTTP")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-keyfile", opts->router.tls_key_file,
+                  "The PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--instance-api-key", opts->router.instance_api_key,
                   "The Bearer token of the router's calls to the instances (their --api-key; "
                   "default: --api-key)");

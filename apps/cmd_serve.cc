@@ -187,6 +187,13 @@ int RunServe(ServeOptions o) {
     flag_template = *t;
   }
   const bool pd = (o.role_given && o.role != "both") || !o.kv_transfer_config.empty();
+  if (pd && (!o.ssl_certfile.empty() || !o.ssl_keyfile.empty())) {
+    std::fprintf(stderr,
+                 "kvpush serve: --ssl-certfile/--ssl-keyfile serve a colocated instance only: the "
+                 "router's legs and the peers' handshakes to a P/D instance speak plain HTTP; "
+                 "serve TLS on the router (kvpush router --ssl-certfile ...)\n");
+    return 2;
+  }
   if (!pd && !o.kv_auth_key_file.empty()) {
     std::fprintf(stderr,
                  "kvpush serve: --kv-auth-key-file needs P/D serving (--role prefill|decode or "
@@ -294,6 +301,8 @@ int RunServe(ServeOptions o) {
   so.build = ThisBuild();
   so.seed = o.seed;
   so.log_requests = o.log_requests;
+  so.tls_cert_file = o.ssl_certfile;
+  so.tls_key_file = o.ssl_keyfile;
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
       "role={} served_model_name={} host={} port={} chat_template={} {}",
@@ -325,7 +334,8 @@ int RunServe(ServeOptions o) {
     (*engine)->Stop();
     return 2;
   }
-  std::printf("kvpush serve: listening on http://%s:%d\n", so.host.c_str(), http.port());
+  std::printf("kvpush serve: listening on %s://%s:%d\n", so.tls_cert_file.empty() ? "http" : "https",
+              so.host.c_str(), http.port());
   std::fflush(stdout);
   // Shutdown, step 1: what must happen before the drain, in order (e.g. leaving discovery, so
   // routers stop sending requests here). Registered above as the instance comes up.

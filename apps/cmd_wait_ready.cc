@@ -18,11 +18,13 @@ struct WaitReadyOptions {
   std::vector<std::string> urls;
   double timeout_s = 120.0;
   double interval_s = 0.2;
+  std::string ca_cert;  ///< https URLs: the CA file to verify servers with ("" = the system's)
 };
 
 /// One GET /health: "" when it answered 200, else what it answered (or why it did not).
-std::string Probe(const std::string& url) {
+std::string Probe(const std::string& url, const std::string& ca_cert) {
   httplib::Client cli(url);
+  if (!ca_cert.empty()) cli.set_ca_cert_path(ca_cert.c_str());
   cli.set_connection_timeout(1, 0);
   cli.set_read_timeout(2, 0);
   auto res = cli.Get("/health");
@@ -40,7 +42,7 @@ int RunWaitReady(const WaitReadyOptions& o) {
     bool all = true;
     for (size_t i = 0; i < o.urls.size(); ++i) {
       if (last[i].empty()) continue;  // ready once is enough: a server does not become unready
-      last[i] = Probe(o.urls[i]);
+      last[i] = Probe(o.urls[i], o.ca_cert);
       all = all && last[i].empty();
     }
     if (all) return 0;
@@ -65,7 +67,11 @@ void RegisterWaitReadyCommand(CLI::App& app) {
       "Wait until every URL answers GET /health with 200 (instances: loaded and serving; a "
       "router: a healthy prefill and decode instance, or a colocated one); exit 1 naming those "
       "that did not within --timeout-s");
-  cmd->add_option("urls", opts->urls, "http://HOST:PORT of instances and routers")->required();
+  cmd->add_option("urls", opts->urls, "http[s]://HOST:PORT of instances and routers")
+      ->required();
+  cmd->add_option("--ca-cert", opts->ca_cert,
+                  "https: verify servers with this CA file (default: the system's CAs)")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--timeout-s", opts->timeout_s, "Give up after this many seconds")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();

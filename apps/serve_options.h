@@ -44,6 +44,8 @@ struct ServeOptions {
   std::optional<uint64_t> seed;  ///< --seed: unseeded requests draw their seeds from it
   std::string api_key;           ///< --api-key (or VLLM_API_KEY)
   bool log_requests = true;      ///< --disable-log-requests turns the access log off
+  std::string ssl_certfile;      ///< --ssl-certfile (vLLM)
+  std::string ssl_keyfile;       ///< --ssl-keyfile (vLLM)
 };
 
 }  // namespace kvpush::apps

@@ -67,6 +67,12 @@ void AddVllmServeFlags(CLI::App* cmd, ServeOptions* o) {
                   "A Jinja chat template (a file, or the template's text) replacing the model's: "
                   "its family is detected (chatml, qwen3, llama3, llama2, mistral); another is "
                   "refused");
+  cmd->add_option("--ssl-certfile", o->ssl_certfile,
+                  "Serve HTTPS only with this PEM certificate (with --ssl-keyfile); colocated "
+                  "instances: P/D legs and handshakes speak plain HTTP, so put TLS on the router")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-keyfile", o->ssl_keyfile, "The PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
   cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}", o->log_requests,
                 "Turn the access log (one line per request at info) off or on (default: on)");
 }

@@ -83,8 +83,19 @@ void ReplyError(Response& res, const ApiError& e) {
   res.set_content(e.ToJson(), "application/json");
 }
 
+namespace {
+
+std::unique_ptr<httplib::Server> MakeServer(const FrontDoorOptions& o) {
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return std::make_unique<httplib::Server>();
+  }
+  return std::make_unique<httplib::SSLServer>(o.tls_cert_file.c_str(), o.tls_key_file.c_str());
+}
+
+}  // namespace
+
 FrontDoor::FrontDoor(FrontDoorOptions options)
-    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {}
+    : options_(std::move(options)), server_(MakeServer(options_)) {}
 
 FrontDoor::~FrontDoor() {
   Stop();
@@ -200,6 +211,13 @@ void FrontDoor::LogAccess(const Request& req, const Response& res) const {
 
 Status FrontDoor::Start() {
   if (thread_.joinable()) return FailedPrecondition("HTTP front door already started");
+  if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
+    return InvalidArgument("TLS needs both a certificate file and a key file");
+  }
+  if (!server_->is_valid()) {
+    return InvalidArgument("TLS: cannot load certificate " + options_.tls_cert_file + " and key " +
+                           options_.tls_key_file + " (PEM, unencrypted key, matching pair)");
+  }
   const size_t workers = options_.worker_threads;
   const size_t extra = options_.max_extra_threads;
   server_->new_task_queue = [workers, extra] { return new ElasticTaskQueue(workers, extra); };

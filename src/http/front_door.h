@@ -52,6 +52,11 @@ struct FrontDoorOptions {
   /// One access-log line per request at info (requests to the open paths at debug): method,
   /// path, status, milliseconds to the response's end, and the AccessNote's fields.
   bool access_log = false;
+  /// vLLM's --ssl-certfile / --ssl-keyfile: both set, the door serves HTTPS only (OpenSSL through
+  /// cpp-httplib's SSLServer); PEM files, the key unencrypted. One set without the other, or files
+  /// OpenSSL cannot load: Start() fails.
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 /// What a handler adds to its request's access-log line. Unset fields (empty, negative) are left
@@ -105,7 +110,8 @@ class FrontDoor {
 
   /// Binds host:port, raises the listen backlog and serves on a background thread; returns once
   /// the listen loop runs. Errors: kUnavailable (bind failed, or the loop did not start within
-  /// 10 s), kFailedPrecondition (already started).
+  /// 10 s), kFailedPrecondition (already started), kInvalidArgument (TLS files: one without the
+  /// other, or not loadable).
   Status Start();
   /// Stops accepting, lets the connection threads finish, joins them. Idempotent.
   void Stop();

@@ -72,6 +72,8 @@ struct RouterOptions {
   std::string instance_api_key;
   http::BuildInfo build;  ///< GET /version and kvpush_build_info
   bool log_requests = true;  ///< one access-log line per request at info
+  std::string tls_cert_file;  ///< --ssl-certfile: clients reach the router over HTTPS only
+  std::string tls_key_file;   ///< --ssl-keyfile
   PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }

@@ -171,7 +171,8 @@ Status HttpServer::Start() {
   door_ = std::make_unique<http::FrontDoor>(http::FrontDoorOptions{
       options_.host, options_.port, options_.max_body_bytes, static_cast<size_t>(threads),
       static_cast<size_t>(std::max(0, options_.max_extra_threads)), /*write_timeout_s=*/0,
-      /*listen_backlog=*/1024, options_.build, options_.api_key, options_.log_requests});
+      /*listen_backlog=*/1024, options_.build, options_.api_key, options_.log_requests,
+      options_.tls_cert_file, options_.tls_key_file});
   Route();
   if (Status st = door_->Start(); !st.ok()) {
     door_.reset();

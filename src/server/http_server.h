@@ -57,6 +57,8 @@ struct ServerOptions {
   /// Bearer <api_key>` (the P/D endpoints /kv/* too); "" = open (http::FrontDoorOptions).
   std::string api_key;
   http::BuildInfo build;  ///< GET /version and kvpush_build_info
+  std::string tls_cert_file;  ///< --ssl-certfile (with tls_key_file: HTTPS only)
+  std::string tls_key_file;   ///< --ssl-keyfile
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and on a P/D

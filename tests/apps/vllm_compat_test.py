@@ -19,6 +19,7 @@ import argparse
 import http.client
 import json
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -230,6 +231,68 @@ def run_yaml_and_keys(args, logdir, model_name):
         cl.stop()
 
 
+def https_call(port, path, body, ca, key=None):
+    """(status, JSON) of one request over HTTPS, the server verified against `ca`."""
+    ctx = ssl.create_default_context(cafile=ca)
+    c = http.client.HTTPSConnection("127.0.0.1", port, timeout=60, context=ctx)
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = "Bearer " + key
+    c.request("POST" if body is not None else "GET", path,
+              json.dumps(body) if body is not None else None, headers)
+    r = c.getresponse()
+    doc = json.loads(r.read())
+    c.close()
+    return r.status, doc
+
+
+def run_tls(args, logdir, model_name):
+    """vLLM's --ssl-certfile/--ssl-keyfile on a colocated instance and on the router (clients
+    verify a self-signed certificate for 127.0.0.1); refused on a P/D instance."""
+    cert, keyf = os.path.join(logdir, "cert.pem"), os.path.join(logdir, "key.pem")
+    r = subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                        keyf, "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1",
+                        "-addext", "subjectAltName=IP:127.0.0.1"], capture_output=True)
+    if r.returncode != 0:
+        check(False, "openssl made a test certificate: %s" % r.stderr[-300:])
+        return
+    tls = ["--ssl-certfile", cert, "--ssl-keyfile", keyf]
+    cl = Cluster(args, logdir)
+    pp, dp, cp, rp = (h.free_port() for _ in range(4))
+    try:
+        cl.start("colo-tls", ["serve", args.model, "--port", str(cp), "--api-key", KEY] + tls)
+        p = cl.start("p", vllm_line(args.model, pp, "kv_producer"))
+        d = cl.start("d", vllm_line(args.model, dp, "kv_consumer"))
+        cl.start("router-tls", ["router", "--port", str(rp), "--prefill", p.url, "--decode",
+                                d.url] + tls)
+        for u in (p, d):
+            if not u.wait_healthy(90):
+                raise SystemExit("%s did not start" % u.name)
+        ready = subprocess.run([args.kvpush, "wait-ready", "--timeout-s", "90", "--ca-cert", cert,
+                                "https://127.0.0.1:%d" % cp, "https://127.0.0.1:%d" % rp],
+                               capture_output=True, text=True)
+        check(ready.returncode == 0, "wait-ready --ca-cert over https: %s" % ready.stderr.strip())
+        body = completion(PROMPTS[1], model_name)
+        s1, a = https_call(cp, "/v1/completions", body, cert, KEY)
+        s2, b = https_call(rp, "/v1/completions", body, cert)
+        s3, _ = https_call(cp, "/v1/completions", body, cert)
+        check(s1 == 200 and s2 == 200 and answer_key(a) == answer_key(b),
+              "https: colocated and the router (push) answer alike (%d, %d)" % (s1, s2))
+        check(s3 == 401, "https: the key is still required (%d)" % s3)
+        try:
+            plain = call(cp, "GET", "/health", timeout=5)[0]
+        except (OSError, http.client.HTTPException):
+            plain = "refused"
+        check(plain != 200, "plain HTTP on a TLS port gets no answer (%s)" % plain)
+    finally:
+        cl.stop()
+    bad = subprocess.run([args.kvpush, "serve", args.model, "--port", "0", "--kv-transfer-config",
+                          '{"kv_role":"kv_consumer"}'] + tls, capture_output=True, text=True,
+                         timeout=60)
+    check(bad.returncode == 2 and "router" in bad.stderr,
+          "TLS on a P/D instance is refused, naming the router")
+
+
 def run_refusals(args):
     for flags, needle in ((["--gpu-memory-utilization", "0.9"], "--kv-cache-memory-bytes"),
                           (["--dtype", "half"], "float32"),
@@ -256,6 +319,7 @@ def main():
     run_refusals(args)
     run_launch_lines(args, logdir, model_name)
     run_yaml_and_keys(args, logdir, model_name)
+    run_tls(args, logdir, model_name)
     if FAILURES:
         h.log("%d check(s) failed; logs in %s" % (len(FAILURES), logdir))
         return 1

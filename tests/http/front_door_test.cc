@@ -187,6 +187,18 @@ TEST(FrontDoor, AnswersVersionWithItsBuild) {
       << w.str();
 }
 
+TEST(FrontDoor, TlsNeedsALoadableCertificateAndKey) {
+  FrontDoorOptions only_cert;
+  only_cert.tls_cert_file = "/nonexistent/cert.pem";
+  EXPECT_EQ(FrontDoor(only_cert).Start().code(), StatusCode::kInvalidArgument);
+  FrontDoorOptions missing;
+  missing.tls_cert_file = "/nonexistent/cert.pem";
+  missing.tls_key_file = "/nonexistent/key.pem";
+  const Status st = FrontDoor(missing).Start();
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("/nonexistent/cert.pem"), std::string::npos) << st.ToString();
+}
+
 TEST(FrontDoor, BearerMatchesOnlyTheExactKey) {
   EXPECT_TRUE(BearerMatches("Bearer sk-1", "sk-1"));
   EXPECT_TRUE(BearerMatches("bearer sk-1", "sk-1"));  // the scheme is case-insensitive

@@ -80,6 +80,12 @@ void AddRequestFlags(CLI::App* cmd, loadgen::BenchConfig& c) {
                   "extra request headers KEY=VALUE "
                   "(e.g. x-kvpush-mode=pull through kvpush router)")
       ->expected(1, -1);
+  cmd->add_option("--api-key", c.api_key,
+                  "Bearer token of every request (default: $OPENAI_API_KEY, as vLLM's bench)")
+      ->envname("OPENAI_API_KEY");
+  cmd->add_flag("--reset-prefix-cache", c.reset_prefix_cache,
+                "POST /reset_prefix_cache on the server after the warm-ups, so this run does not "
+                "hit what an earlier run cached");
   cmd->add_option("--model", c.model, "model id; default: the first of GET /v1/models");
   cmd->add_option("--served-model-name", c.served_model_name, "model name sent in requests");
   cmd->add_flag("--ignore-eos", c.ignore_eos, "send ignore_eos (always on for random)");

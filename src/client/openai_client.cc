@@ -86,6 +86,7 @@ OpenAiClient::OpenAiClient(std::string host, int port, double timeout_s)
 
 Result<std::string> OpenAiClient::Get(const std::string& path) const {
   httplib::Client cli(host_, port_);
+  if (!api_key_.empty()) cli.set_bearer_token_auth(api_key_);
   ConfigureTimeouts(cli, timeout_s_);
   auto res = cli.Get(path.c_str());
   if (!res) {
@@ -101,6 +102,7 @@ Result<std::string> OpenAiClient::Get(const std::string& path) const {
 Result<nlohmann::json> OpenAiClient::PostJson(const std::string& path, const nlohmann::json& body,
                                               int* status) const {
   httplib::Client cli(host_, port_);
+  if (!api_key_.empty()) cli.set_bearer_token_auth(api_key_);
   ConfigureTimeouts(cli, timeout_s_);
   auto res = cli.Post(path.c_str(), body.dump(), "application/json");
   if (!res) {
@@ -122,6 +124,7 @@ Result<StreamedCompletion> OpenAiClient::Stream(
   body["stream"] = true;
   body["stream_options"] = {{"include_usage", true}};
   httplib::Client cli(host_, port_);
+  if (!api_key_.empty()) cli.set_bearer_token_auth(api_key_);
   ConfigureTimeouts(cli, timeout_s_);
 
   StreamedCompletion out;

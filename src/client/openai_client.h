@@ -37,6 +37,10 @@ class OpenAiClient {
   /// `host` is an IP or name on loopback/test namespaces; `timeout_s` bounds connect/read.
   OpenAiClient(std::string host, int port, double timeout_s = 120.0);
 
+  /// Every later request carries `Authorization: Bearer api_key` ("" = none). Not thread-safe
+  /// with requests in flight; call before sharing the client.
+  void set_api_key(std::string api_key) { api_key_ = std::move(api_key); }
+
   /// GET `path`; returns the body when the status is 200.
   /// Errors: kUnavailable (connection failed), kInternal with the status and body otherwise.
   Result<std::string> Get(const std::string& path) const;
@@ -58,6 +62,7 @@ class OpenAiClient {
   std::string host_;
   int port_;
   double timeout_s_;
+  std::string api_key_;
 };
 
 }  // namespace kvpush

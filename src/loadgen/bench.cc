@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
@@ -77,6 +78,7 @@ Result<std::pair<std::string, std::string>> ResolveModel(const BenchConfig& c, c
     return std::make_pair(c.served_model_name.empty() ? c.model : c.served_model_name, c.model);
   }
   OpenAiClient client(t.host, t.port, 30.0);
+  client.set_api_key(c.api_key);
   KVP_ASSIGN_OR_RETURN(std::string body, client.Get(models_path));
   auto j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty() ||
@@ -90,12 +92,24 @@ Result<std::pair<std::string, std::string>> ResolveModel(const BenchConfig& c, c
   return std::make_pair(c.served_model_name.empty() ? id : c.served_model_name, root);
 }
 
-// A tqdm-like one-line bar, redrawn in place; only used on a terminal.
+// A tqdm-like one-line bar, redrawn in place, on a terminal; elsewhere (a log, a pipe) a line at
+// every 10 % of the requests.
 class ProgressBar {
  public:
-  ProgressBar(FILE* out, size_t total, bool enabled) : out_(out), total_(total), on_(enabled) {}
+  ProgressBar(FILE* out, size_t total, bool enabled, bool tty)
+      : out_(out), total_(total), on_(enabled), tty_(tty) {}
   void Update(size_t done) {
     if (!on_) return;
+    if (!tty_) {
+      const size_t tenth = total_ == 0 ? 10 : done * 10 / total_;
+      if (tenth > last_tenth_ || done == total_) {
+        last_tenth_ = std::max(tenth, last_tenth_ + 1);
+        std::fprintf(out_, "progress: %zu/%zu requests done (%zu%%)\n", done, total_,
+                     total_ ? done * 100 / total_ : 100);
+        std::fflush(out_);
+      }
+      return;
+    }
     constexpr size_t kWidth = 40;
     const size_t filled = total_ == 0 ? kWidth : done * kWidth / total_;
     std::fprintf(out_, "\r%3zu%%|%s%s| %zu/%zu", total_ ? done * 100 / total_ : 100,
@@ -109,7 +123,24 @@ class ProgressBar {
   FILE* out_;
   size_t total_;
   bool on_;
+  bool tty_;
+  size_t last_tenth_ = 0;
 };
+
+// --reset-prefix-cache: the server's (instance or router) POST /reset_prefix_cache.
+Status ResetPrefixCache(const BenchConfig& c, const Target& root, FILE* out) {
+  OpenAiClient client(root.host, root.port, 60.0);
+  client.set_api_key(c.api_key);
+  int status = 0;
+  auto r = client.PostJson(root.path + "/reset_prefix_cache", nlohmann::json::object(), &status);
+  if (!r.ok()) return r.status();
+  if (status != 200) {
+    return FailedPrecondition("--reset-prefix-cache: HTTP " + std::to_string(status) + ": " +
+                              r->dump());
+  }
+  std::fprintf(out, "Prefix cache reset.\n");
+  return Status::Ok();
+}
 
 std::string NowDate() {
   char buf[32];
@@ -187,6 +218,8 @@ Status RunBench(const BenchConfig& c, FILE* out) {
       c.base_url.empty() ? "http://" + c.host + ":" + std::to_string(c.port) : c.base_url;
   KVP_ASSIGN_OR_RETURN(Target target, ParseBaseUrl(base, c.endpoint));
   KVP_ASSIGN_OR_RETURN(auto headers, ParseKeyValues(c.headers, "--header"));
+  const auto client_headers = headers;  // for the result JSON (the API key is left out)
+  if (!c.api_key.empty()) headers.emplace_back("Authorization", "Bearer " + c.api_key);
   KVP_ASSIGN_OR_RETURN(GoodputSlos slos, ParseGoodput(c.goodput));
   KVP_ASSIGN_OR_RETURN(std::vector<double> percentiles, ParsePercentiles(c.metric_percentiles));
   KVP_ASSIGN_OR_RETURN(auto metric_names, ParsePercentileMetrics(c.percentile_metrics));
@@ -207,16 +240,17 @@ Status RunBench(const BenchConfig& c, FILE* out) {
   RunnerOptions ro{target, headers,
                    c.max_concurrency ? static_cast<size_t>(*c.max_concurrency) : c.max_workers,
                    c.request_timeout_s};
-  const bool tty = !c.disable_tqdm && isatty(fileno(out)) == 1;
+  const bool tty = isatty(fileno(out)) == 1;
   if (c.num_warmups > 0) {
     std::fprintf(out, "Warming up with %lld requests...\n", static_cast<long long>(c.num_warmups));
     const auto n = static_cast<size_t>(c.num_warmups);
-    ProgressBar bar(out, n, tty);
+    ProgressBar bar(out, n, !c.disable_tqdm, tty);
     RunRequests(
         ro, std::vector<nlohmann::json>(n, bodies[0]), std::vector<int64_t>(n, lens[0]),
         std::vector<double>(n, 0.0), [&](size_t d) { bar.Update(d); }, nullptr);
     std::fprintf(out, "Warmup run completed.\n");
   }
+  if (c.reset_prefix_cache) KVP_RETURN_IF_ERROR(ResetPrefixCache(c, root, out));
   std::fprintf(out, "Starting main benchmark run...\nTraffic request rate: %s\n",
                PyFloatStr(c.request_rate).c_str());
   std::fprintf(out, "Burstiness factor: %s (%s)\nMaximum request concurrency: %s\n",
@@ -224,7 +258,7 @@ Status RunBench(const BenchConfig& c, FILE* out) {
                c.burstiness == 1.0 ? "Poisson process" : "Gamma distribution",
                c.max_concurrency ? std::to_string(*c.max_concurrency).c_str() : "None");
   std::fflush(out);
-  ProgressBar bar(out, bodies.size(), tty);
+  ProgressBar bar(out, bodies.size(), !c.disable_tqdm, tty);
   RunInfo info;
   auto outcomes = RunRequests(
       ro, bodies, lens, arrivals, [&](size_t d) { bar.Update(d); }, &info.duration_s);
@@ -246,7 +280,15 @@ Status RunBench(const BenchConfig& c, FILE* out) {
   info.has_goodput = !slos.empty();
   info.save_detailed = c.save_detailed;
   std::fputs(FormatReport(m, info).c_str(), out);
-  if (c.save_result) KVP_RETURN_IF_ERROR(SaveResult(c, info, ResultJson(m, outcomes, info), out));
+  if (c.save_result) {
+    nlohmann::ordered_json j = ResultJson(m, outcomes, info);
+    // The request headers of the run (e.g. x-kvpush-mode: push), so results say what they ran.
+    nlohmann::ordered_json h = nlohmann::ordered_json::object();
+    for (const auto& [k, v] : client_headers) h[k] = v;
+    j["headers"] = h;
+    j["reset_prefix_cache"] = c.reset_prefix_cache;
+    KVP_RETURN_IF_ERROR(SaveResult(c, info, std::move(j), out));
+  }
   if (m.completed == 0) return Aborted("every request failed (first errors above)");
   return Status::Ok();
 }

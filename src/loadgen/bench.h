@@ -22,6 +22,10 @@ struct BenchConfig {
   int port = 8000;
   std::string endpoint = "/v1/completions";
   std::vector<std::string> headers;  ///< KEY=VALUE
+  std::string api_key;  ///< --api-key / $OPENAI_API_KEY: every request's Bearer token
+  /// --reset-prefix-cache: POST /reset_prefix_cache on the server after the warm-ups, so the
+  /// run does not hit what an earlier run (or the warm-ups) cached.
+  bool reset_prefix_cache = false;
   std::optional<int64_t> max_concurrency;
   std::string model;  ///< empty: first /v1/models entry
   std::string served_model_name;
@@ -58,7 +62,8 @@ struct BenchConfig {
 
 /// Runs the benchmark: builds the dataset and arrival schedule, sends warm-ups then the requests,
 /// prints vLLM's result table (and the first 10 errors) to `out`, and writes the result JSON
-/// when save_result. A progress bar goes to `out` when it is a terminal and !disable_tqdm.
+/// when save_result. Progress goes to `out` unless disable_tqdm: a bar on a terminal, else a line
+/// at every 10 % of the requests (and at the end).
 /// Errors: kInvalidArgument (flags), kUnavailable (server unreachable for /v1/models),
 /// kIoError (result file), kAborted (every request failed).
 Status RunBench(const BenchConfig& c, FILE* out);

@@ -305,7 +305,7 @@ TEST_F(PdDrain, KilledPrefillGetsTheClientAnErrorAndFreesDecodeBlocks) {
 
   // P stopped: the request's legs are accepted by its kernel, D reserves blocks and waits; then
   // P dies (SIGKILL) with the request in flight.
-  ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(p->child.pid()));
   Res got;
   Req r = RandomPrompt(60, 8, 11);
   r.stream = true;

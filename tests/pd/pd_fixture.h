@@ -5,9 +5,11 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -31,6 +33,31 @@ inline double SecondsSince(Clock::time_point t0) {
 inline bool WaitFor(const std::function<bool()>& pred, int timeout_ms) {
   return ::kvpush::testing::WaitUntil(pred, std::chrono::milliseconds(timeout_ms),
                                       std::chrono::milliseconds(50));
+}
+
+/// SIGSTOPs `pid` and returns once every one of its threads is stopped (/proc/PID/task/*/stat
+/// state 'T'), at most `timeout_ms`: kill() only queues the signal, and a process running on the
+/// other core went on for a few ms — long enough to answer a request the test sent right after
+/// (stop 36: a P leg answered after its P was "stopped"). False if it did not stop in time.
+inline bool StopProcess(pid_t pid, int timeout_ms = 5000) {
+  if (::kill(pid, SIGSTOP) != 0) return false;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  return WaitFor(
+      [&] {
+        std::error_code ec;
+        for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+          FILE* f = std::fopen((t.path() / "stat").c_str(), "r");
+          if (f == nullptr) continue;  // the thread ended
+          char buf[512] = {};
+          const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+          std::fclose(f);
+          // "pid (comm) S ...": the state follows the last ')' (comm may hold one).
+          const char* close = std::strrchr(buf, ')');
+          if (n == 0 || close == nullptr || close[1] != ' ' || close[2] != 'T') return false;
+        }
+        return !ec;
+      },
+      timeout_ms);
 }
 
 inline std::string IdsToString(const std::vector<int32_t>& v) {

@@ -174,7 +174,7 @@ TEST_F(PdLegs, StoppedPrefillFailsTheRequestWithinAHealthInterval) {
     // A prompt D has not cached (a full prefix hit on D needs no P). Stop P, then send at once:
     // the leg is in flight when the router marks P unhealthy.
     const Req fresh = RandomPrompt(40, 8, ++salt);
-    ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
+    ASSERT_TRUE(StopProcess(p->child.pid()));
     const auto t0 = Clock::now();
     const Res got = Send(router->host, router->port, fresh, {{"x-kvpush-mode", mode}}, nullptr, 60);
     const double s = SecondsSince(t0);

@@ -302,7 +302,7 @@ TEST_F(PdSafety, AHungHandshakeHoldsUpOnlyItsOwnPeer) {
   Proc* d = Serve("decode", Args(model, "decode", Port(), KvCfg("ucx:tcp", {{"watchdog_ms", 3000}}),
                               1024));
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo, hung, p, d}));
-  ASSERT_EQ(::kill(hung->child.pid(), SIGSTOP), 0);
+  ASSERT_TRUE(StopProcess(hung->child.pid()));
   struct Resume {
     pid_t pid;
     ~Resume() { ::kill(pid, SIGCONT); }
@@ -345,7 +345,7 @@ TEST_F(PdSafety, LegsNamingAStoppedPrefillShareOneHandshakeAndNeverQueue) {
   Proc* d = Serve("decode", Args(model, "decode", Port(), KvCfg("ucx:tcp", {{"watchdog_ms", 3000}}),
                               1024));
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({stopped, stopped2, d}));
-  for (Proc* p : {stopped, stopped2}) ASSERT_EQ(::kill(p->child.pid(), SIGSTOP), 0);
+  for (Proc* p : {stopped, stopped2}) ASSERT_TRUE(StopProcess(p->child.pid()));
   struct Resume {
     std::vector<pid_t> pids;
     ~Resume() {

@@ -31,12 +31,13 @@ struct RouterCliOptions {
   std::string mode = "push";
   std::string routing = "least-outstanding";
   std::string log_level = "info";
+  std::string log_format = "text";
   double drain_timeout_s = 30.0;
   bool instance_api_key_given = false;  ///< else the instances get --api-key
 };
 
 int RunRouter(RouterCliOptions o) {
-  if (Status s = InitLogging(o.log_level); !s.ok()) {
+  if (Status s = InitLogging(o.log_level, o.log_format); !s.ok()) {
     std::fprintf(stderr, "kvpush router: %s\n", s.ToString().c_str());
     return 2;
   }
@@ -176,6 +177,10 @@ void RegisterRouterCommand(CLI::App& app) {
   cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}",
                 opts->router.log_requests,
                 "Turn the access log (one line per request at info) off or on (default: on)");
+  cmd->add_option("--log-format", opts->log_format,
+                  "text | json (one JSON object a line: time, level, tid, message)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   cmd->callback([opts, cmd] {

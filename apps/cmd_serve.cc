@@ -169,7 +169,7 @@ std::string RoleOf(connector::KvRole r) {
 }
 
 int RunServe(ServeOptions o) {
-  if (Status s = InitLogging(o.log_level); !s.ok()) {
+  if (Status s = InitLogging(o.log_level, o.log_format); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
     return 2;
   }
@@ -455,6 +455,10 @@ void RegisterServeCommand(CLI::App& app) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   AddServeDiscoveryFlags(cmd, &opts->discovery);
+  cmd->add_option("--log-format", opts->log_format,
+                  "text | json (one JSON object a line: time, level, tid, message)")
+      ->check(CLI::IsMember({"text", "json"}))
+      ->capture_default_str();
   cmd->add_option("--log-level", opts->log_level, "trace|debug|info|warn|error|off")
       ->capture_default_str();
   AddVllmServeFlags(cmd, opts.get());

@@ -28,6 +28,7 @@ struct ServeOptions {
   /// --served-model-name NAME...: the first is the name in responses; requests may name any.
   std::vector<std::string> served_model_names;
   std::string log_level = "info";
+  std::string log_format = "text";  ///< --log-format text|json
   int blas_threads = 1;
   int threads = 1;  ///< --threads: the executor's GEMM and attention threads
   EngineConfig engine;

@@ -3,11 +3,81 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <spdlog/pattern_formatter.h>
+
+#include <chrono>
+#include <ctime>
+#include <memory>
 #include <string>
 
 namespace kvpush {
+namespace {
 
-Status InitLogging(std::string_view level) {
+/// --log-format json: one JSON object per line.
+class JsonLineFormatter final : public spdlog::formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    const auto t = msg.time;
+    const std::time_t secs = std::chrono::system_clock::to_time_t(t);
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(t.time_since_epoch()) % 1000;
+    std::tm tm{};
+    gmtime_r(&secs, &tm);
+    char ts[32];
+    std::strftime(ts, sizeof ts, "%Y-%m-%dT%H:%M:%S", &tm);
+    const auto level = spdlog::level::to_string_view(msg.level);
+    const std::string line = std::string("{\"time\":\"") + ts + "." +
+                             std::to_string(1000 + ms.count()).substr(1) + "Z\",\"level\":\"" +
+                             std::string(level.data(), level.size()) + "\",\"tid\":" +
+                             std::to_string(msg.thread_id) + ",\"message\":\"" +
+                             JsonEscape(std::string_view(msg.payload.data(), msg.payload.size())) +
+                             "\"}\n";
+    dest.append(line.data(), line.data() + line.size());
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonLineFormatter>();
+  }
+};
+
+}  // namespace
+
+std::string JsonEscape(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          static constexpr char kHex[] = "0123456789abcdef";
+          out += "\\u00";
+          out += kHex[(c >> 4) & 0xf];
+          out += kHex[c & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+  return out;
+}
+
+Status InitLogging(std::string_view level, std::string_view format) {
+  if (format != "text" && format != "json") {
+    return InvalidArgument("unknown log format '" + std::string(format) + "' (text or json)");
+  }
   auto lvl = spdlog::level::from_str(std::string(level));
   if (lvl == spdlog::level::off && level != "off") {
     return InvalidArgument("unknown log level '" + std::string(level) +
@@ -16,7 +86,11 @@ Status InitLogging(std::string_view level) {
   auto logger = spdlog::stderr_color_mt("kvpush");
   spdlog::set_default_logger(logger);
   spdlog::set_level(lvl);
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [t%t] %v");
+  if (format == "json") {
+    spdlog::set_formatter(std::make_unique<JsonLineFormatter>());
+  } else {
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [t%t] %v");
+  }
   return Status::Ok();
 }
 

@@ -179,7 +179,8 @@ def run_yaml_and_keys(args, logdir, model_name):
                     % (args.model, port, model_name, role))
         ymls[name] = path
     try:
-        p = cl.start("p-yaml", ["serve", "--config", ymls["p"], "--api-key", KEY], port=pp)
+        p = cl.start("p-yaml", ["serve", "--config", ymls["p"], "--api-key", KEY,
+                                "--log-format", "json"], port=pp)
         d = cl.start("d-yaml", ["serve", "--config", ymls["d"]], env={"VLLM_API_KEY": KEY},
                      port=dp)
         cl.start("colo", ["serve", args.model, "--port", str(cp), "--api-key", KEY,
@@ -227,6 +228,13 @@ def run_yaml_and_keys(args, logdir, model_name):
         check("mode=push" in logs["router"] and "mode=pull" in logs["router"],
               "the router's access line names the mode")
         check("POST /v1/completions" not in colo_log, "--disable-log-requests turns it off")
+        parsed = [json.loads(line) for line in logs["p-yaml"].splitlines()
+                  if line.startswith("{")]
+        access = [j for j in parsed if j["message"].startswith("POST /v1/completions 200")]
+        check(len(parsed) > 3 and all({"time", "level", "tid", "message"} <= set(j)
+                                      for j in parsed) and access,
+              "--log-format json: every log line of P is a JSON object (%d, %d access lines)"
+              % (len(parsed), len(access)))
     finally:
         cl.stop()
 

@@ -1,18 +1,17 @@
 // kvpush serve: one instance = model + engine thread + OpenAI HTTP server (docs/configuration.md
 // lists every flag; docs/server.md the API). Runs until SIGINT/SIGTERM.
-#include <spdlog/spdlog.h>
-
 #include <netdb.h>
+#include <spdlog/spdlog.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <optional>
@@ -20,13 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "apps/build_info.h"
 #include "apps/commands.h"
 #include "apps/serve_discovery.h"
 #include "apps/serve_options.h"
 #include "apps/serve_vllm_flags.h"
-#include "apps/build_info.h"
-#include "connector/handshake.h"
 #include "common/log.h"
+#include "connector/handshake.h"
 #include "connector/pd_connector.h"
 #include "engine/engine.h"
 #include "model/model.h"
@@ -44,7 +43,6 @@ extern "C" void OnStopSignal(int) {
   g_stop_signals.fetch_add(1);
 }
 
-
 /// The graceful drain after the first SIGTERM/SIGINT (docs/server.md, "Graceful drain"):
 /// `pre_drain` callbacks in order (leave discovery first, so routers stop choosing this
 /// instance), then new requests get 503 `draining`, in-flight requests (and, on P, KV pushes
@@ -59,8 +57,8 @@ void Drain(server::HttpServer& http, const connector::PdConnector* conn, double 
   for (const auto& f : pre_drain) f();
   http.BeginDrain();
   const auto t0 = Clock::now();
-  const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
-                                 std::chrono::duration<double>(timeout_s));
+  const auto deadline =
+      t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
   // P: a transfer whose P leg answered may still be pushing (or, pull, waiting to be read).
   auto busy = [&] {
     return http.inflight() > 0 || (conn != nullptr && conn->stats().producers_active > 0);
@@ -138,7 +136,7 @@ Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
 /// the one --chat-template-format forces (its literals still read from the model's template when
 /// that is of the same family). An unrecognised template logs one warning and falls back to plain.
 ChatTemplate ResolveChatTemplate(std::optional<ChatTemplateFormat> forced,
-                                         const std::string& jinja) {
+                                 const std::string& jinja) {
   const DetectedChatTemplate d = DetectChatTemplate(jinja);
   if (forced && (!d.recognised || d.chat_template.format != *forced)) {
     ChatTemplate t;
@@ -168,25 +166,31 @@ std::string RoleOf(connector::KvRole r) {
   return "both";
 }
 
-int RunServe(ServeOptions o) {
-  if (Status s = InitLogging(o.log_level, o.log_format); !s.ok()) {
-    std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
-    return 2;
-  }
+/// What the flags resolve to before anything loads (step 1 of RunServe).
+struct ServePlan {
+  std::optional<ChatTemplate> flag_template;  ///< --chat-template's, when given
+  bool pd = false;                            ///< a P/D instance (has a KV connector)
+  connector::KvTransferConfig kc;             ///< when pd
+  EngineConfig engine;                        ///< validated, before the model resolves it
+};
+
+/// Step 1 of RunServe: every check that needs no model, so a bad flag or a port in use fails in
+/// milliseconds; sets o.role from kv_role when --role was not given, and installs a
+/// --xfer-fault-plan. Returns 0, or the exit status after printing why (2: a flag; 1: the port).
+int PlanServe(ServeOptions& o, ServePlan* plan) {
   if (Status s = ResolveServeModelPath(o); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
   }
-  std::optional<ChatTemplate> flag_template;
   if (!o.chat_template.empty()) {
     auto t = LoadChatTemplateFlag(o.chat_template);
     if (!t.ok()) {
       std::fprintf(stderr, "kvpush serve: %s\n", t.status().message().c_str());
       return 2;
     }
-    flag_template = *t;
+    plan->flag_template = *t;
   }
-  const bool pd = (o.role_given && o.role != "both") || !o.kv_transfer_config.empty();
+  const bool pd = plan->pd = (o.role_given && o.role != "both") || !o.kv_transfer_config.empty();
   if (pd && (!o.ssl_certfile.empty() || !o.ssl_keyfile.empty())) {
     std::fprintf(stderr,
                  "kvpush serve: --ssl-certfile/--ssl-keyfile serve a colocated instance only: the "
@@ -200,7 +204,7 @@ int RunServe(ServeOptions o) {
                  "--kv-transfer-config)\n");
     return 2;
   }
-  connector::KvTransferConfig kc;
+  connector::KvTransferConfig& kc = plan->kc;
   if (pd) {
     auto parsed =
         connector::KvTransferConfig::Parse(o.kv_transfer_config, o.role_given ? o.role : "");
@@ -212,15 +216,15 @@ int RunServe(ServeOptions o) {
     o.role = RoleOf(kc.role);
   }
   if (!o.xfer_fault_plan.empty()) {
-    auto plan = xfer::ParseFaultPlan(o.xfer_fault_plan);
-    if (!plan.ok()) {
+    auto faults = xfer::ParseFaultPlan(o.xfer_fault_plan);
+    if (!faults.ok()) {
       std::fprintf(stderr, "kvpush serve: --xfer-fault-plan: %s\n",
-                   plan.status().message().c_str());
+                   faults.status().message().c_str());
       return 2;
     }
     spdlog::warn("kvpush serve: injecting KV transfer faults (testing only): {}",
-                 xfer::FaultPlanToString(*plan));
-    xfer::SetProcessFaultPlan(*plan);
+                 xfer::FaultPlanToString(*faults));
+    xfer::SetProcessFaultPlan(*faults);
   }
   if (o.port < 0 || o.port > 65535) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
@@ -234,12 +238,27 @@ int RunServe(ServeOptions o) {
     std::fprintf(stderr, "kvpush serve: %s (before loading the model)\n", s.message().c_str());
     return 1;
   }
-  EngineConfig ec = o.engine;
+  EngineConfig& ec = plan->engine;
+  ec = o.engine;
   ec.enable_prefix_caching = o.enable_prefix_caching;
   if (Status s = ec.Validate(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
   }
+  return 0;
+}
+
+int RunServe(ServeOptions o) {
+  if (Status s = InitLogging(o.log_level, o.log_format); !s.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
+    return 2;
+  }
+  ServePlan plan;
+  if (const int rc = PlanServe(o, &plan); rc != 0) return rc;
+  const bool pd = plan.pd;
+  const connector::KvTransferConfig& kc = plan.kc;
+  const EngineConfig& ec = plan.engine;
+  const std::optional<ChatTemplate>& flag_template = plan.flag_template;
   auto loaded = LoadServeModel(o);
   if (!loaded.ok()) {
     std::fprintf(stderr, "kvpush serve: loading %s: %s\n",
@@ -263,9 +282,9 @@ int RunServe(ServeOptions o) {
     co.layout = EngineCore::LayoutFor(*resolved, model.config);
     co.model_fingerprint = model.config.fingerprint;
     co.role_name = o.role;
-    co.advertise_host = !o.advertise_host.empty() ? o.advertise_host
+    co.advertise_host = !o.advertise_host.empty()                 ? o.advertise_host
                         : (o.host == "0.0.0.0" || o.host == "::") ? "127.0.0.1"
-                                                                   : o.host;
+                                                                  : o.host;
     co.advertise_port = o.port;
     co.auth_key_file = o.kv_auth_key_file;
     co.api_key = o.api_key;
@@ -287,13 +306,13 @@ int RunServe(ServeOptions o) {
   so.port = o.port;
   so.connector = conn.get();
   so.enable_prompt_tokens_details = o.enable_prompt_tokens_details;
-  so.chat_template =
-      flag_template ? *flag_template
-                    : ResolveChatTemplate(*ParseChatTemplateFormat(o.chat_template_format),
-                                          model.chat_template);
+  so.chat_template = flag_template
+                         ? *flag_template
+                         : ResolveChatTemplate(*ParseChatTemplateFormat(o.chat_template_format),
+                                               model.chat_template);
   so.served_model_name = !o.served_model_names.empty() ? o.served_model_names[0]
-                          : o.executor == "sim"          ? o.sim_model
-                                                         : std::filesystem::path(o.model).filename().string();
+                         : o.executor == "sim"         ? o.sim_model
+                                               : std::filesystem::path(o.model).filename().string();
   if (o.served_model_names.size() > 1) {
     so.served_model_aliases.assign(o.served_model_names.begin() + 1, o.served_model_names.end());
   }
@@ -308,8 +327,8 @@ int RunServe(ServeOptions o) {
       "role={} served_model_name={} host={} port={} chat_template={} {}",
       o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
       model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
-      so.served_model_name, so.host, so.port,
-      ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
+      so.served_model_name, so.host, so.port, ChatTemplateFormatName(so.chat_template.format),
+      (*engine)->config().ToString());
   server::HttpServer http(**engine, so);
   if (Status s = http.Start(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
@@ -322,20 +341,20 @@ int RunServe(ServeOptions o) {
   connector::HandshakeInfo compat;  // a colocated instance's compat hash: no transfer backend
   compat.model_fingerprint = model.config.fingerprint;
   compat.layout = EngineCore::LayoutFor(*resolved, model.config);
-  auto registration = StartServeRegistration(
-      o.discovery,
-      ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
-                    conn ? conn->compat_hash() : compat.CompatHash(),
-                    conn ? conn->incarnation() : 0},
-      [] { return g_stop_signals.load() == 0; });
+  auto registration =
+      StartServeRegistration(o.discovery,
+                             ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
+                                           conn ? conn->compat_hash() : compat.CompatHash(),
+                                           conn ? conn->incarnation() : 0},
+                             [] { return g_stop_signals.load() == 0; });
   if (!registration.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", registration.status().message().c_str());
     http.Stop();
     (*engine)->Stop();
     return 2;
   }
-  std::printf("kvpush serve: listening on %s://%s:%d\n", so.tls_cert_file.empty() ? "http" : "https",
-              so.host.c_str(), http.port());
+  std::printf("kvpush serve: listening on %s://%s:%d\n",
+              so.tls_cert_file.empty() ? "http" : "https", so.host.c_str(), http.port());
   std::fflush(stdout);
   // Shutdown, step 1: what must happen before the drain, in order (e.g. leaving discovery, so
   // routers stop sending requests here). Registered above as the instance comes up.
@@ -364,7 +383,8 @@ void RegisterServeCommand(CLI::App& app) {
                   "--sim-hw, docs/sim.md)")
       ->check(CLI::IsMember({"llama", "sim"}))
       ->capture_default_str();
-  cmd->add_option("--sim-model", opts->sim_model, "sim: model preset (qwen3-32b, llama-3.1-8b, "
+  cmd->add_option("--sim-model", opts->sim_model,
+                  "sim: model preset (qwen3-32b, llama-3.1-8b, "
                   "llama-3.1-70b)")
       ->capture_default_str();
   cmd->add_option("--sim-hw", opts->sim_hw, "sim: accelerator preset (h100-sxm, h200)")

@@ -102,10 +102,13 @@ Status CheckPortBindable(const std::string& host, int port) {
     return InvalidArgument("--host " + host + ": not an address");
   }
   const int fd = ::socket(res->ai_family, res->ai_socktype, res->ai_protocol);
-  int yes = 1;
-  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // as the server binds
-  const bool ok = fd >= 0 && ::bind(fd, res->ai_addr, res->ai_addrlen) == 0;
-  const int err = errno;
+  bool ok = fd >= 0;
+  if (ok) {
+    int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));  // as the server binds
+    ok = ::bind(fd, res->ai_addr, res->ai_addrlen) == 0;
+  }
+  const int err = errno;  // of socket() or bind(), whichever failed
   if (fd >= 0) ::close(fd);
   freeaddrinfo(res);
   if (!ok) {

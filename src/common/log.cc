@@ -3,6 +3,7 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <nlohmann/json.hpp>
 #include <spdlog/pattern_formatter.h>
 
 #include <chrono>
@@ -41,37 +42,11 @@ class JsonLineFormatter final : public spdlog::formatter {
 }  // namespace
 
 std::string JsonEscape(std::string_view s) {
-  std::string out;
-  out.reserve(s.size() + 8);
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          static constexpr char kHex[] = "0123456789abcdef";
-          out += "\\u00";
-          out += kHex[(c >> 4) & 0xf];
-          out += kHex[c & 0xf];
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out;
+  // nlohmann's serializer: RFC 8259 escapes, and bytes that are not UTF-8 become U+FFFD, so a
+  // line stays valid JSON whatever a message holds.
+  const std::string quoted =
+      nlohmann::json(std::string(s)).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  return quoted.substr(1, quoted.size() - 2);
 }
 
 Status InitLogging(std::string_view level, std::string_view format) {

@@ -12,12 +12,12 @@ namespace kvpush {
 /// Sets the global spdlog level ("trace", "debug", "info", "warn", "error", "off") and the format
 /// of each line: `format` "text" (millisecond local timestamps and thread ids) or "json" (one JSON
 /// object a line: {"time": UTC ISO 8601 with ms, "level", "tid", "message"}, for log pipelines;
-/// the message is escaped as RFC 8259 says, its bytes otherwise kept). Logs go to stderr. Call
+/// the message escaped by JsonEscape). Logs go to stderr. Call
 /// once at start-up. Errors: kInvalidArgument for an unknown level or format name.
 Status InitLogging(std::string_view level, std::string_view format = "text");
 
-/// `s` as the body of a JSON string (RFC 8259 §7: '"', '\\' and control characters escaped,
-/// other bytes kept). Pure.
+/// `s` as the body of a JSON string (RFC 8259 §7: '"', '\\' and control characters escaped;
+/// bytes that are not valid UTF-8 become U+FFFD, so the result is always valid JSON). Pure.
 std::string JsonEscape(std::string_view s);
 
 }  // namespace kvpush

@@ -1,5 +1,6 @@
 #include "http/front_door.h"
 
+#include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 #include <sys/socket.h>
 
@@ -34,10 +35,6 @@ std::string BodylessErrorMessage(const Request& req, int status) {
   }
 }
 
-}  // namespace
-
-namespace {
-
 /// The current request of this connection thread (see CurrentAccessNote).
 thread_local AccessNote t_note;
 thread_local std::chrono::steady_clock::time_point t_start;
@@ -47,6 +44,13 @@ bool IsOpenPath(const std::string& path) {
     if (path == open) return true;
   }
   return false;
+}
+
+std::unique_ptr<httplib::Server> MakeServer(const FrontDoorOptions& o) {
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return std::make_unique<httplib::Server>();
+  }
+  return std::make_unique<httplib::SSLServer>(o.tls_cert_file.c_str(), o.tls_key_file.c_str());
 }
 
 }  // namespace
@@ -70,29 +74,15 @@ bool BearerMatches(std::string_view authorization, std::string_view api_key) {
     }
   }
   const std::string_view token = authorization.substr(kScheme.size());
-  if (token.size() != api_key.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < token.size(); ++i) {
-    diff |= static_cast<unsigned char>(token[i] ^ api_key[i]);
-  }
-  return diff == 0;
+  // OpenSSL's constant-time compare, as peer_auth.cc checks its MACs.
+  return token.size() == api_key.size() &&
+         CRYPTO_memcmp(token.data(), api_key.data(), api_key.size()) == 0;
 }
 
 void ReplyError(Response& res, const ApiError& e) {
   res.status = e.http_status;
   res.set_content(e.ToJson(), "application/json");
 }
-
-namespace {
-
-std::unique_ptr<httplib::Server> MakeServer(const FrontDoorOptions& o) {
-  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
-    return std::make_unique<httplib::Server>();
-  }
-  return std::make_unique<httplib::SSLServer>(o.tls_cert_file.c_str(), o.tls_key_file.c_str());
-}
-
-}  // namespace
 
 FrontDoor::FrontDoor(FrontDoorOptions options)
     : options_(std::move(options)), server_(MakeServer(options_)) {}

@@ -21,7 +21,7 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
       options_(std::move(options)),
       chat_(options_.chat_template, engine.tokenizer()),
       rng_(std::random_device{}()),
-      seed_rng_(options_.seed.value_or(0)),
+      seed_rng_(options_.seed ? *options_.seed : std::random_device{}()),
       completion_{engine_,
                   chat_,
                   options_.served_model_name,
@@ -50,7 +50,7 @@ std::string HttpServer::NewRequestId(const char* prefix) {
 
 uint64_t HttpServer::RandomSeed() {
   MutexLock lock(mu_);
-  return options_.seed ? seed_rng_() : rng_();
+  return seed_rng_();
 }
 
 void HttpServer::CountResponse(const std::string& path, int status) {

@@ -117,8 +117,8 @@ class HttpServer {
 
   mutable Mutex mu_;
   HttpCounters counters_ GUARDED_BY(mu_);
-  std::mt19937_64 rng_ GUARDED_BY(mu_);       ///< request ids (and seeds without --seed)
-  std::mt19937_64 seed_rng_ GUARDED_BY(mu_);  ///< seeds of unseeded requests under --seed
+  std::mt19937_64 rng_ GUARDED_BY(mu_);       ///< request ids
+  std::mt19937_64 seed_rng_ GUARDED_BY(mu_);  ///< seeds of unseeded requests: --seed, or random
 
   TransferRequests transfers_;    ///< P/D requests in flight, for POST /kv/abort
   CompletionContext completion_;  ///< what the completion handlers use of this server

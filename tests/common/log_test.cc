@@ -16,6 +16,9 @@ TEST(Log, JsonEscapeReadsBackAsTheSameString) {
   EXPECT_EQ(nlohmann::json::parse(doc).get<std::string>(), s) << doc;
   EXPECT_EQ(JsonEscape("a\"b"), "a\\\"b");
   EXPECT_EQ(JsonEscape(std::string(1, '\x02')), "\\u0002");
+  // Bytes that are not UTF-8 still give valid JSON (U+FFFD in their place).
+  EXPECT_EQ(nlohmann::json::parse("\"" + JsonEscape("a\xff") + "\"").get<std::string>(),
+            "a\xef\xbf\xbd");
 }
 
 TEST(Log, UnknownLevelOrFormatIsRefused) {

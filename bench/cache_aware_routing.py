@@ -141,11 +141,11 @@ def run_config(a, kv, model, tmp, name, router_extra, trace):
         wall = time.perf_counter() - t0
         rp = ports["router"]
         dports = [ports["decode0"], ports["decode1"]]
-        d_prompt = sum(metric_sum(p, "kvpush_prompt_tokens_total") for p in dports)
+        d_prompt = sum(metric_sum(p, "vllm:prompt_tokens_total") for p in dports)
         d_cached = sum(metric_sum(p, "kvpush_prompt_tokens_cached_total") for p in dports)
-        d_hit_blocks = sum(metric_sum(p, "kvpush_prefix_cache_hits_total") for p in dports)
-        d_query_blocks = sum(metric_sum(p, "kvpush_prefix_cache_queries_total") for p in dports)
-        d_requests = [metric_sum(p, "kvpush_request_success_total") for p in dports]
+        d_hit_tokens = sum(metric_sum(p, "vllm:prefix_cache_hits_total") for p in dports)
+        d_query_tokens = sum(metric_sum(p, "vllm:prefix_cache_queries_total") for p in dports)
+        d_requests = [metric_sum(p, "vllm:request_success_total") for p in dports]
         ttft = [r["ttft_ms"] for r in results if r]
         later = [r["ttft_ms"] for (c, t, _), r in zip(trace, results) if r and t > 0]
         return {
@@ -160,7 +160,7 @@ def run_config(a, kv, model, tmp, name, router_extra, trace):
             "d_prompt_tokens": d_prompt,
             "d_cached_tokens": d_cached,
             "d_token_hit_rate": d_cached / d_prompt if d_prompt else float("nan"),
-            "d_block_hit_rate": d_hit_blocks / d_query_blocks if d_query_blocks else float("nan"),
+            "d_prefix_cache_hit_rate": d_hit_tokens / d_query_tokens if d_query_tokens else float("nan"),
             "d_not_needed": sum(metric_sum(p, "kvpush_kv_transfer_not_needed_total") for p in dports),
             "d_requests": d_requests,
             "p_legs_skipped": metric_sum(rp, "kvpush_router_prefill_legs_skipped_total"),
@@ -258,7 +258,7 @@ def main():
             "ttft_p50_per_run_ms": [r["ttft_p50_ms"] for r in rs],
             "d_token_hit_rate": sum(r["d_cached_tokens"] for r in rs) /
             max(1.0, sum(r["d_prompt_tokens"] for r in rs)),
-            "d_block_hit_rate": sum(r["d_block_hit_rate"] for r in rs) / len(rs),
+            "d_prefix_cache_hit_rate": sum(r["d_prefix_cache_hit_rate"] for r in rs) / len(rs),
             "d_not_needed": sum(r["d_not_needed"] for r in rs),
             "p_legs_skipped": sum(r["p_legs_skipped"] for r in rs),
             "router_prefix_hits": sum(r["router_prefix_hits"] for r in rs),

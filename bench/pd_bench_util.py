@@ -37,7 +37,7 @@ def wait_healthy(port, proc, timeout=120.0):
     raise RuntimeError(f"port {port} did not become healthy")
 
 
-TTFT_SUM = "kvpush_time_to_first_token_seconds_sum"
+TTFT_SUM = "vllm:time_to_first_token_seconds_sum"
 
 
 def handoff_timelines(port, limit=4096, timeout=10):

@@ -53,11 +53,11 @@ IP_ROOT, IP_NS = "10.231.0.1", "10.231.0.2"
 COUNTERS = ["kvpush_kv_transfer_blocks_verified_total", "kvpush_kv_transfer_checksum_mismatches_total",
             "kvpush_kv_transfer_descriptors_total", "kvpush_kv_transfer_ops_total",
             "kvpush_kv_transfer_failed_total", "kvpush_kv_transfer_not_needed_total",
-            "kvpush_prefix_cache_hits_total", "kvpush_prefix_cache_queries_total",
+            "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total",
             "kvpush_kv_transfer_read_seconds_sum", "kvpush_kv_transfer_read_seconds_count",
             "kvpush_kv_transfer_push_tail_seconds_sum", "kvpush_kv_transfer_push_tail_seconds_count",
-            "kvpush_kv_transfer_bytes_written_total", "kvpush_time_to_first_token_seconds_sum",
-            "kvpush_time_to_first_token_seconds_count"]
+            "kvpush_kv_transfer_bytes_written_total", "vllm:time_to_first_token_seconds_sum",
+            "vllm:time_to_first_token_seconds_count"]
 
 
 class Deployment:

@@ -107,8 +107,8 @@ def descriptor_table(points):
 def engine_ttft(p, *insts):
     """Mean TTFT (ms) the computing engine recorded for itself over a point (its /metrics
     histogram), pooled over `insts`; None without samples."""
-    s = sum(p["counters"].get(i, {}).get("kvpush_time_to_first_token_seconds_sum", 0) for i in insts)
-    n = sum(p["counters"].get(i, {}).get("kvpush_time_to_first_token_seconds_count", 0) for i in insts)
+    s = sum(p["counters"].get(i, {}).get("vllm:time_to_first_token_seconds_sum", 0) for i in insts)
+    n = sum(p["counters"].get(i, {}).get("vllm:time_to_first_token_seconds_count", 0) for i in insts)
     return s / n * 1e3 if n else None
 
 

@@ -38,6 +38,9 @@ struct ConnectorStats {
   int64_t checksum_ns_sum = 0;    ///< P: time spent hashing blocks (connector thread)
   int64_t transfers_aborted = 0;  ///< POST /kv/abort that found a live producer or target
   int64_t bad_messages = 0;       ///< malformed or unexpected peer messages dropped
+  /// Control messages (not KV WRITEs/READs) that failed to post or to complete
+  /// (vllm:nixl_num_failed_notifications).
+  int64_t messages_failed = 0;
   /// D: P's first tokens not taken because P's request sampled under other settings
   /// (FirstTokenBinding differs); the engine computed the last prompt token instead.
   int64_t first_tokens_unbound = 0;

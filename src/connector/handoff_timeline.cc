@@ -97,6 +97,32 @@ void HandoffTimelineLog::Add(const HandoffRecord& r) {
     if (from == 0 || to == 0 || to < from) continue;
     hist_[i * 2 + (r.push ? 0 : 1)].Record(static_cast<double>(to - from) * 1e-9);
   }
+  // The instance that posted the KV ops: P in push, D in pull.
+  if (r.producer != r.push) return;
+  const int64_t first = r.at(r.push ? HandoffPhase::kFirstWritePosted : HandoffPhase::kReadPosted);
+  const int64_t done = r.at(r.push ? HandoffPhase::kWritesDone : HandoffPhase::kKvArrived);
+  if (first == 0 || done < first) return;
+  xfers_.xfer_time.Record(static_cast<double>(done - first) * 1e-9);
+  xfers_.post_time.Record(static_cast<double>(r.post_ns) * 1e-9);
+  xfers_.bytes.Record(static_cast<double>(r.bytes));
+  xfers_.descriptors.Record(static_cast<double>(r.descriptors));
+}
+
+HandoffTimelineLog::XferHistograms HandoffTimelineLog::Xfers() const {
+  MutexLock lock(mu_);
+  return xfers_;
+}
+
+std::vector<double> HandoffTimelineLog::ByteBounds() {
+  std::vector<double> out;
+  for (int e = 11; e <= 33; e += 2) out.push_back(static_cast<double>(int64_t{1} << e));
+  return out;
+}
+
+std::vector<double> HandoffTimelineLog::DescriptorBounds() {
+  std::vector<double> out;
+  for (int e = 0; e <= 20; e += 2) out.push_back(static_cast<double>(int64_t{1} << e));
+  return out;
 }
 
 nlohmann::json HandoffTimelineLog::Recent(size_t limit) const {

@@ -21,7 +21,7 @@
 #include "common/mutex.h"
 #include "common/recent_records.h"
 #include "common/thread_annotations.h"
-#include "engine/histogram.h"
+#include "common/histogram.h"
 
 namespace kvpush::connector {
 
@@ -65,6 +65,12 @@ struct HandoffRecord {
   int32_t write_notifications = 0;  ///< WRITEs posted with a notification (LAYER_READY, KV_READY)
   int32_t reads = 0;                ///< READs posted (D, pull)
   int32_t blocks = 0;               ///< KV blocks moved
+  /// The transfer's KV WRITEs (P, push) or READs (D, pull) as this instance posted them:
+  /// descriptors ((layer, K|V, block) chunks), their bytes, and the time spent inside the post
+  /// calls (vLLM's nixl_post_time).
+  int64_t descriptors = 0;
+  int64_t bytes = 0;
+  int64_t post_ns = 0;
 
   /// Sets phase `p` to `ns` unless it was set already (the first time counts).
   void Mark(HandoffPhase p, int64_t ns) {
@@ -107,6 +113,21 @@ class HandoffTimelineLog {
     Histogram histogram;
   };
   std::vector<Series> Histograms() const;
+  /// vLLM's NIXL transfer histograms (vllm:nixl_*), over the transfers whose KV this instance
+  /// moved itself and that succeeded: P's WRITEs in push, D's READ in pull. xfer_time: first
+  /// post -> every op done (push: kFirstWritePosted -> kWritesDone; pull: kReadPosted ->
+  /// kKvArrived); post_time: time inside the post calls; bytes and descriptors per transfer.
+  struct XferHistograms {
+    Histogram xfer_time{Histogram::LatencyBounds()};
+    Histogram post_time{Histogram::LatencyBounds()};
+    Histogram bytes{ByteBounds()};
+    Histogram descriptors{DescriptorBounds()};
+  };
+  XferHistograms Xfers() const;
+  /// 2 KiB .. 8 GiB by factors of 4 (vLLM's nixl_bytes_transferred buckets, 2^11 .. 2^33).
+  static std::vector<double> ByteBounds();
+  /// 1 .. 4^10 descriptors by factors of 4.
+  static std::vector<double> DescriptorBounds();
   /// Buckets (seconds): 50 us .. 10 s; below vLLM's 1 ms TTFT buckets because most handoff
   /// phases are sub-millisecond.
   static std::vector<double> Bounds();
@@ -116,6 +137,7 @@ class HandoffTimelineLog {
   mutable Mutex mu_;
   /// [interval index * 2 + (push ? 0 : 1)]
   std::vector<Histogram> hist_ GUARDED_BY(mu_);
+  XferHistograms xfers_ GUARDED_BY(mu_);
 };
 
 }  // namespace kvpush::connector

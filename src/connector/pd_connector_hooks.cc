@@ -5,6 +5,8 @@
 // events go to TransferCore, the pd/ vocabulary answers the token arithmetic.
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+
 #include "connector/pd_connector.h"
 #include "engine/first_token_binding.h"
 #include "pd/checks.h"
@@ -122,7 +124,12 @@ void PdConnector::PostHandedRead(PendingRead& r) {
   } else {
     ev.transfer = t->packed();
     const auto ops = agent_->TransferOpCount(*t);
+    const auto post_start = std::chrono::steady_clock::now();
     ev.error = agent_->Post(*t);
+    ev.post_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                     std::chrono::steady_clock::now() - post_start)
+                     .count();
+    ev.descriptors = static_cast<int64_t>(order->local_indices.size());
     if (ev.error.ok()) {
       MutexLock lock(stats_mu_);
       engine_descriptors_ += static_cast<int64_t>(order->local_indices.size());

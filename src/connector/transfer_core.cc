@@ -213,6 +213,7 @@ void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatu
       break;
     case XferKind::kMessage:
       if (s.state != xfer::TransferState::kDone) {
+        ++stats_.messages_failed;
         spdlog::warn("kv connector: message for transfer {} failed: {}", o.tid, s.error.ToString());
         auto c = consumers_.find(o.tid);
         if (c != consumers_.end()) OnConsumerMessageFailed(c->second, s.error);
@@ -226,6 +227,7 @@ void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatu
 
 bool TransferCore::PostTracked(const TransferOrder& order, const std::string& tid, XferKind kind,
                                uint64_t bytes, Status* error) {
+  const int64_t start_ns = clock_.NowNanos();
   auto t = actions_.PostTransfer(order);
   if (!t.ok()) {
     *error = t.status();
@@ -233,13 +235,32 @@ bool TransferCore::PostTracked(const TransferOrder& order, const std::string& ti
   }
   outstanding_[*t] = Outstanding{tid, kind, bytes};
   stats_.descriptors_posted += static_cast<int64_t>(order.local_indices.size());
+  NoteKvOpPosted(tid, kind, order, clock_.NowNanos() - start_ns);
   return true;
+}
+
+void TransferCore::NoteKvOpPosted(const std::string& tid, XferKind kind, const TransferOrder& order,
+                                  int64_t post_ns) {
+  HandoffRecord* r = nullptr;
+  if (kind == XferKind::kWrite) {
+    auto it = producers_.find(tid);
+    if (it != producers_.end()) r = &it->second.timeline;
+  } else if (kind == XferKind::kRead) {
+    auto it = consumers_.find(tid);
+    if (it != consumers_.end()) r = &it->second.timeline;
+  }
+  if (r == nullptr) return;
+  const auto n = static_cast<int64_t>(order.local_indices.size());
+  r->descriptors += n;
+  r->bytes += n * static_cast<int64_t>(layout_.chunk_bytes());
+  r->post_ns += post_ns;
 }
 
 void TransferCore::SendMessage(const std::string& peer, const PdMessage& m) {
   if (!pd::IsValidTransferId(m.transfer_id)) return;  // a locally dropped duplicate: nobody to tell
   auto t = actions_.SendMessage(peer, m);
   if (!t.ok()) {
+    ++stats_.messages_failed;
     spdlog::warn("kv connector: cannot send to '{}': {}", peer, t.status().ToString());
     return;
   }

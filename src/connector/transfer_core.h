@@ -186,6 +186,8 @@ struct ReadPostedEvent {
   std::string transfer_id;
   Status error;
   TransferToken transfer = 0;
+  int64_t descriptors = 0;  ///< of the posted READ
+  int64_t post_ns = 0;      ///< time inside the post call (engine thread)
 };
 /// POST /kv/abort of `transfer_id`.
 struct AbortTransferEvent {
@@ -385,6 +387,10 @@ class TransferCore {
   void CancelOutstanding(const std::string& tid, XferKind kind);
   bool PostTracked(const TransferOrder& order, const std::string& tid, XferKind kind,
                    uint64_t bytes, Status* error);
+  /// Adds a posted KV op (descriptors, bytes, `post_ns` inside the post call) to its transfer's
+  /// HandoffRecord (vLLM's nixl_* histograms, HandoffTimelineLog::Xfers).
+  void NoteKvOpPosted(const std::string& tid, XferKind kind, const TransferOrder& order,
+                      int64_t post_ns);
   void Tombstone(const std::string& tid);
   /// The timeline of transfer `tid` here (its producer's, else its consumer's), or null.
   HandoffRecord* TimelineOf(const std::string& tid);

@@ -65,6 +65,9 @@ void TransferCore::OnReadPosted(ReadPostedEvent& ev) {
   c.read_posted_ns = clock_.NowNanos();
   c.timeline.Mark(HandoffPhase::kReadPosted, c.read_posted_ns);
   ++c.timeline.reads;
+  c.timeline.descriptors += ev.descriptors;
+  c.timeline.bytes += ev.descriptors * static_cast<int64_t>(layout_.chunk_bytes());
+  c.timeline.post_ns += ev.post_ns;
   outstanding_[ev.transfer] = Outstanding{tid, XferKind::kRead, 0};
   if (c.state == ConsumerState::kCancelling || c.state == ConsumerState::kQuarantined) {
     // The watchdog fired while the READ waited for the engine thread: end it at once (the

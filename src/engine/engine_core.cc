@@ -123,6 +123,12 @@ EngineCore::EngineCore(const EngineConfig& config, std::unique_ptr<Executor> exe
                                config.scatter_kv_blocks}),
       scheduler_(config_, pool_, connector, PromptLogitRows(executor_->config().vocab_size)) {
   stats_.num_kv_blocks_total = config.num_kv_blocks;
+  stats_.block_size = config.block_size;
+  stats_.prefix_caching_enabled = config.enable_prefix_caching;
+  const std::vector<double> token_bounds = Histogram::OneTwoFiveBounds(config.max_model_len);
+  stats_.request_prompt_tokens = Histogram(token_bounds);
+  stats_.request_generation_tokens = Histogram(token_bounds);
+  stats_.request_prefill_kv_computed_tokens = Histogram(token_bounds);
 }
 
 void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
@@ -222,6 +228,7 @@ void EngineCore::ApplyKvLoads() {
     }
     ++stats_.kv_loads;
     stats_.prompt_tokens_transferred += seq.num_external_tokens;
+    seq.num_transferred_tokens = seq.num_external_tokens;
     int32_t loaded = local + seq.num_external_tokens;
     // The KV of every prompt token came but no first token (P sampled it under other settings
     // than this request's): the last prompt token is computed here, over its own KV, for its
@@ -232,6 +239,7 @@ void EngineCore::ApplyKvLoads() {
     // hashing them is O(prompt) on the TTFT path (0.3 ms at 131,000 tokens).
     loaded_.push_back(seq.seq_id);
     if (r.first_token && seq.num_computed == seq.num_tokens()) {
+      CountAdmission(seq);  // never scheduled for compute: its admission is counted here
       ProcessSampled(seq, std::move(*r.first_token));
     }
   }
@@ -298,11 +306,7 @@ int32_t EngineCore::Step() {
   int32_t total = 0;
   for (const ScheduledChunk& c : chunks) {
     Sequence& seq = *c.seq;
-    if (!seq.admission_counted) {
-      seq.admission_counted = true;
-      stats_.cached_prompt_tokens += seq.num_cached_tokens;
-      stats_.queue_time.Record(NsToSeconds(seq.first_scheduled_ns - seq.arrival_ns));
-    }
+    CountAdmission(seq);
     SequenceChunk chunk;
     chunk.seq_id = seq.seq_id;
     chunk.tokens = std::span<const int32_t>(seq.tokens.data() + seq.num_computed,
@@ -324,6 +328,7 @@ int32_t EngineCore::Step() {
     batch_seqs_.push_back(&seq);
   }
   if (batch_.empty()) return 0;
+  stats_.iteration_tokens.Record(total);
   const auto vocab = static_cast<size_t>(model_config().vocab_size);
   logits_.resize(num_logits * vocab);
   LayerObserver* observer = connector_ != nullptr ? connector_->BeginStep(batch_) : nullptr;
@@ -528,9 +533,33 @@ void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::s
     stats_.tpot.Record(NsToSeconds(seq.last_token_ns - seq.first_token_ns) /
                        static_cast<double>(seq.num_output_tokens() - 1));
   }
+  RecordFinishedSizes(seq);
   std::shared_ptr<OutputChannel> channel = std::move(seq.channel);
   seqs_.erase(seq.seq_id);  // destroys seq
   Emit(channel, std::move(out));
+}
+
+void EngineCore::CountAdmission(Sequence& seq) {
+  if (seq.admission_counted) return;
+  seq.admission_counted = true;
+  stats_.cached_prompt_tokens += seq.num_cached_tokens;
+  stats_.queue_time.Record(NsToSeconds(seq.first_scheduled_ns - seq.arrival_ns));
+  if (config_.enable_prefix_caching && seq.request.prompt_logprobs < 0) {
+    stats_.prefix_cache_queried_tokens += seq.num_prompt_tokens;
+    stats_.prefix_cache_hit_tokens += seq.num_cached_tokens;
+  }
+  if (connector_ != nullptr) stats_.external_queried_tokens += seq.num_prompt_tokens;
+}
+
+void EngineCore::RecordFinishedSizes(const Sequence& seq) {
+  stats_.request_prompt_tokens.Record(seq.num_prompt_tokens);
+  stats_.request_generation_tokens.Record(seq.num_output_tokens());
+  stats_.request_prefill_kv_computed_tokens.Record(
+      std::max(0, seq.num_prompt_tokens - seq.num_cached_tokens - seq.num_transferred_tokens));
+  if (seq.first_token_ns == 0 || seq.first_scheduled_ns == 0) return;
+  stats_.prefill_time.Record(NsToSeconds(seq.first_token_ns - seq.first_scheduled_ns));
+  stats_.decode_time.Record(NsToSeconds(seq.last_token_ns - seq.first_token_ns));
+  stats_.inference_time.Record(NsToSeconds(seq.last_token_ns - seq.first_scheduled_ns));
 }
 
 void EngineCore::Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out) {

@@ -133,6 +133,10 @@ class EngineCore {
   /// the prefix cache; called at the start of Step(), after Engine published their first tokens.
   void CommitLoadedBlocks();
   void Emit(const std::shared_ptr<OutputChannel>& channel, RequestOutput out);
+  /// Counts `seq`'s first admission once: cached tokens, queue time, prefix-cache queries.
+  void CountAdmission(Sequence& seq);
+  /// The per-request size and phase histograms of a finishing `seq`.
+  void RecordFinishedSizes(const Sequence& seq);
 
   EngineConfig config_;
   std::unique_ptr<Executor> executor_;

@@ -4,7 +4,7 @@
 #include <array>
 #include <cstdint>
 
-#include "engine/histogram.h"
+#include "common/histogram.h"
 #include "engine/request.h"
 #include "kv/block_pool.h"
 
@@ -20,6 +20,8 @@ struct EngineStats {
   /// Prompt tokens of waiting and running requests not computed yet (a router's load signal).
   int64_t outstanding_prefill_tokens = 0;
   int32_t num_kv_blocks_total = 0;
+  int32_t block_size = 0;               ///< tokens per KV block (vllm:cache_config_info)
+  bool prefix_caching_enabled = false;  ///< --enable-prefix-caching (vllm:cache_config_info)
   BlockPool::Stats kv;  ///< used/free/cached blocks and prefix-cache counters (blocks)
 
   // Counters.
@@ -41,6 +43,14 @@ struct EngineStats {
   /// failed loads whose blocks were quarantined (a WRITE could still land): the request went on
   /// in fresh blocks
   int64_t kv_load_quarantines = 0;
+  /// vLLM's prefix-cache counters, in tokens: prompt tokens looked up in the local prefix cache
+  /// at first admission (not for prompt-logprobs requests, which skip the cache) and of those the
+  /// tokens found. `cached_prompt_tokens` equals the hits.
+  int64_t prefix_cache_queried_tokens = 0;
+  int64_t prefix_cache_hit_tokens = 0;
+  /// vLLM's external_prefix_cache_queries: with a KV connector, the prompt tokens of every
+  /// admitted request (the hits are `prompt_tokens_transferred`).
+  int64_t external_queried_tokens = 0;
 
   // Latencies in seconds (recorded when a request finishes, or per token for ITL).
   Histogram ttft{Histogram::LatencyBounds()};        ///< arrival -> first token
@@ -48,6 +58,21 @@ struct EngineStats {
   Histogram itl{Histogram::LatencyBounds()};         ///< between consecutive tokens
   Histogram e2e{Histogram::LatencyBounds()};         ///< arrival -> finish
   Histogram queue_time{Histogram::LatencyBounds()};  ///< arrival -> first scheduled
+  /// vLLM's request phases (v1 RequestStateStats), recorded at finish for requests that
+  /// produced a token: first scheduled -> first token (prefill), first -> last token (decode),
+  /// first scheduled -> last token (inference).
+  Histogram prefill_time{Histogram::LatencyBounds()};
+  Histogram decode_time{Histogram::LatencyBounds()};
+  Histogram inference_time{Histogram::LatencyBounds()};
+
+  // Sizes (tokens). The per-request ones are recorded at finish; their bounds are set from
+  // max_model_len by the engine (Histogram::OneTwoFiveBounds).
+  Histogram request_prompt_tokens;
+  Histogram request_generation_tokens;
+  /// Prompt tokens computed here for the request: neither prefix-cache hits nor transferred.
+  Histogram request_prefill_kv_computed_tokens;
+  /// Tokens executed per engine step (prefill chunks + decodes).
+  Histogram iteration_tokens{Histogram::IterationTokenBounds()};
 };
 
 }  // namespace kvpush

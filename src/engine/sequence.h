@@ -37,6 +37,7 @@ struct Sequence {
   int32_t num_cached_tokens = 0;   ///< prefix-cache hit tokens at first admission
   int32_t num_preemptions = 0;
   int32_t num_external_tokens = 0;  ///< tokens whose K/V a connector loads (KvMatch)
+  int32_t num_transferred_tokens = 0;  ///< of those, the tokens of a load that succeeded
   TokenOutput last_token;           ///< the latest generated token with its logprobs
   /// request.prompt_logprobs >= 0: entry p scores prompt token p + 1 (filled as prefill chunks
   /// are computed; handed to the first output, RequestOutput::prompt_logprobs).

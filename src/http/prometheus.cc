@@ -1,14 +1,18 @@
 #include "http/prometheus.h"
 
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 
 namespace kvpush::http {
 namespace {
 
 std::string Number(double v) {
+  if (std::isnan(v)) return "NaN";
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);  // shortest round-trip form
+  return std::string(buf, r.ptr);
 }
 
 void AppendLabels(std::string& out, const Labels& labels) {
@@ -22,6 +26,22 @@ void AppendLabels(std::string& out, const Labels& labels) {
 }
 
 }  // namespace
+
+std::string FormatBound(double v) {
+  if (std::isinf(v)) return v > 0 ? "+Inf" : "-Inf";
+  if (std::isnan(v)) return "NaN";
+  const double a = std::fabs(v);
+  char buf[400];
+  std::to_chars_result r{};
+  if (a != 0.0 && (a < 1e-4 || a >= 1e16)) {
+    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::scientific);
+  } else {
+    r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed);  // shortest digits
+  }
+  std::string s(buf, r.ptr);
+  if (s.find_first_of(".e") == std::string::npos) s += ".0";
+  return s;
+}
 
 std::string EscapeLabelValue(std::string_view s) {
   std::string out;
@@ -72,7 +92,7 @@ void PrometheusWriter::HistogramSeries(std::string_view name, const Labels& labe
   uint64_t cum = 0;
   for (size_t i = 0; i < bounds.size(); ++i) {
     cum += i < counts.size() ? counts[i] : 0;
-    with_le.back().second = Number(bounds[i]);
+    with_le.back().second = FormatBound(bounds[i]);
     Sample(bucket, static_cast<double>(cum), with_le);
   }
   cum += counts.size() > bounds.size() ? counts.back() : 0;

@@ -27,10 +27,16 @@ struct MetricFamily {
 /// `s` escaped for a label value (\\ for \, \" for ", \n for a newline). Pure.
 std::string EscapeLabelValue(std::string_view s);
 
+/// A histogram bound as an `le` label value, written as vLLM's Python client writes it (so a
+/// fleet mixing vLLM and kvpush sums by the same `le`): the shortest decimal that reads back as
+/// `v`, with ".0" on integral values ("0.001", "0.5", "1.0", "2560.0"); scientific below 1e-4
+/// and from 1e16; "+Inf". Pure.
+std::string FormatBound(double v);
+
 /// Builds a Prometheus text page. Every sample carries the writer's `common` labels first (the
 /// instances' model_name), then its own; a sample with no labels at all is written without
-/// braces. Doubles are written with 17 significant digits (%.17g: exact, and an integral value
-/// has no decimal point), integers as integers. Not thread-safe (one writer per page).
+/// braces. Doubles are written in their shortest form that reads back exactly (std::to_chars:
+/// "0.1", "3", "1e+20"), integers as integers. Not thread-safe (one writer per page).
 class PrometheusWriter {
  public:
   explicit PrometheusWriter(const Labels& common = {});

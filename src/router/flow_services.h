@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "router/client_latency.h"
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/leg_registry.h"
@@ -47,6 +48,8 @@ class FlowServices {
   /// Adds a finished request's router timeline (RouterTimeline::ToJson) to /debug/handoff_timeline.
   virtual void RecordTimeline(nlohmann::json timeline) = 0;
   virtual void CountRequest(TransferMode mode, bool ok) = 0;
+  /// One client-side latency observation (client_latency.h), seconds.
+  virtual void RecordLatency(TransferMode mode, ClientLatency which, double seconds) = 0;
   virtual void CountLegFailure(Role role) = 0;
   virtual void CountRetry(Role refused_by) = 0;
   /// Stop() began: legs are being closed; a flow says why to its client.

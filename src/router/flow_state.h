@@ -200,6 +200,7 @@ struct RequestFlow::StreamState {
   bool terminal_sent = false;  ///< [DONE] or an error event was relayed
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
+  int64_t last_data_ns = 0;  ///< steady ns the last data event was relayed (0: none yet)
 };
 
 /// The 502 for a P/D request with echo and logprobs whose P answered no usable prompt_echo.

@@ -8,6 +8,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "common/clock.h"
 #include "common/json_parse.h"
 #include "pd/ids.h"
 #include "pd/legs.h"
@@ -128,9 +129,23 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
   Forwarded(dr).WriteTo(res);
 }
 
+void RequestFlow::NoteDataRelayed(FlowServices& r, StreamState& st) {
+  Transfer& t = *st.t;
+  t.timeline.Mark(RouterPhase::kFirstOutputRelayed);
+  const int64_t now = NowNs();
+  const int64_t since = st.last_data_ns != 0 ? st.last_data_ns : t.timeline.at(RouterPhase::kReceived);
+  r.RecordLatency(t.mode, st.last_data_ns != 0 ? ClientLatency::kItl : ClientLatency::kTtft,
+                  static_cast<double>(now - since) * 1e-9);
+  st.last_data_ns = now;
+}
+
 void RequestFlow::RecordTimeline(FlowServices& r, Transfer& t, bool ok) {
-  if (t.mode == TransferMode::kColocated || t.local_prefill) return;
   t.timeline.Mark(RouterPhase::kDone);
+  if (ok) {
+    const int64_t e2e = t.timeline.at(RouterPhase::kDone) - t.timeline.at(RouterPhase::kReceived);
+    r.RecordLatency(t.mode, ClientLatency::kE2e, static_cast<double>(e2e) * 1e-9);
+  }
+  if (t.mode == TransferMode::kColocated || t.local_prefill) return;
   r.RecordTimeline(t.timeline.ToJson(t.request_id, t.transfer_id,
                                      t.mode == TransferMode::kPush ? "push" : "pull", ok));
 }
@@ -216,7 +231,7 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
     }
     const std::string& ev = out.empty() ? e : out;
     if (!sink.write(ev.data(), ev.size())) return false;
-    if (kind == SseEventKind::kData) st.t->timeline.Mark(RouterPhase::kFirstOutputRelayed);
+    if (kind == SseEventKind::kData) NoteDataRelayed(r, st);
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {
       st.terminal_sent = true;

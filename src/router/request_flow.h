@@ -114,8 +114,11 @@ class RequestFlow {
   static bool Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
                    std::chrono::milliseconds wait);
   static void EndStream(FlowServices& r, StreamState& st);
-  /// Adds `t`'s router timeline (done now) to the router's log; P/D transfers only.
+  /// Marks `t` done now and records its e2e latency when `ok`; adds its router timeline to the
+  /// router's log (P/D transfers only).
   static void RecordTimeline(FlowServices& r, Transfer& t, bool ok);
+  /// A data event of `st` was relayed: its TTFT (the first) or ITL observation.
+  static void NoteDataRelayed(FlowServices& r, StreamState& st);
 
   FlowServices& router_;
 };

@@ -116,6 +116,9 @@ class Router final : private FlowServices {
                      const std::string& request_id) override;
   void RecordTimeline(nlohmann::json timeline) override { timelines_.Add(std::move(timeline)); }
   void CountRequest(TransferMode mode, bool ok) override;
+  void RecordLatency(TransferMode mode, ClientLatency which, double seconds) override {
+    latencies_.Record(mode, which, seconds);
+  }
   void CountLegFailure(Role role) override;
   void CountRetry(Role refused_by) override;
   bool stopping() const override { return stopping_.load(); }
@@ -147,6 +150,7 @@ class Router final : private FlowServices {
   std::unique_ptr<WorkerPool> workers_;  ///< created by Start()
   /// The router timelines (RouterTimeline::ToJson) of the last 4,096 P/D requests.
   RecentRecords<nlohmann::json> timelines_{4096};
+  ClientLatencies latencies_;  ///< the client-side TTFT/ITL/e2e histograms
 
   mutable Mutex mu_;  ///< guards counters_
   RouterCounters counters_ GUARDED_BY(mu_);

@@ -143,6 +143,7 @@ std::string Router::RenderMetrics() const {
   w.Family(
       {"kvpush_router_worker_threads", "gauge", "Leg worker threads (created on demand, kept)."});
   w.Sample("kvpush_router_worker_threads", static_cast<int64_t>(worker_threads()));
+  latencies_.Render(w, modes);
   InstanceRows(w, Snapshot(), colo);
   http::WriteBuildInfo(w, options_.build);
   return w.str();

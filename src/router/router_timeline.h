@@ -33,6 +33,10 @@ class RouterTimeline {
  public:
   /// Sets `p` to now (steady clock ns) unless it was set already.
   void Mark(RouterPhase p);
+  /// When `p` was reached (steady clock ns); 0: not reached.
+  int64_t at(RouterPhase p) const {
+    return t_ns_[static_cast<size_t>(p)].load(std::memory_order_relaxed);
+  }
   /// {"request_id", "transfer_id", "role": "router", "mode", "ok", "t_ns": {phase: ns}} with
   /// the phases reached.
   nlohmann::json ToJson(const std::string& request_id, const std::string& transfer_id,

@@ -112,6 +112,9 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
   }
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : c.random_seed();
   const auto n = static_cast<size_t>(r.n);
+  st.param_stats = c.param_stats;
+  st.n = r.n;
+  st.max_tokens = p.max_tokens;
   std::vector<bool> counts_prompt;
   for (size_t k = 0; k < p.prompts.size() * n; ++k) {
     const size_t i = k / n;

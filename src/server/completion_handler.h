@@ -16,6 +16,7 @@
 
 #include "engine/engine.h"
 #include "model/chat_template.h"
+#include "server/metrics.h"
 #include "server/openai_request.h"
 #include "server/transfer_requests.h"
 
@@ -55,6 +56,8 @@ struct CompletionContext {
   std::function<std::string(const char* prefix)> new_request_id;
   /// A random sampling seed (a request without `seed`). Thread-safe.
   std::function<uint64_t()> random_seed;
+  /// vLLM's request-parameter histograms (metrics.h); null: not kept. Thread-safe.
+  RequestParamHistograms* param_stats = nullptr;
 };
 
 /// Stateless apart from the context; one call per HTTP request, on an HTTP thread.

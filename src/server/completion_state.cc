@@ -1,5 +1,7 @@
 #include "server/completion_state.h"
 
+#include <algorithm>
+
 #include "http/front_door.h"
 
 namespace kvpush::server {
@@ -32,6 +34,19 @@ CompletionState::~CompletionState() {
     }
   }
   if (inflight != nullptr) inflight->fetch_sub(1);
+  RecordParams();
+}
+
+void CompletionState::RecordParams() const {
+  if (param_stats == nullptr || handles.empty() || !all_finished() || n < 1) return;
+  const auto per_prompt = static_cast<size_t>(n);
+  for (size_t p = 0; p < max_tokens.size(); ++p) {
+    int64_t longest = 0;
+    for (size_t k = p * per_prompt; k < (p + 1) * per_prompt && k < choices.size(); ++k) {
+      longest = std::max<int64_t>(longest, choices[k].completion_tokens);
+    }
+    param_stats->Record(n, max_tokens[p], longest);
+  }
 }
 
 void CompletionState::NoteAccess(const RequestOutput& o) const {

@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "http/api_error.h"
 #include "pd/kv_transfer_params.h"
+#include "server/metrics.h"
 #include "server/openai_response.h"
 #include "server/transfer_requests.h"
 
@@ -33,8 +34,9 @@ struct CompletionState {
   CompletionState() = default;
   CompletionState(const CompletionState&) = delete;
   CompletionState& operator=(const CompletionState&) = delete;
-  /// The HTTP request ended: its engine requests leave the transfer registry, and it no longer
-  /// counts as in flight (HttpServer::inflight()).
+  /// The HTTP request ended: its engine requests leave the transfer registry, it no longer
+  /// counts as in flight (HttpServer::inflight()), and, when every choice finished, its
+  /// parameters are recorded (param_stats: one observation per prompt, as vLLM counts them).
   ~CompletionState();
 
   ResponseMeta meta;
@@ -56,6 +58,11 @@ struct CompletionState {
   http::ApiError error;  ///< first kError/kAbort seen
   bool failed = false;
   std::optional<pd::PullAnswer> pull_answer;  ///< from a pull producer's final output
+  /// Set at submission: where the request's parameters are recorded when it ends (all its
+  /// choices finished), its n, and each prompt's max_tokens (choices are prompt-major).
+  RequestParamHistograms* param_stats = nullptr;
+  int32_t n = 1;
+  std::vector<int32_t> max_tokens;
 
   /// Applies one output to choice i; returns true when it finished the choice. Also notes the
   /// request's id, first-token time and (once all finished) usage for the access log
@@ -75,6 +82,7 @@ struct CompletionState {
 
  private:
   bool ApplyChoice(size_t i, const RequestOutput& o);
+  void RecordParams() const;
   void NoteAccess(const RequestOutput& o) const;
 };
 

@@ -22,6 +22,7 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
       chat_(options_.chat_template, engine.tokenizer()),
       rng_(std::random_device{}()),
       seed_rng_(options_.seed ? *options_.seed : std::random_device{}()),
+      param_stats_(engine.config().max_model_len),
       completion_{engine_,
                   chat_,
                   options_.served_model_name,
@@ -31,7 +32,8 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
                   transfers_,
                   state_,
                   [this](const char* prefix) { return NewRequestId(prefix); },
-                  [this] { return RandomSeed(); }} {}
+                  [this] { return RandomSeed(); },
+                  &param_stats_} {}
 
 HttpServer::~HttpServer() {
   Stop();
@@ -114,7 +116,8 @@ void HttpServer::Route() {
   });
   s.Get("/metrics", [this](const http::Request&, http::Response& res) {
     std::string text =
-        RenderPrometheus(engine_.stats(), http_counters(), options_.served_model_name);
+        RenderPrometheus(engine_.stats(), http_counters(), param_stats_.snapshot(),
+                         options_.served_model_name);
     text += RenderPdMetrics(options_.connector, options_.served_model_name,
                             state_.local_prefills.load());
     http::PrometheusWriter build(ModelLabel(options_.served_model_name));

@@ -121,6 +121,7 @@ class HttpServer {
   std::mt19937_64 seed_rng_ GUARDED_BY(mu_);  ///< seeds of unseeded requests: --seed, or random
 
   TransferRequests transfers_;    ///< P/D requests in flight, for POST /kv/abort
+  RequestParamHistograms param_stats_;  ///< vLLM's request_params_* histograms
   CompletionContext completion_;  ///< what the completion handlers use of this server
 };
 

@@ -181,6 +181,50 @@ std::string ConnectorMetrics(const connector::ConnectorStats& c, const std::stri
   return w.str();
 }
 
+/// vLLM's NIXL connector families (docs.vllm.ai "Production Metrics", NIXL KV Connector
+/// Metrics): per-transfer histograms of the KV ops this instance posted (P's WRITEs in push, D's
+/// READ in pull; HandoffTimelineLog::Xfers) and the failure counters.
+std::string NixlMetrics(const connector::ConnectorStats& c,
+                        const connector::HandoffTimelineLog& log, const std::string& model_name) {
+  const connector::HandoffTimelineLog::XferHistograms x = log.Xfers();
+  http::PrometheusWriter w(ModelLabel(model_name));
+  const struct {
+    http::MetricFamily family;
+    const Histogram& h;
+  } histograms[] = {
+      {{"vllm:nixl_xfer_time_seconds", "histogram",
+        "Histogram of transfer duration for NIXL KV Cache transfers (first post to every op "
+        "done; P's WRITEs in push, D's READ in pull)."},
+       x.xfer_time},
+      {{"vllm:nixl_post_time_seconds", "histogram",
+        "Histogram of transfer post time for NIXL KV Cache transfers (time inside the post "
+        "calls)."},
+       x.post_time},
+      {{"vllm:nixl_bytes_transferred", "histogram",
+        "Histogram of bytes transferred per NIXL KV Cache transfers."},
+       x.bytes},
+      {{"vllm:nixl_num_descriptors", "histogram",
+        "Histogram of number of descriptors per NIXL KV Cache transfers."},
+       x.descriptors},
+  };
+  for (const auto& m : histograms) {
+    w.Family(m.family);
+    HistogramSeries(w, m.family.name, {}, m.h);
+  }
+  w.Scalar({"vllm:nixl_num_failed_transfers_total", "counter",
+            "Number of failed NIXL KV Cache transfers (KV WRITE/READ ops that ended in an "
+            "error)."},
+           static_cast<double>(c.transfers_failed));
+  w.Scalar({"vllm:nixl_num_failed_notifications_total", "counter",
+            "Number of failed NIXL KV Cache notifications (control messages that failed to post "
+            "or complete)."},
+           static_cast<double>(c.messages_failed));
+  w.Scalar({"vllm:nixl_num_kv_expired_reqs_total", "counter",
+            "Number of requests that had their KV expire (prefill leases that expired)."},
+           static_cast<double>(c.leases_expired));
+  return w.str();
+}
+
 std::string HandoffMetrics(const connector::HandoffTimelineLog& log,
                            const std::string& model_name) {
   const auto series = log.Histograms();
@@ -305,7 +349,9 @@ void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
 std::string RenderPdMetrics(const connector::PdConnector* connector, const std::string& model_name,
                             int64_t local_prefill_requests) {
   if (connector == nullptr) return "";
-  return ConnectorMetrics(connector->stats(), model_name, local_prefill_requests) +
+  const connector::ConnectorStats stats = connector->stats();
+  return ConnectorMetrics(stats, model_name, local_prefill_requests) +
+         NixlMetrics(stats, connector->timelines(), model_name) +
          HandoffMetrics(connector->timelines(), model_name);
 }
 

@@ -397,8 +397,8 @@ class Chaos:
                 waiting = m.get("kvpush_num_requests_waiting_for_kv", 0)
                 active = m.get("kvpush_kv_transfer_producers_active", 0) + \
                     m.get("kvpush_kv_transfer_consumers_waiting", 0)
-                running = m.get("kvpush_num_requests_running", 0) + \
-                    m.get("kvpush_num_requests_waiting", 0)
+                running = m.get("vllm:num_requests_running", 0) + \
+                    m.get("vllm:num_requests_waiting", 0)
                 held = m.get("kvpush_kv_blocks_quarantined", 0)
                 quarantines = m.get("kvpush_kv_transfer_consumers_quarantined", 0)
                 state[inst.name] = (used, free, total, waiting, active, running, held, quarantines)

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -26,13 +27,28 @@ TEST(PrometheusWriter, NoLabelsMeansNoBraces) {
   EXPECT_EQ(w.str(), "threads 12\nratio 0.5\n");
 }
 
-TEST(PrometheusWriter, DoublesKeepSeventeenDigitsAndIntegersHaveNoPoint) {
+TEST(PrometheusWriter, DoublesAreShortestRoundTripAndIntegersHaveNoPoint) {
   PrometheusWriter w;
   w.Sample("a", 0.1);
   w.Sample("b", 1e20);
   w.Sample("c", -2.0);
   w.Sample("d", int64_t{-9007199254740993});  // beyond a double's exact integers
-  EXPECT_EQ(w.str(), "a 0.10000000000000001\nb 1e+20\nc -2\nd -9007199254740993\n");
+  w.Sample("e", 0.1 + 0.2);                   // not 0.3: every digit that tells it apart
+  EXPECT_EQ(w.str(), "a 0.1\nb 1e+20\nc -2\nd -9007199254740993\ne 0.30000000000000004\n");
+}
+
+TEST(PrometheusWriter, BoundsAreWrittenAsVllmsPythonClientWritesThem) {
+  // prometheus_client's floatToGoString(repr(float)) for vLLM's own bucket bounds.
+  EXPECT_EQ(FormatBound(0.001), "0.001");
+  EXPECT_EQ(FormatBound(0.0001), "0.0001");
+  EXPECT_EQ(FormatBound(0.00025), "0.00025");
+  EXPECT_EQ(FormatBound(0.1), "0.1");
+  EXPECT_EQ(FormatBound(0.075), "0.075");
+  EXPECT_EQ(FormatBound(1.0), "1.0");
+  EXPECT_EQ(FormatBound(2560.0), "2560.0");
+  EXPECT_EQ(FormatBound(16384.0), "16384.0");
+  EXPECT_EQ(FormatBound(1e-5), "1e-05");
+  EXPECT_EQ(FormatBound(HUGE_VAL), "+Inf");
 }
 
 TEST(PrometheusWriter, LabelValuesAreEscapedAsTheFormatSays) {
@@ -60,7 +76,7 @@ TEST(PrometheusWriter, HistogramSeriesIsCumulativeWithInfSumAndCount) {
 TEST(PrometheusWriter, AnEmptyHistogramHasOnlyZeros) {
   PrometheusWriter w;
   w.HistogramSeries("h", {}, std::vector<double>{1.0}, std::vector<uint64_t>{}, 0.0, 0);
-  EXPECT_EQ(w.str(), "h_bucket{le=\"1\"} 0\nh_bucket{le=\"+Inf\"} 0\nh_sum 0\nh_count 0\n");
+  EXPECT_EQ(w.str(), "h_bucket{le=\"1.0\"} 0\nh_bucket{le=\"+Inf\"} 0\nh_sum 0\nh_count 0\n");
 }
 
 TEST(ApiError, BodyHasNullParamAndCodeWhenEmpty) {

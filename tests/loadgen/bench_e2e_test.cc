@@ -41,12 +41,12 @@ ServerCounters Scrape(const OpenAiClient& c) {
   auto text = c.Get("/metrics");
   EXPECT_TRUE(text.ok()) << text.status().ToString();
   if (!text.ok()) return {};
-  return {Sample(*text, "kvpush_time_to_first_token_seconds_sum"),
-          Sample(*text, "kvpush_time_to_first_token_seconds_count"),
-          Sample(*text, "kvpush_e2e_request_latency_seconds_sum"),
-          Sample(*text, "kvpush_e2e_request_latency_seconds_count"),
-          Sample(*text, "kvpush_prompt_tokens_total"),
-          Sample(*text, "kvpush_generation_tokens_total")};
+  return {Sample(*text, "vllm:time_to_first_token_seconds_sum"),
+          Sample(*text, "vllm:time_to_first_token_seconds_count"),
+          Sample(*text, "vllm:e2e_request_latency_seconds_sum"),
+          Sample(*text, "vllm:e2e_request_latency_seconds_count"),
+          Sample(*text, "vllm:prompt_tokens_total"),
+          Sample(*text, "vllm:generation_tokens_total")};
 }
 
 TEST(LoadgenBenchE2e, CountsExactlyAndAgreesWithServerMetrics) {

@@ -220,7 +220,7 @@ PdDrain::DrainSeen PdDrain::DrainWithRequestsOpen(Proc* front, Proc* engine) {
   });
   std::thread tw([&] { seen.whole = Send(front->host, front->port, r, {}, &long_answer, 60); });
   const bool running = WaitFor(
-      [&] { return Metric(engine->host, engine->port, "kvpush_num_requests_running") >= 2; },
+      [&] { return Metric(engine->host, engine->port, "vllm:num_requests_running") >= 2; },
       20000);
   EXPECT_TRUE(running) << "the two long answers never ran on " << engine->name;
   EXPECT_EQ(::kill(front->child.pid(), SIGTERM), 0);

@@ -15,7 +15,7 @@
 namespace kvpush::pd_test {
 namespace {
 
-constexpr const char* kSuccess = "kvpush_request_success_total";
+constexpr const char* kSuccess = "vllm:request_success_total";
 
 class PdRouting : public PdFixture {
  protected:

@@ -174,6 +174,21 @@ TEST_F(RouterTest, StreamIsRelayedChunkByChunkAsItArrives) {
   EXPECT_NE(s.body.find("\"t3\""), std::string::npos);
   EXPECT_EQ(s.body.size() - s.body.rfind("data: [DONE]\n\n"), 14u);  // [DONE] last
   EXPECT_EQ(d_[0]->received().at(0).body["stream"], true);
+  // The client-side histograms: one TTFT, a gap per later data event (D waits 100 ms before
+  // each chunk), one e2e.
+  const std::string m = Metrics();
+  auto value = [&](const std::string& series) {
+    const size_t at = m.find(series + " ");
+    EXPECT_NE(at, std::string::npos) << series;
+    return at == std::string::npos ? -1.0 : std::stod(m.substr(at + series.size() + 1));
+  };
+  EXPECT_EQ(value("kvpush_router_time_to_first_token_seconds_count{mode=\"push\"}"), 1);
+  EXPECT_EQ(value("kvpush_router_inter_token_latency_seconds_count{mode=\"push\"}"), 3);
+  EXPECT_GE(value("kvpush_router_inter_token_latency_seconds_sum{mode=\"push\"}"), 0.25);
+  EXPECT_EQ(value("kvpush_router_e2e_request_latency_seconds_count{mode=\"push\"}"), 1);
+  EXPECT_GE(value("kvpush_router_e2e_request_latency_seconds_sum{mode=\"push\"}"),
+            value("kvpush_router_time_to_first_token_seconds_sum{mode=\"push\"}"));
+  EXPECT_EQ(value("kvpush_router_e2e_request_latency_seconds_count{mode=\"pull\"}"), 0);
 }
 
 TEST_F(RouterTest, LeastOutstandingDecodeIsPicked) {

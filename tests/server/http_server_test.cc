@@ -355,32 +355,33 @@ TEST_F(HttpServerTest, PrefixCacheHitsShowInMetrics) {
   const int prompt_tokens = ParseJson(first.second)["usage"]["prompt_tokens"];
   std::string m1 = metrics();
   const std::string lbl = "{model_name=\"test-model\"}";
-  double hits1 = MetricValue(m1, "kvpush_prefix_cache_hits_total" + lbl);
-  double queries1 = MetricValue(m1, "kvpush_prefix_cache_queries_total" + lbl);
+  double hits1 = MetricValue(m1, "vllm:prefix_cache_hits_total" + lbl);
+  double queries1 = MetricValue(m1, "vllm:prefix_cache_queries_total" + lbl);
   EXPECT_EQ(hits1, 0);
+  EXPECT_EQ(queries1, prompt_tokens);  // vLLM counts tokens: every prompt token is looked up
   auto second = server_->Post("/v1/completions", body);
   ASSERT_EQ(second.first, 200);
   EXPECT_EQ(ParseJson(second.second)["choices"][0]["text"],
             ParseJson(first.second)["choices"][0]["text"]);
   std::string m2 = metrics();
   const int expect_blocks = (prompt_tokens - 1) / 4;
-  EXPECT_EQ(MetricValue(m2, "kvpush_prefix_cache_hits_total" + lbl) - hits1, expect_blocks);
-  EXPECT_EQ(MetricValue(m2, "kvpush_prefix_cache_queries_total" + lbl) - queries1, expect_blocks);
+  EXPECT_EQ(MetricValue(m2, "vllm:prefix_cache_hits_total" + lbl) - hits1, expect_blocks * 4);
+  EXPECT_EQ(MetricValue(m2, "vllm:prefix_cache_queries_total" + lbl) - queries1, prompt_tokens);
   EXPECT_EQ(MetricValue(m2, "kvpush_prompt_tokens_cached_total" + lbl), expect_blocks * 4);
-  EXPECT_EQ(MetricValue(m2, "kvpush_prompt_tokens_total" + lbl), 2 * prompt_tokens);
-  EXPECT_EQ(MetricValue(m2, "kvpush_generation_tokens_total" + lbl), 10);
+  EXPECT_EQ(MetricValue(m2, "vllm:prompt_tokens_total" + lbl), 2 * prompt_tokens);
+  EXPECT_EQ(MetricValue(m2, "vllm:generation_tokens_total" + lbl), 10);
   EXPECT_EQ(MetricValue(m2,
-                        "kvpush_request_success_total{model_name=\"test-model\","
+                        "vllm:request_success_total{model_name=\"test-model\","
                         "finished_reason=\"length\"}"),
             2);
-  EXPECT_EQ(MetricValue(m2, "kvpush_time_to_first_token_seconds_count" + lbl), 2);
-  EXPECT_EQ(MetricValue(m2, "kvpush_e2e_request_latency_seconds_count" + lbl), 2);
-  EXPECT_EQ(MetricValue(m2, "kvpush_inter_token_latency_seconds_count" + lbl), 8);
+  EXPECT_EQ(MetricValue(m2, "vllm:time_to_first_token_seconds_count" + lbl), 2);
+  EXPECT_EQ(MetricValue(m2, "vllm:e2e_request_latency_seconds_count" + lbl), 2);
+  EXPECT_EQ(MetricValue(m2, "vllm:inter_token_latency_seconds_count" + lbl), 8);
   EXPECT_EQ(MetricValue(m2,
-                        "kvpush_time_to_first_token_seconds_bucket{model_name=\"test-model\","
+                        "vllm:time_to_first_token_seconds_bucket{model_name=\"test-model\","
                         "le=\"+Inf\"}"),
             2);
-  EXPECT_EQ(MetricValue(m2, "kvpush_num_requests_running" + lbl), 0);
+  EXPECT_EQ(MetricValue(m2, "vllm:num_requests_running" + lbl), 0);
   EXPECT_EQ(MetricValue(m2, "kvpush_kv_blocks_used" + lbl), 0);
   EXPECT_EQ(MetricValue(m2, "kvpush_kv_blocks_total" + lbl), 1024);
   EXPECT_EQ(MetricValue(m2, "kvpush_kv_blocks_free" + lbl) +
@@ -396,8 +397,34 @@ TEST_F(HttpServerTest, PrefixCacheHitsShowInMetrics) {
     ok_count = MetricValue(metrics(), http_ok);
   }
   EXPECT_EQ(ok_count, 2);
-  EXPECT_NE(m2.find("# TYPE kvpush_time_per_output_token_seconds histogram"), std::string::npos);
-  EXPECT_NE(m2.find("# TYPE kvpush_request_queue_time_seconds histogram"), std::string::npos);
+  EXPECT_NE(m2.find("# TYPE vllm:request_time_per_output_token_seconds histogram"),
+            std::string::npos);
+  EXPECT_NE(m2.find("# TYPE vllm:request_queue_time_seconds histogram"), std::string::npos);
+  // vLLM's per-request histograms: sizes in tokens, phases in seconds, one observation each.
+  EXPECT_EQ(MetricValue(m2, "vllm:request_prompt_tokens_sum" + lbl), 2 * prompt_tokens);
+  EXPECT_EQ(MetricValue(m2, "vllm:request_generation_tokens_sum" + lbl), 10);
+  EXPECT_EQ(MetricValue(m2, "vllm:request_prefill_kv_computed_tokens_sum" + lbl),
+            2 * prompt_tokens - expect_blocks * 4);
+  for (const char* h : {"vllm:request_prefill_time_seconds_count",
+                        "vllm:request_decode_time_seconds_count",
+                        "vllm:request_inference_time_seconds_count",
+                        "vllm:request_time_per_output_token_seconds_count",
+                        "vllm:request_params_n_count", "vllm:request_params_max_tokens_count",
+                        "vllm:request_max_num_generation_tokens_count"}) {
+    EXPECT_EQ(MetricValue(m2, h + lbl), 2) << h;
+  }
+  EXPECT_EQ(MetricValue(m2, "vllm:request_params_max_tokens_sum" + lbl), 10);
+  EXPECT_EQ(MetricValue(m2, "vllm:request_max_num_generation_tokens_sum" + lbl), 10);
+  // The tokens executed per step add up to every token computed.
+  EXPECT_EQ(MetricValue(m2, "vllm:iteration_tokens_total_sum" + lbl),
+            MetricValue(m2, "kvpush_computed_tokens_total" + lbl));
+  // Bounds are written as vLLM's Python client writes them, and include vLLM's own.
+  EXPECT_NE(m2.find("vllm:time_to_first_token_seconds_bucket{model_name=\"test-model\",le=\"2560.0\"}"),
+            std::string::npos);
+  EXPECT_NE(m2.find("vllm:request_prompt_tokens_bucket{model_name=\"test-model\",le=\"1.0\"}"),
+            std::string::npos);
+  EXPECT_NE(m2.find("vllm:cache_config_info{model_name=\"test-model\",block_size=\"4\""),
+            std::string::npos);
 }
 
 TEST_F(HttpServerTest, ClientDisconnectDuringSseAbortsTheRequest) {

@@ -297,9 +297,9 @@ TEST(ModelHttpTest, PrefixCacheHitsWithIdenticalOutput) {
   auto metrics = c->Get("/metrics");
   ASSERT_TRUE(metrics);
   const std::string lbl = "{model_name=\"stories260K\"}";
-  EXPECT_EQ(MetricValue(metrics->body, "kvpush_prefix_cache_hits_total" + lbl), (n - 1) / 16);
-  EXPECT_EQ(MetricValue(metrics->body, "kvpush_prefix_cache_queries_total" + lbl),
-            2 * ((n - 1) / 16));
+  // vLLM's units: tokens. The second request found every full block but the last token's.
+  EXPECT_EQ(MetricValue(metrics->body, "vllm:prefix_cache_hits_total" + lbl), (n - 1) / 16 * 16);
+  EXPECT_EQ(MetricValue(metrics->body, "vllm:prefix_cache_queries_total" + lbl), 2 * n);
   EXPECT_GT((n - 1) / 16, 0);
   srv.WaitIdle();
 }

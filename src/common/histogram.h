@@ -13,8 +13,17 @@ class Histogram {
   Histogram() = default;
   explicit Histogram(std::vector<double> bounds);
 
-  /// Bucket bounds used for latency histograms (seconds), vLLM's TTFT buckets.
+  /// Bucket bounds (seconds) of every latency histogram: a superset of vLLM's three latency
+  /// bucket sets (vllm/v1/metrics/loggers.py: TTFT 0.001..2560, ITL/TPOT 0.01..80, request
+  /// phases 0.3..7680), so any `le` a vLLM alert or dashboard names exists here too, plus finer
+  /// bounds from 100 us (a CPU decode step, a sub-millisecond handoff). 52 bounds.
   static std::vector<double> LatencyBounds();
+  /// vLLM's build_1_2_5_buckets(max_value): 1, 2, 5, 10, 20, 50, ... up to `max_value`
+  /// (token counts per request; max_value = max_model_len).
+  static std::vector<double> OneTwoFiveBounds(int64_t max_value);
+  /// Tokens per engine step (vLLM's iteration_tokens_total buckets, its default CUDA-graph
+  /// capture sizes): 1, 8, 16, ..., 16384.
+  static std::vector<double> IterationTokenBounds();
 
   void Record(double value);
 

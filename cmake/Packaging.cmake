@@ -6,6 +6,8 @@ install(TARGETS kvpush RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
 install(FILES packaging/systemd/kvpush@.service packaging/systemd/kvpush-router.service
         DESTINATION lib/systemd/system)
 install(FILES packaging/default.example DESTINATION ${CMAKE_INSTALL_DOCDIR}/examples)
+# The Grafana dashboard (docs/server.md, "Metrics"): import it with a Prometheus data source.
+install(FILES packaging/grafana/kvpush-dashboard.json DESTINATION ${CMAKE_INSTALL_DATADIR}/kvpush/grafana)
 install(FILES README.md docs/deployment.md docs/configuration.md docs/server.md docs/router.md
         DESTINATION ${CMAKE_INSTALL_DOCDIR})
 

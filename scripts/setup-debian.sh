@@ -11,7 +11,7 @@ PACKAGES=(
   libopenblas-dev libcpp-httplib-dev nlohmann-json3-dev libsimdjson-dev libcli11-dev libspdlog-dev libfmt-dev
   libyaml-cpp-dev libxxhash-dev libgtest-dev libgmock-dev libbenchmark-dev libpcre2-dev libicu-dev libssl-dev
   iproute2 procps curl python3 python3-numpy dpkg-dev systemd adduser
-  etcd-server
+  etcd-server prometheus
 )
 # node and npm (the tokenizer oracle): Debian's packages, unless a node that brings its own npm
 # is installed already (e.g. NodeSource's nodejs, whose package conflicts with Debian's npm).

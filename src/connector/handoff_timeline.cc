@@ -136,7 +136,6 @@ std::vector<HandoffTimelineLog::Series> HandoffTimelineLog::Histograms() const {
   MutexLock lock(mu_);
   const auto& intervals = HandoffIntervals();
   for (size_t i = 0; i < hist_.size(); ++i) {
-    if (hist_[i].count() == 0) continue;
     out.push_back(Series{intervals[i / 2].name, i % 2 == 0 ? "push" : "pull", hist_[i]});
   }
   return out;

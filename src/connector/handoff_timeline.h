@@ -106,7 +106,8 @@ class HandoffTimelineLog {
   void Add(const HandoffRecord& r);
   /// The newest `limit` records, oldest first, as a JSON array.
   nlohmann::json Recent(size_t limit) const;
-  /// (interval name, "push"|"pull", histogram) of every interval observed at least once.
+  /// (interval name, "push"|"pull", histogram) of every interval and mode, empty ones included
+  /// (a series that exists from the start lets Prometheus's rate() see its first observations).
   struct Series {
     std::string interval;
     std::string mode;

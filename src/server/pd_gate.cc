@@ -228,7 +228,6 @@ std::string NixlMetrics(const connector::ConnectorStats& c,
 std::string HandoffMetrics(const connector::HandoffTimelineLog& log,
                            const std::string& model_name) {
   const auto series = log.Histograms();
-  if (series.empty()) return "";
   http::PrometheusWriter w(ModelLabel(model_name));
   const std::string name = "kvpush_pd_handoff_phase_seconds";
   w.Family({"kvpush_pd_handoff_phase_seconds", "histogram",

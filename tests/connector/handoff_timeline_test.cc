@@ -137,11 +137,58 @@ TEST(HandoffTimelineLog, KeepsTheNewestRecordsAndHistogramsOkOnes) {
   EXPECT_FALSE(recent[1]["t_ns"].contains("kv_arrived"));
   EXPECT_EQ(log.Recent(1).size(), 1u);
   const auto series = log.Histograms();
-  ASSERT_EQ(series.size(), 1u);  // prefill_compute, push: records 0 and 2 (1 failed)
-  EXPECT_EQ(series[0].interval, "prefill_compute");
-  EXPECT_EQ(series[0].mode, "push");
-  EXPECT_EQ(series[0].histogram.count(), 2u);
-  EXPECT_NEAR(series[0].histogram.sum(), 0.0003 + 0.0009, 1e-12);
+  // Every interval and mode (empty ones too); only prefill_compute/push has observations:
+  // records 0 and 2 (1 failed).
+  ASSERT_EQ(series.size(), HandoffIntervals().size() * 2);
+  for (const auto& sr : series) {
+    if (sr.interval == "prefill_compute" && sr.mode == "push") {
+      EXPECT_EQ(sr.histogram.count(), 2u);
+      EXPECT_NEAR(sr.histogram.sum(), 0.0003 + 0.0009, 1e-12);
+    } else {
+      EXPECT_EQ(sr.histogram.count(), 0u) << sr.interval << " " << sr.mode;
+    }
+  }
+}
+
+TEST(HandoffTimelineLog, XferHistogramsCountTheOpsThisInstancePosted) {
+  HandoffTimelineLog log(8);
+  HandoffRecord p;  // P, push: its WRITEs count
+  p.producer = true;
+  p.push = true;
+  p.ok = true;
+  p.Mark(P::kFirstWritePosted, 1'000'000);
+  p.Mark(P::kWritesDone, 3'000'000);
+  p.descriptors = 16;
+  p.bytes = 16 * 4096;
+  p.post_ns = 40'000;
+  log.Add(p);
+  HandoffRecord d_push;  // D in push posted nothing: not counted
+  d_push.producer = false;
+  d_push.push = true;
+  d_push.ok = true;
+  d_push.Mark(P::kReadPosted, 1);
+  d_push.Mark(P::kKvArrived, 2);
+  log.Add(d_push);
+  HandoffRecord d_pull;  // D, pull: its READ counts
+  d_pull.producer = false;
+  d_pull.push = false;
+  d_pull.ok = true;
+  d_pull.Mark(P::kReadPosted, 5'000'000);
+  d_pull.Mark(P::kKvArrived, 5'500'000);
+  d_pull.descriptors = 4;
+  d_pull.bytes = 4 * 4096;
+  log.Add(d_pull);
+  HandoffRecord failed = d_pull;  // failed transfers are not histogrammed
+  failed.ok = false;
+  log.Add(failed);
+  const HandoffTimelineLog::XferHistograms x = log.Xfers();
+  EXPECT_EQ(x.xfer_time.count(), 2u);
+  EXPECT_NEAR(x.xfer_time.sum(), 0.002 + 0.0005, 1e-12);
+  EXPECT_NEAR(x.post_time.sum(), 0.00004, 1e-12);
+  EXPECT_EQ(x.bytes.sum(), 20 * 4096);
+  EXPECT_EQ(x.descriptors.sum(), 20);
+  EXPECT_EQ(x.bytes.bounds().front(), 2048);
+  EXPECT_EQ(x.bytes.bounds().back(), 8589934592.0);  // 2^33
 }
 
 TEST(HandoffTimelineLog, EveryPhaseHasAName) {

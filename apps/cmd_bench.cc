@@ -6,6 +6,7 @@
 #include <string>
 
 #include "apps/commands.h"
+#include "apps/router_tokenizer.h"
 #include "loadgen/bench.h"
 
 namespace kvpush::apps {
@@ -86,10 +87,28 @@ void AddRequestFlags(CLI::App* cmd, loadgen::BenchConfig& c) {
   cmd->add_flag("--reset-prefix-cache", c.reset_prefix_cache,
                 "POST /reset_prefix_cache on the server after the warm-ups, so this run does not "
                 "hit what an earlier run cached");
+  cmd->add_option("--metrics-url", c.metrics_urls,
+                  "kvpush: servers whose /metrics give the run's prefix-cache hits (default: the "
+                  "server; through a router, its instances)")
+      ->expected(1, -1);
+  cmd->add_option("--tokenizer", c.tokenizer,
+                  "model file (.gguf) whose tokenizer turns random prompts into text, as vLLM's "
+                  "random dataset sends them (needed for /v1/chat/completions)");
   cmd->add_option("--model", c.model, "model id; default: the first of GET /v1/models");
   cmd->add_option("--served-model-name", c.served_model_name, "model name sent in requests");
   cmd->add_flag("--ignore-eos", c.ignore_eos, "send ignore_eos (always on for random)");
   cmd->add_option("--extra-body", c.extra_body, "JSON object merged into every request body");
+}
+
+/// --tokenizer: loads the model file's tokenizer into the config's detokenize/tokenize.
+Status SetTokenizer(loadgen::BenchConfig& c) {
+  if (c.tokenizer.empty()) return Status::Ok();
+  auto tok = LoadTokenizerFile(c.tokenizer, nullptr);
+  if (!tok.ok()) return Status(tok.status().code(), "--tokenizer: " + tok.status().message());
+  std::shared_ptr<Tokenizer> t = std::move(tok).value();
+  c.detokenize = [t](std::span<const int32_t> ids) { return DecodeTokens(*t, ids); };
+  c.tokenize = [t](const std::string& text) { return t->Encode(text); };
+  return Status::Ok();
 }
 
 }  // namespace
@@ -122,7 +141,8 @@ void RegisterBenchCommand(CLI::App& app) {
     if (t->count() > 0) c->temperature = *temperature;
     if (tp->count() > 0) c->top_p = *top_p;
     if (tk->count() > 0) c->top_k = *top_k;
-    Status s = loadgen::RunBench(*c, stdout);
+    Status s = SetTokenizer(*c);
+    if (s.ok()) s = loadgen::RunBench(*c, stdout);
     if (!s.ok()) {
       std::fprintf(stderr, "kvpush bench: %s\n", s.ToString().c_str());
       throw CLI::RuntimeError(1);

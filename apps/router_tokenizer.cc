@@ -46,24 +46,32 @@ std::optional<json> TokenizeBody(const std::string& path, const json& body) {
 
 }  // namespace
 
-Result<router::PromptTokenizer> LoadRouterTokenizer(const std::string& path) {
-  auto loaded = std::make_shared<Loaded>();
-  std::string jinja;
+Result<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path,
+                                                     std::string* chat_template) {
   if (IsGguf(path)) {
     auto file = GgufFile::Open(path);
     if (!file.ok()) return file.status();
     auto tok = TokenizerFromGguf(*file);
     if (!tok.ok()) return tok.status();
-    loaded->tokenizer = std::move(tok).value();
-    if (auto t = file->GetString("tokenizer.chat_template"); t.ok()) jinja = *t;
-  } else {
-    ModelLoadOptions mo;
-    mo.path = path;
-    auto model = LoadModel(mo);
-    if (!model.ok()) return model.status();
-    loaded->tokenizer = std::move(model->tokenizer);
-    jinja = model->chat_template;
+    if (auto t = file->GetString("tokenizer.chat_template"); t.ok() && chat_template != nullptr) {
+      *chat_template = *t;
+    }
+    return std::move(tok).value();
   }
+  ModelLoadOptions mo;
+  mo.path = path;
+  auto model = LoadModel(mo);
+  if (!model.ok()) return model.status();
+  if (chat_template != nullptr) *chat_template = model->chat_template;
+  return std::move(model->tokenizer);
+}
+
+Result<router::PromptTokenizer> LoadRouterTokenizer(const std::string& path) {
+  auto loaded = std::make_shared<Loaded>();
+  std::string jinja;
+  auto tok = LoadTokenizerFile(path, &jinja);
+  if (!tok.ok()) return tok.status();
+  loaded->tokenizer = std::move(tok).value();
   loaded->chat = std::make_unique<ChatPromptBuilder>(
       DetectChatTemplate(jinja).chat_template, *loaded->tokenizer);
   return router::PromptTokenizer(

@@ -15,6 +15,7 @@
 #include "loadgen/metrics.h"
 #include "loadgen/report.h"
 #include "loadgen/runner.h"
+#include "loadgen/server_counters.h"
 
 namespace kvpush::loadgen {
 
@@ -40,6 +41,20 @@ Result<std::vector<std::pair<std::string, std::string>>> ParseKeyValues(
   return out;
 }
 
+// --tokenizer: each random prompt's ids become text as vLLM's random dataset makes them: decode,
+// re-encode (ids that decode to text may encode to another count), truncate to the drawn
+// length, decode again; the length is that of the re-encoded ids.
+Status ToTextPrompts(const BenchConfig& c, std::vector<SampleRequest>* reqs) {
+  for (SampleRequest& r : *reqs) {
+    std::vector<int32_t> ids = r.prompt.get<std::vector<int32_t>>();
+    KVP_ASSIGN_OR_RETURN(std::vector<int32_t> again, c.tokenize(c.detokenize(ids)));
+    if (again.size() > ids.size()) again.resize(ids.size());
+    r.prompt = c.detokenize(again);
+    r.prompt_len = static_cast<int64_t>(again.size());
+  }
+  return Status::Ok();
+}
+
 Result<std::vector<SampleRequest>> MakeDataset(const BenchConfig& c) {
   if (c.dataset_name == "random") {
     if (!c.dataset_path.empty()) {
@@ -53,7 +68,9 @@ Result<std::vector<SampleRequest>> MakeDataset(const BenchConfig& c) {
     o.range_ratio = c.random_range_ratio;
     o.vocab_size = c.random_vocab_size;
     o.seed = c.seed;
-    return SampleRandomDataset(o);
+    KVP_ASSIGN_OR_RETURN(std::vector<SampleRequest> reqs, SampleRandomDataset(o));
+    if (c.detokenize) KVP_RETURN_IF_ERROR(ToTextPrompts(c, &reqs));
+    return reqs;
   }
   if (c.dataset_name == "sharegpt") {
     if (c.dataset_path.empty())
@@ -208,6 +225,63 @@ void PrintErrors(const std::vector<RequestOutcome>& outcomes, FILE* out) {
   }
 }
 
+/// What a run adds to vLLM's report and result JSON: its request headers, and the servers'
+/// prefix-cache counters before and after it.
+struct RunExtras {
+  std::vector<std::pair<std::string, std::string>> headers;
+  const Result<PrefixCacheCounters>* before;
+  const Result<PrefixCacheCounters>* after;
+  std::vector<std::string> metrics_urls;
+  bool counted() const { return before->ok() && after->ok(); }
+};
+
+void PrintPrefixCache(const RunExtras& e, FILE* out) {
+  if (e.counted()) {
+    std::fputs(FormatPrefixCacheLines(**e.before, **e.after, e.metrics_urls).c_str(), out);
+    return;
+  }
+  const Status& why = e.before->ok() ? e.after->status() : e.before->status();
+  std::fprintf(out, "Prefix cache hits: /metrics unreadable: %s\n", why.ToString().c_str());
+}
+
+nlohmann::ordered_json WithExtras(const BenchConfig& c, nlohmann::ordered_json j,
+                                  const RunExtras& e) {
+  // The request headers of the run (e.g. x-kvpush-mode: push), so results say what they ran.
+  nlohmann::ordered_json h = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : e.headers) h[k] = v;
+  j["headers"] = h;
+  j["reset_prefix_cache"] = c.reset_prefix_cache;
+  if (e.counted() && (*e.after)->pages > 0) {
+    const PrefixCacheCounters& b = **e.before;
+    const PrefixCacheCounters& a = **e.after;
+    j["prefix_cache_queried_tokens"] = a.queries - b.queries;
+    j["prefix_cache_hit_tokens"] = a.hits - b.hits;
+    j["external_prefix_cache_queried_tokens"] = a.external_queries - b.external_queries;
+    j["external_prefix_cache_hit_tokens"] = a.external_hits - b.external_hits;
+  }
+  if (!c.tokenizer.empty()) j["tokenizer"] = c.tokenizer;
+  return j;
+}
+
+RunInfo MakeRunInfo(const BenchConfig& c, std::string model_id,
+                    std::vector<std::string> metric_names, std::vector<double> percentiles,
+                    bool has_goodput) {
+  RunInfo info;
+  info.date = NowDate();
+  info.backend = c.backend;
+  info.label = c.label;
+  info.model_id = std::move(model_id);
+  info.num_prompts = c.num_prompts;
+  info.request_rate = c.request_rate;
+  info.burstiness = c.burstiness;
+  info.max_concurrency = c.max_concurrency;
+  info.percentile_metrics = std::move(metric_names);
+  info.percentiles = std::move(percentiles);
+  info.has_goodput = has_goodput;
+  info.save_detailed = c.save_detailed;
+  return info;
+}
+
 }  // namespace
 
 Status RunBench(const BenchConfig& c, FILE* out) {
@@ -251,6 +325,10 @@ Status RunBench(const BenchConfig& c, FILE* out) {
     std::fprintf(out, "Warmup run completed.\n");
   }
   if (c.reset_prefix_cache) KVP_RETURN_IF_ERROR(ResetPrefixCache(c, root, out));
+  const std::vector<std::string> metrics_urls =
+      c.metrics_urls.empty() ? std::vector<std::string>{base} : c.metrics_urls;
+  // Read before and after the run; a page that cannot be read costs the line, not the run.
+  const Result<PrefixCacheCounters> cache_before = ScrapePrefixCache(metrics_urls, c.api_key);
   std::fprintf(out, "Starting main benchmark run...\nTraffic request rate: %s\n",
                PyFloatStr(c.request_rate).c_str());
   std::fprintf(out, "Burstiness factor: %s (%s)\nMaximum request concurrency: %s\n",
@@ -259,7 +337,7 @@ Status RunBench(const BenchConfig& c, FILE* out) {
                c.max_concurrency ? std::to_string(*c.max_concurrency).c_str() : "None");
   std::fflush(out);
   ProgressBar bar(out, bodies.size(), !c.disable_tqdm, tty);
-  RunInfo info;
+  RunInfo info = MakeRunInfo(c, model.second, metric_names, percentiles, !slos.empty());
   auto outcomes = RunRequests(
       ro, bodies, lens, arrivals, [&](size_t d) { bar.Update(d); }, &info.duration_s);
 
@@ -267,27 +345,13 @@ Status RunBench(const BenchConfig& c, FILE* out) {
       CalculateMetrics(outcomes, info.duration_s, percentiles, slos, c.max_concurrency.has_value(),
                        !std::isinf(c.request_rate));
   PrintErrors(outcomes, out);
-  info.date = NowDate();
-  info.backend = c.backend;
-  info.label = c.label;
-  info.model_id = model.second;
-  info.num_prompts = c.num_prompts;
-  info.request_rate = c.request_rate;
-  info.burstiness = c.burstiness;
-  info.max_concurrency = c.max_concurrency;
-  info.percentile_metrics = metric_names;
-  info.percentiles = percentiles;
-  info.has_goodput = !slos.empty();
-  info.save_detailed = c.save_detailed;
+  info.date = NowDate();  // when the run ended, as vLLM dates it
+  const Result<PrefixCacheCounters> cache_after = ScrapePrefixCache(metrics_urls, c.api_key);
   std::fputs(FormatReport(m, info).c_str(), out);
+  const RunExtras extras{client_headers, &cache_before, &cache_after, metrics_urls};
+  PrintPrefixCache(extras, out);
   if (c.save_result) {
-    nlohmann::ordered_json j = ResultJson(m, outcomes, info);
-    // The request headers of the run (e.g. x-kvpush-mode: push), so results say what they ran.
-    nlohmann::ordered_json h = nlohmann::ordered_json::object();
-    for (const auto& [k, v] : client_headers) h[k] = v;
-    j["headers"] = h;
-    j["reset_prefix_cache"] = c.reset_prefix_cache;
-    KVP_RETURN_IF_ERROR(SaveResult(c, info, std::move(j), out));
+    KVP_RETURN_IF_ERROR(SaveResult(c, info, WithExtras(c, ResultJson(m, outcomes, info), extras), out));
   }
   if (m.completed == 0) return Aborted("every request failed (first errors above)");
   return Status::Ok();

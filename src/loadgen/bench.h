@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <limits>
+#include <span>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +28,17 @@ struct BenchConfig {
   /// --reset-prefix-cache: POST /reset_prefix_cache on the server after the warm-ups, so the
   /// run does not hit what an earlier run (or the warm-ups) cached.
   bool reset_prefix_cache = false;
+  /// --metrics-url (kvpush): servers whose /metrics give the run's prefix-cache hits (vLLM's
+  /// token counters, read before and after the main run). Empty: the server itself (an instance;
+  /// a router's page has none, so pass its instances).
+  std::vector<std::string> metrics_urls;
+  /// --tokenizer (kvpush; vLLM's flag): the model file whose tokenizer turns the random
+  /// dataset's token ids into text, as vLLM's random dataset sends them (decode, re-encode,
+  /// truncate to the drawn length, decode again). Needed for the chat endpoint. The command
+  /// loads it and sets both functions (thread-safety: called on the calling thread only).
+  std::string tokenizer;
+  std::function<std::string(std::span<const int32_t>)> detokenize;
+  std::function<Result<std::vector<int32_t>>(const std::string&)> tokenize;
   std::optional<int64_t> max_concurrency;
   std::string model;  ///< empty: first /v1/models entry
   std::string served_model_name;

@@ -60,8 +60,8 @@ Result<nlohmann::json> BuildRequestBody(const SampleRequest& r, const BodyOption
   if (o.kind == ApiKind::kChat) {
     if (!r.prompt.is_string()) {
       return InvalidArgument(
-          "the chat API takes text prompts: use --dataset-name sharegpt with a chat endpoint "
-          "(the random dataset sends token ids)");
+          "the chat API takes text prompts: give --tokenizer MODEL.gguf (the random dataset "
+          "then sends text, as vLLM's does) or use --dataset-name sharegpt");
     }
     body["messages"] = nlohmann::json::array({{{"role", "user"}, {"content", r.prompt}}});
     body["max_completion_tokens"] = r.expected_output_len;

@@ -99,6 +99,11 @@ TEST(LoadgenBenchE2e, CountsExactlyAndAgreesWithServerMetrics) {
   ASSERT_EQ(after.ttft_count - before.ttft_count, 40.0);
   ASSERT_EQ(after.e2e_count - before.e2e_count, 40.0);
   EXPECT_LE(r["max_concurrent_requests"].get<int>(), 4);
+  // The run's prefix-cache counters, read from the server's /metrics around the main run:
+  // every prompt token was looked up (token-id prompts, no BOS added).
+  EXPECT_EQ(r["prefix_cache_queried_tokens"], static_cast<double>(want_input));
+  EXPECT_GE(r["prefix_cache_hit_tokens"].get<double>(), 0.0);
+  EXPECT_LE(r["prefix_cache_hit_tokens"].get<double>(), static_cast<double>(want_input));
 
   // The server times a request from its arrival in the HTTP handler to its first token / its
   // finish; the client from just before it opens the connection to the arrival of the first /
@@ -119,6 +124,42 @@ TEST(LoadgenBenchE2e, CountsExactlyAndAgreesWithServerMetrics) {
   std::printf(
       "mean TTFT client %.3f ms, server %.3f ms; mean E2EL client %.3f ms, server %.3f ms\n",
       client_ttft_ms, server_ttft_ms, client_e2e_ms, server_e2e_ms);
+  std::filesystem::remove_all(dir);
+}
+
+
+TEST(LoadgenBenchE2e, TokenizerTurnsRandomPromptsIntoTextForTheChatEndpoint) {
+  KVP_REQUIRE_SHARED_MODEL(model, "stories260K.gguf");
+  if (!std::filesystem::exists(kBinary)) GTEST_SKIP() << kBinary << " not built; skipping";
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("kvpush_bench_chat_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  auto port = apps::PickFreePort();
+  ASSERT_TRUE(port.ok());
+  apps::ChildProcess server;
+  ASSERT_TRUE(server
+                  .Start({"serve", "--model", model, "--port", std::to_string(*port)},
+                         (dir / "serve.log").string(), kBinary)
+                  .ok());
+  ASSERT_TRUE(apps::WaitHealthy("127.0.0.1", *port, server, 60000).ok());
+  const std::string base = kBinary + " bench --base-url http://127.0.0.1:" + std::to_string(*port) +
+                           " --endpoint /v1/chat/completions --num-prompts 10"
+                           " --random-input-len 32 --random-output-len 4 --max-concurrency 2";
+  // Without a tokenizer the random dataset has only token ids, which chat cannot take.
+  EXPECT_NE(std::system((base + " > " + (dir / "no_tok.log").string() + " 2>&1").c_str()), 0);
+  const std::string cmd = base + " --tokenizer " + model + " --save-result --result-dir " +
+                          dir.string() + " --result-filename chat.json > " +
+                          (dir / "chat.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << "see " << dir / "chat.log";
+  server.Stop();
+  std::ifstream f(dir / "chat.json");
+  const auto r = nlohmann::json::parse(f);
+  EXPECT_EQ(r["completed"], 10);
+  EXPECT_EQ(r["failed"], 0);
+  EXPECT_EQ(r["tokenizer"], model);
+  // The prompts (re-encoded text, at most the drawn 32 tokens each) plus the chat template's
+  // tokens around each, as the server counted them.
+  EXPECT_GT(r["total_input_tokens"].get<int64_t>(), 10);
   std::filesystem::remove_all(dir);
 }
 

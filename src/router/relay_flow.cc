@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/json_parse.h"
+#include "http/front_door.h"
 #include "pd/ids.h"
 #include "pd/legs.h"
 #include "router/decode_stream.h"
@@ -26,6 +27,28 @@ namespace kvpush::router {
 using nlohmann::json;
 
 namespace {
+
+/// The access line's tokens from an answer (a JSON body, or one SSE chunk's JSON) that carries a
+/// `usage` object; nothing when it has none (a stream without include_usage). The text is
+/// parsed only when it names a usage object.
+void NoteUsage(const std::string& text) {
+  if (text.find("\"usage\":{") == std::string::npos && text.find("\"usage\": {") == std::string::npos) {
+    return;
+  }
+  const size_t start = text.find('{');
+  if (start == std::string::npos) return;
+  const json doc = json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.end(), nullptr,
+                               /*allow_exceptions=*/false);
+  if (!doc.is_object() || !doc.contains("usage") || !doc["usage"].is_object()) return;
+  const json& u = doc["usage"];
+  http::AccessNote& note = http::CurrentAccessNote();
+  if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer()) {
+    note.prompt_tokens = u["prompt_tokens"].get<int64_t>();
+  }
+  if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) {
+    note.output_tokens = u["completion_tokens"].get<int64_t>();
+  }
+}
 
 /// Push, streamed: keeps the client's 200 back until D's stream carries output, P's leg ended
 /// (well or not) or D's leg ended, so that an early failure of P reaches the client as a plain
@@ -126,6 +149,7 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
   }
   r.CountRequest(t->mode, true);
   RecordTimeline(r, *t, true);
+  NoteUsage(dr.body);
   Forwarded(dr).WriteTo(res);
 }
 
@@ -133,9 +157,11 @@ void RequestFlow::NoteDataRelayed(FlowServices& r, StreamState& st) {
   Transfer& t = *st.t;
   t.timeline.Mark(RouterPhase::kFirstOutputRelayed);
   const int64_t now = NowNs();
-  const int64_t since = st.last_data_ns != 0 ? st.last_data_ns : t.timeline.at(RouterPhase::kReceived);
-  r.RecordLatency(t.mode, st.last_data_ns != 0 ? ClientLatency::kItl : ClientLatency::kTtft,
-                  static_cast<double>(now - since) * 1e-9);
+  const bool first = st.last_data_ns == 0;
+  const int64_t since = first ? t.timeline.at(RouterPhase::kReceived) : st.last_data_ns;
+  const double seconds = static_cast<double>(now - since) * 1e-9;
+  r.RecordLatency(t.mode, first ? ClientLatency::kTtft : ClientLatency::kItl, seconds);
+  if (first) http::CurrentAccessNote().ttft_ms = seconds * 1e3;
   st.last_data_ns = now;
 }
 
@@ -231,7 +257,10 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
     }
     const std::string& ev = out.empty() ? e : out;
     if (!sink.write(ev.data(), ev.size())) return false;
-    if (kind == SseEventKind::kData) NoteDataRelayed(r, st);
+    if (kind == SseEventKind::kData) {
+      NoteDataRelayed(r, st);
+      NoteUsage(ev);
+    }
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {
       st.terminal_sent = true;

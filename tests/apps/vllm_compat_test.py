@@ -189,6 +189,10 @@ def run_yaml_and_keys(args, logdir, model_name):
                                 d.url, "--api-key", KEY])
         cl.wait()
         compare_modes(rp, cp, d, model_name, key=KEY, label="YAML --config, --api-key")
+        body = dict(completion(PROMPTS[0], model_name), stream=True,
+                    stream_options={"include_usage": True})
+        s, text = call(rp, "POST", "/v1/completions", body, KEY)
+        check(s == 200 and "[DONE]" in str(text), "a streamed request through the router")
         s, doc = call(cp, "POST", "/reset_prefix_cache", {}, KEY)
         check(s == 200 and doc.get("blocks_freed", 0) > 0,
               "colocated POST /reset_prefix_cache freed its cached blocks: %s" % doc)
@@ -227,6 +231,12 @@ def run_yaml_and_keys(args, logdir, model_name):
               "D's access line has token counts and TTFT")
         check("mode=push" in logs["router"] and "mode=pull" in logs["router"],
               "the router's access line names the mode")
+        router_lines = [ln for ln in logs["router"].splitlines() if "POST /v1/completions 200" in ln]
+        check(router_lines and all("prompt_tokens=" in ln and "output_tokens=16" in ln
+                                   for ln in router_lines),
+              "the router's access lines have the answer's token counts")
+        check(any("ttft_ms=" in ln for ln in router_lines),
+              "the router's access line of a streamed request has its client-side TTFT")
         check("POST /v1/completions" not in colo_log, "--disable-log-requests turns it off")
         parsed = [json.loads(line) for line in logs["p-yaml"].splitlines()
                   if line.startswith("{")]

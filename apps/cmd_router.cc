@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/build_info.h"
+#include "apps/otlp_tracer.h"
 #include "apps/commands.h"
 #include "apps/router_tokenizer.h"
 #include "common/log.h"
@@ -34,6 +35,7 @@ struct RouterCliOptions {
   std::string log_format = "text";
   double drain_timeout_s = 30.0;
   bool instance_api_key_given = false;  ///< else the instances get --api-key
+  std::string otlp_traces_endpoint;    ///< --otlp-traces-endpoint ("" = no tracing)
 };
 
 int RunRouter(RouterCliOptions o) {
@@ -54,6 +56,12 @@ int RunRouter(RouterCliOptions o) {
     }
     o.router.prompt_tokenizer = std::move(tok).value();
   }
+  auto tracer = MakeTracer(o.otlp_traces_endpoint, "router");
+  if (!tracer.ok()) {
+    std::fprintf(stderr, "kvpush router: %s\n", tracer.status().message().c_str());
+    return 2;
+  }
+  o.router.tracer = std::move(tracer).value();
   if (Status s = o.router.Validate(); !s.ok()) {
     std::fprintf(stderr, "kvpush router: %s\n", s.message().c_str());
     return 2;
@@ -164,6 +172,10 @@ void RegisterRouterCommand(CLI::App& app) {
                   "Require `Authorization: Bearer KEY` from clients on every path but /health, "
                   "/version and /metrics (default: $VLLM_API_KEY)")
       ->envname("VLLM_API_KEY");
+  cmd->add_option("--otlp-traces-endpoint", opts->otlp_traces_endpoint,
+                  "vLLM's flag: export a span per request (and its legs' phases) over OTLP/HTTP "
+                  "(protobuf) to this URL, e.g. http://127.0.0.1:4318/v1/traces; the legs carry "
+                  "W3C traceparent so the instances' spans join the trace");
   cmd->add_option("--ssl-certfile", opts->router.tls_cert_file,
                   "Serve clients over HTTPS only with this PEM certificate (with --ssl-keyfile); "
                   "the legs to the instances stay plain HTTP")

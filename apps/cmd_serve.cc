@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "apps/build_info.h"
+#include "apps/otlp_tracer.h"
 #include "apps/commands.h"
 #include "apps/serve_discovery.h"
 #include "apps/serve_options.h"
@@ -194,6 +195,10 @@ int PlanServe(ServeOptions& o, ServePlan* plan) {
     plan->flag_template = *t;
   }
   const bool pd = plan->pd = (o.role_given && o.role != "both") || !o.kv_transfer_config.empty();
+  if (auto tracer = MakeTracer(o.otlp_traces_endpoint, "check"); !tracer.ok()) {
+    std::fprintf(stderr, "kvpush serve: %s\n", tracer.status().message().c_str());
+    return 2;
+  }
   if (pd && (!o.ssl_certfile.empty() || !o.ssl_keyfile.empty())) {
     std::fprintf(stderr,
                  "kvpush serve: --ssl-certfile/--ssl-keyfile serve a colocated instance only: the "
@@ -325,6 +330,10 @@ int RunServe(ServeOptions o) {
   so.log_requests = o.log_requests;
   so.tls_cert_file = o.ssl_certfile;
   so.tls_key_file = o.ssl_keyfile;
+  // Checked by PlanServe: only the role was left to know.
+  so.tracer = MakeTracer(o.otlp_traces_endpoint,
+                         conn != nullptr ? o.role : std::string("colocated"))
+                  .value();
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
       "role={} served_model_name={} host={} port={} chat_template={} {}",

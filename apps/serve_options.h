@@ -47,6 +47,7 @@ struct ServeOptions {
   bool log_requests = true;      ///< --disable-log-requests turns the access log off
   std::string ssl_certfile;      ///< --ssl-certfile (vLLM)
   std::string ssl_keyfile;       ///< --ssl-keyfile (vLLM)
+  std::string otlp_traces_endpoint;  ///< --otlp-traces-endpoint (vLLM; "" = no tracing)
 };
 
 }  // namespace kvpush::apps

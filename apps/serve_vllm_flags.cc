@@ -71,6 +71,10 @@ void AddVllmServeFlags(CLI::App* cmd, ServeOptions* o) {
                   "Serve HTTPS only with this PEM certificate (with --ssl-keyfile); colocated "
                   "instances: P/D legs and handshakes speak plain HTTP, so put TLS on the router")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--otlp-traces-endpoint", o->otlp_traces_endpoint,
+                  "Export a span per request (engine phases and, on P/D, the handoff phases as "
+                  "children; the parent from the request's W3C traceparent) over OTLP/HTTP "
+                  "(protobuf) to this URL, e.g. http://127.0.0.1:4318/v1/traces");
   cmd->add_option("--ssl-keyfile", o->ssl_keyfile, "The PEM private key of --ssl-certfile")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}", o->log_requests,

@@ -87,7 +87,11 @@ HandoffTimelineLog::HandoffTimelineLog(size_t capacity)
 
 void HandoffTimelineLog::Add(const HandoffRecord& r) {
   ring_.Add(r);
-  if (!r.ok) return;
+  if (r.ok) AddToHistograms(r);
+  if (observer_) observer_(r);
+}
+
+void HandoffTimelineLog::AddToHistograms(const HandoffRecord& r) {
   MutexLock lock(mu_);
   const auto& intervals = HandoffIntervals();
   for (size_t i = 0; i < intervals.size(); ++i) {

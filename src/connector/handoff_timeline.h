@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
@@ -102,8 +103,13 @@ class HandoffTimelineLog {
  public:
   explicit HandoffTimelineLog(size_t capacity = 4096);
   /// Adds a finished record: kept in the ring, its intervals recorded (failed transfers are
-  /// kept in the ring but not histogrammed).
+  /// kept in the ring but not histogrammed), then handed to the observer, if any.
   void Add(const HandoffRecord& r);
+  /// Called with every record Add takes (on Add's thread, no lock held): traces turn records
+  /// into spans. Set before the first Add; not thread-safe against Add.
+  void SetObserver(std::function<void(const HandoffRecord&)> observer) {
+    observer_ = std::move(observer);
+  }
   /// The newest `limit` records, oldest first, as a JSON array.
   nlohmann::json Recent(size_t limit) const;
   /// (interval name, "push"|"pull", histogram) of every interval and mode, empty ones included
@@ -139,6 +145,9 @@ class HandoffTimelineLog {
   /// [interval index * 2 + (push ? 0 : 1)]
   std::vector<Histogram> hist_ GUARDED_BY(mu_);
   XferHistograms xfers_ GUARDED_BY(mu_);
+  std::function<void(const HandoffRecord&)> observer_;
+
+  void AddToHistograms(const HandoffRecord& r);
 };
 
 }  // namespace kvpush::connector

@@ -131,6 +131,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   ConnectorStats stats() const;
   /// The handoff timelines of the transfers that ended here (handoff_timeline.h). Thread-safe.
   const HandoffTimelineLog& timelines() const { return timelines_; }
+  /// The same, to set its observer (HandoffTimelineLog::SetObserver) before any transfer.
+  HandoffTimelineLog& mutable_timelines() { return timelines_; }
 
   // KvConnector (engine thread).
   void BindEngine(std::function<void()> wake, std::function<void(int64_t)> abort) override;

@@ -515,6 +515,10 @@ void EngineCore::Finish(Sequence& seq, FinishReason reason, Status error, std::s
   out.num_prompt_tokens = seq.num_prompt_tokens;
   out.num_output_tokens = seq.num_output_tokens();
   out.num_cached_tokens = seq.num_cached_tokens;
+  out.arrival_ns = seq.arrival_ns;
+  out.first_scheduled_ns = seq.first_scheduled_ns;
+  out.first_token_ns = seq.first_token_ns;
+  out.last_token_ns = seq.last_token_ns;
 
   if (std::find(loaded_.begin(), loaded_.end(), seq.seq_id) != loaded_.end()) {
     scheduler_.CommitFullBlocks(seq);  // finished at its first token: cached as before

@@ -82,6 +82,12 @@ struct RequestOutput {
   int32_t num_prompt_tokens = 0;
   int32_t num_output_tokens = 0;  ///< generated so far, including this step's
   int32_t num_cached_tokens = 0;  ///< prompt tokens served from the prefix cache (first admission)
+  /// Set on the final output: the request's steady-clock times (NowNs; 0 = not reached):
+  /// arrival, first scheduled, first and last token (traces, docs/server.md "Traces").
+  int64_t arrival_ns = 0;
+  int64_t first_scheduled_ns = 0;
+  int64_t first_token_ns = 0;
+  int64_t last_token_ns = 0;
   /// Final output of a pull producer request only: what the connector wants returned to the
   /// router as the response's `kv_transfer_params` (pd::ToJson); nullopt otherwise.
   std::optional<pd::PullAnswer> pull_answer;

@@ -48,6 +48,8 @@ class FlowServices {
   /// Adds a finished request's router timeline (RouterTimeline::ToJson) to /debug/handoff_timeline.
   virtual void RecordTimeline(nlohmann::json timeline) = 0;
   virtual void CountRequest(TransferMode mode, bool ok) = 0;
+  /// --otlp-traces-endpoint's tracer; null when tracing is off.
+  virtual http::Tracer* tracer() = 0;
   /// One client-side latency observation (client_latency.h), seconds.
   virtual void RecordLatency(TransferMode mode, ClientLatency which, double seconds) = 0;
   virtual void CountLegFailure(Role role) = 0;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "common/mutex.h"
+#include "http/trace_context.h"
 #include "common/thread_annotations.h"
 #include "router/decode_stream.h"
 #include "router/flow_mode.h"
@@ -109,6 +110,10 @@ struct RequestFlow::Transfer {
   /// The router's phases of this transfer (router_timeline.h); set from the moment it exists.
   RouterTimeline timeline;
   Transfer() { timeline.Mark(RouterPhase::kReceived); }
+  /// Tracing on: the router's span of this request (its legs send it as `traceparent`), and
+  /// the client's span it continues (zero: the client sent no valid traceparent).
+  std::optional<http::TraceContext> trace;
+  http::SpanId client_span{};
 
   Mutex mu;
   CondVar prefill_cv;  ///< notified when prefill_done is set

@@ -55,6 +55,10 @@ class Leg {
   Leg(const Leg&) = delete;
   Leg& operator=(const Leg&) = delete;
 
+  /// Every later call of this leg carries `traceparent: value` (W3C Trace Context; the
+  /// router's span of the request). Call before the leg's first call.
+  void set_traceparent(const std::string& value) { trace_header_ = "traceparent: " + value + "\r\n"; }
+
   /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
   LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
   /// GET `path`, reading the whole answer.
@@ -112,6 +116,7 @@ class Leg {
   double connect_timeout_s_ = 5.0;
   double io_timeout_s_ = 600.0;
   std::string auth_header_;  ///< "Authorization: Bearer ...\r\n" or ""
+  std::string trace_header_;  ///< "traceparent: ...\r\n" or empty
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
   mutable Mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()

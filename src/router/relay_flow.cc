@@ -153,6 +153,53 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
   Forwarded(dr).WriteTo(res);
 }
 
+void RequestFlow::RecordSpans(http::Tracer& tracer, const Transfer& t, bool ok) {
+  const RouterTimeline& tl = t.timeline;
+  const int64_t offset = http::Tracer::UnixOffset();
+  http::Span root;
+  root.trace_id = t.trace->trace_id;
+  root.span_id = t.trace->span_id;
+  root.parent_span_id = t.client_span;
+  root.name = "POST " + t.path;
+  root.kind = http::SpanKind::kServer;
+  root.start_unix_ns = http::Tracer::UnixNanos(tl.at(RouterPhase::kReceived), offset);
+  root.end_unix_ns = http::Tracer::UnixNanos(tl.at(RouterPhase::kDone), offset);
+  root.attributes = {{"http.request.method", std::string("POST")},
+                     {"url.path", t.path},
+                     {"kvpush.request_id", t.request_id},
+                     {"kvpush.mode", std::string(TransferModeName(t.mode))},
+                     {"kvpush.stream", t.stream}};
+  if (!t.transfer_id.empty()) root.attributes.push_back({"kvpush.transfer_id", t.transfer_id});
+  root.error = !ok;
+  // The router's phases of the request, as children: its legs (client spans: the instances'
+  // server spans are their children through traceparent) and the time to the first output.
+  const struct {
+    const char* name;
+    RouterPhase from, to;
+    http::SpanKind kind;
+  } phases[] = {
+      {"prefill leg", RouterPhase::kPrefillLegWritten, RouterPhase::kPrefillAnswered,
+       http::SpanKind::kClient},
+      {"decode leg", RouterPhase::kDecodeLegWritten, RouterPhase::kDone, http::SpanKind::kClient},
+      {"time to first output", RouterPhase::kReceived, RouterPhase::kFirstOutputRelayed,
+       http::SpanKind::kInternal},
+  };
+  for (const auto& ph : phases) {
+    const int64_t from = tl.at(ph.from), to = tl.at(ph.to);
+    if (from == 0 || to < from) continue;
+    http::Span c;
+    c.trace_id = root.trace_id;
+    c.span_id = tracer.NewSpanId();
+    c.parent_span_id = root.span_id;
+    c.name = ph.name;
+    c.kind = ph.kind;
+    c.start_unix_ns = http::Tracer::UnixNanos(from, offset);
+    c.end_unix_ns = http::Tracer::UnixNanos(to, offset);
+    tracer.Record(std::move(c));
+  }
+  tracer.Record(std::move(root));
+}
+
 void RequestFlow::NoteDataRelayed(FlowServices& r, StreamState& st) {
   Transfer& t = *st.t;
   t.timeline.Mark(RouterPhase::kFirstOutputRelayed);
@@ -171,6 +218,7 @@ void RequestFlow::RecordTimeline(FlowServices& r, Transfer& t, bool ok) {
     const int64_t e2e = t.timeline.at(RouterPhase::kDone) - t.timeline.at(RouterPhase::kReceived);
     r.RecordLatency(t.mode, ClientLatency::kE2e, static_cast<double>(e2e) * 1e-9);
   }
+  if (t.trace && r.tracer() != nullptr) RecordSpans(*r.tracer(), t, ok);
   if (t.mode == TransferMode::kColocated || t.local_prefill) return;
   r.RecordTimeline(t.timeline.ToJson(t.request_id, t.transfer_id,
                                      t.mode == TransferMode::kPush ? "push" : "pull", ok));

@@ -23,6 +23,14 @@
 namespace kvpush::router {
 namespace {
 
+/// A new leg of `t` to `addr`; with tracing on it carries the router's span as `traceparent`.
+std::shared_ptr<Leg> OpenLeg(FlowServices& r, const RequestFlow::Transfer& t,
+                             const InstanceAddress& addr, Role role) {
+  std::shared_ptr<Leg> leg = r.legs().NewLeg(addr, role);
+  if (t.trace) leg->set_traceparent(http::FormatTraceparent(*t.trace));
+  return leg;
+}
+
 using nlohmann::json;
 
 /// A client's body carrying kv_transfer_params: the message the instances give too.
@@ -98,13 +106,13 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   spdlog::debug("request {}: mode={}{} transfer_id={} P={} D={} stream={}", t->request_id,
                 TransferModeName(tm), pull_profile.empty() ? "" : "/" + pull_profile,
                 t->transfer_id, t->p_addr.url, t->d_addr.url, t->stream);
-  t->p_leg = r.legs().NewLeg(t->p_addr, Role::kPrefill);
+  t->p_leg = OpenLeg(r, *t, t->p_addr, Role::kPrefill);
   // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo; D
   // echoes nothing, and the router puts P's part before D's choices (prompt_echo.h).
   t->echo_logprobs = WantsPromptEcho(t->path, body);
   std::string d_text;
   if (tm == TransferMode::kPush) {
-    t->d_leg = r.legs().NewLeg(t->d_addr, Role::kDecode);  // before P's thread: it may close it
+    t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kDecode);  // before P's thread: it may close it
     const json shell = client.Shell();  // leg builders start here: the prompt is not copied
     json d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port);
     if (t->echo_logprobs) d_body["echo"] = false;
@@ -125,7 +133,7 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
     if (!d) return;
     if (t->echo_logprobs) (*d)["echo"] = false;
     d_text = ComposeLegBody(*d, client);
-    t->d_leg = r.legs().NewLeg(t->d_addr, Role::kDecode);
+    t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kDecode);
   }
   if (!t->stream) return AnswerJson(t, d_text, std::move(*d_lease), res);
   AnswerStream(t, d_text, std::move(*d_lease), res, capture);
@@ -136,7 +144,7 @@ void RequestFlow::RunLocalPrefill(const std::shared_ptr<Transfer>& t, const Clie
                                   std::shared_ptr<StreamState>* capture) {
   // No P leg, no transfer: D gets the client's request as a colocated instance would.
   t->local_prefill = true;
-  t->d_leg = router_.legs().NewLeg(t->d_addr, Role::kDecode);
+  t->d_leg = OpenLeg(router_, *t, t->d_addr, Role::kDecode);
   spdlog::debug("request {}: local prefill on D={} (no P leg) stream={}", t->request_id,
                 t->d_addr.url, t->stream);
   const std::string text = ComposeLegBody(body.Shell(), body);
@@ -176,7 +184,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
         .WriteTo(res);
   }
   t->d_addr = lease->address();
-  t->d_leg = r.legs().NewLeg(t->d_addr, Role::kColocated);
+  t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kColocated);
   spdlog::debug("request {}: colocated instance {} stream={}", t->request_id, t->d_addr.url,
                 t->stream);
   if (!t->stream) return AnswerJson(t, req.body, std::move(*lease), res);
@@ -211,6 +219,11 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   *pull_profile = mode.pull_profile;
   http::AccessNote& note = http::CurrentAccessNote();
   note.request_id = t->request_id;
+  if (http::Tracer* tracer = r.tracer()) {
+    const auto parent = http::ParseTraceparent(req.get_header_value("traceparent"));
+    t->trace = tracer->NewSpan(parent);
+    if (parent) t->client_span = parent->span_id;
+  }
   note.mode = TransferModeName(mode.mode);
   Result<ClientBody> parsed = ParseClientBody(req.body);
   if (!parsed.ok()) return reject("request body is not valid JSON", "invalid_json");

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "http/tracing.h"
 #include "router/client_body.h"
 #include "router/instance_pool.h"
 #include "router/leg.h"
@@ -117,6 +118,8 @@ class RequestFlow {
   /// Marks `t` done now and records its e2e latency when `ok`; adds its router timeline to the
   /// router's log (P/D transfers only).
   static void RecordTimeline(FlowServices& r, Transfer& t, bool ok);
+  /// Tracing: the router's span of `t` (continuing the client's traceparent) and its phases.
+  static void RecordSpans(http::Tracer& tracer, const Transfer& t, bool ok);
   /// A data event of `st` was relayed: its TTFT (the first) or ITL observation.
   static void NoteDataRelayed(FlowServices& r, StreamState& st);
 

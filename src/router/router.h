@@ -116,6 +116,7 @@ class Router final : private FlowServices {
                      const std::string& request_id) override;
   void RecordTimeline(nlohmann::json timeline) override { timelines_.Add(std::move(timeline)); }
   void CountRequest(TransferMode mode, bool ok) override;
+  http::Tracer* tracer() override { return options_.tracer.get(); }
   void RecordLatency(TransferMode mode, ClientLatency which, double seconds) override {
     latencies_.Record(mode, which, seconds);
   }

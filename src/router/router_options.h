@@ -6,6 +6,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "router/instance_pool.h"
 #include "router/routing_policy.h"
 #include "router/transfer_aborter.h"
+#include "http/tracing.h"
 
 namespace kvpush::router {
 
@@ -74,6 +76,9 @@ struct RouterOptions {
   bool log_requests = true;  ///< one access-log line per request at info
   std::string tls_cert_file;  ///< --ssl-certfile: clients reach the router over HTTPS only
   std::string tls_key_file;   ///< --ssl-keyfile
+  /// --otlp-traces-endpoint: spans of every request (and its legs' phases) go there; the legs
+  /// carry `traceparent` so the instances' spans join the same trace. Null: no tracing.
+  std::shared_ptr<http::Tracer> tracer;
   PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/drain.h"
 #include "pd/ids.h"
 #include "pd/kv_transfer_params.h"
@@ -89,6 +90,13 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
   st->meta.model = c.served_model_name;
   st->meta.system_fingerprint = SystemFingerprint(c.engine.model_config().fingerprint);
   st->meta.prompt_tokens_details = c.prompt_tokens_details;
+  if (c.tracer != nullptr) {
+    // The router's span (or the client's) is this request's parent (W3C traceparent).
+    const auto parent = http::ParseTraceparent(req.get_header_value("traceparent"));
+    st->tracer = c.tracer;
+    st->trace = RequestTrace{c.tracer->NewSpan(parent), parent ? parent->span_id : http::SpanId{},
+                             NowNs()};
+  }
   // Counted before the drain check, so that a drain that begins now waits for this request.
   c.state.inflight.fetch_add(1);
   st->inflight = &c.state.inflight;
@@ -113,6 +121,9 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : c.random_seed();
   const auto n = static_cast<size_t>(r.n);
   st.param_stats = c.param_stats;
+  if (kv.role != Role::kNone && c.handoff_traces != nullptr && st.trace) {
+    c.handoff_traces->Register(kv.transfer_id, st.trace->context);
+  }
   st.n = r.n;
   st.max_tokens = p.max_tokens;
   std::vector<bool> counts_prompt;

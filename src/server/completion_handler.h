@@ -17,6 +17,7 @@
 #include "engine/engine.h"
 #include "model/chat_template.h"
 #include "server/metrics.h"
+#include "server/request_trace.h"
 #include "server/openai_request.h"
 #include "server/transfer_requests.h"
 
@@ -58,6 +59,10 @@ struct CompletionContext {
   std::function<uint64_t()> random_seed;
   /// vLLM's request-parameter histograms (metrics.h); null: not kept. Thread-safe.
   RequestParamHistograms* param_stats = nullptr;
+  /// --otlp-traces-endpoint (null: off), and the P/D transfers' handoff spans (null: colocated
+  /// or off). Thread-safe.
+  http::Tracer* tracer = nullptr;
+  HandoffTraces* handoff_traces = nullptr;
 };
 
 /// Stateless apart from the context; one call per HTTP request, on an HTTP thread.

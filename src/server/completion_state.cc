@@ -35,6 +35,25 @@ CompletionState::~CompletionState() {
   }
   if (inflight != nullptr) inflight->fetch_sub(1);
   RecordParams();
+  RecordSpans();
+}
+
+void CompletionState::RecordSpans() const {
+  if (tracer == nullptr || !trace) return;
+  std::vector<http::SpanAttribute> attrs = {
+      {"http.request.method", std::string("POST")},
+      {"kvpush.request_id", meta.id},
+      {"http.response.status_code", static_cast<int64_t>(failed ? error.http_status : 200)}};
+  if (!transfer_id.empty()) attrs.push_back({"kvpush.transfer_id", transfer_id});
+  if (all_finished() && !choices.empty()) {
+    const UsageCounts u = SumUsage(choices);
+    attrs.push_back({"gen_ai.usage.input_tokens", static_cast<int64_t>(u.prompt_tokens)});
+    attrs.push_back({"gen_ai.usage.output_tokens", static_cast<int64_t>(u.completion_tokens)});
+  }
+  const std::string route =
+      meta.kind == ApiKind::kChat ? "POST /v1/chat/completions" : "POST /v1/completions";
+  RecordRequestSpans(*tracer, *trace, route, std::move(attrs), failed ? error.message : "",
+                     timing.arrival_ns != 0 ? &timing : nullptr);
 }
 
 void CompletionState::RecordParams() const {
@@ -80,6 +99,12 @@ bool CompletionState::ApplyChoice(size_t i, const RequestOutput& o) {
   c.completion_tokens = o.num_output_tokens;
   c.cached_tokens = o.num_cached_tokens;
   if (!o.finished()) return false;
+  if (i == 0) {
+    timing.arrival_ns = o.arrival_ns;
+    timing.first_scheduled_ns = o.first_scheduled_ns;
+    timing.first_token_ns = o.first_token_ns;
+    timing.last_token_ns = o.last_token_ns;
+  }
   c.finish = o.finish_reason;
   c.stop_reason = o.stop_reason;
   c.stop_token_id = o.stop_token_id;

@@ -16,6 +16,7 @@
 #include "pd/kv_transfer_params.h"
 #include "server/metrics.h"
 #include "server/openai_response.h"
+#include "server/request_trace.h"
 #include "server/transfer_requests.h"
 
 namespace kvpush::server {
@@ -63,6 +64,11 @@ struct CompletionState {
   RequestParamHistograms* param_stats = nullptr;
   int32_t n = 1;
   std::vector<int32_t> max_tokens;
+  /// Tracing (--otlp-traces-endpoint): the request's span, exported when it ends with its
+  /// engine phases (choice 0's times, `timing`) as children (request_trace.h).
+  http::Tracer* tracer = nullptr;
+  std::optional<RequestTrace> trace;
+  RequestOutput timing;  ///< choice 0's final output's times
 
   /// Applies one output to choice i; returns true when it finished the choice. Also notes the
   /// request's id, first-token time and (once all finished) usage for the access log
@@ -83,6 +89,7 @@ struct CompletionState {
  private:
   bool ApplyChoice(size_t i, const RequestOutput& o);
   void RecordParams() const;
+  void RecordSpans() const;
   void NoteAccess(const RequestOutput& o) const;
 };
 

@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/drain.h"
 #include "common/recent_records.h"
+#include "connector/pd_connector.h"
 #include "http/api_error.h"
 #include "pd/ids.h"
 #include "server/completion_handler.h"
@@ -33,7 +34,16 @@ HttpServer::HttpServer(Engine& engine, ServerOptions options)
                   state_,
                   [this](const char* prefix) { return NewRequestId(prefix); },
                   [this] { return RandomSeed(); },
-                  &param_stats_} {}
+                  &param_stats_} {
+  if (options_.tracer == nullptr) return;
+  completion_.tracer = options_.tracer.get();
+  if (options_.connector != nullptr) {
+    handoff_traces_ = std::make_shared<HandoffTraces>(options_.tracer);
+    completion_.handoff_traces = handoff_traces_.get();
+    options_.connector->mutable_timelines().SetObserver(
+        [traces = handoff_traces_](const connector::HandoffRecord& r) { traces->OnRecord(r); });
+  }
+}
 
 HttpServer::~HttpServer() {
   Stop();

@@ -59,6 +59,9 @@ struct ServerOptions {
   http::BuildInfo build;  ///< GET /version and kvpush_build_info
   std::string tls_cert_file;  ///< --ssl-certfile (with tls_key_file: HTTPS only)
   std::string tls_key_file;   ///< --ssl-keyfile
+  /// --otlp-traces-endpoint: a span per completion request, its engine phases and (P/D) its
+  /// transfer's handoff phases (request_trace.h). Null: no tracing.
+  std::shared_ptr<http::Tracer> tracer;
 };
 
 /// Serves /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics, and on a P/D
@@ -122,6 +125,8 @@ class HttpServer {
 
   TransferRequests transfers_;    ///< P/D requests in flight, for POST /kv/abort
   RequestParamHistograms param_stats_;  ///< vLLM's request_params_* histograms
+  /// Tracing on a P/D instance: shared with the connector's observer (it may outlive us).
+  std::shared_ptr<HandoffTraces> handoff_traces_;
   CompletionContext completion_;  ///< what the completion handlers use of this server
 };
 

@@ -38,7 +38,7 @@ class BrokenPeerTest : public CoreTest {
 
   /// Answers the latest query: every id it asked `settled` (true) or "pending" (false); or,
   /// with `error`, no answer (P unreachable).
-  void Answer(bool settled, Status error = Status::Ok()) {
+  void Answer(bool settled, const Status& error = Status::Ok()) {
     ASSERT_FALSE(Queries().empty());
     const Action q = Queries().back();
     TransferStatusEvent ev;

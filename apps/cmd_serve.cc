@@ -44,6 +44,13 @@ extern "C" void OnStopSignal(int) {
   g_stop_signals.fetch_add(1);
 }
 
+/// --xfer-fault-plan (testing only): SIGUSR1 makes this instance a broken but alive peer (every
+/// transfer post fails, xfer::FaultControls::SetBroken), SIGUSR2 heals it.
+std::atomic<xfer::FaultControls*> g_fault_controls{nullptr};
+extern "C" void OnFaultSignal(int sig) {
+  if (xfer::FaultControls* c = g_fault_controls.load()) c->SetBroken(sig == SIGUSR1);
+}
+
 /// The graceful drain after the first SIGTERM/SIGINT (docs/server.md, "Graceful drain"):
 /// `pre_drain` callbacks in order (leave discovery first, so routers stop choosing this
 /// instance), then new requests get 503 `draining`, in-flight requests (and, on P, KV pushes
@@ -233,6 +240,9 @@ int PlanServe(ServeOptions& o, ServePlan* plan) {
     spdlog::warn("kvpush serve: injecting KV transfer faults (testing only): {}",
                  xfer::FaultPlanToString(*faults));
     xfer::SetProcessFaultPlan(*faults);
+    g_fault_controls.store(xfer::ProcessFaultControls());
+    std::signal(SIGUSR1, OnFaultSignal);
+    std::signal(SIGUSR2, OnFaultSignal);
   }
   if (o.port < 0 || o.port > 65535) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
@@ -480,7 +490,8 @@ void RegisterServeCommand(CLI::App& app) {
   cmd->add_option("--xfer-fault-plan", opts->xfer_fault_plan,
                   "Testing only: inject KV transfer failures and delays (fault backend), e.g. "
                   "post_failure_rate=0.02,completion_failure_rate=0.02,max_post_delay_us=2000,"
-                  "max_completion_delay_us=2000,seed=7 (docs/reliability.md)");
+                  "max_completion_delay_us=2000,seed=7; then SIGUSR1 makes every post fail "
+                  "(a broken but alive peer) until SIGUSR2 (docs/reliability.md)");
   cmd->add_option("--drain-timeout-s", opts->drain_timeout_s,
                   "On SIGTERM/SIGINT: seconds in-flight requests get to finish (new ones get 503 "
                   "draining) before open ones end with an error; a second signal cuts it short")

@@ -9,9 +9,10 @@
 #include "connector/block_list.h"
 #include "connector/handshake.h"
 #include "connector/messages.h"
+#include "connector/transfer_status.h"
 #include "xfer/byte_io.h"
-#include "xfer/metadata.h"
 #include "xfer/eager_frame.h"
+#include "xfer/metadata.h"
 #include "xfer/notification_frame.h"
 
 namespace {
@@ -197,6 +198,19 @@ bool Handshakes(const std::filesystem::path& out) {
   return ok && dir.Write(std::string("AAEC/+8=")) && dir.Write(std::string("00ffABcd"));
 }
 
+bool TransferStatuses(const std::filesystem::path& out) {
+  SeedDir dir(out, "transfer_status_fuzz");
+  connector::TransferStatusQuery q;
+  q.engine_id = "decode-127.0.0.1:8200";
+  q.transfer_ids = {kTid, std::string(31, '0') + "1"};
+  connector::TransferStatusAnswer a;
+  a.settled = {{kTid, true}, {std::string(31, '0') + "1", false}};
+  connector::TransferStatusAnswer fixed;  // an answer to the harness's own fixed query
+  fixed.settled = {{std::string(32, '0'), true}};
+  return dir.Write(q.ToJson().dump()) && dir.Write(a.ToJson().dump()) &&
+         dir.Write(fixed.ToJson().dump()) && dir.Write(std::string("{\"transfers\":{}}"));
+}
+
 bool KvTransferParams(const std::filesystem::path& out) {
   SeedDir dir(out, "kv_transfer_params_fuzz");
   const std::string id = std::string("\"") + kTid + "\"";
@@ -264,6 +278,6 @@ bool PromptLists(const std::filesystem::path& out) {
 
 bool WritePeerSeeds(const std::filesystem::path& out) {
   return PdMessages(out) && BlockLists(out) && Metadata(out) && Frames(out) && EagerFrames(out) &&
-         Handshakes(out) &&
-         KvTransferParams(out) && SseStreams(out) && PromptLists(out);
+         Handshakes(out) && TransferStatuses(out) && KvTransferParams(out) && SseStreams(out) &&
+         PromptLists(out);
 }

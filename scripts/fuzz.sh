@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz block_list_fuzz
-  xfer_metadata_fuzz notification_frame_fuzz eager_frame_fuzz handshake_fuzz kv_transfer_params_fuzz sse_fuzz
+  xfer_metadata_fuzz notification_frame_fuzz eager_frame_fuzz handshake_fuzz transfer_status_fuzz
+  kv_transfer_params_fuzz sse_fuzz
   prompt_list_fuzz client_body_fuzz discovery_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
@@ -30,6 +31,7 @@ declare -A OPTIONS=(
   [notification_frame_fuzz]="-max_len=8192"
   [eager_frame_fuzz]="-max_len=8192"
   [handshake_fuzz]="-max_len=8192 -dict=fuzz/handshake.dict"
+  [transfer_status_fuzz]="-max_len=8192 -dict=fuzz/transfer_status.dict"
   [kv_transfer_params_fuzz]="-max_len=8192 -dict=fuzz/kv_transfer_params.dict"
   [sse_fuzz]="-max_len=8192"
   [prompt_list_fuzz]="-max_len=8192 -dict=fuzz/prompt_list.dict"

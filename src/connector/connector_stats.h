@@ -73,6 +73,13 @@ struct ConnectorStats {
   /// P dead or restarted).
   int64_t quarantines = 0;
   int64_t quarantines_released = 0;
+  /// D: connections to a prefill instance fenced because it left a quarantined transfer
+  /// unanswered for broken_peer_ms while alive (a broken peer: docs/reliability.md).
+  int64_t peers_fenced = 0;
+  /// D: /kv/transfer_status queries sent about quarantined transfers (the liveness query), and
+  /// the quarantines they ended (P answered "settled").
+  int64_t status_queries = 0;
+  int64_t status_settled = 0;
   int64_t producers_active = 0;       ///< gauge
   int64_t consumers_waiting = 0;      ///< gauge: every consumer, quarantined ones included
   int64_t consumers_quarantined = 0;  ///< gauge

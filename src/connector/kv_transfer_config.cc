@@ -1,5 +1,6 @@
 #include "connector/kv_transfer_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -191,6 +192,7 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
                                      "layerwise_min_bytes",
                                      "block_list_part_bytes",
                                      "eager_write_max_bytes",
+                                     "broken_peer_ms",
                                      "backends",
                                      "kv_lease_duration"};
       bool known = false;
@@ -209,6 +211,15 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
     KVP_ASSIGN_OR_RETURN(c.watchdog, Ms(x, "watchdog_ms", 10, 3600000, c.watchdog));
     KVP_ASSIGN_OR_RETURN(c.cancel_ack, Ms(x, "cancel_ack_ms", 10, 600000, c.cancel_ack));
     KVP_ASSIGN_OR_RETURN(c.stall, Ms(x, "stall_ms", 10, 600000, c.stall));
+    // Unless given: kBrokenPeerCancelAcks cancel deadlines (the CANCEL re-sent twice meanwhile).
+    c.broken_peer = std::min<std::chrono::milliseconds>(c.cancel_ack * kBrokenPeerCancelAcks,
+                                                        std::chrono::milliseconds(3600000));
+    KVP_ASSIGN_OR_RETURN(c.broken_peer, Ms(x, "broken_peer_ms", 10, 3600000, c.broken_peer));
+    if (c.broken_peer < c.cancel_ack) {
+      return InvalidArgument("broken_peer_ms (" + std::to_string(c.broken_peer.count()) +
+                             ") must be at least cancel_ack_ms (" +
+                             std::to_string(c.cancel_ack.count()) + ")");
+    }
     if (x.contains("failure_policy")) {
       const auto& v = x["failure_policy"];
       if (v == "recompute") {
@@ -271,6 +282,7 @@ std::string KvTransferConfig::ToString() const {
          " watchdog_ms=" + std::to_string(watchdog.count()) +
          " cancel_ack_ms=" + std::to_string(cancel_ack.count()) +
          " stall_ms=" + std::to_string(stall.count()) +
+         " broken_peer_ms=" + std::to_string(broken_peer.count()) +
          " failure_policy=" + (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
          " pull_profile=" + std::string(pd::PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +

@@ -19,6 +19,10 @@ enum class FailurePolicy : uint8_t { kRecompute = 0, kFail = 1 };
 /// Instance role in P/D serving.
 enum class KvRole : uint8_t { kProducer = 0, kConsumer = 1, kBoth = 2 };
 
+/// KvTransferConfig::broken_peer when `broken_peer_ms` is not given: this many cancel
+/// deadlines (CANCEL re-sent after 1 and 3 of them meanwhile).
+inline constexpr int kBrokenPeerCancelAcks = 4;
+
 struct KvTransferConfig {
   /// "PushConnector" (kvpush push, the default for the router's push mode) or "PullConnector"
   /// (also accepted: "NixlConnector"). Both connectors serve both modes per request; this picks
@@ -31,6 +35,13 @@ struct KvTransferConfig {
   std::chrono::milliseconds watchdog{10000};   ///< D waits for KV at most this long
   std::chrono::milliseconds cancel_ack{2000};  ///< D waits for P's CANCEL_ACK this long
   std::chrono::milliseconds stall{5000};       ///< transfer stall deadline (xfer)
+  /// D: a quarantined transfer (docs/reliability.md, *Quarantine*) whose P, alive, has not
+  /// answered (CANCEL_ACK, TRANSFER_FAILED, KV_READY) this long after the quarantine began makes
+  /// D treat P as broken: its connection is fenced (xfer::Agent::FencePeer) and the quarantines
+  /// of that connection end once the transport confirmed that nothing of P can land any more.
+  /// At least cancel_ack; kv_connector_extra_config `broken_peer_ms`, by default
+  /// kBrokenPeerCancelAcks × cancel_ack_ms.
+  std::chrono::milliseconds broken_peer{8000};
   FailurePolicy failure_policy = FailurePolicy::kRecompute;
   /// Pull consumer: the profile of a request that names none (pd::PullProfile).
   pd::PullProfile pull_profile = pd::PullProfile::kFast;

@@ -94,6 +94,12 @@ Status PdConnector::Init() {
   core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
                                          static_cast<CoreActions&>(*this));
   core_->set_auth(auth_.get());
+  status_client_ = std::make_unique<TransferStatusClient>(
+      [this](const std::string& peer, const TransferStatusQuery& query,
+             Result<TransferStatusAnswer> answer) {
+        Push(TransferStatusEvent{peer, query, std::move(answer)});
+      },
+      options_.api_key, static_cast<int>(std::clamp<int64_t>(cfg.cancel_ack.count(), 500, 5000)));
   thread_ = std::thread([this] {
     SetThreadName("kvp-connector");
     Loop();
@@ -104,6 +110,7 @@ Status PdConnector::Init() {
 }
 
 PdConnector::~PdConnector() {
+  status_client_.reset();  // joins its thread, which pushes into the inbox
   {
     MutexLock lock(mu_);
     stopping_ = true;
@@ -166,6 +173,26 @@ void PdConnector::AbortTransfer(const std::string& tid) {
   Push(AbortTransferEvent{tid});
 }
 
+Result<nlohmann::json> PdConnector::HandleTransferStatus(const nlohmann::json& body) {
+  if (auth_ != nullptr) {
+    return FailedPrecondition(
+        "/kv/transfer_status is not offered with --kv-auth-key-file (its answer would not be "
+        "authenticated)");
+  }
+  KVP_ASSIGN_OR_RETURN(TransferStatusQuery query, TransferStatusQuery::FromJson(body));
+  auto reply = std::make_shared<std::promise<TransferStatusAnswer>>();
+  std::future<TransferStatusAnswer> answer = reply->get_future();
+  {
+    MutexLock lock(mu_);
+    status_requests_.push_back(StatusRequest{std::move(query), std::move(reply)});
+  }
+  cv_.NotifyOne();
+  if (answer.wait_for(2s) != std::future_status::ready) {
+    return DeadlineExceeded("the connector did not answer within 2 s");
+  }
+  return answer.get().ToJson();
+}
+
 ConnectorStats PdConnector::stats() const {
   ConnectorStats s;
   {
@@ -187,25 +214,29 @@ ConnectorStats PdConnector::stats() const {
 
 void PdConnector::Loop() {
   std::vector<EngineEvent> events;
+  std::vector<StatusRequest> status;
   while (true) {
     bool agent_event = false;
     {
       MutexLock lock(mu_);
       const bool busy = core_->busy();
       const auto deadline = std::chrono::steady_clock::now() + (busy ? 20ms : 1000ms);
-      while (!stopping_ && inbox_.empty() && !agent_event_) {
+      while (!stopping_ && inbox_.empty() && !agent_event_ && status_requests_.empty()) {
         if (!cv_.WaitUntil(lock, deadline)) break;
       }
       if (stopping_) break;
       events.swap(inbox_);
+      status.swap(status_requests_);
       agent_event = std::exchange(agent_event_, false);
     }
     for (EngineEvent& ev : events) HandleEvent(std::move(ev));
     events.clear();
+    for (StatusRequest& r : status) r.reply->set_value(core_->AnswerTransferStatus(r.query));
+    status.clear();
     if (agent_event) {
       // The core authenticates them first when --kv-auth-key-file is set (set_auth).
       for (const xfer::Notification& n : agent_->TakeNotifications()) {
-        core_->HandleMessage(n.peer, n.payload);
+        core_->HandleMessage(n.peer, n.payload, n.connection);
       }
       PollTransfers();
     }
@@ -334,8 +365,15 @@ void PdConnector::HandRead(PendingRead read) {
   reads_to_post_.push_back(std::move(read));
 }
 
-void PdConnector::InvalidatePeer(const std::string& peer, const std::string& why) {
-  (void)agent_->InvalidatePeer(peer, why);
+Status PdConnector::FencePeer(const std::string& peer, uint64_t connection,
+                              const std::string& why) {
+  return agent_->FencePeer(peer, connection, why);
+}
+
+void PdConnector::QueryTransferStatus(const std::string& peer, const std::string& host, int port,
+                                      TransferStatusQuery query) {
+  query.engine_id = agent_->name();
+  status_client_->Ask(peer, host, port, std::move(query));
 }
 
 }  // namespace kvpush::connector

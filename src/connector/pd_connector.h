@@ -28,6 +28,7 @@
 
 #include <atomic>
 #include <functional>
+#include <future>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <span>
@@ -44,6 +45,7 @@
 #include "connector/messages.h"
 #include "connector/peers.h"
 #include "connector/transfer_core.h"
+#include "connector/transfer_status_client.h"
 #include "engine/kv_connector.h"
 #include "kv/layout.h"
 #include "pd/checks.h"
@@ -127,6 +129,14 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   /// Thread-safe, non-blocking; an unknown or malformed id is ignored.
   void AbortTransfer(const std::string& tid);
 
+  /// POST /kv/transfer_status (connector/transfer_status.h; docs/pd_protocol.md §2b): a decode
+  /// instance asks about its quarantined push transfers; each is cancelled here and answered
+  /// "settled" or "pending" (TransferCore::AnswerTransferStatus) by the connector thread.
+  /// Thread-safe; waits 2 s at most. Errors: kInvalidArgument (malformed query: HTTP 400),
+  /// kFailedPrecondition (--kv-auth-key-file set: the answer would not be authenticated, so
+  /// it is not offered: 409), kDeadlineExceeded (the connector thread did not answer in time).
+  Result<nlohmann::json> HandleTransferStatus(const nlohmann::json& body);
+
   /// Snapshot of the counters. Thread-safe.
   ConnectorStats stats() const;
   /// The handoff timelines of the transfers that ended here (handoff_timeline.h). Thread-safe.
@@ -162,7 +172,9 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   void FinishLoad(KvLoadResult result) override;
   void AbortRequest(int64_t seq_id) override;
   void HandRead(PendingRead read) override;
-  void InvalidatePeer(const std::string& peer, const std::string& why) override;
+  Status FencePeer(const std::string& peer, uint64_t connection, const std::string& why) override;
+  void QueryTransferStatus(const std::string& peer, const std::string& host, int port,
+                           TransferStatusQuery query) override;
 
   /// Creates (does not post) the transfer of `order` against the peer's chunk list.
   /// Errors: kNotFound (peer not handshaken), the agent's. Thread-safe.
@@ -195,6 +207,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::unique_ptr<PeerAuth> auth_;       ///< null without --kv-auth-key-file; thread-safe
   std::unique_ptr<PeerRegistry> peers_;  ///< thread-safe
   std::unique_ptr<TransferCore> core_;   ///< connector thread only
+  /// D: asks prefill instances about quarantined transfers (its own thread; thread-safe).
+  std::unique_ptr<TransferStatusClient> status_client_;
   HandoffTimelineLog timelines_;         ///< thread-safe
   /// TransferCore::wants_layer_events() as of the connector thread's last pass: the engine
   /// thread wakes the connector thread for step and layer events only while it is true.
@@ -213,6 +227,12 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   Mutex mu_;
   CondVar cv_;
   std::vector<EngineEvent> inbox_ GUARDED_BY(mu_);
+  /// POST /kv/transfer_status requests waiting for the connector thread (HandleTransferStatus).
+  struct StatusRequest {
+    TransferStatusQuery query;
+    std::shared_ptr<std::promise<TransferStatusAnswer>> reply;
+  };
+  std::vector<StatusRequest> status_requests_ GUARDED_BY(mu_);
   bool agent_event_ GUARDED_BY(mu_) = false;
   bool stopping_ GUARDED_BY(mu_) = false;
 

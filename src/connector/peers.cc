@@ -206,10 +206,16 @@ int64_t PeerRegistry::handshakes() const {
 }
 
 std::optional<PeerView> PeerRegistry::Find(const std::string& engine_id) const {
-  MutexLock lock(mu_);
-  auto it = peers_.find(engine_id);
-  if (it == peers_.end()) return std::nullopt;
-  return PeerView{it->second.info.layout.num_blocks, it->second.info.incarnation};
+  PeerView view;
+  {
+    MutexLock lock(mu_);
+    auto it = peers_.find(engine_id);
+    if (it == peers_.end()) return std::nullopt;
+    view = PeerView{it->second.info.layout.num_blocks, it->second.info.incarnation, 0};
+  }
+  auto p = agent_.GetPeer(engine_id);
+  if (p.ok()) view.connection = p->connection;
+  return view;
 }
 
 std::string PeerRegistry::EngineIdAt(const std::string& host, int port) const {
@@ -220,8 +226,13 @@ std::string PeerRegistry::EngineIdAt(const std::string& host, int port) const {
 
 std::optional<std::string> PeerRegistry::Failure(const std::string& engine_id) const {
   auto peer = agent_.GetPeer(engine_id);
-  if (peer.ok() && peer->alive) return std::nullopt;
+  // Dropped here (a fence): no evidence about the peer's process.
+  if (peer.ok() && (peer->alive || peer->dropped_here)) return std::nullopt;
   return peer.ok() ? peer->failure.ToString() : peer.status().ToString();
+}
+
+bool PeerRegistry::Fenced(const std::string& engine_id, uint64_t connection) const {
+  return agent_.PeerFenced(engine_id, connection);
 }
 
 }  // namespace kvpush::connector

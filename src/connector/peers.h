@@ -89,6 +89,7 @@ class PeerRegistry final : public PeerDirectory {
   std::optional<PeerView> Find(const std::string& engine_id) const override;
   std::string EngineIdAt(const std::string& host, int port) const override;
   std::optional<std::string> Failure(const std::string& engine_id) const override;
+  bool Fenced(const std::string& engine_id, uint64_t connection) const override;
 
  private:
   /// The engine id known at `key` ("host:port") when its peer is alive, else "".

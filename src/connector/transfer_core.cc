@@ -127,6 +127,7 @@ void TransferCore::HandleEvent(EngineEvent ev) {
     void operator()(ConsumerRejectedEvent& e) const { core.OnNotNeededOrRejected(e.params, true); }
     void operator()(ConsumerAbortEvent& e) const { core.OnConsumerAbort(e); }
     void operator()(AbortTransferEvent& e) const { core.OnAbortTransfer(e.transfer_id); }
+    void operator()(TransferStatusEvent& e) const { core.OnTransferStatus(e); }
   };
   std::visit(Dispatch{*this}, ev);
 }
@@ -148,7 +149,8 @@ void TransferCore::OnNotNeededOrRejected(const pd::KvTransferParams& params, boo
   if (!rejected) ++stats_.not_needed;
 }
 
-void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_t> payload) {
+void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_t> payload,
+                                 uint64_t connection) {
   if (auth_ != nullptr) {
     auto opened = auth_->Open(peer, payload);  // a refusal is counted and logged there
     if (!opened.ok()) return;
@@ -161,7 +163,7 @@ void TransferCore::HandleMessage(const std::string& peer, std::span<const uint8_
     ++stats_.bad_messages;
     return;
   }
-  HandleDecoded(peer, *m);
+  HandleDecoded(peer, *m, connection);
 }
 
 HandoffRecord* TransferCore::TimelineOf(const std::string& tid) {
@@ -170,7 +172,8 @@ HandoffRecord* TransferCore::TimelineOf(const std::string& tid) {
   return nullptr;
 }
 
-void TransferCore::HandleDecoded(const std::string& peer, PdMessage& m) {
+void TransferCore::HandleDecoded(const std::string& peer, PdMessage& m, uint64_t connection) {
+  arrived_on_ = connection;
   if (HandoffRecord* r = TimelineOf(m.transfer_id)) ++r->messages_received;
   switch (m.tag) {
     case MsgTag::kPushTarget:
@@ -310,6 +313,7 @@ void TransferCore::Tick() {
   next_timer_check_ = now + 10ms;
   ExpireTimers(now);
   CheckConsumerTimers(now);
+  QueryQuarantines(now);
 }
 
 void TransferCore::ExpireTimers(TimePoint now) {
@@ -344,8 +348,81 @@ void TransferCore::ExpireTimers(TimePoint now) {
   }
 }
 
+uint64_t TransferCore::ConnectionTo(const std::string& peer) const {
+  auto view = peers_.Find(peer);
+  return view ? view->connection : 0;
+}
+
+bool TransferCore::ReadOutstanding(const std::string& tid) const {
+  return std::any_of(outstanding_.begin(), outstanding_.end(), [&](const auto& kv) {
+    return kv.second.kind == XferKind::kRead && kv.second.tid == tid;
+  });
+}
+
+bool TransferCore::WriteOutstanding(const std::string& tid) const {
+  return std::any_of(outstanding_.begin(), outstanding_.end(), [&](const auto& kv) {
+    const XferKind k = kv.second.kind;
+    return (k == XferKind::kWrite || k == XferKind::kReady) && kv.second.tid == tid;
+  });
+}
+
+void TransferCore::QueryQuarantines(TimePoint now) {
+  // Over HTTP, which a P answers while it lives even when its transfer engine cannot post (its
+  // CANCEL_ACKs never leave). Not with --kv-auth-key-file: the answer is not authenticated, and
+  // a forged "settled" would release blocks a live P may still write (docs/pd_protocol.md §5).
+  if (auth_ != nullptr) return;
+  std::unordered_map<std::string, std::vector<Consumer*>> due;
+  for (auto& [tid, c] : consumers_) {
+    if (c.state != ConsumerState::kQuarantined || c.mode != Mode::kPush || c.peer_port <= 0 ||
+        now < c.next_query || status_in_flight_.count(c.peer) != 0) {
+      continue;
+    }
+    if (due[c.peer].size() < kMaxStatusTransfers) due[c.peer].push_back(&c);
+  }
+  for (auto& [peer, cs] : due) {
+    TransferStatusQuery q;  // engine_id: the shell's own
+    for (Consumer* c : cs) {
+      q.transfer_ids.push_back(c->tid);
+      c->next_query = now + c->query_backoff;
+      // Asked at least every broken_peer_ms / 2: a P that was stopped or cut off and answers
+      // again is heard from soon, not after a long backoff.
+      c->query_backoff =
+          std::min(c->query_backoff * 2, std::max(config_.cancel_ack, config_.broken_peer / 2));
+    }
+    status_in_flight_[peer] = true;
+    ++stats_.status_queries;
+    actions_.QueryTransferStatus(peer, cs.front()->peer_host, cs.front()->peer_port, std::move(q));
+  }
+}
+
+void TransferCore::OnTransferStatus(TransferStatusEvent& ev) {
+  status_in_flight_.erase(ev.peer);
+  if (!ev.answer.ok()) {
+    spdlog::info("kv connector: '{}' did not answer the status of {} quarantined transfer(s): {}",
+                 ev.peer, ev.query.transfer_ids.size(), ev.answer.status().ToString());
+    return;
+  }
+  for (const auto& [tid, settled] : ev.answer->settled) {
+    auto it = consumers_.find(tid);
+    if (!settled || it == consumers_.end()) continue;
+    Consumer& c = it->second;
+    const bool waiting =
+        c.state == ConsumerState::kQuarantined || c.state == ConsumerState::kCancelling;
+    if (c.peer != ev.peer || c.mode != Mode::kPush || !waiting) continue;
+    // P cancelled it and none of its WRITEs can land any more: a CANCEL_ACK by another road.
+    ++stats_.status_settled;
+    CompleteConsumer(c, CancelledLoadStatus(c), std::nullopt);
+  }
+}
+
 std::optional<std::string> TransferCore::PeerGoneReason(const Consumer& c) const {
   if (auto failure = peers_.Failure(c.peer)) return failure;
+  if (c.fence_asked && c.peer_connection != 0 && peers_.Fenced(c.peer, c.peer_connection) &&
+      !ReadOutstanding(c.tid)) {
+    return "treated as broken (alive, but no answer within " +
+           std::to_string(config_.broken_peer.count()) +
+           " ms of a quarantine); its connection is fenced, nothing of it can land any more";
+  }
   if (c.peer_incarnation == 0) return std::nullopt;
   auto view = peers_.Find(c.peer);
   if (view && view->incarnation != c.peer_incarnation) {
@@ -373,6 +450,9 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
       continue;
     }
     if (c.state == ConsumerState::kQuarantined) {
+      // Alive and silent past the bound: broken. Its connection is fenced; the quarantines of
+      // that connection end above once the transport confirms nothing of it can land.
+      if (!c.fence_asked && now >= c.quarantined_at + config_.broken_peer) FenceBrokenPeer(c);
       if (c.mode == Mode::kPush && now >= c.next_cancel) {
         SendSignal(c.peer, MsgTag::kCancel, tid);  // the first may have been lost: ask again
         c.cancel_backoff = std::min<std::chrono::milliseconds>(c.cancel_backoff * 2, 30s);
@@ -416,9 +496,47 @@ void TransferCore::BeginPushCancel(Consumer& c, TimePoint now) {
   c.cancel_deadline = now + config_.cancel_ack;
 }
 
+void TransferCore::FenceBrokenPeer(Consumer& c) {
+  const std::string peer = c.peer;
+  const uint64_t connection = c.peer_connection;
+  c.fence_asked = true;
+  if (connection == 0) {
+    spdlog::warn(
+        "kv connector: transfer {}: '{}' left its quarantine unanswered for {} ms, but "
+        "the connection its target went over is not known; the blocks stay held until "
+        "it answers or is known dead",
+        c.tid, peer, config_.broken_peer.count());
+    return;
+  }
+  for (auto& [tid, other] : consumers_) {  // one fence ends them all: ask once
+    if (other.peer == peer && other.peer_connection == connection) other.fence_asked = true;
+  }
+  const std::string why = "no answer to a cancel within " +
+                          std::to_string(config_.broken_peer.count()) + " ms of a quarantine";
+  Status s = actions_.FencePeer(peer, connection, why);
+  if (!s.ok()) {
+    spdlog::warn(
+        "kv connector: transfer {}: '{}' is alive but left its quarantine unanswered for "
+        "{} ms; cannot fence it ({}): its quarantined blocks stay held until it answers "
+        "or is known dead",
+        c.tid, peer, config_.broken_peer.count(), s.ToString());
+    return;
+  }
+  ++stats_.peers_fenced;
+  spdlog::warn(
+      "kv connector: '{}' is alive but left transfer {} unanswered for {} ms of "
+      "quarantine: treated as broken, its connection is fenced; its quarantines end "
+      "once the transport confirms nothing of it can land, and the next request "
+      "connects again",
+      peer, c.tid, config_.broken_peer.count());
+}
+
 void TransferCore::Quarantine(Consumer& c, TimePoint now) {
   ++stats_.quarantines;
   c.state = ConsumerState::kQuarantined;
+  c.quarantined_at = now;
+  c.next_query = now;  // ask P over HTTP at once (QueryQuarantines), then with backoff
+  c.query_backoff = config_.cancel_ack;
   c.cancel_backoff = config_.cancel_ack;
   c.next_cancel = now + c.cancel_backoff;
   spdlog::warn(

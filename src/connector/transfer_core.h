@@ -26,6 +26,7 @@
 #include "connector/kv_transfer_config.h"
 #include "connector/messages.h"
 #include "connector/peer_auth.h"
+#include "connector/transfer_status.h"
 #include "engine/kv_connector.h"
 #include "kv/block_checksum.h"
 #include "kv/layout.h"
@@ -41,6 +42,9 @@ using TransferToken = uint64_t;
 struct PeerView {
   int32_t num_blocks = 0;    ///< blocks in the peer's KV pool (its layout)
   uint64_t incarnation = 0;  ///< the handshaken process (a restart gives a new one)
+  /// The transfer engine's connection to the peer now (xfer::PeerInfo::connection): a message
+  /// sent now goes over it. 0: none alive.
+  uint64_t connection = 0;
 };
 
 /// The peers the core may talk to: PeerRegistry in production, a fake in tests. Called only on
@@ -52,11 +56,16 @@ class PeerDirectory {
   virtual std::optional<PeerView> Find(const std::string& engine_id) const = 0;
   /// The engine id handshaken at host:port, or "" when none was.
   virtual std::string EngineIdAt(const std::string& host, int port) const = 0;
-  /// nullopt while the transfer engine considers `engine_id` alive; else why it is not
-  /// (unknown, failed: its connection broke or its process exited, restarted). The core treats
-  /// a failure as proof that the peer's process can write nothing more into this instance's
-  /// memory (docs/reliability.md, *Quarantine*).
+  /// nullopt while the transfer engine considers `engine_id` alive, or while it is not alive
+  /// only because this instance dropped it (CoreActions::FencePeer: no evidence about the
+  /// peer's process); else why it is not (unknown, failed: its connection broke or its process
+  /// exited, restarted). The core treats a failure as proof that the peer's process can write
+  /// nothing more into this instance's memory (docs/reliability.md, *Quarantine*).
   virtual std::optional<std::string> Failure(const std::string& engine_id) const = 0;
+  /// True once connection `connection` to `engine_id` was fenced (CoreActions::FencePeer) and
+  /// the transport confirmed its teardown: nothing the peer issued over it can land here any
+  /// more (xfer::Agent::PeerFenced).
+  virtual bool Fenced(const std::string& engine_id, uint64_t connection) const = 0;
 };
 
 /// A WRITE (push, P -> D) or READ (pull, D <- P) the core asks to post: entries of the local and
@@ -109,10 +118,19 @@ class CoreActions {
   /// Hands a READ to the engine thread (vllm pull profile); its post comes back as a
   /// kReadPosted event.
   virtual void HandRead(PendingRead read) = 0;
-  /// Makes the transfer engine drop `peer`: its connection is closed and later transfers to it
-  /// fail. It does NOT stop WRITEs the peer already issued from landing here (a one-sided WRITE
-  /// is applied by this side's transport without asking): never a reason to reuse blocks.
-  virtual void InvalidatePeer(const std::string& peer, const std::string& why) = 0;
+  /// Fences connection `connection` to `peer` (xfer::Agent::FencePeer): the peer is dropped
+  /// (transfers to it fail; the next handshake connects again) and the transport tears the
+  /// connection down so that nothing the peer issued over it can land here;
+  /// PeerDirectory::Fenced says when that is confirmed. Until then blocks a WRITE of it may
+  /// target are not reusable. Errors: kUnimplemented (the transport cannot fence: nothing is
+  /// dropped), kNotFound (unknown peer).
+  virtual Status FencePeer(const std::string& peer, uint64_t connection,
+                           const std::string& why) = 0;
+  /// Asks the prefill instance `peer` at host:port (over its HTTP port: POST
+  /// /kv/transfer_status) to cancel the push transfers of `query` and to say which of them can
+  /// no longer write here. Asynchronous: exactly one TransferStatusEvent comes back.
+  virtual void QueryTransferStatus(const std::string& peer, const std::string& host, int port,
+                                   TransferStatusQuery query) = 0;
 };
 
 /// A layer's chunk of one request in the step being computed (push producers, layer-wise).
@@ -193,9 +211,17 @@ struct ReadPostedEvent {
 struct AbortTransferEvent {
   std::string transfer_id;
 };
-using EngineEvent = std::variant<ProducerStartEvent, StepEvent, LayerEvent, ProducerDoneEvent,
-                                 ConsumerStartEvent, ConsumerNotNeededEvent, ConsumerRejectedEvent,
-                                 ConsumerAbortEvent, ReadPostedEvent, AbortTransferEvent>;
+/// D: the answer to CoreActions::QueryTransferStatus(`peer`, ..., `query`), or why there is
+/// none (`answer` not ok).
+struct TransferStatusEvent {
+  std::string peer;
+  TransferStatusQuery query;
+  Result<TransferStatusAnswer> answer = Unavailable("no answer");
+};
+using EngineEvent =
+    std::variant<ProducerStartEvent, StepEvent, LayerEvent, ProducerDoneEvent, ConsumerStartEvent,
+                 ConsumerNotNeededEvent, ConsumerRejectedEvent, ConsumerAbortEvent, ReadPostedEvent,
+                 AbortTransferEvent, TransferStatusEvent>;
 
 /// Per-transfer protocol state of a producer (P). See docs/pd_protocol.md §3.
 enum class ProducerState : uint8_t {
@@ -219,7 +245,8 @@ enum class ConsumerState : uint8_t {
   /// failed (recompute into fresh blocks, or fail) and the announced blocks are held out of use
   /// until nothing can land in them: P's CANCEL_ACK, TRANSFER_FAILED or late KV_READY (sent only
   /// once its WRITEs settled), the READ settled, or P dead or restarted. CANCEL is re-sent with
-  /// backoff meanwhile.
+  /// backoff meanwhile. P alive but silent for broken_peer_ms: its connection is fenced, and
+  /// the fence confirmed ends every quarantine of that connection.
   kQuarantined,
 };
 
@@ -244,17 +271,26 @@ class TransferCore {
   /// MAC trailer does not verify, is missing or replayed is counted there and dropped, changing
   /// nothing here), then decoded and validated; a malformed one is counted in bad_messages and
   /// dropped.
-  void HandleMessage(const std::string& peer, std::span<const uint8_t> payload);
+  void HandleMessage(const std::string& peer, std::span<const uint8_t> payload,
+                     uint64_t connection = 0);
   /// Authenticates every later HandleMessage with `auth` (must outlive the core; null: none).
   void set_auth(PeerAuth* auth) { auth_ = auth; }
-  /// A decoded message from `peer`.
-  void HandleDecoded(const std::string& peer, PdMessage& m);
+  /// A decoded message from `peer` that arrived over connection `connection` (the transfer
+  /// engine's connection to the peer when it arrived, xfer::Notification::connection; 0:
+  /// none). A push target is bound to it: its WRITEs go only over that connection (a peer that
+  /// fenced it and connected again may have reused the blocks).
+  void HandleDecoded(const std::string& peer, PdMessage& m, uint64_t connection = 0);
   /// The transfer or message `token` ended (done, cancelled or failed). Unknown tokens are
   /// ignored.
   void OnTransferDone(TransferToken token, const xfer::TransferStatus& status);
   /// Timers: tombstone expiry, unmatched targets, leases, watchdogs, peer liveness, cancel
-  /// deadlines. Runs at most every 10 ms of clock time; call it often.
+  /// deadlines, liveness queries. Runs at most every 10 ms of clock time; call it often.
   void Tick();
+  /// P: POST /kv/transfer_status from D `query.engine_id`: each transfer is cancelled as a
+  /// CANCEL from that D would (the engine's prefill aborted, WRITEs cancelled, the id
+  /// tombstoned), then answered "settled" when no WRITE of it is outstanding (none ever will
+  /// be) and "pending" while one is.
+  TransferStatusAnswer AnswerTransferStatus(const TransferStatusQuery& query);
 
   // ---- queries ----
   /// True while any transfer is tracked (the shell then wakes up more often).
@@ -305,6 +341,9 @@ class TransferCore {
     /// The D of this transfer: push, the one whose target was attached; pull, the one that
     /// pinned the lease. Empty until then.
     std::string peer;
+    /// Push: the connection to `peer` the target arrived over (PeerView::connection then): the
+    /// only one its WRITEs may go over (WriteTarget).
+    uint64_t target_connection = 0;
     uint32_t first_block = 0;
     std::vector<BlockId> dst;
     bool cancel_ack_due = false;  ///< kDropping: answer CANCEL_ACK once no WRITE can land
@@ -355,7 +394,21 @@ class TransferCore {
     /// kQuarantined: when CANCEL is sent again (push), doubling from cancel_ack_ms up to 30 s.
     TimePoint next_cancel{};
     std::chrono::milliseconds cancel_backoff{0};
+    /// kQuarantined: since when; P silent broken_peer_ms after it is fenced.
+    TimePoint quarantined_at{};
+    /// kQuarantined, push: when P is asked again over HTTP (QueryTransferStatus), and the
+    /// interval, doubling from cancel_ack_ms up to max(cancel_ack_ms, broken_peer_ms / 2).
+    TimePoint next_query{};
+    std::chrono::milliseconds query_backoff{0};
+    /// P's HTTP address from the request (kv_transfer_params remote_host / remote_port).
+    std::string peer_host;
+    int peer_port = 0;
+    bool fence_asked = false;       ///< FencePeer was asked for peer_connection (or refused)
     uint64_t peer_incarnation = 0;  ///< of `peer` when the request started (0: unknown)
+    /// The connection the PUSH_TARGET / PIN went over (PeerView::connection); 0 when unknown
+    /// (none alive, or it changed while the request was being sent): then no fence ends this
+    /// consumer, only P's answer or its death.
+    uint64_t peer_connection = 0;
     /// The engine no longer waits for this load (it finished the request, or was told the load
     /// failed at quarantine): the end releases the held blocks instead of finishing a load.
     bool aborted = false;
@@ -375,8 +428,12 @@ class TransferCore {
     PdMessage msg;
     TimePoint expiry;
     BlockListAssembly parts;  ///< total() == 0: `msg` is the whole target
+    uint64_t connection = 0;  ///< it arrived over (kMixedConnections: parts over several)
     bool partial() const { return parts.total() != 0; }
   };
+  /// PendingTarget::connection of a target whose parts came over different connections: no
+  /// connection matches it, so it is never written (WriteTarget).
+  static constexpr uint64_t kMixedConnections = ~uint64_t{0};
 
   // transfer_core.cc
   void OnNotNeededOrRejected(const pd::KvTransferParams& params, bool rejected);
@@ -407,8 +464,23 @@ class TransferCore {
   void OnConsumerMessageFailed(Consumer& c, const Status& error);
   /// What a consumer whose cancel ended is told (`cancel_reason`, else the watchdog's message).
   Status CancelledLoadStatus(const Consumer& c) const;
-  /// True when `c`'s peer process is known to be gone (failed or restarted since c started).
+  /// Why nothing of `c`'s peer can land any more: its process is known to be gone (failed or
+  /// restarted since c started), or c's connection to it was fenced and the fence confirmed
+  /// (unless c's own READ is still outstanding: it ends when it settles). nullopt otherwise.
   std::optional<std::string> PeerGoneReason(const Consumer& c) const;
+  /// `c` quarantined for broken_peer_ms while its peer lives: fence its connection, once for
+  /// every consumer on it (docs/reliability.md, *A broken peer*).
+  void FenceBrokenPeer(Consumer& c);
+  /// The connection to `peer` now (PeerView::connection; 0: none).
+  uint64_t ConnectionTo(const std::string& peer) const;
+  /// True while a READ of transfer `tid` is posted and not settled.
+  bool ReadOutstanding(const std::string& tid) const;
+  /// True while a WRITE (or KV_READY) of transfer `tid` is posted and not settled.
+  bool WriteOutstanding(const std::string& tid) const;
+  /// Quarantined push consumers whose query is due: asked of their P, one query per peer (and
+  /// per kMaxStatusTransfers ids) while none to that peer is in flight.
+  void QueryQuarantines(TimePoint now);
+  void OnTransferStatus(TransferStatusEvent& ev);
   std::string PeerOf(const pd::KvTransferParams& p) const;
 
   // producer.cc
@@ -423,8 +495,10 @@ class TransferCore {
   /// Adds a part of a target sent in several (pending until complete; at most the lease).
   /// True when `m` now holds the whole target; false while parts are missing or when the part
   /// was refused (TRANSFER_FAILED sent, the parts dropped).
-  bool AddTargetPart(const std::string& peer, PdMessage& m);
-  void AttachTarget(Producer& p, const std::string& peer, PdMessage& m);
+  /// `connection`: in, the one this part arrived over; out, when whole, the one every part
+  /// arrived over (kMixedConnections when they differ).
+  bool AddTargetPart(const std::string& peer, PdMessage& m, uint64_t* connection);
+  void AttachTarget(Producer& p, const std::string& peer, PdMessage& m, uint64_t connection);
   /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
   /// (it may have been erased: the caller must not touch it any more).
   bool TryPostAll(Producer& p);
@@ -478,6 +552,8 @@ class TransferCore {
   void OnConsumerStart(ConsumerStartEvent& ev);
   void OnReadPosted(ReadPostedEvent& ev);
   void SendConsumerRequest(Consumer& c);
+  /// The PUSH_TARGET parts (push) or the PIN (pull) of `c`, whose header `m` holds.
+  void SendRequestMessages(Consumer& c, PdMessage& m);
   void OnConsumerAbort(const ConsumerAbortEvent& ev);
   void OnConsumerMessage(const std::string& peer, PdMessage& m);
   void OnKvReady(Consumer& c, PdMessage& m);
@@ -508,6 +584,8 @@ class TransferCore {
   const PeerDirectory& peers_;
   CoreActions& actions_;
   PeerAuth* auth_ = nullptr;  ///< thread-safe itself; null without --kv-auth-key-file
+  /// The connection the message being handled arrived over (HandleDecoded's argument).
+  uint64_t arrived_on_ = 0;
 
   std::unordered_map<std::string, Producer> producers_;  ///< by transfer id
   std::unordered_map<int64_t, std::string> producer_by_seq_;
@@ -518,6 +596,8 @@ class TransferCore {
   std::deque<std::pair<TimePoint, std::string>> tombstone_order_;
   std::vector<StepChunk> step_chunks_;
   std::vector<HandoffRecord> finished_records_;
+  /// D: peers with a /kv/transfer_status query in flight (at most one each).
+  std::unordered_map<std::string, bool> status_in_flight_;
   TimePoint next_timer_check_{};
   ConnectorStats stats_;
 };

@@ -109,6 +109,8 @@ void TransferCore::OnConsumerStart(ConsumerStartEvent& ev) {
   c.take_first_token = c.mode == Mode::kPull && c.profile == pd::PullProfile::kFast &&
                        c.local_tokens + c.external_tokens == c.n;
   c.peer = PeerOf(ev.params);
+  c.peer_host = ev.params.remote_host;
+  c.peer_port = ev.params.remote_port;
   if (auto view = peers_.Find(c.peer)) c.peer_incarnation = view->incarnation;
   c.timeline.transfer_id = tid;
   c.timeline.push = c.mode == Mode::kPush;
@@ -153,6 +155,14 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
   m.first_block = con.first_block;
   m.num_blocks = con.num_blocks;
   Mark(con.timeline, HandoffPhase::kRequestSent);  // before the send: P may see it first
+  // The connection the request goes over, when it is the same before and after the sends (ids
+  // are never reused): a fence of it then covers every WRITE P may make into these blocks.
+  const uint64_t connection = ConnectionTo(con.peer);
+  SendRequestMessages(con, m);
+  con.peer_connection = ConnectionTo(con.peer) == connection ? connection : 0;
+}
+
+void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
   if (con.mode == Mode::kPush) {
     m.tag = MsgTag::kPushTarget;
     m.num_prompt_tokens = static_cast<uint32_t>(con.n);

@@ -55,7 +55,7 @@ void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   if (pending != pending_targets_.end() && !pending->second.partial()) {
     PendingTarget t = std::move(pending->second);
     pending_targets_.erase(pending);
-    AttachTarget(it->second, t.peer, t.msg);
+    AttachTarget(it->second, t.peer, t.msg, t.connection);
   }
 }
 
@@ -205,6 +205,18 @@ void TransferCore::OnProducerCancel(const std::string& peer, const PdMessage& m)
   DropProducer(p, Cancelled("cancelled by the decode instance"), false);
 }
 
+TransferStatusAnswer TransferCore::AnswerTransferStatus(const TransferStatusQuery& query) {
+  TransferStatusAnswer a;
+  for (const std::string& tid : query.transfer_ids) {
+    PdMessage cancel;
+    cancel.tag = MsgTag::kCancel;
+    cancel.transfer_id = tid;
+    OnProducerCancel(query.engine_id, cancel);  // tombstoned: nothing of it is written later
+    a.settled[tid] = !WriteOutstanding(tid);
+  }
+  return a;
+}
+
 void TransferCore::OnAbortTransfer(const std::string& tid) {
   Tombstone(tid);
   bool found = false;
@@ -237,20 +249,23 @@ void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
     SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
     return;
   }
-  if (!IsWholeList(m) && !AddTargetPart(peer, m)) return;  // more parts to come, or refused
+  uint64_t connection = arrived_on_;
+  if (!IsWholeList(m) && !AddTargetPart(peer, m, &connection)) return;  // parts missing, refused
   ++stats_.push_targets_received;
   auto it = producers_.find(m.transfer_id);
   if (it == producers_.end()) {
     // Target first, prefill request later: keep it until the request arrives (bounded by the
     // lease).
     const std::string tid = m.transfer_id;
-    pending_targets_[tid] = PendingTarget{peer, std::move(m), clock_.Now() + config_.lease};
+    PendingTarget& t = pending_targets_[tid];
+    t = PendingTarget{peer, std::move(m), clock_.Now() + config_.lease};
+    t.connection = connection;
     return;
   }
-  AttachTarget(it->second, peer, m);
+  AttachTarget(it->second, peer, m, connection);
 }
 
-bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m) {
+bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m, uint64_t* connection) {
   const std::string& tid = m.transfer_id;
   auto refuse = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing a push target part of {} from '{}': {}", tid, peer, why);
@@ -268,10 +283,13 @@ bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m) {
   if (it == pending_targets_.end()) {
     PendingTarget t{peer, m, clock_.Now() + config_.lease, BlockListAssembly(m.num_blocks)};
     t.msg.block_ids.clear();
+    t.connection = *connection;
     it = pending_targets_.emplace(tid, std::move(t)).first;
   }
   PendingTarget& t = it->second;
   if (!t.partial()) return refuse("a target for this transfer was already received");
+  // Parts over different connections: no connection of ours vouches for the whole target.
+  if (t.connection != *connection) t.connection = kMixedConnections;
   if (t.peer != peer) return refuse("the first part of this target came from '" + t.peer + "'");
   if (m.num_prompt_tokens != t.msg.num_prompt_tokens || m.prompt_hash != t.msg.prompt_hash ||
       m.first_block != t.msg.first_block || m.num_blocks != t.msg.num_blocks) {
@@ -285,11 +303,13 @@ bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m) {
   if (!t.parts.complete()) return false;
   m.block_ids = t.parts.Take();
   m.part_offset = 0;
+  *connection = t.connection;
   pending_targets_.erase(it);
   return true;
 }
 
-void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage& m) {
+void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage& m,
+                                uint64_t connection) {
   auto fail = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", p.tid, peer, why);
     SendFailure(peer, p.tid, StatusCode::kInvalidArgument, why);
@@ -320,6 +340,7 @@ void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage&
   }
   if (HasDuplicateBlocks(m.block_ids)) return fail("the target names a decode block twice");
   p.peer = peer;
+  p.target_connection = connection;
   p.first_block = m.first_block;
   p.dst = std::move(m.block_ids);
   Mark(p.timeline, HandoffPhase::kTargetAttached);

@@ -132,6 +132,15 @@ std::optional<PeerView> TransferCore::WriteTarget(Producer& p, int32_t upto) {
     DropProducer(p, PeerGone("decode instance '" + p.peer + "' is no longer known"), false);
     return std::nullopt;
   }
+  if (ps->connection != p.target_connection) {
+    // D dropped (fenced) the connection its target came over and connected again: it may have
+    // reused those blocks since. Never WRITE a target over another connection than its own.
+    DropProducer(p,
+                 PeerGone("the connection to decode instance '" + p.peer +
+                          "' changed since its target arrived (it reconnected)"),
+                 true);
+    return std::nullopt;
+  }
   return ps;
 }
 

@@ -150,6 +150,17 @@ const ConnectorScalar kConnectorTailScalars[] = {
      [](const connector::ConnectorStats& c) {
        return static_cast<double>(c.quarantines_released);
      }},
+    {{"kvpush_kv_transfer_peers_fenced_total", "counter",
+      "Connections to a prefill instance fenced because it left a quarantined transfer "
+      "unanswered for broken_peer_ms while alive."},
+     [](const connector::ConnectorStats& c) { return static_cast<double>(c.peers_fenced); }},
+    {{"kvpush_kv_transfer_status_queries_total", "counter",
+      "Liveness queries (POST /kv/transfer_status) sent to a prefill instance about quarantined "
+      "transfers."},
+     [](const connector::ConnectorStats& c) { return static_cast<double>(c.status_queries); }},
+    {{"kvpush_kv_transfer_status_settled_total", "counter",
+      "Quarantines ended by a prefill instance's \"settled\" answer to a liveness query."},
+     [](const connector::ConnectorStats& c) { return static_cast<double>(c.status_settled); }},
     {{"kvpush_kv_transfer_consumers_quarantined", "gauge",
       "Decode-side transfers whose blocks are quarantined now."},
      [](const connector::ConnectorStats& c) {
@@ -319,6 +330,22 @@ void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
     nlohmann::json body = {{"object", "list"},
                            {"data", endpoints.connector->timelines().Recent(*limit)}};
     res.set_content(body.dump(), "application/json");
+  });
+  // A decode instance asks about its quarantined push transfers (docs/pd_protocol.md §2b).
+  s.Post("/kv/transfer_status", [endpoints](const http::Request& req, http::Response& res) {
+    if (endpoints.connector == nullptr) return http::ReplyError(res, NotPdInstance());
+    auto r =
+        endpoints.connector->HandleTransferStatus(nlohmann::json::parse(req.body, nullptr, false));
+    if (!r.ok()) {
+      const StatusCode c = r.status().code();
+      const int code = c == StatusCode::kInvalidArgument      ? 400
+                       : c == StatusCode::kFailedPrecondition ? 409
+                                                              : 503;
+      return http::ReplyError(
+          res, http::ApiError{code, r.status().message(),
+                              code == 503 ? "server_error" : "invalid_request_error"});
+    }
+    res.set_content(r->dump(), "application/json");
   });
   // The router saw the other leg of a transfer fail: end this instance's part of it now.
   s.Post("/kv/abort", [endpoints](const http::Request& req, http::Response& res) {

@@ -183,16 +183,23 @@ void Agent::FailPeerTransfersLocked(const std::string& peer, const Status& why) 
   for (uint64_t token : aborted) backend_->Abort(token);
 }
 
-void Agent::DropPeerLocked(const std::string& name, Peer& peer, const Status& why) {
+void Agent::DropPeerLocked(const std::string& name, Peer& peer, const Status& why, Drop how) {
   FailPeerTransfersLocked(name, why);
+  const uint64_t connection = peer.alive ? peer.generation : 0;
   peer.alive = false;
   peer.failure = why;
+  peer.dropped_here = how != Drop::kEvidence;
   peer.generation = next_peer_generation_++;
   if (peer.backend) {
     std::vector<std::shared_ptr<BackendRemoteRegion>> rr;
     for (auto& [idx, r] : peer.regions) rr.push_back(std::move(r.backend));
     peer.regions.clear();
-    backend_->Disconnect(std::move(peer.backend), std::move(rr));
+    if (how == Drop::kFence) {
+      fencing_[peer.backend.get()] = {name, connection};
+      backend_->Fence(std::move(peer.backend), std::move(rr));
+    } else {
+      backend_->Disconnect(std::move(peer.backend), std::move(rr));
+    }
     peer.backend.reset();
   }
 }
@@ -252,6 +259,7 @@ Result<PeerLoadResult> Agent::LoadRemoteMetadata(std::span<const uint8_t> blob) 
   p.incarnation = md.incarnation;
   if (!same) p.generation = next_peer_generation_++;
   p.alive = true;
+  p.dropped_here = false;
   p.failure = Status::Ok();
   p.restarts = restarts;
   p.backend = std::move(bp);
@@ -265,7 +273,7 @@ Status Agent::InvalidatePeer(std::string_view peer, std::string_view reason) {
   if (it == peers_.end())
     return NotFound("InvalidatePeer: unknown peer '" + std::string(peer) + "'");
   DropPeerLocked(it->first, it->second,
-                 PeerGone("peer '" + std::string(peer) + "': " + std::string(reason)));
+                 PeerGone("peer '" + std::string(peer) + "': " + std::string(reason)), Drop::kHere);
   return Status::Ok();
 }
 
@@ -274,7 +282,50 @@ Result<PeerInfo> Agent::GetPeer(std::string_view peer) {
   auto it = peers_.find(peer);
   if (it == peers_.end()) return NotFound("unknown peer '" + std::string(peer) + "'");
   const Peer& p = it->second;
-  return PeerInfo{p.incarnation, p.alive, p.failure, p.restarts, p.regions.size()};
+  return PeerInfo{p.incarnation,
+                  p.alive,
+                  p.failure,
+                  p.restarts,
+                  p.regions.size(),
+                  p.alive ? p.generation : 0,
+                  !p.alive && p.dropped_here};
+}
+
+Status Agent::FencePeer(std::string_view peer, uint64_t connection, std::string_view reason) {
+  if (!backend_->caps().fences_peers) {
+    return Unimplemented("FencePeer: the " + backend_->caps().name +
+                         " backend cannot fence a peer (a WRITE it issued could still land)");
+  }
+  MutexLock lock(mu_);
+  auto it = peers_.find(peer);
+  if (it == peers_.end()) return NotFound("FencePeer: unknown peer '" + std::string(peer) + "'");
+  Peer& p = it->second;
+  if (!p.alive || p.generation != connection || !p.backend) return Status::Ok();
+  DropPeerLocked(it->first, p,
+                 PeerGone("peer '" + std::string(peer) + "' fenced: " + std::string(reason)),
+                 Drop::kFence);
+  return Status::Ok();
+}
+
+bool Agent::PeerFenced(std::string_view peer, uint64_t connection) {
+  MutexLock lock(mu_);
+  auto it = fenced_.find(peer);
+  if (it == fenced_.end()) return false;
+  return std::find(it->second.begin(), it->second.end(), connection) != it->second.end();
+}
+
+void Agent::OnPeerFenced(const BackendPeer* peer) {
+  {
+    MutexLock lock(mu_);
+    auto it = fencing_.find(peer);
+    if (it == fencing_.end()) return;
+    auto& done = fenced_[it->second.first];
+    done.push_back(it->second.second);
+    if (done.size() > kFencedKept) done.pop_front();
+    fencing_.erase(it);
+    cv_.NotifyAll();
+    if (options_.on_event) options_.on_event();
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,6 +389,7 @@ void Agent::OnMessage(std::span<const uint8_t> frame) {
     ++p.restarts;
     p.incarnation = n->peer_incarnation;
   }
+  if (it != peers_.end() && it->second.alive) n->connection = it->second.generation;
   notifications_.push_back(std::move(n).value());
   cv_.NotifyAll();
   if (options_.on_event) options_.on_event();

@@ -65,6 +65,13 @@ struct PeerInfo {
   Status failure;         ///< why it is not alive
   uint32_t restarts = 0;  ///< new incarnations seen for this name
   size_t regions = 0;
+  /// While alive: the id of the current connection to the peer (unique in this agent; a
+  /// reconnect gives a new one). 0 while not alive.
+  uint64_t connection = 0;
+  /// Not alive because this agent dropped it (InvalidatePeer, FencePeer), not because the
+  /// transport reported it failed or a new incarnation answered: no evidence that the peer's
+  /// process is gone.
+  bool dropped_here = false;
 };
 
 /// A registered region allocated through the backend.
@@ -121,6 +128,19 @@ class Agent final : private BackendSink {
   Status InvalidatePeer(std::string_view peer, std::string_view reason = "invalidated by caller");
   /// Snapshot of a peer. Errors: kNotFound.
   Result<PeerInfo> GetPeer(std::string_view peer);
+  /// Fences `peer`'s connection `connection` (PeerInfo::connection): drops the peer as
+  /// InvalidatePeer does and has the backend tear that connection down (Backend::Fence) so that
+  /// nothing the peer issued over it — a WRITE queued, in flight or posted later — can land in
+  /// this agent's memory; PeerFenced(peer, connection) turns true once the backend confirmed it.
+  /// The peer is reached again only after a new LoadRemoteMetadata (a new connection). A
+  /// connection that is no longer current (dropped or replaced already) is left as it is: it is
+  /// fenced only if FencePeer dropped it. Errors: kNotFound (unknown peer), kUnimplemented (the
+  /// backend cannot fence: backend_caps().fences_peers false; nothing is dropped).
+  Status FencePeer(std::string_view peer, uint64_t connection, std::string_view reason);
+  /// True once connection `connection` of `peer` was fenced (FencePeer) and the backend
+  /// confirmed the teardown: from then on nothing the peer issued over it can land here. The
+  /// last 64 fenced connections of each peer are remembered.
+  bool PeerFenced(std::string_view peer, uint64_t connection);
 
   // ---- Prepared descriptor lists ----
   /// Validates local descriptors (region live, length > 0, in bounds), resolves keys and coalesces
@@ -190,6 +210,7 @@ class Agent final : private BackendSink {
     uint64_t incarnation = 0;
     uint64_t generation = 0;  // bumps on every (re)connect and on invalidation
     bool alive = true;
+    bool dropped_here = false;  // dropped by InvalidatePeer / FencePeer (PeerInfo::dropped_here)
     Status failure;
     uint32_t restarts = 0;
     TimePoint last_progress{};  // last successful completion of a post to this peer
@@ -242,6 +263,7 @@ class Agent final : private BackendSink {
   void OnPostDone(uint64_t token, Status status) override;
   void OnMessage(std::span<const uint8_t> frame) override;
   void OnPeerError(const BackendPeer* peer, Status status) override;
+  void OnPeerFenced(const BackendPeer* peer) override EXCLUDES(mu_);
   /// Target side of an eager WRITE: checks the sender and every range, copies the data, queues
   /// the notification, then acknowledges (agent_eager.cc).
   void OnEagerWrite(std::span<const uint8_t> frame) EXCLUDES(mu_);
@@ -283,7 +305,11 @@ class Agent final : private BackendSink {
 
   // All *Locked helpers require mu_.
   void FailPeerTransfersLocked(const std::string& peer, const Status& why) REQUIRES(mu_);
-  void DropPeerLocked(const std::string& name, Peer& peer, const Status& why) REQUIRES(mu_);
+  /// How a peer is dropped: on evidence that it failed or restarted, on this agent's own
+  /// decision (InvalidatePeer), or fenced (FencePeer: Backend::Fence, recorded in fencing_).
+  enum class Drop : uint8_t { kEvidence, kHere, kFence };
+  void DropPeerLocked(const std::string& name, Peer& peer, const Status& why,
+                      Drop how = Drop::kEvidence) REQUIRES(mu_);
   void FinishLocked(Transfer& t, Status status) REQUIRES(mu_);
   /// The backend is done with t's post (or never took it): settled, and finished with `status`
   /// unless the agent ended it early (then its first status stays and waiters are woken).
@@ -310,6 +336,12 @@ class Agent final : private BackendSink {
   SlotTable<Transfer> transfers_ GUARDED_BY(mu_);
   std::map<std::string, Peer, std::less<>> peers_ GUARDED_BY(mu_);
   std::map<std::string, std::set<uint64_t>, std::less<>> retired_incarnations_ GUARDED_BY(mu_);
+  /// Connections being fenced: the backend peer -> (peer name, connection id), until the
+  /// backend's OnPeerFenced.
+  std::map<const BackendPeer*, std::pair<std::string, uint64_t>> fencing_ GUARDED_BY(mu_);
+  /// Fenced connections the backend confirmed, per peer name (the last kFencedKept).
+  std::map<std::string, std::deque<uint64_t>, std::less<>> fenced_ GUARDED_BY(mu_);
+  static constexpr size_t kFencedKept = 64;
   std::deque<Notification> notifications_ GUARDED_BY(mu_);
   uint64_t next_peer_generation_ GUARDED_BY(mu_) = 1;
   uint32_t post_seq_ GUARDED_BY(mu_) = 0;  // tokens carry a fresh sequence number per post

@@ -106,7 +106,8 @@ void Agent::OnEagerWrite(std::span<const uint8_t> frame) {
       if (!w->notification.empty()) {
         notifications_.push_back(
             Notification{w->sender, w->sender_incarnation,
-                         std::vector<uint8_t>(w->notification.begin(), w->notification.end())});
+                         std::vector<uint8_t>(w->notification.begin(), w->notification.end()),
+                         pit->second.generation});
         cv_.NotifyAll();
         if (options_.on_event) options_.on_event();
       }

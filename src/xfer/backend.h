@@ -53,6 +53,11 @@ struct BackendCaps {
   /// message's worth of latency (shm mappings, loopback). A backend that sets it carries frames of
   /// up to max_message_bytes, which must leave room for the frame's header.
   uint64_t eager_write_max_bytes = 0;
+  /// Fence() tears a peer's connection down so that nothing the peer issued over it can be
+  /// applied to this process's memory once OnPeerFenced reports it (docs/xfer.md, *Fencing a
+  /// peer*). False: Fence is a plain Disconnect and is never reported (the peer maps this
+  /// process's memory itself, or its transport would take its writes over a new connection).
+  bool fences_peers = false;
 };
 
 /// Backend-private data of a registered local region (e.g. a ucp_mem_h and its packed rkey).
@@ -134,6 +139,11 @@ class BackendSink {
   virtual void OnMessage(std::span<const uint8_t> frame) = 0;
   /// The backend detected that a connected peer failed (connection reset, endpoint timeout).
   virtual void OnPeerError(const BackendPeer* peer, Status status) = 0;
+  /// The connection `peer` that Backend::Fence was asked to end is torn down: no operation the
+  /// peer issued over it (queued, in flight or posted later) can be applied to this process's
+  /// memory any more. Called once per Fence of a backend with BackendCaps::fences_peers, from a
+  /// backend thread; `peer` is only an identity here (never dereferenced). Default: ignored.
+  virtual void OnPeerFenced(const BackendPeer* peer) { (void)peer; }
 };
 
 /// Counters of a backend's issue path (for benchmarks). Zero where a backend does not count.
@@ -181,6 +191,15 @@ class Backend {
   /// its remote regions become unusable. The shared_ptrs may be released by the caller afterwards.
   virtual void Disconnect(std::shared_ptr<BackendPeer> peer,
                           std::vector<std::shared_ptr<BackendRemoteRegion>> regions) = 0;
+  /// Disconnect, and more where caps().fences_peers: the connection is torn down so that no
+  /// operation the peer issued over it — queued, in flight or posted later — can be applied to
+  /// this process's memory, and BackendSink::OnPeerFenced(peer) follows once that holds (never
+  /// synchronously). The peer can reach this process again only over a new connection, which
+  /// only a new Connect from its side makes. Default (no fencing): Disconnect.
+  virtual void Fence(std::shared_ptr<BackendPeer> peer,
+                     std::vector<std::shared_ptr<BackendRemoteRegion>> regions) {
+    Disconnect(std::move(peer), std::move(regions));
+  }
 
   /// Starts a post. Returns an error (and reports nothing later) if it cannot be started; otherwise
   /// OnPostDone(token, ...) follows exactly once.

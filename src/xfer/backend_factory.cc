@@ -7,9 +7,10 @@
 namespace kvpush::xfer {
 namespace {
 
-std::optional<FaultPlan>& ProcessFaultPlan() {
-  static std::optional<FaultPlan> plan;
-  return plan;
+/// The process's fault controls (SetProcessFaultPlan); null: no fault injection.
+std::shared_ptr<FaultControls>& ProcessControls() {
+  static std::shared_ptr<FaultControls> controls;
+  return controls;
 }
 
 Result<std::unique_ptr<Backend>> MakePlainBackend(const std::string& spec) {
@@ -31,15 +32,22 @@ Result<std::unique_ptr<Backend>> MakePlainBackend(const std::string& spec) {
 }  // namespace
 
 void SetProcessFaultPlan(std::optional<FaultPlan> plan) {
-  ProcessFaultPlan() = std::move(plan);
+  if (!plan) {
+    ProcessControls().reset();
+    return;
+  }
+  ProcessControls() = std::make_shared<FaultControls>();
+  ProcessControls()->Set(*plan);
+}
+
+FaultControls* ProcessFaultControls() {
+  return ProcessControls().get();
 }
 
 Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec) {
   KVP_ASSIGN_OR_RETURN(auto backend, MakePlainBackend(spec));
-  if (!ProcessFaultPlan()) return backend;
-  auto controls = std::make_shared<FaultControls>();
-  controls->Set(*ProcessFaultPlan());
-  return MakeFaultBackend(std::move(backend), std::move(controls));
+  if (!ProcessControls()) return backend;
+  return MakeFaultBackend(std::move(backend), ProcessControls());
 }
 
 std::vector<std::string> MultiProcessBackendSpecs() {

@@ -25,6 +25,11 @@ Result<std::unique_ptr<Backend>> MakeBackend(const std::string& spec);
 /// against concurrent MakeBackend calls.
 void SetProcessFaultPlan(std::optional<FaultPlan> plan);
 
+/// The fault controls that every backend MakeBackend wraps shares (made by SetProcessFaultPlan;
+/// null without a plan). Lives until the next SetProcessFaultPlan: `kvpush serve` toggles
+/// FaultControls::SetBroken on it from its SIGUSR1/SIGUSR2 handlers.
+FaultControls* ProcessFaultControls();
+
 /// The specs that MakeBackend understands and that work across processes on one host.
 std::vector<std::string> MultiProcessBackendSpecs();
 

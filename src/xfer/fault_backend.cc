@@ -60,9 +60,19 @@ class FaultBackend final : public Backend, private BackendSink {
                   std::vector<std::shared_ptr<BackendRemoteRegion>> r) override {
     inner_->Disconnect(std::move(p), std::move(r));
   }
+  void Fence(std::shared_ptr<BackendPeer> p,
+             std::vector<std::shared_ptr<BackendRemoteRegion>> r) override {
+    inner_->Fence(std::move(p), std::move(r));
+  }
 
   Status Post(PostRequest req) override {
     FaultPlan plan = controls_->Get();
+    if (controls_->broken()) {
+      if (plan.log_injections) {
+        std::fputs("kvpush xfer fault: injected broken post failure\n", stderr);
+      }
+      return Unavailable("injected post failure (broken)");
+    }
     std::lock_guard lock(mu_);
     if (Chance(plan.post_failure_rate)) {
       if (plan.log_injections) std::fputs("kvpush xfer fault: injected post failure\n", stderr);
@@ -116,6 +126,7 @@ class FaultBackend final : public Backend, private BackendSink {
   void OnPeerError(const BackendPeer* peer, Status status) override {
     sink_->OnPeerError(peer, std::move(status));
   }
+  void OnPeerFenced(const BackendPeer* peer) override { sink_->OnPeerFenced(peer); }
 
   bool Chance(double p) { return p > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   std::chrono::microseconds Uniform(std::chrono::microseconds max) {

@@ -6,6 +6,7 @@
 // Thread-safety: as Backend; FaultControls is thread-safe.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -50,10 +51,19 @@ class FaultControls {
     std::lock_guard lock(mu_);
     return plan_;
   }
+  /// A broken but alive peer: while set, every post fails with kUnavailable("injected post
+  /// failure (broken)") — one line "kvpush xfer fault: injected broken post failure" on stderr
+  /// each when the plan logs injections — whatever the plan's rates; completions, messages
+  /// received and the connection are untouched. Lock-free (async-signal-safe: `kvpush serve
+  /// --xfer-fault-plan` sets it from SIGUSR1 and clears it from SIGUSR2).
+  void SetBroken(bool broken) { broken_.store(broken, std::memory_order_relaxed); }
+  bool broken() const { return broken_.load(std::memory_order_relaxed); }
 
  private:
   std::mutex mu_;
   FaultPlan plan_;
+  std::atomic<bool> broken_{false};
+  static_assert(std::atomic<bool>::is_always_lock_free);
 };
 
 /// Wraps `inner`. caps() are the inner backend's (including its name, so that metadata still

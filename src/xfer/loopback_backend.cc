@@ -21,6 +21,9 @@ struct Endpoint {
   bool alive = true;
   BackendSink* sink = nullptr;
   std::unordered_map<uint32_t, std::pair<uint8_t*, uint64_t>> regions;  // key -> (base, length)
+  // Fences: initiator endpoint id -> how many times this endpoint fenced it. A connection made
+  // (Connect) before the last fence of its initiator lands nothing here any more.
+  std::unordered_map<uint64_t, uint64_t> fences;
 };
 
 std::mutex g_registry_mu;
@@ -34,6 +37,7 @@ struct LoopRegion : BackendRegion {
 struct LoopPeer : BackendPeer {
   std::weak_ptr<Endpoint> target;
   uint64_t id = 0;
+  uint64_t fence_epoch = 0;  // the target's fence count of this initiator at Connect
 };
 struct LoopRemoteRegion : BackendRemoteRegion {
   uint32_t key = 0;
@@ -47,6 +51,7 @@ class LoopbackBackend final : public Backend {
     caps_.addressing = AddressMode::kOffset;
     caps_.key_kind = KeyKind::kProviderIssued;
     caps_.max_message_bytes = 64 * 1024;
+    caps_.fences_peers = true;  // every copy into an endpoint checks its fences (Execute)
     std::lock_guard lock(g_registry_mu);
     id_ = g_next_endpoint++;
     g_registry[id_] = self_;
@@ -127,6 +132,11 @@ class LoopbackBackend final : public Backend {
     auto p = std::make_shared<LoopPeer>();
     p->target = it->second;
     p->id = id;
+    if (auto target = it->second.lock()) {
+      std::shared_lock tl(target->mu);
+      auto f = target->fences.find(id_);
+      p->fence_epoch = f == target->fences.end() ? 0 : f->second;
+    }
     return std::shared_ptr<BackendPeer>(std::move(p));
   }
   Result<std::shared_ptr<BackendRemoteRegion>> ImportRegion(BackendPeer*,
@@ -139,6 +149,19 @@ class LoopbackBackend final : public Backend {
   }
   void Disconnect(std::shared_ptr<BackendPeer>,
                   std::vector<std::shared_ptr<BackendRemoteRegion>>) override {}
+  // The initiator's copies into this endpoint hold its lock shared for a whole post (Execute):
+  // once the worker bumped the fence count under the exclusive lock, none of the initiator's
+  // connections made before can copy anything here; then it reports the fence. Not here: the
+  // caller (the Agent) holds its lock, which a copy delivering a notification needs.
+  void Fence(std::shared_ptr<BackendPeer> peer,
+             std::vector<std::shared_ptr<BackendRemoteRegion>>) override {
+    if (peer == nullptr) return;
+    {
+      std::lock_guard lock(mu_);
+      fenced_.push_back(std::move(peer));
+    }
+    cv_.notify_one();
+  }
 
   Status Post(PostRequest request) override {
     if (request.peer == nullptr) return InvalidArgument("loopback: post without peer");
@@ -155,7 +178,19 @@ class LoopbackBackend final : public Backend {
   void WorkerLoop() {
     std::unique_lock lock(mu_);
     while (true) {
-      cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      cv_.wait(lock, [&] { return stopping_ || !queue_.empty() || !fenced_.empty(); });
+      if (!fenced_.empty()) {
+        std::shared_ptr<BackendPeer> peer = std::move(fenced_.front());
+        fenced_.pop_front();
+        lock.unlock();
+        {
+          std::unique_lock fence(self_->mu);  // waits for the copies into this endpoint
+          ++self_->fences[static_cast<LoopPeer*>(peer.get())->id];
+        }
+        sink_->OnPeerFenced(peer.get());
+        lock.lock();
+        continue;
+      }
       if (queue_.empty()) return;  // stopping and drained
       PostRequest req = std::move(queue_.front());
       queue_.pop_front();
@@ -173,6 +208,9 @@ class LoopbackBackend final : public Backend {
     std::shared_lock lock(target->mu);
     if (!target->alive)
       return PeerGone("loopback: endpoint " + std::to_string(peer->id) + " is gone");
+    if (auto f = target->fences.find(id_);
+        f != target->fences.end() && f->second != peer->fence_epoch)
+      return PeerGone("loopback: endpoint " + std::to_string(peer->id) + " fenced this connection");
     uint32_t key = UINT32_MAX;
     std::pair<uint8_t*, uint64_t> region{nullptr, 0};
     for (const XferOp& op : req.batch->ops) {
@@ -209,6 +247,7 @@ class LoopbackBackend final : public Backend {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<PostRequest> queue_;
+  std::deque<std::shared_ptr<BackendPeer>> fenced_;  // fences to report (OnPeerFenced)
   bool stopping_ = false;
   std::thread worker_;
 };

@@ -78,6 +78,9 @@ struct Notification {
   std::string peer;
   uint64_t peer_incarnation = 0;
   std::vector<uint8_t> payload;
+  /// This agent's connection to the sender (PeerInfo::connection) when it arrived; 0 when none
+  /// was alive. A message that arrived before a reconnect carries the old one.
+  uint64_t connection = 0;
 };
 
 /// Agent configuration. Plain value; validated by Agent::Create.

@@ -12,6 +12,8 @@ concurrency C while a fault driver, at random:
   * cuts the link of one instance (veth down/up; the instances run in network namespaces; needs
     root and `ip`, skipped with a message otherwise),
   * leaves pull leases to expire (P legs sent straight to P, never followed by a D leg),
+  * makes a P a broken but alive peer for a while (SIGUSR1 ... SIGUSR2: every transfer post of
+    it fails, its HTTP and /health stay fine; issue 26),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -23,7 +25,9 @@ Checked at the end (exit status 1 otherwise):
     leases expire (kvpush_kv_blocks_used == 0, free + cached == total, nothing waiting for KV, no
     transfer in flight), and a final request of each mode returns the colocated tokens;
   * no process died except the ones killed on purpose (exit statuses; no sanitizer report, abort
-    or `terminate called` in any log).
+    or `terminate called` in any log);
+  * every quarantine a D logged ended, within QUARANTINE_LIMIT_S of its start (the longest
+    fault that can keep a P from answering, plus broken_peer_ms and a margin).
 Counts of every fault injected and every outcome are printed.
 
 Deterministic from --seed (printed; a random one when not given): the request plan (prompt,
@@ -58,6 +62,11 @@ WATCHDOG_MS = 1000
 LEASE_MS = 3000
 CANCEL_ACK_MS = 500
 STALL_MS = 1000
+BROKEN_PEER_MS = 2000
+# A quarantine ends once its P answers (CANCEL_ACK, or "settled" to the liveness query over HTTP,
+# asked every <= BROKEN_PEER_MS / 2) or is known dead. The longest a live P cannot answer here is
+# a SIGSTOP (watchdog + 2 s) or a link cut (3 s); D stopped meanwhile delays it as much again.
+QUARANTINE_LIMIT_S = 3.0 + 3.0 + BROKEN_PEER_MS / 1000.0 + 2.0
 
 
 # ----------------------------------------------------------------------------------------------
@@ -94,7 +103,7 @@ class Chaos:
         # also fall between the parts of one list.
         x = {"backend": "ucx:tcp", "lease_ms": LEASE_MS, "watchdog_ms": WATCHDOG_MS,
              "cancel_ack_ms": CANCEL_ACK_MS, "stall_ms": STALL_MS, "failure_policy": policy,
-             "block_list_part_bytes": 16}
+             "block_list_part_bytes": 16, "broken_peer_ms": BROKEN_PEER_MS}
         return json.dumps({"kv_connector_extra_config": x})
 
     def fault_plan(self, salt):
@@ -364,6 +373,16 @@ class Chaos:
                 n = self.frng.randrange(2, 8)
                 log("fault: %d pull P legs to %s left to expire" % (n, p.name))
                 self.orphan_pull_legs(p, n)
+            elif kind == "broken_P":
+                if not self.fault_flag:
+                    continue
+                inst = self.frng.choice(self.P)
+                hold = self.frng.uniform(1.0, 5.0)
+                self.count(self.faults, "broken but alive: every transfer post fails (P)")
+                log("fault: %s broken (every post fails) for %.1f s" % (inst.name, hold))
+                inst.proc.send_signal(signal.SIGUSR1)
+                time.sleep(hold)
+                inst.proc.send_signal(signal.SIGUSR2)
             elif kind == "link_cut":
                 i = self.frng.randrange(len(self.pd))
                 down = self.frng.uniform(0.5, 3.0)
@@ -462,11 +481,31 @@ class Chaos:
                         self.violation("%s incarnation %d: log contains '%s' (%s)" % (
                             inst.name, n, pat, inc["log"]))
                         break
-                for what in ("injected post failure", "injected completion failure"):
+                for what in ("injected post failure", "injected completion failure",
+                             "injected broken post failure"):
                     c = text.count("kvpush xfer fault: " + what)
                     if c:
                         self.count(self.faults, "transfer fault: %s (%s)" % (what, inst.name[0]))
                         self.faults["transfer fault: %s (%s)" % (what, inst.name[0])] += c - 1
+
+    def check_quarantines(self):
+        """Every quarantine a D logged ended within QUARANTINE_LIMIT_S, unless its D incarnation
+        was killed first (its log just stops)."""
+        longest, n = 0.0, 0
+        for inst in self.D:
+            for k, inc in enumerate(inst.incarnations):
+                ended, open_ = H.quarantines(inc["log"])
+                for tid, took in ended.items():
+                    n += 1
+                    longest = max(longest, took)
+                    if took > QUARANTINE_LIMIT_S:
+                        self.violation("%s incarnation %d: quarantine of %s lasted %.1f s (limit "
+                                       "%.1f s)" % (inst.name, k, tid, took, QUARANTINE_LIMIT_S))
+                if open_ and not inc["killed"]:
+                    self.violation("%s incarnation %d: %d quarantine(s) never ended: %s" % (
+                        inst.name, k, len(open_), ", ".join(open_[:5])))
+        log("quarantines: %d ended, the longest %.1f s (limit %.1f s)" % (n, longest,
+                                                                          QUARANTINE_LIMIT_S))
 
     def report(self):
         def table(title, d):
@@ -489,7 +528,9 @@ class Chaos:
                      "kvpush_kv_transfer_pins_refused_total",
                      "kvpush_kv_transfer_aborted_total", "kvpush_kv_transfer_bad_messages_total",
                      "kvpush_kv_transfer_quarantines_total",
-                     "kvpush_kv_transfer_quarantines_released_total"]:
+                     "kvpush_kv_transfer_quarantines_released_total",
+                     "kvpush_kv_transfer_status_queries_total",
+                     "kvpush_kv_transfer_status_settled_total"]:
             sums[name] = int(sum(i.counter_total(name) for i in self.pd))
         rm = self.router_metrics or {}
         for name in ["kvpush_router_leg_failures_total", "kvpush_router_legs_cut_total",
@@ -517,6 +558,7 @@ class Chaos:
             self.final_requests()
             self.router_metrics = self.router.metrics()
             self.stop_all_and_check_exits()
+            self.check_quarantines()
         finally:
             for inst in self.instances:
                 for inc in inst.incarnations:
@@ -558,7 +600,8 @@ def main():
     ap.add_argument("--min-traffic-s", type=float, default=150)
     ap.add_argument("--max-traffic-s", type=int, default=270)
     ap.add_argument("--settle-s", type=float, default=10.0)
-    ap.add_argument("--faults", default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut",
+    ap.add_argument("--faults",
+                    default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P",
                     help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")

@@ -9,7 +9,9 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/clock.h"
@@ -34,6 +36,8 @@ class FakePeers final : public PeerDirectory {
   std::map<std::string, PeerView> peers;
   std::map<std::string, std::string> endpoints;  ///< "host:port" -> engine id
   std::map<std::string, std::string> failures;   ///< engine id -> why it is dead
+  /// (engine id, connection) pairs whose fence the "transport" confirmed.
+  std::set<std::pair<std::string, uint64_t>> fenced;
 
   std::optional<PeerView> Find(const std::string& id) const override {
     auto it = peers.find(id);
@@ -50,18 +54,34 @@ class FakePeers final : public PeerDirectory {
     if (peers.count(id) == 0) return "unknown peer";
     return std::nullopt;
   }
+  bool Fenced(const std::string& id, uint64_t connection) const override {
+    return fenced.count({id, connection}) != 0;
+  }
 };
 
 /// One recorded action.
 struct Action {
-  enum Kind { kPost, kSend, kCancel, kRelease, kFinishLoad, kAbort, kHandRead, kInvalidate } kind;
-  TransferToken token = 0;
+  enum Kind {
+    kPost,
+    kSend,
+    kCancel,
+    kRelease,
+    kFinishLoad,
+    kAbort,
+    kHandRead,
+    kFence,
+    kQuery
+  } kind;
+  TransferToken token = 0;  ///< kFence: the connection fenced
   TransferOrder order;
   std::string peer;
   PdMessage msg;
   int64_t seq_id = 0;
   KvLoadResult load;
   PendingRead read;
+  TransferStatusQuery query;  ///< kQuery (peer, host:port in `host` / `port`)
+  std::string host;
+  int port = 0;
 };
 
 class RecordingActions final : public CoreActions {
@@ -69,6 +89,7 @@ class RecordingActions final : public CoreActions {
   std::vector<Action> log;
   Status post_error;  ///< not ok: PostTransfer fails with it
   Status send_error;  ///< not ok: SendMessage fails with it
+  Status fence_error;  ///< not ok: FencePeer fails with it (after recording the request)
   TransferToken next_token = 100;
 
   Result<TransferToken> PostTransfer(const TransferOrder& order) override {
@@ -120,10 +141,21 @@ class RecordingActions final : public CoreActions {
     a.read = std::move(read);
     log.push_back(a);
   }
-  void InvalidatePeer(const std::string& peer, const std::string& why) override {
-    Action a{Action::kInvalidate};
+  Status FencePeer(const std::string& peer, uint64_t connection, const std::string& why) override {
+    Action a{Action::kFence};
     a.peer = peer;
+    a.token = connection;
     a.msg.message = why;
+    log.push_back(a);
+    return fence_error;
+  }
+  void QueryTransferStatus(const std::string& peer, const std::string& host, int port,
+                           TransferStatusQuery query) override {
+    Action a{Action::kQuery};
+    a.peer = peer;
+    a.host = host;
+    a.port = port;
+    a.query = std::move(query);
     log.push_back(a);
   }
 
@@ -250,12 +282,14 @@ class CoreTest : public ::testing::Test {
   }
   /// Encodes and hands `m` to the core. A PUSH_TARGET or PINNED without num_blocks is sent
   /// whole (num_blocks = its ids).
-  void Deliver(const std::string& peer, PdMessage m) {
+  void Deliver(const std::string& peer, PdMessage m) { DeliverOver(peer, std::move(m), 0); }
+  /// Deliver, as arrived over the transport's connection `connection` to `peer`.
+  void DeliverOver(const std::string& peer, PdMessage m, uint64_t connection) {
     const bool listed = m.tag == MsgTag::kPushTarget || m.tag == MsgTag::kPinned;
     if (listed && m.num_blocks == 0) m.num_blocks = static_cast<uint32_t>(m.block_ids.size());
     auto bytes = EncodeMessage(m);
     ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
-    core_->HandleMessage(peer, *bytes);
+    core_->HandleMessage(peer, *bytes, connection);
   }
   void Done(TransferToken t, bool ok = true) {
     xfer::TransferStatus s;
@@ -275,6 +309,10 @@ class CoreTest : public ::testing::Test {
   /// FirstTokenBinding of the requests StartProducer / StartConsumer start, and of the KV_READY
   /// and PINNED this fixture makes.
   uint64_t binding_ = 0xb1d;
+  /// P's HTTP address in the consumers StartConsumer starts (port 0: none given, no liveness
+  /// query over HTTP).
+  std::string consumer_host_;
+  int consumer_port_ = 0;
 
   // ---- consumer (D) inputs ----
   void StartConsumer(int64_t seq, const std::string& tid, pd::KvTransferParams::Mode mode,
@@ -287,6 +325,8 @@ class CoreTest : public ::testing::Test {
     ev.params.mode = mode;
     ev.params.transfer_id = tid;
     ev.params.remote_engine_id = kP;
+    ev.params.remote_host = consumer_host_;
+    ev.params.remote_port = consumer_port_;
     ev.params.pull_profile = profile;
     ev.num_prompt_tokens = n;
     ev.prompt_hash = 0x1234 + static_cast<uint64_t>(n);

@@ -262,6 +262,30 @@ TEST(KvTransferConfig, EngineIdLength) {
   Err(R"({"engine_id": ")" + std::string(201, 'e') + "\"}", {"engine_id"});
 }
 
+TEST(KvTransferConfig, BrokenPeerBound) {
+  // Default: four cancel deadlines, following cancel_ack_ms when only that is given.
+  EXPECT_EQ(KvTransferConfig{}.broken_peer, 8000ms);
+  EXPECT_EQ(Ok("{}").broken_peer, 8000ms);
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"cancel_ack_ms": 500}})").broken_peer, 2000ms);
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"cancel_ack_ms": 600000}})").broken_peer,
+            2400000ms);
+  // Given: any value in [cancel_ack_ms, 1 h].
+  const auto c = Ok(R"({"kv_connector_extra_config": {"cancel_ack_ms": 500,
+      "broken_peer_ms": 1500}})");
+  EXPECT_EQ(c.broken_peer, 1500ms);
+  EXPECT_EQ(Ok(R"({"kv_connector_extra_config": {"cancel_ack_ms": 500, "broken_peer_ms": 500}})")
+                .broken_peer,
+            500ms);
+  Err(R"({"kv_connector_extra_config": {"cancel_ack_ms": 500, "broken_peer_ms": 499}})",
+      {"broken_peer_ms (499) must be at least cancel_ack_ms (500)"});
+  Err(R"({"kv_connector_extra_config": {"broken_peer_ms": 3600001}})",
+      {"kv_connector_extra_config.broken_peer_ms", "3600001"});
+  Err(R"({"kv_connector_extra_config": {"broken_peer_ms": "8000"}})",
+      {"kv_connector_extra_config.broken_peer_ms", "integer"});
+  EXPECT_NE(c.ToString().find("broken_peer_ms=1500"), std::string::npos) << c.ToString();
+  EXPECT_NE(KvTransferConfig{}.ToString().find("broken_peer_ms=8000"), std::string::npos);
+}
+
 TEST(KvTransferConfig, ToStringMentionsEveryField) {
   auto c = Ok(R"({"kv_connector": "NixlConnector",
       "kv_connector_extra_config": {"backend": "ucx:shm", "lease_ms": 45000,

@@ -221,7 +221,7 @@ TEST_F(ConsumerTest, NoCancelAckQuarantinesTheBlocksUntilNothingCanLand) {
     Advance(milliseconds(190));
     EXPECT_TRUE(Loads().empty());
     Advance(milliseconds(20));
-    EXPECT_EQ(rec_.Count(Action::kInvalidate), 0u);
+    EXPECT_EQ(rec_.Count(Action::kFence), 0u);
     auto loads = Loads();
     ASSERT_EQ(loads.size(), 1u);
     EXPECT_EQ(loads[0].status.code(), StatusCode::kDeadlineExceeded);

@@ -361,3 +361,33 @@ def tail(path, n=25):
             return "".join(f.readlines()[-n:])
     except OSError:
         return "(no log)"
+
+
+def log_time(stamp):
+    """Seconds of a kvpush log line's "%Y-%m-%d %H:%M:%S.%e" stamp (src/common/log.cc)."""
+    day, clock = stamp.split(" ")
+    h, m, sec = clock.split(":")
+    return time.mktime(time.strptime(day, "%Y-%m-%d")) + int(h) * 3600 + int(m) * 60 + float(sec)
+
+
+_QUARANTINE_START = re.compile(r"^\[([0-9-]+ [0-9:.]+)\].*transfer ([0-9a-f]{32}): .*"
+                               r"blocks are quarantined until nothing can land")
+_QUARANTINE_END = re.compile(r"^\[([0-9-]+ [0-9:.]+)\].*transfer ([0-9a-f]{32}): quarantine of "
+                             r"\d+ blocks ends")
+
+
+def quarantines(log_path):
+    """The quarantines a decode instance's log shows (TransferCore::Quarantine's warning, then
+    CompleteConsumer's "quarantine of N blocks ends"): ({transfer id: seconds it lasted} for the
+    ended ones, [transfer ids never ended])."""
+    started, ended = {}, {}
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            m = _QUARANTINE_START.match(line)
+            if m:
+                started[m.group(2)] = log_time(m.group(1))
+                continue
+            m = _QUARANTINE_END.match(line)
+            if m and m.group(2) in started:
+                ended[m.group(2)] = log_time(m.group(1)) - started.pop(m.group(2))
+    return ended, sorted(started)

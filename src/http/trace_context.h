@@ -1,6 +1,6 @@
 // W3C Trace Context (https://www.w3.org/TR/trace-context/, §3.2 "traceparent Header"): the
 // `traceparent` header that ties a client's trace to the router's and the instances' spans.
-// Pure; fuzzed with the request parsers' inputs.
+// Pure; table-tested (tests/http/tracing_test.cc, Traceparent.*).
 #pragma once
 
 #include <array>

@@ -175,7 +175,11 @@ TEST_F(RouterTest, StreamIsRelayedChunkByChunkAsItArrives) {
   EXPECT_EQ(s.body.size() - s.body.rfind("data: [DONE]\n\n"), 14u);  // [DONE] last
   EXPECT_EQ(d_[0]->received().at(0).body["stream"], true);
   // The client-side histograms: one TTFT, a gap per later data event (D waits 100 ms before
-  // each chunk), one e2e.
+  // each chunk), one e2e. The e2e is recorded when the stream's releaser runs, which may be just
+  // after the client read [DONE]: wait for it.
+  const std::string e2e_count = "kvpush_router_e2e_request_latency_seconds_count{mode=\"push\"} 1";
+  ASSERT_TRUE(kvpush::testing::WaitUntil(
+      [&] { return Metrics().find(e2e_count) != std::string::npos; }));
   const std::string m = Metrics();
   auto value = [&](const std::string& series) {
     const size_t at = m.find(series + " ");

@@ -138,14 +138,7 @@ def run(args, logdir):
                           "%s/%s/%s" % (mode, "stream" if stream else "json",
                                         "traceparent" if traced else "no traceparent")))
     finally:
-        for inst in procs:  # SIGTERM: each process flushes its spans as it exits
-            if inst.proc.poll() is None:
-                inst.proc.terminate()
-        for inst in procs:
-            try:
-                inst.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                inst.proc.kill()
+        h.stop_all(procs)  # SIGTERM: each process flushes its spans as it exits
         time.sleep(0.5)
         recv.terminate()
         recv.wait(timeout=10)

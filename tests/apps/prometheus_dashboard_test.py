@@ -186,14 +186,7 @@ def run(args, logdir):
         if prom is not None:
             prom.terminate()
             prom.wait(timeout=30)
-        for inst in procs:
-            if inst.proc.poll() is None:
-                inst.proc.terminate()
-        for inst in procs:
-            try:
-                inst.proc.wait(timeout=40)
-            except subprocess.TimeoutExpired:
-                inst.proc.kill()
+        h.stop_all(procs)
 
 
 def main():

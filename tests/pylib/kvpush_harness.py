@@ -391,3 +391,16 @@ def quarantines(log_path):
             if m and m.group(2) in started:
                 ended[m.group(2)] = log_time(m.group(1)) - started.pop(m.group(2))
     return ended, sorted(started)
+
+
+def stop_all(instances, timeout=40):
+    """SIGTERM every Instance still running (a graceful drain), then wait; kill what outlives
+    `timeout` seconds."""
+    for inst in instances:
+        if inst.proc.poll() is None:
+            inst.proc.terminate()
+    for inst in instances:
+        try:
+            inst.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            inst.proc.kill()

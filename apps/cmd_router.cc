@@ -109,11 +109,11 @@ void RegisterRouterCommand(CLI::App& app) {
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
   cmd->add_option("--prefill", opts->router.prefill_urls,
-                  "Prefill instance URLs (http://HOST:PORT), one or more");
+                  "Prefill instance URLs (http[s]://HOST:PORT), one or more");
   cmd->add_option("--decode", opts->router.decode_urls,
-                  "Decode instance URLs (http://HOST:PORT), one or more");
+                  "Decode instance URLs (http[s]://HOST:PORT), one or more");
   cmd->add_option("--colocated", opts->router.colocated_urls,
-                  "Colocated (--role both) instance URLs (http://HOST:PORT), one or more: each "
+                  "Colocated (--role both) instance URLs (http[s]://HOST:PORT), one or more: each "
                   "request goes whole to the next healthy one (round robin); excludes "
                   "--prefill/--decode (RouterOptions::Validate: exit status 2)");
   cmd->add_option("--discovery", opts->router.discovery,
@@ -177,11 +177,14 @@ void RegisterRouterCommand(CLI::App& app) {
                   "(protobuf) to this URL, e.g. http://127.0.0.1:4318/v1/traces; the legs carry "
                   "W3C traceparent so the instances' spans join the trace");
   cmd->add_option("--ssl-certfile", opts->router.tls_cert_file,
-                  "Serve clients over HTTPS only with this PEM certificate (with --ssl-keyfile); "
-                  "the legs to the instances stay plain HTTP")
+                  "Serve clients over HTTPS only with this PEM certificate (with --ssl-keyfile)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--ssl-keyfile", opts->router.tls_key_file,
                   "The PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-ca-certs", opts->router.tls_ca_file,
+                  "The PEM CA certificates that https:// instances' certificates must chain to "
+                  "(legs, health checks, aborts; default: the system's CAs)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--instance-api-key", opts->router.instance_api_key,
                   "The Bearer token of the router's calls to the instances (their --api-key; "

@@ -206,13 +206,6 @@ int PlanServe(ServeOptions& o, ServePlan* plan) {
     std::fprintf(stderr, "kvpush serve: %s\n", tracer.status().message().c_str());
     return 2;
   }
-  if (pd && (!o.ssl_certfile.empty() || !o.ssl_keyfile.empty())) {
-    std::fprintf(stderr,
-                 "kvpush serve: --ssl-certfile/--ssl-keyfile serve a colocated instance only: the "
-                 "router's legs and the peers' handshakes to a P/D instance speak plain HTTP; "
-                 "serve TLS on the router (kvpush router --ssl-certfile ...)\n");
-    return 2;
-  }
   if (!pd && !o.kv_auth_key_file.empty()) {
     std::fprintf(stderr,
                  "kvpush serve: --kv-auth-key-file needs P/D serving (--role prefill|decode or "
@@ -248,7 +241,8 @@ int PlanServe(ServeOptions& o, ServePlan* plan) {
     std::fprintf(stderr, "kvpush serve: --port must be in [0, 65535]\n");
     return 2;
   }
-  if (Status s = ValidateServeDiscoveryFlags(o.discovery, o.host); !s.ok()) {
+  if (Status s = ValidateServeDiscoveryFlags(o.discovery, o.host, !o.ssl_certfile.empty());
+      !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.message().c_str());
     return 2;
   }
@@ -305,6 +299,8 @@ int RunServe(ServeOptions o) {
                                                                   : o.host;
     co.advertise_port = o.port;
     co.auth_key_file = o.kv_auth_key_file;
+    co.advertise_https = !o.ssl_certfile.empty();
+    co.tls_ca_file = o.ssl_ca_certs;
     co.api_key = o.api_key;
     auto c = connector::PdConnector::Create(co);
     if (!c.ok()) {
@@ -346,11 +342,12 @@ int RunServe(ServeOptions o) {
                   .value();
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
-      "role={} served_model_name={} host={} port={} chat_template={} {}",
+      "role={} served_model_name={} host={} port={} https={} ssl_ca_certs={} chat_template={} {}",
       o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
       model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
-      so.served_model_name, so.host, so.port, ChatTemplateFormatName(so.chat_template.format),
-      (*engine)->config().ToString());
+      so.served_model_name, so.host, so.port, !so.tls_cert_file.empty(),
+      o.ssl_ca_certs.empty() ? "(system)" : o.ssl_ca_certs,
+      ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
   server::HttpServer http(**engine, so);
   if (Status s = http.Start(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
@@ -363,12 +360,12 @@ int RunServe(ServeOptions o) {
   connector::HandshakeInfo compat;  // a colocated instance's compat hash: no transfer backend
   compat.model_fingerprint = model.config.fingerprint;
   compat.layout = EngineCore::LayoutFor(*resolved, model.config);
-  auto registration =
-      StartServeRegistration(o.discovery,
-                             ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
-                                           conn ? conn->compat_hash() : compat.CompatHash(),
-                                           conn ? conn->incarnation() : 0},
-                             [] { return g_stop_signals.load() == 0; });
+  auto registration = StartServeRegistration(
+      o.discovery,
+      ServeIdentity{o.role, so.served_model_name, o.host, http.port(),
+                    conn ? conn->compat_hash() : compat.CompatHash(),
+                    conn ? conn->incarnation() : 0, !so.tls_cert_file.empty()},
+      [] { return g_stop_signals.load() == 0; });
   if (!registration.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", registration.status().message().c_str());
     http.Stop();

@@ -21,8 +21,9 @@ void AddServeDiscoveryFlags(CLI::App* cmd, ServeDiscoveryFlags* f) {
                   "etcd://HOST:PORT[,HOST:PORT...]: register this instance in etcd discovery "
                   "while it is healthy (docs/deployment.md)");
   cmd->add_option("--advertise-url", f->advertise_url,
-                  "With --discovery: the http://HOST:PORT routers reach this instance at "
-                  "(default: the bound --host and port; required when binding 0.0.0.0)");
+                  "With --discovery: the http[s]://HOST:PORT routers reach this instance at "
+                  "(default: the bound --host and port, https with --ssl-certfile; required "
+                  "when binding 0.0.0.0)");
   cmd->add_option("--discovery-prefix", f->prefix, "etcd key prefix to register under")
       ->capture_default_str();
   cmd->add_option("--discovery-lease-ttl-s", f->lease_ttl_s,
@@ -31,7 +32,8 @@ void AddServeDiscoveryFlags(CLI::App* cmd, ServeDiscoveryFlags* f) {
       ->capture_default_str();
 }
 
-Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& f, const std::string& host) {
+Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& f, const std::string& host,
+                                   bool https) {
   if (f.discovery.empty()) {
     if (!f.advertise_url.empty()) return InvalidArgument("--advertise-url needs --discovery");
     return Status::Ok();
@@ -45,9 +47,15 @@ Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& f, const std::stri
     auto a = router::ParseInstanceUrl(f.advertise_url);
     if (!a.ok()) return InvalidArgument("--advertise-url: " + a.status().message());
     if (Wildcard(a->host)) return InvalidArgument("--advertise-url must name a reachable host");
+    if (a->https != https) {
+      return InvalidArgument(
+          std::string("--advertise-url ") + f.advertise_url + ": this instance " +
+          (https ? "serves HTTPS only (--ssl-certfile): give https://HOST:PORT"
+                 : "serves plain HTTP (no --ssl-certfile): give http://HOST:PORT"));
+    }
   } else if (Wildcard(host)) {
-    return InvalidArgument("--discovery with --host " + host +
-                           " needs --advertise-url http://HOST:PORT (an address routers reach)");
+    return InvalidArgument("--discovery with --host " + host + " needs --advertise-url " +
+                           (https ? "https" : "http") + "://HOST:PORT (an address routers reach)");
   }
   return Status::Ok();
 }
@@ -55,7 +63,7 @@ Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& f, const std::stri
 Result<std::unique_ptr<discovery::Registration>> StartServeRegistration(
     const ServeDiscoveryFlags& f, const ServeIdentity& id, std::function<bool()> healthy) {
   if (f.discovery.empty()) return std::unique_ptr<discovery::Registration>();
-  KVP_RETURN_IF_ERROR(ValidateServeDiscoveryFlags(f, id.host));
+  KVP_RETURN_IF_ERROR(ValidateServeDiscoveryFlags(f, id.host, id.https));
   discovery::RegistrationOptions ro;
   ro.endpoints = *discovery::ParseDiscoveryUrl(f.discovery);
   ro.prefix = f.prefix;
@@ -65,7 +73,8 @@ Result<std::unique_ptr<discovery::Registration>> StartServeRegistration(
   r.role = id.role;
   r.model = id.model;
   r.url = !f.advertise_url.empty() ? router::ParseInstanceUrl(f.advertise_url)->url
-                                   : "http://" + id.host + ":" + std::to_string(id.port);
+                                   : std::string(id.https ? "https://" : "http://") + id.host +
+                                         ":" + std::to_string(id.port);
   r.compat_hash = id.compat_hash;
   r.incarnation = id.incarnation;
   std::random_device rd;

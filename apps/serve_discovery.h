@@ -15,8 +15,9 @@ namespace kvpush::apps {
 
 /// The discovery flags of `kvpush serve`.
 struct ServeDiscoveryFlags {
-  std::string discovery;      ///< etcd://HOST:PORT[,HOST:PORT...]; "" = no registration
-  std::string advertise_url;  ///< http://HOST:PORT routers use; "" = the bound host and port
+  std::string discovery;  ///< etcd://HOST:PORT[,HOST:PORT...]; "" = no registration
+  /// http[s]://HOST:PORT routers use; "" = the bound host and port (https with TLS)
+  std::string advertise_url;
   std::string prefix = discovery::kDefaultPrefix;
   int64_t lease_ttl_s = 5;
 };
@@ -24,8 +25,11 @@ struct ServeDiscoveryFlags {
 /// Adds --discovery, --advertise-url, --discovery-prefix, --discovery-lease-ttl-s to `cmd`.
 void AddServeDiscoveryFlags(CLI::App* cmd, ServeDiscoveryFlags* flags);
 
-/// Checks the flags before the model loads. Errors: kInvalidArgument naming the flag.
-Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& flags, const std::string& host);
+/// Checks the flags before the model loads; `https`: the instance serves HTTPS only
+/// (--ssl-certfile), so an --advertise-url must be https:// (and a plain one http://).
+/// Errors: kInvalidArgument naming the flag.
+Status ValidateServeDiscoveryFlags(const ServeDiscoveryFlags& flags, const std::string& host,
+                                   bool https = false);
 
 /// What the instance publishes, known once it serves.
 struct ServeIdentity {
@@ -35,6 +39,7 @@ struct ServeIdentity {
   int port = 0;       ///< the bound port
   uint64_t compat_hash = 0;
   uint64_t incarnation = 0;  ///< 0: a random one is drawn
+  bool https = false;        ///< serves HTTPS only: the default URL is https://HOST:PORT
 };
 
 /// Creates and starts the registration (first attempt at once, on its thread), or returns null

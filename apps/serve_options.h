@@ -48,6 +48,7 @@ struct ServeOptions {
   std::string ssl_certfile;      ///< --ssl-certfile (vLLM)
   std::string ssl_keyfile;       ///< --ssl-keyfile (vLLM)
   std::string otlp_traces_endpoint;  ///< --otlp-traces-endpoint (vLLM; "" = no tracing)
+  std::string ssl_ca_certs;          ///< --ssl-ca-certs: CAs of https peers (P/D handshakes)
 };
 
 }  // namespace kvpush::apps

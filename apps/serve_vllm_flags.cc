@@ -68,14 +68,19 @@ void AddVllmServeFlags(CLI::App* cmd, ServeOptions* o) {
                   "its family is detected (chatml, qwen3, llama3, llama2, mistral); another is "
                   "refused");
   cmd->add_option("--ssl-certfile", o->ssl_certfile,
-                  "Serve HTTPS only with this PEM certificate (with --ssl-keyfile); colocated "
-                  "instances: P/D legs and handshakes speak plain HTTP, so put TLS on the router")
+                  "Serve HTTPS only with this PEM certificate (with --ssl-keyfile); a P/D "
+                  "instance's peers and the router then reach it over TLS")
       ->check(CLI::ExistingFile);
   cmd->add_option("--otlp-traces-endpoint", o->otlp_traces_endpoint,
                   "Export a span per request (engine phases and, on P/D, the handoff phases as "
                   "children; the parent from the request's W3C traceparent) over OTLP/HTTP "
                   "(protobuf) to this URL, e.g. http://127.0.0.1:4318/v1/traces");
   cmd->add_option("--ssl-keyfile", o->ssl_keyfile, "The PEM private key of --ssl-certfile")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--ssl-ca-certs", o->ssl_ca_certs,
+                  "P/D: the PEM CA certificates that https peers' certificates must chain to (a "
+                  "decode instance's handshake with an https prefill instance; default: the "
+                  "system's CAs)")
       ->check(CLI::ExistingFile);
   cmd->add_flag("--disable-log-requests{false},--enable-log-requests{true}", o->log_requests,
                 "Turn the access log (one line per request at info) off or on (default: on)");

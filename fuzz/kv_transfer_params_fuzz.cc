@@ -7,7 +7,7 @@
 //     do_remote_prefill is true, and otherwise a valid transfer id and every field equal to the
 //     value the JSON gave: integers exactly (no wrap-around of a number beyond int64), ids in
 //     [0, 2^31), port in [0, 65535], a finite first_token_logprob, transfer_mode / pull_profile
-//     as spelled;
+//     / remote_scheme as spelled;
 //   * an accepted object written back (pd::ToJson) parses back equal.
 #include <cmath>
 #include <cstddef>
@@ -67,6 +67,10 @@ void Run(const json& j) {
   if (Given(j, "remote_host")) Check(j["remote_host"] == p.remote_host);
   Check(p.remote_port >= 0 && p.remote_port <= 65535);
   if (Given(j, "remote_port")) Check(SameInteger(j["remote_port"], p.remote_port));
+  Check(p.remote_https == (Given(j, "remote_scheme") && j["remote_scheme"] == "https"));
+  if (Given(j, "remote_scheme")) {
+    Check(j["remote_scheme"] == "https" || j["remote_scheme"] == "http");
+  }
   if (Given(j, "remote_block_ids")) {
     const json& b = j["remote_block_ids"];
     Check(b.size() == p.remote_block_ids.size());

@@ -90,7 +90,7 @@ Status PdConnector::Init() {
     auth_->set_self(agent_->name());
   }
   peers_ = std::make_unique<PeerRegistry>(*agent_, SelfInfo(), cfg.watchdog, auth_.get(),
-                                          options_.api_key);
+                                          options_.api_key, options_.tls_ca_file);
   core_ = std::make_unique<TransferCore>(cfg, L, arena_, clock_, *peers_,
                                          static_cast<CoreActions&>(*this));
   core_->set_auth(auth_.get());
@@ -150,9 +150,9 @@ Result<nlohmann::json> PdConnector::HandleHandshake(const nlohmann::json& body,
 }
 
 Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port,
-                                            const std::function<bool()>& cancelled) {
-  return peers_->EnsurePeer(host, port,
-                            HandshakeFlights::Clock::now() + options_.config.watchdog, cancelled);
+                                            const std::function<bool()>& cancelled, bool https) {
+  return peers_->EnsurePeer(host, port, HandshakeFlights::Clock::now() + options_.config.watchdog,
+                            cancelled, https);
 }
 
 Status PdConnector::ValidateRequest(const pd::KvTransferParams& p,

@@ -61,6 +61,12 @@ struct ConnectorOptions {
   std::string role_name = "both";            ///< "prefill", "decode", "both"
   std::string advertise_host = "127.0.0.1";  ///< how peers reach this instance's HTTP port
   int advertise_port = 0;                    ///< may be set later (set_advertised_port)
+  /// This instance serves HTTPS only (`serve --ssl-certfile`): its pull answers tell D so
+  /// (`"remote_scheme": "https"`).
+  bool advertise_https = false;
+  /// `serve --ssl-ca-certs`: the PEM CA certificates an https peer's certificate must chain to
+  /// when this instance handshakes with it ("" = the system's store).
+  std::string tls_ca_file;
   /// `serve --kv-auth-key-file`: when set, peers are authenticated with the shared key it holds
   /// (peer_auth.h); empty: no authentication.
   std::string auth_key_file;
@@ -110,11 +116,12 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   /// host:port share one handshake (2 s to connect + clamp(watchdog_ms, 1 s, 10 s) to answer);
   /// each waits for it until watchdog_ms from now at most, or until `cancelled` (may be empty)
   /// turns true; while a failed endpoint is probed again in the background, its failure is
-  /// answered at once (PeerRegistry, HandshakeFlights).
-  /// Errors: kUnavailable (unreachable, HTTP error), kFailedPrecondition (incompatible),
-  /// kDeadlineExceeded, kAborted.
+  /// answered at once (PeerRegistry, HandshakeFlights). `https`: the peer serves HTTPS (the
+  /// leg's `remote_scheme`); the handshake goes over TLS, verified against tls_ca_file.
+  /// Errors: kUnavailable (unreachable, HTTP error, TLS refused), kFailedPrecondition
+  /// (incompatible), kDeadlineExceeded, kAborted.
   Result<std::string> EnsurePeer(const std::string& host, int port,
-                                 const std::function<bool()>& cancelled = {});
+                                 const std::function<bool()>& cancelled = {}, bool https = false);
 
   /// Checks a request's P/D params against this instance's role and, for a pull consumer,
   /// against the prompt (token count, prompt hash, block count). Thread-safe.

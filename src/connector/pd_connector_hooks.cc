@@ -233,6 +233,7 @@ pd::PullAnswer PdConnector::PullAnswerFor(const Sequence& seq,
   p.remote_engine_id = agent_->name();
   p.remote_host = options_.advertise_host;
   p.remote_port = advertise_port_.load();
+  p.remote_https = options_.advertise_https;
   p.remote_block_ids.assign(blocks.begin(), blocks.end());
   p.num_prompt_tokens = seq.num_prompt_tokens;
   p.prompt_hash = PromptHashOf(seq);

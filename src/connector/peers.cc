@@ -22,12 +22,13 @@ std::vector<xfer::Desc> ArenaChunkDescs(const KvLayout& L, xfer::RegionId region
 }
 
 PeerRegistry::PeerRegistry(xfer::Agent& agent, HandshakeInfo self,
-                           std::chrono::milliseconds watchdog, PeerAuth* auth,
-                           std::string api_key)
+                           std::chrono::milliseconds watchdog, PeerAuth* auth, std::string api_key,
+                           std::string tls_ca_file)
     : agent_(agent),
       self_(std::move(self)),
       watchdog_(watchdog),
       api_key_(std::move(api_key)),
+      tls_ca_file_(std::move(tls_ca_file)),
       auth_(auth),
       flights_([this](const std::string& key) { return Handshake(key); }) {}
 
@@ -113,35 +114,59 @@ std::string PeerRegistry::AliveEndpoint(const std::string& key) const {
 
 Result<std::string> PeerRegistry::EnsurePeer(const std::string& host, int port,
                                              HandshakeFlights::Clock::time_point deadline,
-                                             const std::function<bool()>& cancelled) {
-  const std::string key = host + ":" + std::to_string(port);
-  if (std::string id = AliveEndpoint(key); !id.empty()) return id;
-  return flights_.Await(key, deadline, cancelled);
+                                             const std::function<bool()>& cancelled, bool https) {
+  const std::string endpoint = host + ":" + std::to_string(port);
+  if (std::string id = AliveEndpoint(endpoint); !id.empty()) return id;
+  return flights_.Await(https ? "https://" + endpoint : endpoint, deadline, cancelled);
 }
 
 Result<std::string> PeerRegistry::Handshake(const std::string& key) {
-  // Another flight of this key may have finished just before this one began.
-  if (std::string id = AliveEndpoint(key); !id.empty()) return id;
-  const size_t colon = key.rfind(':');
-  const std::string host = key.substr(0, colon);
-  const int port = std::stoi(key.substr(colon + 1));
+  const bool https = key.rfind("https://", 0) == 0;
+  const std::string endpoint = https ? key.substr(8) : key;  // "host:port"
+  // Another flight of this endpoint may have finished just before this one began.
+  if (std::string id = AliveEndpoint(endpoint); !id.empty()) return id;
+  const size_t colon = endpoint.rfind(':');
+  const std::string host = endpoint.substr(0, colon);
+  const int port = std::stoi(endpoint.substr(colon + 1));
   std::string nc, ns;
-  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, Exchange(host, port, key, nc, ns));
+  KVP_ASSIGN_OR_RETURN(HandshakeInfo peer, Exchange(host, port, https, key, nc, ns));
   KVP_RETURN_IF_ERROR(Adopt(peer));
   if (auth_ != nullptr) auth_->AddSession(peer.engine_id, nc, ns);
   MutexLock lock(mu_);
-  endpoints_[key] = peer.engine_id;
+  endpoints_[endpoint] = peer.engine_id;
   return peer.engine_id;
 }
 
 namespace {
 
+/// Why a call to `key` got no answer, naming a TLS refusal as such.
+std::string TransportError(httplib::Client& cli, httplib::Error e, const std::string& key,
+                           const std::string& ca_file) {
+  switch (e) {
+    case httplib::Error::SSLServerVerification: {
+      const long v = cli.get_openssl_verify_result();
+      return std::string("TLS certificate verification failed: ") +
+             (v != X509_V_OK ? X509_verify_cert_error_string(v)
+                             : "the certificate does not name the host") +
+             " (trusted CAs: " + (ca_file.empty() ? "the system's" : "--ssl-ca-certs " + ca_file) +
+             ")";
+    }
+    case httplib::Error::SSLConnection:
+      return "TLS handshake failed (does " + key + " serve HTTPS?)";
+    case httplib::Error::SSLLoadingCerts:
+      return "cannot load the CA certificates of --ssl-ca-certs " + ca_file;
+    default:
+      return httplib::to_string(e);
+  }
+}
+
 /// POSTs `body` to /kv/handshake; the answer's JSON when HTTP 200.
 Result<nlohmann::json> PostHandshake(httplib::Client& cli, const std::string& key,
-                                     const nlohmann::json& body) {
+                                     const nlohmann::json& body, const std::string& ca_file) {
   auto res = cli.Post("/kv/handshake", body.dump(), "application/json");
   if (!res) {
-    return Unavailable("handshake with " + key + " failed: " + httplib::to_string(res.error()));
+    return Unavailable("handshake with " + key +
+                       " failed: " + TransportError(cli, res.error(), key, ca_file));
   }
   auto j = nlohmann::json::parse(res->body, nullptr, false);
   if (res->status != 200) {
@@ -160,10 +185,14 @@ Result<nlohmann::json> PostHandshake(httplib::Client& cli, const std::string& ke
 
 }  // namespace
 
-Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
+Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port, bool https,
                                              const std::string& key, std::string& nc,
                                              std::string& ns) {
-  httplib::Client cli(host, port);
+  // https: httplib's SSLClient, the peer's certificate and host name verified (its default);
+  // never retried over plain HTTP.
+  httplib::Client cli = https ? httplib::Client("https://" + host + ":" + std::to_string(port))
+                              : httplib::Client(host, port);
+  if (https && !tls_ca_file_.empty()) cli.set_ca_cert_path(tls_ca_file_);
   cli.set_tcp_nodelay(true);
   cli.set_connection_timeout(2, 0);
   if (!api_key_.empty()) cli.set_bearer_token_auth(api_key_);
@@ -172,7 +201,7 @@ Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
   cli.set_read_timeout(read_ms / 1000, (read_ms % 1000) * 1000);
   nlohmann::json doc;
   if (auth_ == nullptr) {
-    KVP_ASSIGN_OR_RETURN(doc, PostHandshake(cli, key, self_.ToJson()));
+    KVP_ASSIGN_OR_RETURN(doc, PostHandshake(cli, key, self_.ToJson(), tls_ca_file_));
     if (PeerAuth::IsAuthStep(doc)) {
       return FailedPrecondition("peer " + key +
                                 " answered an authenticated handshake but this instance has no "
@@ -180,10 +209,12 @@ Result<HandshakeInfo> PeerRegistry::Exchange(const std::string& host, int port,
     }
   } else {
     // Our document (the keys of our memory) goes out only after the peer proved the key.
-    KVP_ASSIGN_OR_RETURN(nlohmann::json challenge, PostHandshake(cli, key, auth_->ClientHello(nc)));
+    KVP_ASSIGN_OR_RETURN(nlohmann::json challenge,
+                         PostHandshake(cli, key, auth_->ClientHello(nc), tls_ca_file_));
     KVP_ASSIGN_OR_RETURN(ns, auth_->CheckChallenge(challenge, nc, key));
-    KVP_ASSIGN_OR_RETURN(nlohmann::json answer,
-                         PostHandshake(cli, key, auth_->ClientProof(self_.ToJson(), nc, ns)));
+    KVP_ASSIGN_OR_RETURN(
+        nlohmann::json answer,
+        PostHandshake(cli, key, auth_->ClientProof(self_.ToJson(), nc, ns), tls_ca_file_));
     KVP_ASSIGN_OR_RETURN(doc, auth_->CheckServerDocument(answer, nc, ns, key));
   }
   auto peer = HandshakeInfo::FromJson(doc);

@@ -47,9 +47,11 @@ class PeerRegistry final : public PeerDirectory {
   /// (clamp(watchdog, 1 s, 10 s); 2 s to connect). `auth` (may be null: no authentication;
   /// must outlive the registry) makes both handshake directions the authenticated two-step
   /// exchange of peer_auth.h and refuses unauthenticated peers. `api_key`: sent as the Bearer
-  /// token of each POST /kv/handshake (the peer's --api-key; "" = none).
+  /// token of each POST /kv/handshake (the peer's --api-key; "" = none). `tls_ca_file`: the PEM
+  /// CA certificates an https peer's certificate must chain to (`serve --ssl-ca-certs`; "" =
+  /// the system's store).
   PeerRegistry(xfer::Agent& agent, HandshakeInfo self, std::chrono::milliseconds watchdog,
-               PeerAuth* auth = nullptr, std::string api_key = {});
+               PeerAuth* auth = nullptr, std::string api_key = {}, std::string tls_ca_file = {});
   PeerRegistry(const PeerRegistry&) = delete;
   PeerRegistry& operator=(const PeerRegistry&) = delete;
 
@@ -70,14 +72,16 @@ class PeerRegistry final : public PeerDirectory {
 
   /// Makes sure the instance at host:port is handshaken (see PdConnector::EnsurePeer): at once
   /// when it is known and alive, else through the endpoint's handshake flight
-  /// (HandshakeFlights::Await with `deadline` and `cancelled`). Returns its engine id.
-  /// Errors: kUnavailable (unreachable, HTTP error, bad answer; or, while the endpoint is being
-  /// probed after a failure, that failure at once), kFailedPrecondition (refused as
-  /// incompatible), kDeadlineExceeded (the handshake outlasted `deadline`), kAborted
-  /// (`cancelled`).
+  /// (HandshakeFlights::Await with `deadline` and `cancelled`). `https`: the peer serves HTTPS;
+  /// the handshake goes over TLS, its certificate verified against `tls_ca_file` (its own
+  /// flight, keyed "https://host:port"). Returns its engine id.
+  /// Errors: kUnavailable (unreachable, HTTP error, bad answer, TLS refused — "TLS certificate
+  /// verification failed: ..."; or, while the endpoint is being probed after a failure, that
+  /// failure at once), kFailedPrecondition (refused as incompatible), kDeadlineExceeded (the
+  /// handshake outlasted `deadline`), kAborted (`cancelled`).
   Result<std::string> EnsurePeer(const std::string& host, int port,
                                  HandshakeFlights::Clock::time_point deadline,
-                                 const std::function<bool()>& cancelled = {});
+                                 const std::function<bool()>& cancelled = {}, bool https = false);
 
   /// A copy of the peer's state, or nullopt when it was never handshaken.
   std::optional<PeerState> Get(const std::string& engine_id) const;
@@ -96,17 +100,19 @@ class PeerRegistry final : public PeerDirectory {
   std::string AliveEndpoint(const std::string& key) const;
   /// The authenticated handshake, server side (auth_ set).
   Result<nlohmann::json> HandleAuthStep(const nlohmann::json& body, const std::string& peer_addr);
-  /// One handshake with `key` ("host:port"), run by its flight: exchange, adopt, remember the
-  /// endpoint. Returns the engine id.
+  /// One handshake with `key` ("host:port", or "https://host:port" over TLS), run by its
+  /// flight: exchange, adopt, remember the endpoint. Returns the engine id.
   Result<std::string> Handshake(const std::string& key);
-  /// Client side: the peer's document, plain or through the authenticated exchange.
-  Result<HandshakeInfo> Exchange(const std::string& host, int port, const std::string& key,
-                                 std::string& nc, std::string& ns);
+  /// Client side: the peer's document, plain or through the authenticated exchange, over HTTP
+  /// or (`https`) TLS.
+  Result<HandshakeInfo> Exchange(const std::string& host, int port, bool https,
+                                 const std::string& key, std::string& nc, std::string& ns);
 
   xfer::Agent& agent_;
   const HandshakeInfo self_;
   const std::chrono::milliseconds watchdog_;
   const std::string api_key_;
+  const std::string tls_ca_file_;
   PeerAuth* const auth_;
   mutable Mutex mu_;
   std::map<std::string, PeerState, std::less<>> peers_;        ///< by engine id

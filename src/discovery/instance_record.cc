@@ -151,12 +151,15 @@ Result<InstanceRecord> InstanceRecord::FromJson(const nlohmann::json& j) {
     return InvalidArgument("discovery record: 'model' must be 1..256 bytes");
   }
   KVP_RETURN_IF_ERROR(str("url", r.url));
-  if (r.url.rfind("http://", 0) != 0) {
-    return InvalidArgument("discovery record: 'url' must be http://HOST:PORT");
+  const std::string scheme = r.url.rfind("http://", 0) == 0    ? "http://"
+                             : r.url.rfind("https://", 0) == 0 ? "https://"
+                                                               : "";
+  if (scheme.empty()) {
+    return InvalidArgument("discovery record: 'url' must be http://HOST:PORT or https://HOST:PORT");
   }
-  auto hp = ParseHostPort("discovery record: 'url'", r.url.substr(7));
+  auto hp = ParseHostPort("discovery record: 'url'", r.url.substr(scheme.size()));
   if (!hp.ok()) return hp.status();
-  r.url = "http://" + hp->host + ":" + std::to_string(hp->port);
+  r.url = scheme + hp->host + ":" + std::to_string(hp->port);
   KVP_RETURN_IF_ERROR(str("compat_hash", compat));
   auto c = ParseHex64(compat);
   if (!c.ok()) return InvalidArgument("discovery record: 'compat_hash' must be 1-16 hex digits");

@@ -41,12 +41,12 @@ std::string PrefixRangeEnd(const std::string& prefix);
 
 /// What one registered instance publishes. The document's fields, all required:
 ///   {"version": 1, "role": "prefill"|"decode"|"both", "model": served model name,
-///    "url": "http://HOST:PORT", "compat_hash": 16 hex digits, "incarnation": 16 hex digits,
+///    "url": "http[s]://HOST:PORT", "compat_hash": 16 hex digits, "incarnation": 16 hex digits,
 ///    "started_at": unix seconds, "pid": process id}
 struct InstanceRecord {
   std::string role;  ///< "prefill", "decode" or "both"
   std::string model;
-  std::string url;  ///< normalized http://HOST:PORT
+  std::string url;  ///< normalized http://HOST:PORT or https://HOST:PORT (TLS)
   uint64_t compat_hash = 0;
   uint64_t incarnation = 0;
   int64_t started_at = 0;  ///< unix seconds
@@ -56,7 +56,7 @@ struct InstanceRecord {
   std::string Key(const std::string& prefix) const;
   nlohmann::json ToJson() const;
   /// Parses and validates a value document: every field present with its type and range, role
-  /// known, url http://HOST:PORT, model 1..256 bytes. Errors: kInvalidArgument naming the field.
+  /// known, url http[s]://HOST:PORT, model 1..256 bytes. Errors: kInvalidArgument naming the field.
   static Result<InstanceRecord> FromJson(const nlohmann::json& j);
   /// FromJson of `text`, and checks that `key` is the record's Key(prefix) (a value copied under
   /// another key is refused). Errors: kInvalidArgument.

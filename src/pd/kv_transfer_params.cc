@@ -117,6 +117,12 @@ std::optional<ParamError> ReadIdAndPeer(const Reader& in, KvTransferParams& p) {
   if (auto e = in.String("remote_engine_id", 255, p.remote_engine_id)) return e;
   if (auto e = in.String("remote_host", 255, p.remote_host)) return e;
   if (auto e = in.Integer("remote_port", 0, 65535, p.remote_port)) return e;
+  std::string scheme = "http";
+  if (auto e = in.String("remote_scheme", 8, scheme)) return e;
+  if (scheme != "http" && scheme != "https") {
+    return Bad("remote_scheme", "must be \"http\" or \"https\"");
+  }
+  p.remote_https = scheme == "https";
   if (p.role == Role::kConsumer && (p.remote_host.empty() || p.remote_port <= 0)) {
     return Bad("remote_host", "and remote_port are required with do_remote_prefill");
   }
@@ -189,6 +195,7 @@ json ToJson(const KvTransferParams& p) {
   if (!p.remote_engine_id.empty()) j["remote_engine_id"] = p.remote_engine_id;
   if (!p.remote_host.empty()) j["remote_host"] = p.remote_host;
   if (p.remote_port != 0) j["remote_port"] = p.remote_port;
+  if (p.remote_https) j["remote_scheme"] = "https";
   if (!p.remote_block_ids.empty()) j["remote_block_ids"] = p.remote_block_ids;
   if (p.num_prompt_tokens > 0) {
     j["num_prompt_tokens"] = p.num_prompt_tokens;

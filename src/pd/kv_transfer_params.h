@@ -41,6 +41,9 @@ struct KvTransferParams {
   std::string remote_engine_id;  ///< the producer's agent name (pull consumer)
   std::string remote_host;       ///< the producer's HTTP host (consumer)
   int32_t remote_port = 0;       ///< the producer's HTTP port, [0, 65535]; 0 = not given
+  /// The producer serves HTTPS (`"remote_scheme": "https"`, a kvpush field): the consumer's
+  /// handshake with it goes over TLS. false: "http" or not given (vLLM's instances).
+  bool remote_https = false;
   // Pull consumer only: what P returned.
   std::vector<int32_t> remote_block_ids;    ///< P's blocks holding the prompt, in order
   int32_t num_prompt_tokens = 0;            ///< 0 = not given
@@ -64,17 +67,17 @@ struct ParamError {
 /// (vLLM's name). Refused: not an object, both do_remote_decode and do_remote_prefill,
 /// transfer_mode other than "push"/"pull" (default "pull", vLLM's NixlConnector semantics),
 /// a malformed transfer_id, wrong types, strings over their limit (ids 64, host and engine id
-/// 255), out-of-range port, counts or block ids, more than 1,000,000 block ids, a prompt_hash
-/// that is not 1-16 hex digits or a non-zero one without num_prompt_tokens, a non-finite
-/// first_token_logprob or a non-zero one
-/// without a first_token_id >= 0, an unknown pull_profile, a
-/// consumer without remote_host and remote_port, a pull consumer without remote_block_ids.
-/// Unknown fields are ignored (vLLM adds more). Pure; never throws.
+/// 255), a remote_scheme other than "http" or "https", out-of-range port, counts or block ids, more
+/// than 1,000,000 block ids, a prompt_hash that is not 1-16 hex digits or a non-zero one without
+/// num_prompt_tokens, a non-finite first_token_logprob or a non-zero one without a first_token_id
+/// >= 0, an unknown pull_profile, a consumer without remote_host and remote_port, a pull consumer
+/// without remote_block_ids. Unknown fields are ignored (vLLM adds more). Pure; never throws.
 std::variant<KvTransferParams, ParamError> ParseKvTransferParams(const nlohmann::json& j);
 
 /// The wire form of `p`, which ParseKvTransferParams reads back equal: do_remote_decode,
 /// do_remote_prefill, transfer_mode and transfer_id always; every other field only when given
-/// (remote_* when non-empty or non-zero, num_prompt_tokens with prompt_hash as 16 hex digits
+/// (remote_* when non-empty or non-zero, remote_scheme "https" when remote_https,
+/// num_prompt_tokens with prompt_hash as 16 hex digits
 /// when num_prompt_tokens > 0, first_token_id with first_token_logprob when >= 0,
 /// pull_profile when set). Pure.
 nlohmann::json ToJson(const KvTransferParams& p);

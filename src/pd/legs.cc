@@ -20,7 +20,7 @@ json MakePrefillBody(const json& client, KvTransferParams::Mode mode,
 }
 
 json MakeDecodePushBody(const json& client, const std::string& transfer_id,
-                        const std::string& prefill_host, int prefill_port) {
+                        const std::string& prefill_host, int prefill_port, bool prefill_https) {
   json d = client;
   KvTransferParams kv;
   kv.role = KvTransferParams::Role::kConsumer;
@@ -28,6 +28,7 @@ json MakeDecodePushBody(const json& client, const std::string& transfer_id,
   kv.transfer_id = transfer_id;
   kv.remote_host = prefill_host;
   kv.remote_port = prefill_port;
+  kv.remote_https = prefill_https;
   d["kv_transfer_params"] = ToJson(kv);
   return d;
 }

@@ -21,9 +21,11 @@ nlohmann::json MakePrefillBody(const nlohmann::json& client, KvTransferParams::M
 
 /// D leg of a push: `client` (stream settings kept) with kv_transfer_params {do_remote_prefill:
 /// true, do_remote_decode: false, transfer_mode: "push", transfer_id, remote_host, remote_port}
-/// naming the prefill instance as the router reaches it (port in [1, 65535]).
+/// naming the prefill instance as the router reaches it (port in [1, 65535]), plus
+/// "remote_scheme": "https" when `prefill_https` (the router reaches P over TLS, and so must D).
 nlohmann::json MakeDecodePushBody(const nlohmann::json& client, const std::string& transfer_id,
-                                  const std::string& prefill_host, int prefill_port);
+                                  const std::string& prefill_host, int prefill_port,
+                                  bool prefill_https = false);
 
 /// D leg of a pull: `client` with P's `kv_transfer_params` (from `prefill_answer`, a PullAnswer's
 /// JSON) copied verbatim, plus "pull_profile" inside it when `profile` is set. D validates what

@@ -6,7 +6,7 @@
 
 namespace kvpush::router {
 
-ConnectionPool::ConnectionPool(ConnectionPoolOptions options) : options_(options) {}
+ConnectionPool::ConnectionPool(ConnectionPoolOptions options) : options_(std::move(options)) {}
 
 ConnectionPool::~ConnectionPool() {
   Close();
@@ -45,7 +45,7 @@ std::unique_ptr<HttpConn> ConnectionPool::Take(const InstanceAddress& address) {
     }
   }
   dead.clear();
-  return found ? std::move(found) : std::make_unique<HttpConn>(address);
+  return found ? std::move(found) : std::make_unique<HttpConn>(address, options_.tls);
 }
 
 void ConnectionPool::Put(const InstanceAddress& address, std::unique_ptr<HttpConn> conn) {

@@ -13,6 +13,7 @@
 #include "common/thread_annotations.h"
 #include "router/http_conn.h"
 #include "router/instance_pool.h"
+#include "router/tls_client.h"
 
 namespace kvpush::router {
 
@@ -24,6 +25,9 @@ struct ConnectionPoolOptions {
   /// instances' own keep-alive timeout (httplib's default: 5 s), so that the instance never
   /// closes a connection the router is about to reuse.
   double max_idle_s = 2.0;
+  /// The router's TLS settings, given to every new connection (an https instance's connections
+  /// are TLS ones, kept alive and reused as plain ones). Null: no https instance.
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 /// What the pool did, for /metrics. Value type.

@@ -50,6 +50,19 @@ Reply LegFailureReply(const FlowServices& router, Role role, const InstanceAddre
                     "server_error", role_name + "_unreachable");
 }
 
+Reply NoHealthyReply(const InstancePool& pool, Role role, const std::vector<std::string>& exclude) {
+  const std::string name = RoleName(role);
+  const std::string tls = pool.TlsFailure(role, exclude);
+  if (!tls.empty()) {
+    return ErrorReply(502,
+                      "no usable " + name + " instance: " + tls +
+                          " (the router verifies https instances against --ssl-ca-certs, or the "
+                          "system's CAs without it)",
+                      "server_error", name + "_tls_failed");
+  }
+  return ErrorReply(503, "no healthy " + name + " instance", "server_error", "no_healthy_instance");
+}
+
 /// A leg the instance refused before doing any work for it: it could not be connected to, or
 /// it answered 503 `draining` (it is shutting down gracefully). Such a request may be sent to
 /// another instance, as long as nothing was written to the client yet.

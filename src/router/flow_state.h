@@ -59,6 +59,13 @@ Reply Forwarded(const LegResult& r);
 Reply LegFailureReply(const FlowServices& router, Role role, const InstanceAddress& addr,
                       const LegResult& r);
 
+/// The answer when no instance of `role` (outside `exclude`) is healthy: 502
+/// `<role>_tls_failed` naming the instance and the reason when one is down because its TLS
+/// handshake failed (its certificate refused: InstancePool::TlsFailure), else 503
+/// `no_healthy_instance`.
+Reply NoHealthyReply(const InstancePool& pool, Role role,
+                     const std::vector<std::string>& exclude = {});
+
 /// A leg the instance refused before doing any work for it: it could not be connected to, or
 /// it answered 503 `draining` (it is shutting down gracefully). Such a request may be sent to
 /// another instance, as long as nothing was written to the client yet.

@@ -46,10 +46,13 @@ int PollFor(int fd, short events, int timeout_ms) {
 
 }  // namespace
 
-HttpConn::HttpConn(InstanceAddress address) : address_(std::move(address)) {}
+HttpConn::HttpConn(InstanceAddress address, std::shared_ptr<const TlsClientContext> tls)
+    : address_(std::move(address)), tls_ctx_(std::move(tls)) {}
 
 HttpConn::~HttpConn() {
   MutexLock lock(mu_);
+  if (tls_ != nullptr && (shut_ || broken_)) tls_->Abandon();  // no close_notify then
+  tls_.reset();  // before the socket closes: a clean session sends close_notify on it
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
@@ -68,6 +71,7 @@ void HttpConn::Shutdown() {
 
 bool HttpConn::Connect(double timeout_s) {
   connect_failed_ = true;
+  tls_failed_ = false;
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -100,6 +104,9 @@ bool HttpConn::Connect(double timeout_s) {
       return Fail(std::string("connect: ") + std::strerror(err != 0 ? err : errno));
     }
   }
+  // https: the TLS handshake, the instance's certificate verified (a refusal is a failed
+  // connect: nothing was sent, and nothing ever goes out in plain HTTP instead).
+  const bool tls_ok = !address_.https || Handshake(timeout_s);
   {
     // shutdown(2) of a socket that is not connected yet does nothing (ENOTCONN): a Shutdown()
     // that came before or during the connect must still end this connection, or a cut leg would
@@ -109,11 +116,109 @@ bool HttpConn::Connect(double timeout_s) {
     if (shut_) {
       ::shutdown(fd_, SHUT_RDWR);
       connect_failed_ = false;  // not the instance's fault: the leg was stopped
+      tls_failed_ = false;
       return Fail("connection shut down while connecting");
     }
   }
+  if (!tls_ok) return false;
   connect_failed_ = false;
   return true;
+}
+
+bool HttpConn::Handshake(double timeout_s) {
+  if (tls_ctx_ == nullptr) return Fail("https instance " + address_.url + ": no TLS context");
+  std::string error;
+  tls_ = tls_ctx_->NewSession(fd_, address_.host, &error);
+  if (tls_ == nullptr) return Fail(error);
+  const int64_t deadline = NowNs() + static_cast<int64_t>(std::min(timeout_s, 2.0e6) * 1e9);
+  for (;;) {
+    const TlsStep step = tls_->Handshake(&error);
+    if (step == TlsStep::kDone) return true;
+    if (step != TlsStep::kWantRead && step != TlsStep::kWantWrite) {
+      tls_failed_ = true;
+      return Fail(error);
+    }
+    const int64_t left_ms = (deadline - NowNs()) / 1000000;
+    const int ready = left_ms <= 0 ? 0
+                                   : PollFor(fd_, step == TlsStep::kWantRead ? POLLIN : POLLOUT,
+                                             static_cast<int>(left_ms));
+    if (ready <= 0) {
+      tls_failed_ = true;
+      return Fail(ready == 0 ? "TLS handshake timed out" : "TLS handshake: poll failed");
+    }
+  }
+}
+
+int HttpConn::ReadSome(char* tmp, size_t cap, size_t* got, short* wait_for) {
+  if (tls_ != nullptr) {
+    std::string error;
+    switch (tls_->Read(tmp, cap, got, &error)) {
+      case TlsStep::kDone:
+        return 1;
+      case TlsStep::kClosed:
+        return -1;
+      case TlsStep::kWantRead:
+        *wait_for = POLLIN;
+        return 0;
+      case TlsStep::kWantWrite:
+        *wait_for = POLLOUT;
+        return 0;
+      case TlsStep::kFailed:
+        break;
+    }
+    error_ = error;
+    return -2;
+  }
+  for (;;) {
+    const ssize_t n = ::recv(fd_, tmp, cap, 0);
+    if (n > 0) {
+      *got = static_cast<size_t>(n);
+      return 1;
+    }
+    if (n == 0) return -1;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) {
+      *wait_for = POLLIN;
+      return 0;
+    }
+    error_ = std::string("read: ") + std::strerror(errno);
+    return -2;
+  }
+}
+
+int HttpConn::WriteSome(const char* data, size_t n, size_t* put, short* wait_for) {
+  if (tls_ != nullptr) {
+    std::string error;
+    switch (tls_->Write(data, n, put, &error)) {
+      case TlsStep::kDone:
+        return 1;
+      case TlsStep::kWantRead:
+        *wait_for = POLLIN;
+        return 0;
+      case TlsStep::kWantWrite:
+        *wait_for = POLLOUT;
+        return 0;
+      case TlsStep::kClosed:
+      case TlsStep::kFailed:
+        break;
+    }
+    error_ = error;
+    return -2;
+  }
+  for (;;) {
+    const ssize_t sent = ::send(fd_, data, n, MSG_NOSIGNAL);
+    if (sent > 0) {
+      *put = static_cast<size_t>(sent);
+      return 1;
+    }
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      *wait_for = POLLOUT;
+      return 0;
+    }
+    error_ = std::string("write: ") + std::strerror(errno);
+    return -2;
+  }
 }
 
 bool HttpConn::WriteRequest(const std::string& method, const std::string& path,
@@ -132,18 +237,17 @@ bool HttpConn::WriteRequest(const std::string& method, const std::string& path,
   keep_alive_ = true;
   size_t off = 0;
   while (off < req.size()) {
-    const ssize_t n = ::send(fd_, req.data() + off, req.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
+    size_t put = 0;
+    short wait_for = POLLOUT;
+    const int r = WriteSome(req.data() + off, req.size() - off, &put, &wait_for);
+    if (r == 1) {
+      off += put;
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      const int ready = PollFor(fd_, POLLOUT, ToMs(timeout_s));
-      if (ready > 0) continue;
-      return Fail(ready == 0 ? "write timed out" : "write: poll failed");
-    }
-    return Fail(std::string("write: ") + std::strerror(errno));
+    if (r < 0) return Fail(error_);
+    const int ready = PollFor(fd_, wait_for, ToMs(timeout_s));
+    if (ready > 0) continue;
+    return Fail(ready == 0 ? "write timed out" : "write: poll failed");
   }
   return true;
 }
@@ -157,26 +261,26 @@ int HttpConn::Fill(int timeout_ms) {
     pos_ = 0;
   }
   char tmp[65536];
+  // A deadline, not one wait: a readable TLS socket may hold only part of a record, and the
+  // read after the wait then wants more.
+  const int64_t deadline = NowNs() + int64_t{timeout_ms} * 1000000;
   for (;;) {
-    const ssize_t n = ::recv(fd_, tmp, sizeof(tmp), 0);
-    if (n > 0) {
-      buf_.append(tmp, static_cast<size_t>(n));
+    size_t got = 0;
+    short wait_for = POLLIN;
+    const int r = ReadSome(tmp, sizeof(tmp), &got, &wait_for);
+    if (r == 1) {
+      buf_.append(tmp, got);
       return 1;
     }
-    if (n == 0) return -1;
-    if (errno == EINTR) continue;
-    if (errno != EAGAIN && errno != EWOULDBLOCK) {
-      error_ = std::string("read: ") + std::strerror(errno);
-      return -2;
-    }
-    if (timeout_ms == 0) return 0;
-    const int ready = PollFor(fd_, POLLIN, timeout_ms);
+    if (r < 0) return r;
+    const int64_t left_ms = (deadline - NowNs()) / 1000000;
+    if (timeout_ms == 0 || left_ms <= 0) return 0;
+    const int ready = PollFor(fd_, wait_for, static_cast<int>(left_ms));
     if (ready == 0) return 0;
     if (ready < 0) {
       error_ = "read: poll failed";
       return -2;
     }
-    timeout_ms = 0;  // readable now: the next recv returns data, EOF or an error
   }
 }
 
@@ -295,6 +399,12 @@ BodyRead HttpConn::ReadBody(int timeout_ms, std::string* out, bool* ended) {
     if (r == 1) continue;
     if (r == 0) return BodyRead::kTimeout;
     if (r == -1 && body_ == Body::kUntilClose) {
+      // Over TLS the end of such a body is only known from close_notify: a bare TCP close may
+      // have cut it.
+      if (tls_ != nullptr && !tls_->clean_close()) {
+        Fail("TLS connection closed without close_notify: the answer may be truncated");
+        return BodyRead::kFailed;
+      }
       body_ = Body::kDone;
       *ended = true;
       return BodyRead::kData;
@@ -310,6 +420,7 @@ bool HttpConn::reusable() const {
 
 bool HttpConn::IdleUsable() const {
   if (fd_ < 0 || broken_ || pos_ != buf_.size()) return false;
+  if (tls_ != nullptr && tls_->HasPending()) return false;  // stray bytes inside OpenSSL
   return PollFor(fd_, POLLIN, 0) == 0;
 }
 

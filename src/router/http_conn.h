@@ -2,15 +2,18 @@
 // (write the request, read the head, read the body piece by piece) on the caller's thread, so
 // that the router can relay an instance's answer from the thread that writes it to the client,
 // with no hand-off between threads on the token path (docs/router.md, "Connections and
-// threads").
+// threads"). An https:// instance is spoken to over TLS (tls_client.h) on the same socket, with
+// the same non-blocking steps and timeouts.
 #pragma once
 
 #include <cstddef>
+#include <memory>
 #include <string>
 
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "router/instance_pool.h"
+#include "router/tls_client.h"
 
 namespace kvpush::router {
 
@@ -31,14 +34,23 @@ enum class BodyRead {
 /// pending or later operation of the owner fail promptly; the instance sees the connection
 /// close). Supports bodies with Content-Length, chunked transfer encoding, or delimited by the
 /// connection closing. Every wait is a poll() bounded by the timeout the call gives.
+///
+/// TLS: when `address.https`, Connect() also runs the TLS handshake with `tls` (the instance's
+/// certificate verified, never a plain-HTTP fallback) and every read and write goes through the
+/// session; keep-alive, streaming, timeouts and Shutdown() work as for plain HTTP. A TLS write
+/// to a closed peer may raise SIGPIPE: the process must ignore it (Router::Start does).
 class HttpConn {
  public:
-  explicit HttpConn(InstanceAddress address);
-  ~HttpConn();
+  /// `tls`: the router's TLS settings, needed when `address.https` (may be null otherwise; an
+  /// https address without it fails to Connect).
+  explicit HttpConn(InstanceAddress address, std::shared_ptr<const TlsClientContext> tls = nullptr);
+  ~HttpConn();  ///< sends TLS close_notify on a healthy TLS connection, closes the socket
   HttpConn(const HttpConn&) = delete;
   HttpConn& operator=(const HttpConn&) = delete;
 
-  /// Opens the TCP connection (TCP_NODELAY). False on failure, with error() set.
+  /// Opens the TCP connection (TCP_NODELAY) and, for an https address, runs the TLS handshake;
+  /// each at most `timeout_s`. False on failure, with error() set (a refused certificate:
+  /// "TLS certificate verification failed: <reason>", tls_failed() true).
   bool Connect(double timeout_s);
   bool connected() const { return fd_ >= 0; }
 
@@ -65,8 +77,12 @@ class HttpConn {
   /// Shuts the socket down (both directions). Thread-safe, idempotent.
   void Shutdown();
 
-  /// True when the last failure was a failed connect (refused, unreachable, timed out).
+  /// True when the last failure was a failed connect (refused, unreachable, timed out, or the
+  /// TLS handshake failed).
   bool connect_failed() const { return connect_failed_; }
+  /// True when the last failure was the TLS handshake (the certificate refused, or the port does
+  /// not speak TLS).
+  bool tls_failed() const { return tls_failed_; }
   const std::string& error() const { return error_; }
   const InstanceAddress& address() const { return address_; }
 
@@ -75,11 +91,21 @@ class HttpConn {
   enum class Chunk { kSize, kData, kCrlf, kTrailers };
   /// Reads more bytes into buf_: 1 = got some, 0 = timeout, -1 = EOF, -2 = error.
   int Fill(int timeout_ms);
+  /// One read (recv or TLS) into `tmp`: 1 = `*got` bytes, 0 = would block (wait for
+  /// `*wait_for`), -1 = EOF, -2 = error (error_ set). Never waits.
+  int ReadSome(char* tmp, size_t cap, size_t* got, short* wait_for);
+  /// One write (send or TLS) of at most `n` bytes: 1 = `*put` bytes, 0 = would block (wait for
+  /// `*wait_for`), -2 = error (error_ set). Never waits.
+  int WriteSome(const char* data, size_t n, size_t* put, short* wait_for);
+  /// The TLS handshake on the connected socket, at most `timeout_s`. False after Fail().
+  bool Handshake(double timeout_s);
   /// Decodes what buf_ holds into *out; true once the body is complete.
   bool Decode(std::string* out);
   bool Fail(const std::string& error);
 
   InstanceAddress address_;
+  std::shared_ptr<const TlsClientContext> tls_ctx_;
+  std::unique_ptr<TlsSession> tls_;    ///< the TLS session of an https connection (owner only)
   int fd_ = -1;                        ///< written only by the owner, under mu_
   mutable Mutex mu_;                   ///< guards fd_ against Shutdown()
   bool shut_ GUARDED_BY(mu_) = false;  ///< Shutdown() was called (guarded by mu_)
@@ -91,6 +117,7 @@ class HttpConn {
   bool keep_alive_ = true;
   bool broken_ = false;
   bool connect_failed_ = false;
+  bool tls_failed_ = false;
   std::string error_;
 };
 

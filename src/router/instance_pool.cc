@@ -1,6 +1,5 @@
 #include "router/instance_pool.h"
 
-#include <httplib.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -9,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/thread_name.h"
+#include "router/health_check.h"
 
 namespace kvpush::router {
 
@@ -25,22 +25,28 @@ const char* RoleName(Role role) {
 }
 
 Result<InstanceAddress> ParseInstanceUrl(const std::string& url) {
-  const std::string scheme = "http://";
-  if (url.rfind(scheme, 0) != 0) {
+  InstanceAddress a;
+  std::string rest;
+  if (url.rfind("http://", 0) == 0) {
+    rest = url.substr(7);
+  } else if (url.rfind("https://", 0) == 0) {
+    rest = url.substr(8);
+    a.https = true;
+  } else {
     return InvalidArgument("instance URL '" + url +
-                           "': expected http://HOST:PORT (only the http scheme is supported)");
+                           "': expected http://HOST:PORT or https://HOST:PORT");
   }
-  std::string rest = url.substr(scheme.size());
+  const std::string scheme = a.https ? "https://" : "http://";
   if (!rest.empty() && rest.back() == '/') rest.pop_back();
   if (rest.find('/') != std::string::npos) {
-    return InvalidArgument("instance URL '" + url +
-                           "': a path is not allowed (give http://HOST:PORT)");
+    return InvalidArgument("instance URL '" + url + "': a path is not allowed (give " + scheme +
+                           "HOST:PORT)");
   }
   const size_t colon = rest.rfind(':');
   if (colon == std::string::npos) {
-    return InvalidArgument("instance URL '" + url + "': missing port (give http://HOST:PORT)");
+    return InvalidArgument("instance URL '" + url + "': missing port (give " + scheme +
+                           "HOST:PORT)");
   }
-  InstanceAddress a;
   a.host = rest.substr(0, colon);
   const std::string port = rest.substr(colon + 1);
   if (a.host.empty()) return InvalidArgument("instance URL '" + url + "': missing host");
@@ -55,7 +61,7 @@ Result<InstanceAddress> ParseInstanceUrl(const std::string& url) {
   if (a.port < 1 || a.port > 65535) {
     return InvalidArgument("instance URL '" + url + "': port must be a number in [1, 65535]");
   }
-  a.url = "http://" + a.host + ":" + std::to_string(a.port);
+  a.url = scheme + a.host + ":" + std::to_string(a.port);
   return a;
 }
 
@@ -113,7 +119,7 @@ void InstanceLease::MarkUnhealthy(const std::string& reason) const {
 InstancePool::InstancePool(std::vector<InstanceAddress> prefill,
                            std::vector<InstanceAddress> decode, HealthOptions health,
                            std::vector<InstanceAddress> colocated)
-    : health_(health) {
+    : health_(std::move(health)) {
   for (auto& a : prefill) instances_.push_back(Instance{Role::kPrefill, std::move(a)});
   for (auto& a : decode) instances_.push_back(Instance{Role::kDecode, std::move(a)});
   for (auto& a : colocated) instances_.push_back(Instance{Role::kColocated, std::move(a)});
@@ -173,24 +179,37 @@ void InstancePool::CheckAllOnce() {
     }
   }
   for (const auto& [i, a] : members) {
-    httplib::Client cli(a.host, a.port);
-    const time_t sec = health_.timeout_ms / 1000;
-    const time_t usec = static_cast<time_t>(health_.timeout_ms % 1000) * 1000;
-    cli.set_connection_timeout(sec, usec);
-    cli.set_read_timeout(sec, usec);
-    cli.set_write_timeout(sec, usec);
-    auto res = cli.Get("/health");
-    if (!res) {
-      SetHealth(i, false, "GET /health: " + httplib::to_string(res.error()), a.url);
-    } else if (res->status == 503 && IsDrainingAnswer(res->body)) {
+    const HealthAnswer res = CheckHealth(a, health_.tls, health_.timeout_ms);
+    SetTlsError(i, res.tls_failed ? res.error : std::string(), a.url);
+    if (!res.answered) {
+      SetHealth(i, false, "GET /health: " + res.error, a.url);
+    } else if (res.status == 503 && IsDrainingAnswer(res.body)) {
       SetDraining(i, "GET /health: HTTP 503 draining", a.url);
-    } else if (res->status != 200) {
-      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res->status), a.url);
+    } else if (res.status != 200) {
+      SetHealth(i, false, "GET /health: HTTP " + std::to_string(res.status), a.url);
     } else {
-      SetLoad(i, ParseHealthBody(res->body), a.url);
+      SetLoad(i, ParseHealthBody(res.body), a.url);
       SetHealth(i, true, "GET /health: HTTP 200", a.url);
     }
   }
+}
+
+void InstancePool::SetTlsError(size_t index, const std::string& error,
+                               const std::string& expect_url) {
+  MutexLock lock(mu_);
+  Instance& inst = instances_[index];
+  if (!inst.member || inst.address.url != expect_url) return;
+  inst.tls_error = error;
+}
+
+std::string InstancePool::TlsFailure(Role role, const std::vector<std::string>& exclude) const {
+  MutexLock lock(mu_);
+  for (const Instance& inst : instances_) {
+    if (inst.role != role || !inst.member || inst.healthy || inst.tls_error.empty()) continue;
+    if (std::find(exclude.begin(), exclude.end(), inst.address.url) != exclude.end()) continue;
+    return inst.address.url + ": " + inst.tls_error;
+  }
+  return "";
 }
 
 void InstancePool::SetDraining(size_t index, const std::string& reason,

@@ -18,6 +18,7 @@
 #include "common/thread_annotations.h"
 #include "router/prefix_index.h"
 #include "router/routing_policy.h"
+#include "router/tls_client.h"
 
 namespace kvpush::router {
 
@@ -37,16 +38,18 @@ inline int RoleIndex(Role role) {
 /// gracefully answers new requests and /health with it, docs/server.md).
 bool IsDrainingAnswer(const std::string& body);
 
-/// An instance's address, parsed from a URL like "http://127.0.0.1:8100". Value type.
+/// An instance's address, parsed from a URL like "http://127.0.0.1:8100" or
+/// "https://p0.example:8100". Value type.
 struct InstanceAddress {
-  std::string url;  ///< normalized "http://HOST:PORT"
+  std::string url;  ///< normalized "http://HOST:PORT" or "https://HOST:PORT"
   std::string host;
   int port = 0;
+  bool https = false;  ///< spoken to over TLS, its certificate verified (tls_client.h)
 };
 
-/// Parses "http://HOST:PORT" (an optional trailing "/" is accepted). Errors: kInvalidArgument
-/// naming what is wrong (scheme other than http, missing host or port, port outside
-/// [1, 65535], a path).
+/// Parses "http://HOST:PORT" or "https://HOST:PORT" (an optional trailing "/" is accepted).
+/// Errors: kInvalidArgument naming what is wrong (another scheme, missing host or port, port
+/// outside [1, 65535], a path).
 Result<InstanceAddress> ParseInstanceUrl(const std::string& url);
 
 /// What /health and /metrics report about one instance. Value type.
@@ -121,6 +124,8 @@ class InstanceLease {
 struct HealthOptions {
   int interval_ms = 1000;  ///< time between two rounds of GET /health
   int timeout_ms = 1000;   ///< connect + read timeout of one check
+  /// The router's TLS settings, for https instances (null: an https instance fails its checks).
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 /// Called when an instance turns unhealthy: its role, URL and the reason (e.g. "GET /health:
@@ -205,6 +210,12 @@ class InstancePool {
   /// marked unhealthy: its legs must not be cut); false if unknown.
   bool IsHealthy(const std::string& url) const;
 
+  /// "URL: reason" of the first member of `role` that is unhealthy because its last health
+  /// check failed in the TLS handshake (its certificate refused: "TLS certificate verification
+  /// failed: ..."), not in `exclude`; "" when none is. Lets a request that finds no healthy
+  /// instance say why (502 rather than 503, docs/router.md "TLS to instances").
+  std::string TlsFailure(Role role, const std::vector<std::string>& exclude = {}) const;
+
   /// Current state of every member instance (removed ones are left out), prefill first, in the
   /// order given, then those added at run time.
   std::vector<InstanceSnapshot> Snapshot() const;
@@ -234,12 +245,15 @@ class InstancePool {
     int64_t tokens_since_poll = 0;       ///< prompt tokens of P legs acquired in this epoch, open
     int64_t tokens_inflight = 0;         ///< prompt tokens of every open P leg
     std::shared_ptr<PrefixIndex> index;  ///< decode instances: what the router sent there
-    bool member = true;  ///< false once removed: no new legs; slot reusable at outstanding 0
+    bool member = true;     ///< false once removed: no new legs; slot reusable at outstanding 0
+    std::string tls_error;  ///< the last health check failed in the TLS handshake: why
   };
   void Release(size_t index, int64_t prefill_tokens = 0, uint64_t epoch = 0);
   /// `expect_url` (SetLoad, SetHealth): when not empty, the update is dropped unless slot `index`
   /// still holds a member with this URL (the health thread checks a copy made before the check).
   void SetLoad(size_t index, const ReportedLoad& load, const std::string& expect_url = "");
+  /// Records the TLS failure of slot `index`'s last check ("" = none; dropped per expect_url).
+  void SetTlsError(size_t index, const std::string& error, const std::string& expect_url);
   /// Estimated outstanding prefill tokens of `inst` (see AcquirePrefill). Needs mu_.
   static int64_t PrefillTokens(const Instance& inst);
   /// The healthy instances of `role` not in `exclude`, starting at its round-robin cursor:

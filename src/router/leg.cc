@@ -5,12 +5,14 @@
 namespace kvpush::router {
 
 Leg::Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s,
-         double io_timeout_s, const std::string& api_key)
+         double io_timeout_s, const std::string& api_key,
+         std::shared_ptr<const TlsClientContext> tls)
     : address_(std::move(address)),
       pool_(pool),
       connect_timeout_s_(connect_timeout_s),
       io_timeout_s_(io_timeout_s),
-      auth_header_(api_key.empty() ? std::string() : "Authorization: Bearer " + api_key + "\r\n") {}
+      auth_header_(api_key.empty() ? std::string() : "Authorization: Bearer " + api_key + "\r\n"),
+      tls_(std::move(tls)) {}
 
 Leg::~Leg() {
   std::unique_ptr<HttpConn> conn;
@@ -72,7 +74,7 @@ LegResult Leg::Failed(const std::string& fallback_error) {
 bool Leg::Send(const std::string& method, const std::string& path, const std::string& request_id,
                const std::string& body, bool sse, LegResult* failed) {
   std::unique_ptr<HttpConn> conn =
-      pool_ != nullptr ? pool_->Take(address_) : std::make_unique<HttpConn>(address_);
+      pool_ != nullptr ? pool_->Take(address_) : std::make_unique<HttpConn>(address_, tls_);
   std::unique_ptr<HttpConn> unsent;  // the connection, when the leg was stopped before sending
   {
     MutexLock lock(mu_);

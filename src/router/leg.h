@@ -47,9 +47,10 @@ class Leg {
  public:
   /// `pool`: not owned, must outlive the leg; null for a fresh connection per call. `api_key`:
   /// sent as `Authorization: Bearer <api_key>` on every call ("" = none; the instances'
-  /// --api-key).
+  /// --api-key). `tls`: the TLS settings of a fresh connection to an https instance (with a
+  /// pool, the pool's are used).
   Leg(InstanceAddress address, ConnectionPool* pool, double connect_timeout_s, double io_timeout_s,
-      const std::string& api_key = {});
+      const std::string& api_key = {}, std::shared_ptr<const TlsClientContext> tls = nullptr);
   /// Closes the connection of a call that did not end (an abandoned stream).
   ~Leg();
   Leg(const Leg&) = delete;
@@ -57,7 +58,9 @@ class Leg {
 
   /// Every later call of this leg carries `traceparent: value` (W3C Trace Context; the
   /// router's span of the request). Call before the leg's first call.
-  void set_traceparent(const std::string& value) { trace_header_ = "traceparent: " + value + "\r\n"; }
+  void set_traceparent(const std::string& value) {
+    trace_header_ = "traceparent: " + value + "\r\n";
+  }
 
   /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
   LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
@@ -115,8 +118,9 @@ class Leg {
   ConnectionPool* pool_ = nullptr;
   double connect_timeout_s_ = 5.0;
   double io_timeout_s_ = 600.0;
-  std::string auth_header_;  ///< "Authorization: Bearer ...\r\n" or ""
-  std::string trace_header_;  ///< "traceparent: ...\r\n" or empty
+  std::string auth_header_;                      ///< "Authorization: Bearer ...\r\n" or ""
+  std::string trace_header_;                     ///< "traceparent: ...\r\n" or empty
+  std::shared_ptr<const TlsClientContext> tls_;  ///< for a fresh connection (no pool)
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};
   mutable Mutex mu_;  ///< guards cut_reason_ and the conn_ pointer against Stop()

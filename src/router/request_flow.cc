@@ -89,17 +89,17 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   const json& body = client.doc;
   FlowServices& r = router_;
   const TransferMode tm = t->mode;
-  auto fail = [&](int status, const std::string& message, const std::string& code) {
+  auto none = [&](Role role) {
     r.CountRequest(tm, false);
-    ErrorReply(status, message, "server_error", code).WriteTo(res);
+    NoHealthyReply(r.pool(), role, t->exclude).WriteTo(res);
   };
   PdSelection sel = r.SelectPd(t->path, body, t->exclude);
-  if (!sel.d) return fail(503, "no healthy decode instance", "no_healthy_instance");
+  if (!sel.d) return none(Role::kDecode);
   t->d_addr = sel.d->address();
   if (sel.skip != SkipReason::kNone) {
     return RunLocalPrefill(t, client, std::move(*sel.d), res, capture);
   }
-  if (!sel.p) return fail(503, "no healthy prefill instance", "no_healthy_instance");
+  if (!sel.p) return none(Role::kPrefill);
   std::optional<InstanceLease>& p_lease = sel.p;
   std::optional<InstanceLease>& d_lease = sel.d;
   t->p_addr = p_lease->address();
@@ -114,7 +114,8 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   if (tm == TransferMode::kPush) {
     t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kDecode);  // before P's thread: it may close it
     const json shell = client.Shell();  // leg builders start here: the prompt is not copied
-    json d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port);
+    json d_body = pd::MakeDecodePushBody(shell, t->transfer_id, t->p_addr.host, t->p_addr.port,
+                                         t->p_addr.https);
     if (t->echo_logprobs) d_body["echo"] = false;
     d_text = ComposeLegBody(d_body, client);
     // D's leg is written first: its PUSH_TARGET is what a short prefill waits for (D's leg, an
@@ -180,8 +181,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
   std::optional<InstanceLease> lease = r.pool().Acquire(Role::kColocated, t->exclude);
   if (!lease) {
     r.CountRequest(t->mode, false);
-    return ErrorReply(503, "no healthy colocated instance", "server_error", "no_healthy_instance")
-        .WriteTo(res);
+    return NoHealthyReply(r.pool(), Role::kColocated, t->exclude).WriteTo(res);
   }
   t->d_addr = lease->address();
   t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kColocated);

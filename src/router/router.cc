@@ -10,6 +10,7 @@
 #include "common/drain.h"
 #include "discovery/membership.h"
 #include "pd/ids.h"
+#include "router/flow_state.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
 
@@ -26,18 +27,39 @@ void ReplyError(http::Response& res, int status, const std::string& message,
   http::ReplyError(res, http::ApiError{status, message, type, "", code});
 }
 
-AbortOptions WithApiKey(AbortOptions o, const std::string& api_key) {
+AbortOptions WithInstanceAccess(AbortOptions o, const std::string& api_key,
+                                std::shared_ptr<const TlsClientContext> tls) {
   o.api_key = api_key;
+  o.tls = std::move(tls);
   return o;
+}
+
+/// The router's TLS settings when an instance may be https (an https URL, a CA file, or
+/// discovery, which may add https instances); null otherwise (no CA store is read for nothing).
+/// A CA file that does not load sets `*status`.
+std::shared_ptr<const TlsClientContext> MakeTls(const RouterOptions& o, Status* status) {
+  bool https = !o.tls_ca_file.empty() || o.discovered();
+  for (const auto* urls : {&o.prefill_urls, &o.decode_urls, &o.colocated_urls}) {
+    for (const std::string& u : *urls) https = https || u.rfind("https://", 0) == 0;
+  }
+  if (!https) return nullptr;
+  auto ctx = TlsClientContext::Create(o.tls_ca_file);
+  if (!ctx.ok()) {
+    *status = ctx.status();
+    return nullptr;
+  }
+  return std::move(ctx).value();
 }
 
 }  // namespace
 
 Router::Router(RouterOptions options)
     : options_(std::move(options)),
-      aborter_(std::make_unique<TransferAborter>(WithApiKey(options_.abort, options_.instance_api_key))),
-      connections_(std::make_unique<ConnectionPool>(
-          ConnectionPoolOptions{options_.max_idle_connections, options_.max_idle_connection_s})),
+      tls_(MakeTls(options_, &tls_status_)),
+      aborter_(std::make_unique<TransferAborter>(
+          WithInstanceAccess(options_.abort, options_.instance_api_key, tls_))),
+      connections_(std::make_unique<ConnectionPool>(ConnectionPoolOptions{
+          options_.max_idle_connections, options_.max_idle_connection_s, tls_})),
       legs_(std::make_unique<LegRegistry>(
           connections_.get(), options_.connect_timeout_s, options_.request_timeout_s,
           [this](const std::string& url) { return !pool_ || pool_->IsHealthy(url); },
@@ -97,10 +119,7 @@ void Router::RouteModels() {
     const Role role = options_.colocated() ? Role::kColocated : Role::kDecode;
     const std::string name = RoleName(role);
     std::optional<InstanceLease> d = pool_->Acquire(role);
-    if (!d) {
-      return ReplyError(res, 503, "no healthy " + name + " instance", "server_error",
-                        "no_healthy_instance");
-    }
+    if (!d) return NoHealthyReply(*pool_, role).WriteTo(res);
     LegResult r = req.method == "GET"
                       ? legs_->NewLeg(d->address(), role)->Get(req.path, id)
                       : legs_->NewLeg(d->address(), role)->Post(req.path, id, req.body);
@@ -248,6 +267,7 @@ void Router::Route() {
 Status Router::Start() {
   if (door_ != nullptr) return FailedPrecondition("Router already started");
   if (Status st = options_.Validate(); !st.ok()) return st;
+  if (!tls_status_.ok()) return tls_status_;
   std::vector<InstanceAddress> prefill, decode, colocated;
   for (const auto& u : options_.prefill_urls) prefill.push_back(*ParseInstanceUrl(u));
   for (const auto& u : options_.decode_urls) decode.push_back(*ParseInstanceUrl(u));
@@ -256,7 +276,8 @@ Status Router::Start() {
   spdlog::default_logger_raw();  // create the registry before worker threads log (TSan)
   pool_ = std::make_unique<InstancePool>(
       std::move(prefill), std::move(decode),
-      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms}, std::move(colocated));
+      HealthOptions{options_.health_interval_ms, options_.health_timeout_ms, tls_},
+      std::move(colocated));
   pool_->SetUnhealthyCallback([this](Role role, const std::string& url, const std::string& why) {
     CutLegsTo(role, url, why);
   });

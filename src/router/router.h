@@ -30,6 +30,7 @@
 #include "router/router_options.h"
 #include "router/router_timeline.h"
 #include "router/routing_policy.h"
+#include "router/tls_client.h"
 #include "router/transfer_aborter.h"
 #include "router/worker_pool.h"
 
@@ -77,8 +78,9 @@ class Router final : private FlowServices {
   Router& operator=(const Router&) = delete;
 
   /// Validates the options, checks every instance's /health once, binds host:port and serves
-  /// on background threads. Ignores SIGPIPE process-wide. Errors: kInvalidArgument (options),
-  /// kUnavailable (bind failed), kFailedPrecondition (already started).
+  /// on background threads. Ignores SIGPIPE process-wide. Errors: kInvalidArgument (options,
+  /// or a --ssl-ca-certs file that cannot be loaded), kUnavailable (bind failed),
+  /// kFailedPrecondition (already started).
   Status Start();
 
   /// Stops accepting, closes every in-flight leg (instances see their connections close; a
@@ -139,6 +141,11 @@ class Router final : private FlowServices {
   void CutLegsTo(Role role, const std::string& url, const std::string& reason);
 
   RouterOptions options_;
+  /// Why tls_ could not be made (the --ssl-ca-certs file did not load); Start() fails with it.
+  Status tls_status_;
+  /// The TLS settings of every call to an https instance (legs, health checks, aborts): made by
+  /// the constructor when an instance may be https (an https URL, --ssl-ca-certs, discovery).
+  std::shared_ptr<const TlsClientContext> tls_;
   std::unique_ptr<InstancePool> pool_;
   std::unique_ptr<discovery::MembershipWatcher> membership_;  ///< with options_.discovery
   std::unique_ptr<http::FrontDoor> door_;                     ///< made by Start

@@ -92,6 +92,7 @@ std::string RouterOptions::ToString() const {
     << " max_concurrent_streams=" << max_concurrent_streams
     << " max_idle_connections=" << max_idle_connections
     << " max_idle_connection_s=" << max_idle_connection_s
+    << " ssl_ca_certs=" << (tls_ca_file.empty() ? "(system)" : tls_ca_file)
     << " api_key=" << (api_key.empty() ? "(none)" : "(set)")
     << " instance_api_key=" << (instance_api_key.empty() ? "(none)" : "(set)");
   return s.str();

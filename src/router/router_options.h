@@ -31,10 +31,11 @@ using PromptTokenizer = std::function<std::optional<std::vector<int32_t>>(
 
 /// Router configuration; validated by Router::Start (and Validate()).
 struct RouterOptions {
-  std::vector<std::string> prefill_urls;  ///< "http://HOST:PORT", at least one (P/D mode)
-  std::vector<std::string> decode_urls;   ///< "http://HOST:PORT", at least one (P/D mode)
-  /// Role-both instances, "http://HOST:PORT": when set, the router is a round-robin front door
-  /// over them (no P/D; prefill_urls and decode_urls must be empty).
+  /// "http://HOST:PORT" or "https://HOST:PORT" (TLS, tls_ca_file), at least one (P/D mode).
+  std::vector<std::string> prefill_urls;
+  std::vector<std::string> decode_urls;  ///< as prefill_urls, at least one (P/D mode)
+  /// Role-both instances, "http[s]://HOST:PORT": when set, the router is a round-robin front
+  /// door over them (no P/D; prefill_urls and decode_urls must be empty).
   std::vector<std::string> colocated_urls;
   /// etcd discovery (docs/deployment.md): "etcd://HOST:PORT[,HOST:PORT...]", "" = none. The
   /// registered P and D instances join the pool at run time, besides any static URLs (then
@@ -79,6 +80,10 @@ struct RouterOptions {
   /// --otlp-traces-endpoint: spans of every request (and its legs' phases) go there; the legs
   /// carry `traceparent` so the instances' spans join the same trace. Null: no tracing.
   std::shared_ptr<http::Tracer> tracer;
+  /// --ssl-ca-certs: PEM CA certificates that https instances' certificates must chain to ("" =
+  /// the system's default store). Loaded by the Router's constructor; a file that cannot be
+  /// loaded fails Start() (kInvalidArgument).
+  std::string tls_ca_file;
   PromptTokenizer prompt_tokenizer;    ///< see PromptTokenizer; null: none
 
   bool colocated() const { return !colocated_urls.empty(); }

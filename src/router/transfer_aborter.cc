@@ -9,7 +9,7 @@
 
 namespace kvpush::router {
 
-TransferAborter::TransferAborter(AbortOptions options) : options_(options) {}
+TransferAborter::TransferAborter(AbortOptions options) : options_(std::move(options)) {}
 
 TransferAborter::~TransferAborter() {
   Stop();
@@ -78,7 +78,7 @@ void TransferAborter::Work() {
 
 void TransferAborter::Send(const Job& job) {
   Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s,
-          options_.api_key);
+          options_.api_key, options_.tls);
   {
     MutexLock lock(mu_);
     if (stopping_) return;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_set>
@@ -14,6 +15,7 @@
 #include "common/mutex.h"
 #include "common/thread_annotations.h"
 #include "router/instance_pool.h"
+#include "router/tls_client.h"
 
 namespace kvpush::router {
 
@@ -26,6 +28,8 @@ struct AbortOptions {
   double read_timeout_s = 2.0;     ///< per call
   size_t max_queued = 4096;        ///< more waiting aborts are dropped (logged, counted)
   std::string api_key;             ///< the instances' --api-key ("" = none)
+  /// The router's TLS settings, for https instances (null: none is https).
+  std::shared_ptr<const TlsClientContext> tls;
 };
 
 /// What the aborter did, for /metrics. Value type.

@@ -272,11 +272,13 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
     // shares the endpoint's one handshake, ends at the watchdog, and ends when the router
     // aborts the transfer (POST /kv/abort).
     const std::string tid = kv.transfer_id;
-    auto peer = conn->EnsurePeer(kv.remote_host, kv.remote_port,
-                                 [&context, tid] { return context.transfers.IsAborted(tid); });
+    auto peer = conn->EnsurePeer(
+        kv.remote_host, kv.remote_port,
+        [&context, tid] { return context.transfers.IsAborted(tid); }, kv.remote_https);
     if (!peer.ok() && peer.status().code() == StatusCode::kAborted) return TransferAborted(tid);
     if (!peer.ok()) {
-      const std::string endpoint = kv.remote_host + ":" + std::to_string(kv.remote_port);
+      const std::string endpoint = std::string(kv.remote_https ? "https://" : "") + kv.remote_host +
+                                   ":" + std::to_string(kv.remote_port);
       spdlog::warn("transfer {}: 502 kv_peer_unavailable: prefill instance {}: {}", tid, endpoint,
                    peer.status().ToString());
       return http::ApiError{502, "prefill instance " + endpoint + ": " + peer.status().message(),

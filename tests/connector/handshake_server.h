@@ -4,7 +4,9 @@
 
 #include <httplib.h>
 
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -13,11 +15,17 @@
 
 namespace kvpush::connector {
 
-/// Serves POST /kv/handshake for one connector, remembering the last request and answer.
+/// Serves POST /kv/handshake for one connector, remembering the last request and answer. With
+/// `tls_cert` and `tls_key` (PEM files) it serves HTTPS only.
 class HandshakeServer {
  public:
-  explicit HandshakeServer(PdConnector& c) : c_(c) {
-    srv_.Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
+  explicit HandshakeServer(PdConnector& c, const std::string& tls_cert = {},
+                           const std::string& tls_key = {})
+      : c_(c),
+        srv_(tls_cert.empty()
+                 ? std::make_unique<httplib::Server>()
+                 : std::make_unique<httplib::SSLServer>(tls_cert.c_str(), tls_key.c_str())) {
+    srv_->Post("/kv/handshake", [this](const httplib::Request& req, httplib::Response& res) {
       auto body = nlohmann::json::parse(req.body, nullptr, false);
       auto r = c_.HandleHandshake(body);
       last_request = body;
@@ -32,14 +40,14 @@ class HandshakeServer {
                         "application/json");
       }
     });
-    port = srv_.bind_to_any_port("127.0.0.1");
-    thread_ = std::thread([this] { srv_.listen_after_bind(); });
-    EXPECT_TRUE(::kvpush::testing::WaitUntil([this] { return srv_.is_running(); },
+    port = srv_->bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { srv_->listen_after_bind(); });
+    EXPECT_TRUE(::kvpush::testing::WaitUntil([this] { return srv_->is_running(); },
                                              std::chrono::seconds(5), std::chrono::milliseconds(1)))
         << "the handshake server did not start";
   }
   ~HandshakeServer() {
-    srv_.stop();
+    srv_->stop();
     thread_.join();
   }
   int port = 0;
@@ -48,7 +56,7 @@ class HandshakeServer {
 
  private:
   PdConnector& c_;
-  httplib::Server srv_;
+  std::unique_ptr<httplib::Server> srv_;
   std::thread thread_;
 };
 

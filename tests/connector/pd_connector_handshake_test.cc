@@ -8,6 +8,7 @@
 
 #include "connector/pd_connector.h"
 #include "connector/handshake_server.h"
+#include "tls_test_certs.h"
 
 namespace kvpush::connector {
 namespace {
@@ -146,6 +147,47 @@ TEST(PdConnectorHandshake, HandleHandshakeRefusals) {
   e = (*d)->EnsurePeer("127.0.0.1", 1);
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), StatusCode::kUnavailable);
+}
+
+// An https prefill instance (serve --ssl-certfile): the decode side's handshake goes over TLS
+// when the leg says "remote_scheme": "https", verified against its --ssl-ca-certs; an untrusted
+// certificate is refused naming the verification, and nothing is sent in plain HTTP instead.
+TEST(PdConnectorHandshake, HandshakesWithAnHttpsPeerOverVerifiedTls) {
+  const ::kvpush::testing::TempTlsTestFiles tmp;
+  const ::kvpush::testing::TlsTestFiles& pki = tmp.files();
+  ASSERT_TRUE(pki.ok);
+  auto p = PdConnector::Create(Options("prefill", "p-tls"));
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  HandshakeServer server(**p, pki.server_cert, pki.server_key);
+  ASSERT_GT(server.port, 0);
+
+  auto untrusting = Options("decode", "d-other-ca");
+  untrusting.tls_ca_file = pki.other_ca_cert;
+  auto d1 = PdConnector::Create(untrusting);
+  ASSERT_TRUE(d1.ok()) << d1.status().ToString();
+  auto refused = (*d1)->EnsurePeer("127.0.0.1", server.port, {}, /*https=*/true);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.status().message().find("TLS certificate verification failed"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_NE(refused.status().message().find("https://127.0.0.1:"), std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(server.requests.empty());
+
+  auto trusting = Options("decode", "d-tls");
+  trusting.tls_ca_file = pki.ca_cert;
+  auto d = PdConnector::Create(trusting);
+  ASSERT_TRUE(d.ok()) << d.status().ToString();
+  // Plain HTTP to the TLS port gets no handshake (the leg must say https).
+  auto plain = (*d)->EnsurePeer("127.0.0.1", server.port);
+  EXPECT_FALSE(plain.ok());
+  EXPECT_TRUE(server.requests.empty());
+  auto peer = (*d)->EnsurePeer("127.0.0.1", server.port, {}, /*https=*/true);
+  ASSERT_TRUE(peer.ok()) << peer.status().ToString();
+  EXPECT_EQ(*peer, "p-tls");
+  EXPECT_EQ(server.requests.size(), 1u);
+  EXPECT_EQ((*d)->stats().handshakes, 1);
 }
 
 }  // namespace

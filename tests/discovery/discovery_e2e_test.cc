@@ -132,6 +132,21 @@ TEST_F(DiscoveryE2eTest, ServeRefusesAWildcardAddressWithoutAdvertiseUrl) {
   EXPECT_NE(out.find("--advertise-url"), std::string::npos) << out;
   auto [rc2, out2] = Sh(KvpushBin() + " router --discovery http://x:1 2>&1");
   EXPECT_EQ(rc2, 2) << out2;
+  // An instance serving HTTPS registers an https URL, a plain one an http URL: an
+  // --advertise-url of the other scheme is refused at start, naming the one to give. (Any
+  // existing file passes the TLS flags' parser; they are loaded only later.)
+  const std::string tls = " --ssl-certfile " + KvpushBin() + " --ssl-keyfile " + KvpushBin();
+  auto [rc3, out3] = Sh(KvpushBin() +
+                        " serve --model x --discovery etcd://127.0.0.1:1"
+                        " --advertise-url http://127.0.0.1:8100" +
+                        tls + " 2>&1");
+  EXPECT_EQ(rc3, 2) << out3;
+  EXPECT_NE(out3.find("give https://HOST:PORT"), std::string::npos) << out3;
+  auto [rc4, out4] = Sh(KvpushBin() +
+                        " serve --model x --discovery etcd://127.0.0.1:1"
+                        " --advertise-url https://127.0.0.1:8100 2>&1");
+  EXPECT_EQ(rc4, 2) << out4;
+  EXPECT_NE(out4.find("give http://HOST:PORT"), std::string::npos) << out4;
 }
 
 }  // namespace

@@ -70,10 +70,10 @@ TEST(InstanceRecord, RoundTripsAndValidates) {
   EXPECT_FALSE(InstanceRecord::Parse("/kvpush/", r.Key("/kvpush/"), "not json").ok());
   // Every field is checked.
   const std::vector<std::pair<std::string, nlohmann::json>> bad = {
-      {"version", 2},         {"version", "1"},       {"role", "router"},
-      {"model", ""},          {"url", "https://h:1"}, {"url", "http://h"},
-      {"compat_hash", "xyz"}, {"compat_hash", 5},     {"incarnation", ""},
-      {"started_at", -1},     {"pid", "7"},           {"url", "http://h:1/path"}};
+      {"version", 2},         {"version", "1"},     {"role", "router"},
+      {"model", ""},          {"url", "ftp://h:1"}, {"url", "http://h"},
+      {"compat_hash", "xyz"}, {"compat_hash", 5},   {"incarnation", ""},
+      {"started_at", -1},     {"pid", "7"},         {"url", "http://h:1/path"}};
   for (const auto& [field, value] : bad) {
     nlohmann::json j = r.ToJson();
     j[field] = value;
@@ -82,6 +82,12 @@ TEST(InstanceRecord, RoundTripsAndValidates) {
     EXPECT_FALSE(InstanceRecord::FromJson(j).ok()) << "without " << field;
   }
   EXPECT_FALSE(InstanceRecord::FromJson(nlohmann::json::array()).ok());
+  // An instance serving HTTPS registers an https URL.
+  nlohmann::json tls = r.ToJson();
+  tls["url"] = "https://10.0.0.2:8100";
+  auto https = InstanceRecord::FromJson(tls);
+  ASSERT_TRUE(https.ok()) << https.status().ToString();
+  EXPECT_EQ(https->url, "https://10.0.0.2:8100");
 }
 
 TEST(EtcdGateway, ReadsInt64AsStringOrNumber) {

@@ -136,6 +136,27 @@ TEST(KvTransferParams, ConsumerPushRequiresHostAndPort) {
   EXPECT_EQ(Ok(j).remote_port, 65535);
 }
 
+// An https producer (docs/pd_protocol.md §1): "remote_scheme": "https" makes D's handshake
+// with P go over TLS; "http" or no member is plain HTTP (vLLM's instances send none).
+TEST(KvTransferParams, RemoteSchemeNamesAnHttpsProducer) {
+  EXPECT_FALSE(Ok(ConsumerPush()).remote_https);
+  auto j = ConsumerPush();
+  j["remote_scheme"] = "https";
+  EXPECT_TRUE(Ok(j).remote_https);
+  j["remote_scheme"] = "http";
+  EXPECT_FALSE(Ok(j).remote_https);
+  j["remote_scheme"] = nullptr;
+  EXPECT_FALSE(Ok(j).remote_https);
+  for (const json& bad : {json("HTTPS"), json("ftp"), json(""), json(true), json("https://")}) {
+    j["remote_scheme"] = bad;
+    const ParamError e = Err(j);
+    EXPECT_EQ(e.param, "kv_transfer_params.remote_scheme") << bad.dump();
+  }
+  auto pull = ConsumerPull();
+  pull["remote_scheme"] = "https";
+  EXPECT_TRUE(Ok(pull).remote_https);
+}
+
 TEST(KvTransferParams, ConsumerPull) {
   const auto p = Ok(ConsumerPull());
   EXPECT_EQ(p.role, Role::kConsumer);
@@ -371,7 +392,9 @@ TEST(KvTransferParams, PromptHashRefusesNonHexForms) {
 TEST(KvTransferParams, ToJsonReadsBackEqual) {
   auto pull_with_profile = ConsumerPull();
   pull_with_profile["pull_profile"] = "vllm";
-  for (const json& j : {ProducerPush(), ConsumerPush(), ConsumerPull(), pull_with_profile}) {
+  auto https = ConsumerPush();
+  https["remote_scheme"] = "https";
+  for (const json& j : {ProducerPush(), ConsumerPush(), ConsumerPull(), pull_with_profile, https}) {
     const KvTransferParams p = Ok(j);
     EXPECT_EQ(Ok(ToJson(p)), p) << j.dump() << " -> " << ToJson(p).dump();
   }
@@ -381,6 +404,9 @@ TEST(KvTransferParams, ToJsonReadsBackEqual) {
 TEST(KvTransferParams, ToJsonWritesOnlyWhatIsGiven) {
   EXPECT_EQ(ToJson(Ok(ProducerPush())), ProducerPush());
   EXPECT_EQ(ToJson(Ok(ConsumerPush())), ConsumerPush());
+  auto https = ConsumerPush();
+  https["remote_scheme"] = "https";
+  EXPECT_EQ(ToJson(Ok(https)), https);
 }
 
 // P's pull answer: the 15 members of docs/pd_protocol.md §1, which D reads back as its params.

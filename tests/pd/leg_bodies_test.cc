@@ -42,6 +42,11 @@ TEST(LegBodies, DecodePushLegNamesThePrefillInstance) {
   EXPECT_EQ(d["kv_transfer_params"]["transfer_id"], "t1");
   EXPECT_EQ(d["kv_transfer_params"]["remote_host"], "10.0.0.2");
   EXPECT_EQ(d["kv_transfer_params"]["remote_port"], 8100);
+  EXPECT_FALSE(d["kv_transfer_params"].contains("remote_scheme"));  // plain HTTP: as vLLM's
+  // An https P: D is told to handshake with it over TLS.
+  json tls = MakeDecodePushBody(client, "t1", "10.0.0.2", 8100, /*prefill_https=*/true);
+  EXPECT_EQ(tls["kv_transfer_params"]["remote_scheme"], "https");
+  EXPECT_EQ(tls["kv_transfer_params"]["remote_host"], "10.0.0.2");
 }
 
 TEST(LegBodies, DecodePullLegCopiesPrefillParamsVerbatim) {

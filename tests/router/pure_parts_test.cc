@@ -21,15 +21,23 @@ TEST(InstanceUrl, ParsesHostAndPort) {
   EXPECT_EQ(a->host, "127.0.0.1");
   EXPECT_EQ(a->port, 8100);
   EXPECT_EQ(a->url, "http://127.0.0.1:8100");
+  EXPECT_FALSE(a->https);
   auto b = ParseInstanceUrl("http://decode-0:9000");
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(b->host, "decode-0");
+  auto c = ParseInstanceUrl("https://p0.example:8443/");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(c->https);
+  EXPECT_EQ(c->host, "p0.example");
+  EXPECT_EQ(c->port, 8443);
+  EXPECT_EQ(c->url, "https://p0.example:8443");
 }
 
 TEST(InstanceUrl, RejectsBadUrlsWithAReason) {
   for (const char* bad :
-       {"https://h:1", "127.0.0.1:8100", "http://:8100", "http://host", "http://host:0",
-        "http://host:70000", "http://host:80/v1", "http://host:8x"}) {
+       {"ftp://h:1", "127.0.0.1:8100", "http://:8100", "http://host", "http://host:0",
+        "http://host:70000", "http://host:80/v1", "http://host:8x", "https://host",
+        "https://host:1/v1", "HTTPS://host:1"}) {
     auto a = ParseInstanceUrl(bad);
     ASSERT_FALSE(a.ok()) << bad;
     EXPECT_EQ(a.status().code(), StatusCode::kInvalidArgument);

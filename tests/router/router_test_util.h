@@ -42,27 +42,33 @@ struct Received {
 };
 
 /// A fake P or D instance (a D one also serves as a colocated instance). Behaviour knobs are
-/// atomics so tests can flip them while it runs. `port` 0: any free port.
+/// atomics so tests can flip them while it runs. `port` 0: any free port. With `tls_cert` and
+/// `tls_key` (PEM files) it serves HTTPS only (url() is https://).
 class FakeInstance {
  public:
-  explicit FakeInstance(bool prefill, int port = 0) : prefill_(prefill) {
-    svr_.new_task_queue = [] { return new httplib::ThreadPool(32); };
-    svr_.set_keep_alive_max_count(1000);  // as kvpush's own server (src/server/http_server.cc)
+  explicit FakeInstance(bool prefill, int port = 0, const std::string& tls_cert = {},
+                        const std::string& tls_key = {})
+      : prefill_(prefill),
+        tls_(!tls_cert.empty()),
+        svr_(tls_ ? std::make_unique<httplib::SSLServer>(tls_cert.c_str(), tls_key.c_str())
+                  : std::make_unique<httplib::Server>()) {
+    svr_->new_task_queue = [] { return new httplib::ThreadPool(32); };
+    svr_->set_keep_alive_max_count(1000);  // as kvpush's own server (src/server/http_server.cc)
     // Idle keep-alive connections hold a worker until this timeout, and Stop() waits for them:
     // 1 s (httplib's default is 5 s). The router's idle limit (max_idle_s_) stays below it.
-    svr_.set_keep_alive_timeout(1);
-    svr_.Get("/health", [this](const httplib::Request&, httplib::Response& res) {
+    svr_->set_keep_alive_timeout(1);
+    svr_->Get("/health", [this](const httplib::Request&, httplib::Response& res) {
       if (health_delay_ms.load() > 0) Hold(health_delay_ms.load());
       if (draining.load()) return AnswerDraining(res);
       res.status = health_status.load();
       std::lock_guard<std::mutex> lock(mu_);
       res.set_content(health_body_, health_body_.empty() ? "text/plain" : "application/json");
     });
-    svr_.Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
+    svr_->Get("/v1/models", [](const httplib::Request&, httplib::Response& res) {
       res.set_content(R"({"object":"list","data":[{"id":"fake-model","object":"model"}]})",
                       "application/json");
     });
-    svr_.Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {
+    svr_->Post("/kv/abort", [this](const httplib::Request& req, httplib::Response& res) {
       const json b = json::parse(req.body, nullptr, false);
       const std::string tid = b.is_object() ? b.value("transfer_id", "") : "";
       {
@@ -86,15 +92,15 @@ class FakeInstance {
         AnswerDecode(r, res);
       }
     };
-    svr_.Post("/v1/completions", completions);
-    svr_.Post("/v1/chat/completions", completions);
+    svr_->Post("/v1/completions", completions);
+    svr_->Post("/v1/chat/completions", completions);
     if (port == 0) {
-      port_ = svr_.bind_to_any_port("127.0.0.1");
+      port_ = svr_->bind_to_any_port("127.0.0.1");
     } else {
-      port_ = svr_.bind_to_port("127.0.0.1", port) ? port : -1;
+      port_ = svr_->bind_to_port("127.0.0.1", port) ? port : -1;
     }
-    thread_ = std::thread([this] { svr_.listen_after_bind(); });
-    WaitFor([this] { return svr_.is_running(); });
+    thread_ = std::thread([this] { svr_->listen_after_bind(); });
+    WaitFor([this] { return svr_->is_running(); });
   }
   ~FakeInstance() {
     Release();
@@ -104,11 +110,13 @@ class FakeInstance {
   FakeInstance& operator=(const FakeInstance&) = delete;
 
   void Stop() {
-    svr_.stop();
+    svr_->stop();
     if (thread_.joinable()) thread_.join();
   }
   int port() const { return port_; }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const {
+    return (tls_ ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(port_);
+  }
   /// The distinct router-side ports the completions came on (one per connection).
   size_t connections() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -262,7 +270,8 @@ class FakeInstance {
   }
 
   bool prefill_;
-  httplib::Server svr_;
+  bool tls_ = false;
+  std::unique_ptr<httplib::Server> svr_;
   std::thread thread_;
   int port_ = 0;
   std::mutex mu_;
@@ -286,8 +295,12 @@ class RouterTest : public ::testing::Test {
  protected:
   void StartRouter(int num_prefill = 1, int num_decode = 1, TransferMode mode = TransferMode::kPush,
                    std::string pull_profile = "", int health_interval_ms = 50) {
-    for (int i = 0; i < num_prefill; ++i) p_.push_back(std::make_unique<FakeInstance>(true));
-    for (int i = 0; i < num_decode; ++i) d_.push_back(std::make_unique<FakeInstance>(false));
+    for (int i = 0; i < num_prefill; ++i) {
+      p_.push_back(std::make_unique<FakeInstance>(true, 0, fake_tls_cert_, fake_tls_key_));
+    }
+    for (int i = 0; i < num_decode; ++i) {
+      d_.push_back(std::make_unique<FakeInstance>(false, 0, fake_tls_cert_, fake_tls_key_));
+    }
     RouterOptions o;
     for (auto& p : p_) o.prefill_urls.push_back(p->url());
     for (auto& d : d_) o.decode_urls.push_back(d->url());
@@ -381,6 +394,8 @@ class RouterTest : public ::testing::Test {
   std::function<void(RouterOptions&)> options_hook_;
   /// The router's idle-connection age limit: below the fakes' 1 s keep-alive timeout.
   double max_idle_s_ = 0.5;
+  /// Set before StartRouter: its fake instances serve HTTPS with this certificate and key.
+  std::string fake_tls_cert_, fake_tls_key_;
 };
 
 }  // namespace kvpush::router::test

@@ -14,6 +14,25 @@
 namespace kvpush {
 namespace {
 
+/// The request the calling thread's log lines are about (LogRequestScope, SetLogRequestId).
+thread_local std::string t_request_id;  // NOLINT(cppcoreguidelines-avoid-non-const-global-variables)
+
+/// %* in the text pattern: "[req ID] " on a line about a request, nothing otherwise.
+class RequestIdFlag final : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg&, const std::tm&, spdlog::memory_buf_t& dest) override {
+    if (t_request_id.empty()) return;
+    static constexpr std::string_view kOpen = "[req ";
+    dest.append(kOpen.data(), kOpen.data() + kOpen.size());
+    dest.append(t_request_id.data(), t_request_id.data() + t_request_id.size());
+    dest.push_back(']');
+    dest.push_back(' ');
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<RequestIdFlag>();
+  }
+};
+
 /// --log-format json: one JSON object per line.
 class JsonLineFormatter final : public spdlog::formatter {
  public:
@@ -29,7 +48,11 @@ class JsonLineFormatter final : public spdlog::formatter {
     const std::string line = std::string("{\"time\":\"") + ts + "." +
                              std::to_string(1000 + ms.count()).substr(1) + "Z\",\"level\":\"" +
                              std::string(level.data(), level.size()) + "\",\"tid\":" +
-                             std::to_string(msg.thread_id) + ",\"message\":\"" +
+                             std::to_string(msg.thread_id) +
+                             (t_request_id.empty()
+                                  ? std::string()
+                                  : ",\"request_id\":\"" + JsonEscape(t_request_id) + "\"") +
+                             ",\"message\":\"" +
                              JsonEscape(std::string_view(msg.payload.data(), msg.payload.size())) +
                              "\"}\n";
     dest.append(line.data(), line.data() + line.size());
@@ -40,6 +63,16 @@ class JsonLineFormatter final : public spdlog::formatter {
 };
 
 }  // namespace
+
+LogRequestScope::LogRequestScope(std::string_view request_id) : previous_(t_request_id) {
+  t_request_id.assign(request_id);
+}
+
+LogRequestScope::~LogRequestScope() { t_request_id.swap(previous_); }
+
+void SetLogRequestId(std::string_view request_id) { t_request_id.assign(request_id); }
+
+std::string_view CurrentLogRequestId() { return t_request_id; }
 
 std::string JsonEscape(std::string_view s) {
   // nlohmann's serializer: RFC 8259 escapes, and bytes that are not UTF-8 become U+FFFD, so a
@@ -58,13 +91,16 @@ Status InitLogging(std::string_view level, std::string_view format) {
     return InvalidArgument("unknown log level '" + std::string(level) +
                            "' (expected trace, debug, info, warn, error or off)");
   }
+  spdlog::drop("kvpush");  // a second call (tests) replaces the logger
   auto logger = spdlog::stderr_color_mt("kvpush");
   spdlog::set_default_logger(logger);
   spdlog::set_level(lvl);
   if (format == "json") {
     spdlog::set_formatter(std::make_unique<JsonLineFormatter>());
   } else {
-    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [t%t] %v");
+    auto text = std::make_unique<spdlog::pattern_formatter>();
+    text->add_flag<RequestIdFlag>('*').set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] [t%t] %*%v");
+    spdlog::set_formatter(std::move(text));
   }
   return Status::Ok();
 }

@@ -26,6 +26,7 @@ template <typename Event>
 Event LegStart(const Sequence& seq, std::span<const BlockId> blocks) {
   Event ev;
   ev.seq_id = seq.seq_id;
+  ev.request_id = seq.request.request_id;
   ev.params = seq.request.kv_transfer;
   ev.num_prompt_tokens = seq.num_prompt_tokens;
   ev.prompt_hash = PromptHashOf(seq);

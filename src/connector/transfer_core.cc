@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "common/log.h"
 #include "pd/ids.h"
 
 namespace kvpush::connector {
@@ -112,7 +113,28 @@ std::string TransferCore::PeerOf(const pd::KvTransferParams& p) const {
 // ---------------------------------------------------------------------------------------------
 // Inputs
 
+std::string_view TransferCore::RequestIdOf(const std::string& tid) const {
+  if (auto p = producers_.find(tid); p != producers_.end()) return p->second.request_id;
+  if (auto c = consumers_.find(tid); c != consumers_.end()) return c->second.request_id;
+  return {};
+}
+
+std::string_view TransferCore::RequestIdOf(const EngineEvent& ev) const {
+  if (const auto* e = std::get_if<ProducerStartEvent>(&ev)) return e->request_id;
+  if (const auto* e = std::get_if<ConsumerStartEvent>(&ev)) return e->request_id;
+  if (const auto* e = std::get_if<ProducerDoneEvent>(&ev)) {
+    auto s = producer_by_seq_.find(e->seq_id);
+    return s == producer_by_seq_.end() ? std::string_view() : RequestIdOf(s->second);
+  }
+  if (const auto* e = std::get_if<ConsumerAbortEvent>(&ev)) return RequestIdOf(e->transfer_id);
+  if (const auto* e = std::get_if<ReadPostedEvent>(&ev)) return RequestIdOf(e->transfer_id);
+  if (const auto* e = std::get_if<AbortTransferEvent>(&ev)) return RequestIdOf(e->transfer_id);
+  return {};  // steps and layers (several requests: OnLayer names each), status answers
+}
+
 void TransferCore::HandleEvent(EngineEvent ev) {
+  // Copied: the event's handling may erase the transfer that owns the id.
+  LogRequestScope scope(RequestIdOf(ev));
   struct Dispatch {
     TransferCore& core;
     void operator()(ProducerStartEvent& e) const { core.OnProducerStart(e); }
@@ -173,6 +195,7 @@ HandoffRecord* TransferCore::TimelineOf(const std::string& tid) {
 }
 
 void TransferCore::HandleDecoded(const std::string& peer, PdMessage& m, uint64_t connection) {
+  LogRequestScope scope(RequestIdOf(m.transfer_id));
   arrived_on_ = connection;
   if (HandoffRecord* r = TimelineOf(m.transfer_id)) ++r->messages_received;
   switch (m.tag) {
@@ -205,6 +228,7 @@ void TransferCore::OnTransferDone(TransferToken token, const xfer::TransferStatu
   if (it == outstanding_.end()) return;
   const Outstanding o = std::move(it->second);
   outstanding_.erase(it);
+  LogRequestScope scope(RequestIdOf(o.tid));
   if (s.state != xfer::TransferState::kDone) ++stats_.transfers_failed;
   switch (o.kind) {
     case XferKind::kWrite:
@@ -341,6 +365,7 @@ void TransferCore::ExpireTimers(TimePoint now) {
   }
   for (const auto& tid : expired) {
     Producer& p = producers_.at(tid);
+    LogRequestScope scope(p.request_id);
     spdlog::warn("kv connector: lease of transfer {} expired after {} ms; blocks freed", tid,
                  config_.lease.count());
     ++stats_.leases_expired;
@@ -406,6 +431,7 @@ void TransferCore::OnTransferStatus(TransferStatusEvent& ev) {
     auto it = consumers_.find(tid);
     if (!settled || it == consumers_.end()) continue;
     Consumer& c = it->second;
+    LogRequestScope scope(c.request_id);
     const bool waiting =
         c.state == ConsumerState::kQuarantined || c.state == ConsumerState::kCancelling;
     if (c.peer != ev.peer || c.mode != Mode::kPush || !waiting) continue;
@@ -441,6 +467,7 @@ void TransferCore::CheckConsumerTimers(TimePoint now) {
     auto it = consumers_.find(tid);
     if (it == consumers_.end()) continue;
     Consumer& c = it->second;
+    LogRequestScope scope(c.request_id);
     if (auto gone = PeerGoneReason(c)) {
       // The process that could write into the blocks is gone (its connection broke, it exited
       // or it restarted): nothing of it can land any more.

@@ -89,6 +89,7 @@ void TransferCore::OnConsumerStart(ConsumerStartEvent& ev) {
   }
   Consumer c;
   c.seq_id = ev.seq_id;
+  c.request_id = std::move(ev.request_id);
   c.tid = tid;
   c.mode = ev.params.mode;
   c.state = c.mode == Mode::kPush ? ConsumerState::kAwaitingKv : ConsumerState::kPinSent;
@@ -184,6 +185,8 @@ void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
   }
   // Pull: read only what P confirms it still holds (DESIGN.md §3 pull step 3).
   m.tag = MsgTag::kPin;
+  spdlog::debug("kv connector: PIN of transfer {} sent to '{}' ({} blocks from {})", con.tid,
+                con.peer, con.num_blocks, m.first_block);
   SendMessage(con.peer, m);
   ++stats_.pins_sent;
 }
@@ -484,6 +487,9 @@ void TransferCore::CompleteConsumer(Consumer& c, Status status, std::optional<To
     if (!status.ok()) {
       spdlog::warn("kv connector: transfer {} failed: {} (policy {})", c.tid, status.ToString(),
                    r.recompute ? "recompute" : "fail");
+    } else {
+      spdlog::debug("kv connector: transfer {} loaded ({} blocks from '{}', verified)", c.tid,
+                    c.num_blocks, c.peer);
     }
     r.status = std::move(status);
     r.first_token = std::move(token);

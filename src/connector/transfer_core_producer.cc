@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "common/log.h"
 #include "connector/transfer_core.h"
 #include "kv/block_checksum.h"
 #include "pd/ids.h"
@@ -32,6 +33,7 @@ void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   Producer p;
   p.seq_id = ev.seq_id;
   p.tid = tid;
+  p.request_id = std::move(ev.request_id);
   p.mode = ev.params.mode;
   p.n = ev.num_prompt_tokens;
   p.prompt_hash = ev.prompt_hash;
@@ -77,6 +79,7 @@ void TransferCore::OnLayer(int32_t layer) {
     if (it == producers_.end()) continue;
     Producer& p = it->second;
     if (layer < 0 || layer >= static_cast<int32_t>(p.layer_done.size())) continue;
+    LogRequestScope scope(p.request_id);
     p.layer_done[static_cast<size_t>(layer)] = c.end_pos;
     TryPostLayer(p, layer);
   }
@@ -240,9 +243,8 @@ void TransferCore::OnAbortTransfer(const std::string& tid) {
 }
 
 void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
-  spdlog::debug("kv connector: push target {} from '{}' (blocks [{}, +{}) of {} from {})",
-                m.transfer_id, peer, m.part_offset, m.block_ids.size(), m.num_blocks,
-                m.first_block);
+  // Logged when attached (AttachTarget): a target that arrives before its prefill request is
+  // held, and only the request names it (its log lines carry the request id).
   if (IsTombstoned(m.transfer_id)) {
     const char* why = "unknown or expired transfer (its lease ran out or it already ended)";
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", m.transfer_id, peer, why);
@@ -310,6 +312,8 @@ bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m, uint64_t
 
 void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage& m,
                                 uint64_t connection) {
+  spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {})", p.tid, peer,
+                m.block_ids.size(), m.first_block);
   auto fail = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", p.tid, peer, why);
     SendFailure(peer, p.tid, StatusCode::kInvalidArgument, why);

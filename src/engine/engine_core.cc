@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/clock.h"
+#include "common/log.h"
 
 namespace kvpush {
 
@@ -220,6 +221,7 @@ void EngineCore::ApplyKvLoads() {
       continue;
     }
     if (!r.status.ok()) {
+      LogRequestScope scope(seq.request.request_id);
       spdlog::warn("request {}: KV load failed ({}); recomputing the prompt locally",
                    seq.request.request_id, r.status.ToString());
       ++stats_.kv_load_recomputes;
@@ -317,6 +319,7 @@ int32_t EngineCore::Step() {
     chunk.all_logits = seq.wants_prompt_logprobs();
     if (Status v = CheckChunk(chunk); !v.ok()) {
       // Never let one request's bad input reach the executor with others.
+      LogRequestScope scope(seq.request.request_id);
       spdlog::error("request {}: not executed: {}", seq.request.request_id, v.ToString());
       Finish(seq, FinishReason::kError, Internal("request failed validation: " + v.message()), {},
              {});
@@ -406,13 +409,15 @@ std::vector<Status> EngineCore::ExecuteEach() {
   std::vector<Status> results;
   results.reserve(batch_.size());
   size_t row = 0;
-  for (const SequenceChunk& chunk : batch_) {
+  for (size_t i = 0; i < batch_.size(); ++i) {
+    const SequenceChunk& chunk = batch_[i];
     const auto rows = static_cast<size_t>(chunk.logit_rows());
     std::span<float> logits(logits_.data() + row * vocab, rows * vocab);
     row += rows;
     results.push_back(
         executor_->Execute(std::span<const SequenceChunk>(&chunk, 1), *kv_, logits, nullptr));
     if (!results.back().ok()) {
+      LogRequestScope scope(batch_seqs_[i]->request.request_id);
       spdlog::error("sequence {} failed alone: {}", chunk.seq_id, results.back().ToString());
     }
   }

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "common/listen_backlog.h"
+#include "common/log.h"
 #include "common/thread_name.h"
 #include "http/api_error.h"
 #include "http/task_queue.h"
@@ -39,6 +40,16 @@ std::string BodylessErrorMessage(const Request& req, int status) {
 thread_local AccessNote t_note;
 thread_local std::chrono::steady_clock::time_point t_start;
 
+/// Whether a client's x-request-id is kept as the request's id: pd::IsValidRequestId's rule, 1..256
+/// visible ASCII characters (http/ sits below pd/, docs/architecture.md).
+bool KeptRequestId(std::string_view id) {
+  if (id.empty() || id.size() > 256) return false;
+  for (const char c : id) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
 bool IsOpenPath(const std::string& path) {
   for (std::string_view open : kOpenPaths) {
     if (path == open) return true;
@@ -57,6 +68,11 @@ std::unique_ptr<httplib::Server> MakeServer(const FrontDoorOptions& o) {
 
 AccessNote& CurrentAccessNote() {
   return t_note;
+}
+
+void SetCurrentRequestId(const std::string& request_id) {
+  t_note.request_id = request_id;
+  SetLogRequestId(request_id);
 }
 
 std::chrono::steady_clock::time_point CurrentRequestStart() {
@@ -116,6 +132,8 @@ void FrontDoor::InstallPreRouting() {
   server_->set_pre_routing_handler([this](const Request& req, Response& res) {
     t_note = AccessNote{};
     t_start = std::chrono::steady_clock::now();
+    const std::string& id = req.get_header_value("x-request-id");
+    SetLogRequestId(KeptRequestId(id) ? std::string_view(id) : std::string_view());
     if (options_.api_key.empty() || IsOpenPath(req.path)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
@@ -173,6 +191,7 @@ void FrontDoor::InstallErrorAnswers() {
     // A request cpp-httplib refuses before routing (a malformed one) has no start of its own.
     t_start = {};
     t_note = AccessNote{};
+    SetLogRequestId("");
   });
 }
 

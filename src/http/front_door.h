@@ -75,6 +75,13 @@ struct AccessNote {
 /// request's routing starts. Call only from a handler or content provider.
 AccessNote& CurrentAccessNote();
 
+/// Names the request the calling thread serves: the id of its access-log line, and the id every
+/// log line of this thread carries until that line is written (common/log.h, LogRequestScope).
+/// The front door starts each request with its x-request-id header when the header is a valid id
+/// (1..256 visible ASCII characters, pd/ids.h's rule), so a handler calls this once it has chosen
+/// the id it answers with. Call only from a handler or content provider.
+void SetCurrentRequestId(const std::string& request_id);
+
 /// When the calling thread's current request arrived (its routing began). Same rules.
 std::chrono::steady_clock::time_point CurrentRequestStart();
 

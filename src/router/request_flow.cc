@@ -165,6 +165,7 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
       t->request_id = r.ids().RequestId(t->path == "/v1/chat/completions" ? "chatcmpl-" : "cmpl-");
     }
     res.set_header("x-request-id", t->request_id);
+    http::SetCurrentRequestId(t->request_id);
   }
   // Parsed only to learn whether the answer streams; the client's bytes are forwarded as-is.
   const json body = ParseJson(req.body);
@@ -202,6 +203,7 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
     t->request_id = r.ids().RequestId(chat ? "chatcmpl-" : "cmpl-");
   }
   res.set_header("x-request-id", t->request_id);
+  http::SetCurrentRequestId(t->request_id);
 
   ModeChoice mode{o.mode, o.mode == TransferMode::kPull ? o.pull_profile : ""};
   auto reject = [&](const std::string& message, const std::string& code,
@@ -218,7 +220,6 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
   t->mode = mode.mode;
   *pull_profile = mode.pull_profile;
   http::AccessNote& note = http::CurrentAccessNote();
-  note.request_id = t->request_id;
   if (http::Tracer* tracer = r.tracer()) {
     const auto parent = http::ParseTraceparent(req.get_header_value("traceparent"));
     t->trace = tracer->NewSpan(parent);

@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/log.h"
 #include "common/thread_name.h"
 #include "router/leg.h"
 
@@ -77,6 +78,7 @@ void TransferAborter::Work() {
 }
 
 void TransferAborter::Send(const Job& job) {
+  LogRequestScope scope(job.request_id);
   Leg leg(job.instance, /*pool=*/nullptr, options_.connect_timeout_s, options_.read_timeout_s,
           options_.api_key, options_.tls);
   {

@@ -1,7 +1,9 @@
 #include "router/worker_pool.h"
 
 #include <algorithm>
+#include <string>
 
+#include "common/log.h"
 #include "common/thread_name.h"
 
 namespace kvpush::router {
@@ -21,7 +23,11 @@ bool WorkerPool::Submit(std::function<void()> task) {
   {
     MutexLock lock(mu_);
     if (stopping_) return false;
-    queue_.push_back(std::move(task));
+    // The task's log lines are about the submitter's request (common/log.h).
+    queue_.push_back([id = std::string(CurrentLogRequestId()), task = std::move(task)] {
+      LogRequestScope scope(id);
+      task();
+    });
     // Every idle worker is about to take one queued task; grow when they are not enough.
     if (idle_ < queue_.size() && threads_.size() < max_threads_) {
       threads_.emplace_back([this] { Work(); });

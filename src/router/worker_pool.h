@@ -28,7 +28,8 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
-  /// Queues `task`. Returns false (and drops it) once Stop() began.
+  /// Queues `task`. Returns false (and drops it) once Stop() began. The task's log lines carry the
+  /// request id that was current on the submitting thread (common/log.h, LogRequestScope).
   bool Submit(std::function<void()> task);
 
   /// Refuses new tasks, lets the queued and running ones finish, joins every thread. Idempotent.

@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/drain.h"
+#include "http/front_door.h"
 #include "pd/ids.h"
 #include "pd/kv_transfer_params.h"
 #include "server/completion_prepare.h"
@@ -86,6 +87,7 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
                     ? id
                     : c.new_request_id(kind == ApiKind::kChat ? "chatcmpl-" : "cmpl-");
   res.set_header("x-request-id", st->meta.id);
+  http::SetCurrentRequestId(st->meta.id);
   st->meta.created = static_cast<int64_t>(std::time(nullptr));
   st->meta.model = c.served_model_name;
   st->meta.system_fingerprint = SystemFingerprint(c.engine.model_config().fingerprint);

@@ -70,7 +70,6 @@ void CompletionState::RecordParams() const {
 
 void CompletionState::NoteAccess(const RequestOutput& o) const {
   http::AccessNote& note = http::CurrentAccessNote();
-  note.request_id = meta.id;
   const auto start = http::CurrentRequestStart();
   if (note.ttft_ms < 0 && !o.tokens.empty() && start != std::chrono::steady_clock::time_point{}) {
     note.ttft_ms =

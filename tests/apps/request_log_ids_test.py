@@ -103,8 +103,8 @@ def run(args, logdir):
                         "--kv-transfer-config", cfg % "kv_producer"], pp)
         d = serve("d", ["serve", args.model, "--port", str(dp), "--kv-transfer-config",
                         cfg % "kv_consumer"], dp)
-        r = serve("router", ["router", "--port", str(rp), "--prefill", p.url, "--decode", d.url,
-                             "--log-format", "json"], rp)
+        serve("router", ["router", "--port", str(rp), "--prefill", p.url, "--decode", d.url,
+                        "--log-format", "json"], rp)
         for inst in procs:
             if not inst.wait_healthy(90):
                 raise SystemExit("%s did not become healthy" % inst.name)

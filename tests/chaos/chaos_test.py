@@ -14,6 +14,8 @@ concurrency C while a fault driver, at random:
   * leaves pull leases to expire (P legs sent straight to P, never followed by a D leg),
   * makes a P a broken but alive peer for a while (SIGUSR1 ... SIGUSR2: every transfer post of
     it fails, its HTTP and /health stay fine; issue 26),
+  * restarts a P and stops it as soon as it is healthy, before the Ds handshake with its new
+    incarnation (legs naming it must not queue behind the handshake; issue 26),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -50,7 +52,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pylib"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kvpush_harness as H  # noqa: E402
+from chaos_faults import FaultDriver  # noqa: E402
 from kvpush_harness import (CRASH_PATTERNS, REQUEST_TIMEOUT_S, Instance, Netns, body_for,  # noqa: E402
                             free_port, log, make_pool, send, sh, short, tail)
 
@@ -71,7 +75,9 @@ QUARANTINE_LIMIT_S = 3.0 + 3.0 + BROKEN_PEER_MS / 1000.0 + 2.0
 
 # ----------------------------------------------------------------------------------------------
 
-class Chaos:
+class Chaos(FaultDriver):
+    watchdog_ms = WATCHDOG_MS
+
     def __init__(self, a):
         self.a = a
         self.rng = random.Random(a.seed)
@@ -323,80 +329,6 @@ class Chaos:
             self.violation("only %d of %d requests were sent within --max-traffic-s %d" % (
                 nxt[0], self.a.requests, self.a.max_traffic_s))
 
-    # -- faults ----------------------------------------------------------------------------------
-
-    def restart(self, inst):
-        inst.kill()
-        inst.start()
-        if not inst.wait_healthy(60):
-            self.violation("%s did not come back after a restart: %s" % (
-                inst.name, tail(inst.incarnations[-1]["log"])))
-
-    def orphan_pull_legs(self, p, n):
-        """P legs of pull requests never followed by a D leg: P leases the blocks until lease_ms."""
-        for _ in range(n):
-            e = self.pool[self.frng.randrange(len(self.pool))]
-            b = body_for(e, False)
-            b["max_tokens"] = 1
-            b["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
-                                       "transfer_mode": "pull",
-                                       "transfer_id": "%032x" % self.frng.getrandbits(128)}
-            r = send(p.host, p.port, b, timeout=10)
-            self.count(self.faults, "lease left to expire (orphan pull P leg, %s)" % (
-                "answered" if r["kind"] == "ok" else "refused: " + r["kind"]))
-
-    def fault_loop(self):
-        self.frng = random.Random(self.a.seed ^ 0x5EED)
-        kinds = [k for k in self.a.faults.split(",") if k != "link_cut" or self.netns]
-        while not self.traffic_done.wait(self.frng.uniform(self.a.fault_gap_s * 0.5,
-                                                             self.a.fault_gap_s * 1.5)):
-            for inst in self.pd:
-                inst.scrape()
-            kind = self.frng.choice(kinds)
-            if kind == "kill_restart_P" or kind == "kill_restart_D":
-                inst = self.frng.choice(self.P if kind.endswith("P") else self.D)
-                inst.scrape()
-                self.count(self.faults, "SIGKILL + restart on the same port (%s)" % inst.name[0])
-                log("fault: SIGKILL %s, restart on port %d" % (inst.name, inst.port))
-                self.restart(inst)
-            elif kind in ("sigstop", "sigstop_P", "sigstop_D"):
-                inst = self.frng.choice(self.pd if kind == "sigstop" else
-                                        self.P if kind.endswith("P") else self.D)
-                pause = (WATCHDOG_MS + self.frng.randrange(300, 2000)) / 1000.0
-                self.count(self.faults, "SIGSTOP past the watchdog (%s)" % inst.name[0])
-                log("fault: SIGSTOP %s for %.1f s" % (inst.name, pause))
-                inst.proc.send_signal(signal.SIGSTOP)
-                time.sleep(pause)
-                inst.proc.send_signal(signal.SIGCONT)
-            elif kind == "orphan_leases":
-                p = self.frng.choice(self.P)
-                n = self.frng.randrange(2, 8)
-                log("fault: %d pull P legs to %s left to expire" % (n, p.name))
-                self.orphan_pull_legs(p, n)
-            elif kind == "broken_P":
-                if not self.fault_flag:
-                    continue
-                inst = self.frng.choice(self.P)
-                hold = self.frng.uniform(1.0, 5.0)
-                self.count(self.faults, "broken but alive: every transfer post fails (P)")
-                log("fault: %s broken (every post fails) for %.1f s" % (inst.name, hold))
-                inst.proc.send_signal(signal.SIGUSR1)
-                time.sleep(hold)
-                inst.proc.send_signal(signal.SIGUSR2)
-            elif kind == "link_cut":
-                i = self.frng.randrange(len(self.pd))
-                down = self.frng.uniform(0.5, 3.0)
-                self.count(self.faults, "link cut (veth down/up, %s)" % self.pd[i].name[0])
-                log("fault: link of %s down for %.1f s" % (self.pd[i].name, down))
-                self.netns.set_link(i, False)
-                time.sleep(down)
-                self.netns.set_link(i, True)
-            for inst in self.instances:
-                if inst.proc.poll() is not None:
-                    self.violation("%s exited unexpectedly with status %s: %s" % (
-                        inst.name, inst.proc.returncode, tail(inst.incarnations[-1]["log"])))
-                    return
-
     # -- end checks ------------------------------------------------------------------------------
 
     def settle_and_check_pools(self):
@@ -601,7 +533,8 @@ def main():
     ap.add_argument("--max-traffic-s", type=int, default=270)
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--faults",
-                    default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P",
+                    default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P,"
+                            "restart_stopped_P",
                     help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
@@ -616,6 +549,10 @@ def main():
     if not os.path.exists(a.model):
         print("chaos: SKIP: model %s not found" % a.model)
         return 77
+    unknown = [k for k in a.faults.split(",") if k not in FaultDriver.FAULTS]
+    if unknown:
+        print("chaos: unknown fault kind(s) %s (known: %s)" % (unknown, sorted(FaultDriver.FAULTS)))
+        return 2
     if not 16 <= a.concurrency <= 32:
         log("note: concurrency %d is outside the 16..32 the issue asks for" % a.concurrency)
     os.makedirs(a.work, exist_ok=True)

@@ -1,0 +1,119 @@
+"""The fault driver of the chaos test (chaos_test.py): one method per fault kind, drawn at random
+from --faults while traffic runs. A mixin of chaos_test.Chaos, whose state it uses (the instances,
+the fault counts, the fault RNG, violation())."""
+
+import random
+import signal
+import time
+
+from kvpush_harness import body_for, log, send, tail
+
+
+class FaultDriver:
+    """Needs from the class it is mixed into: a (arguments), P, D, pd, instances, pool, netns,
+    fault_flag, faults (counts), traffic_done (threading.Event), watchdog_ms, count(),
+    violation()."""
+
+    def restart(self, inst):
+        inst.kill()
+        inst.start()
+        if not inst.wait_healthy(60):
+            self.violation("%s did not come back after a restart: %s" % (
+                inst.name, tail(inst.incarnations[-1]["log"])))
+
+    def orphan_pull_legs(self, p, n):
+        """P legs of pull requests never followed by a D leg: P leases the blocks until lease_ms."""
+        for _ in range(n):
+            e = self.pool[self.frng.randrange(len(self.pool))]
+            b = body_for(e, False)
+            b["max_tokens"] = 1
+            b["kv_transfer_params"] = {"do_remote_decode": True, "do_remote_prefill": False,
+                                       "transfer_mode": "pull",
+                                       "transfer_id": "%032x" % self.frng.getrandbits(128)}
+            r = send(p.host, p.port, b, timeout=10)
+            self.count(self.faults, "lease left to expire (orphan pull P leg, %s)" % (
+                "answered" if r["kind"] == "ok" else "refused: " + r["kind"]))
+
+    def stop_for(self, inst, pause):
+        inst.proc.send_signal(signal.SIGSTOP)
+        time.sleep(pause)
+        inst.proc.send_signal(signal.SIGCONT)
+
+    # -- one method per fault kind ---------------------------------------------------------------
+
+    def fault_kill_restart(self, kind):
+        inst = self.frng.choice(self.P if kind.endswith("P") else self.D)
+        inst.scrape()
+        self.count(self.faults, "SIGKILL + restart on the same port (%s)" % inst.name[0])
+        log("fault: SIGKILL %s, restart on port %d" % (inst.name, inst.port))
+        self.restart(inst)
+
+    def fault_sigstop(self, kind):
+        inst = self.frng.choice(self.pd if kind == "sigstop" else
+                                self.P if kind.endswith("P") else self.D)
+        pause = (self.watchdog_ms + self.frng.randrange(300, 2000)) / 1000.0
+        self.count(self.faults, "SIGSTOP past the watchdog (%s)" % inst.name[0])
+        log("fault: SIGSTOP %s for %.1f s" % (inst.name, pause))
+        self.stop_for(inst, pause)
+
+    def fault_restart_stopped(self, _kind):
+        """A new P incarnation stopped as soon as it answers /health: the Ds must handshake with
+        it again, and legs naming it must not queue behind that handshake (issue 26 item 1)."""
+        inst = self.frng.choice(self.P)
+        delay = self.frng.uniform(0.0, 1.2)  # around the router's 1 s health interval
+        pause = (self.watchdog_ms + self.frng.randrange(300, 2000)) / 1000.0
+        self.count(self.faults, "restarted, stopped before any handshake (P)")
+        log("fault: SIGKILL %s, restart, SIGSTOP %.1f s after it is healthy, for %.1f s" % (
+            inst.name, delay, pause))
+        inst.scrape()
+        self.restart(inst)
+        time.sleep(delay)
+        self.stop_for(inst, pause)
+
+    def fault_orphan_leases(self, _kind):
+        p = self.frng.choice(self.P)
+        n = self.frng.randrange(2, 8)
+        log("fault: %d pull P legs to %s left to expire" % (n, p.name))
+        self.orphan_pull_legs(p, n)
+
+    def fault_broken(self, _kind):
+        if not self.fault_flag:
+            return
+        inst = self.frng.choice(self.P)
+        hold = self.frng.uniform(1.0, 5.0)
+        self.count(self.faults, "broken but alive: every transfer post fails (P)")
+        log("fault: %s broken (every post fails) for %.1f s" % (inst.name, hold))
+        inst.proc.send_signal(signal.SIGUSR1)
+        time.sleep(hold)
+        inst.proc.send_signal(signal.SIGUSR2)
+
+    def fault_link_cut(self, _kind):
+        i = self.frng.randrange(len(self.pd))
+        down = self.frng.uniform(0.5, 3.0)
+        self.count(self.faults, "link cut (veth down/up, %s)" % self.pd[i].name[0])
+        log("fault: link of %s down for %.1f s" % (self.pd[i].name, down))
+        self.netns.set_link(i, False)
+        time.sleep(down)
+        self.netns.set_link(i, True)
+
+    FAULTS = {
+        "kill_restart_P": fault_kill_restart, "kill_restart_D": fault_kill_restart,
+        "sigstop": fault_sigstop, "sigstop_P": fault_sigstop, "sigstop_D": fault_sigstop,
+        "restart_stopped_P": fault_restart_stopped, "orphan_leases": fault_orphan_leases,
+        "broken_P": fault_broken, "link_cut": fault_link_cut,
+    }
+
+    def fault_loop(self):
+        self.frng = random.Random(self.a.seed ^ 0x5EED)
+        kinds = [k for k in self.a.faults.split(",") if k != "link_cut" or self.netns]
+        while not self.traffic_done.wait(self.frng.uniform(self.a.fault_gap_s * 0.5,
+                                                             self.a.fault_gap_s * 1.5)):
+            for inst in self.pd:
+                inst.scrape()
+            kind = self.frng.choice(kinds)
+            self.FAULTS[kind](self, kind)
+            for inst in self.instances:
+                if inst.proc.poll() is not None:
+                    self.violation("%s exited unexpectedly with status %s: %s" % (
+                        inst.name, inst.proc.returncode, tail(inst.incarnations[-1]["log"])))
+                    return

@@ -35,6 +35,14 @@ Event LegStart(const Sequence& seq, std::span<const BlockId> blocks) {
   return ev;
 }
 
+/// D: a request admitted again after a preemption. Its transfer was asked for (or declined) at its
+/// first admission and has ended since (P released or tombstoned it): asking again would only be
+/// refused, so it computes what its prefix cache no longer holds, like any preempted request.
+bool ReadmittedConsumer(const Sequence& seq) {
+  return seq.request.kv_transfer.role == pd::KvTransferParams::Role::kConsumer &&
+         seq.num_preemptions > 0;
+}
+
 }  // namespace
 
 void PdConnector::BindEngine(std::function<void()> wake, std::function<void(int64_t)> abort) {
@@ -52,6 +60,7 @@ void PdConnector::Push(EngineEvent ev, bool wake) {
 
 KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
   const pd::KvTransferParams& p = seq.request.kv_transfer;
+  if (ReadmittedConsumer(seq)) return {};
   const int32_t external =
       pd::TokensFromProducer(p, p.pull_profile.value_or(options_.config.pull_profile),
                              seq.num_prompt_tokens, local, options_.layout.block_size);
@@ -71,7 +80,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     Push(std::move(ev));
     return;
   }
-  if (p.role != Role::kConsumer) return;
+  if (p.role != Role::kConsumer || ReadmittedConsumer(seq)) return;
   const int32_t local = seq.num_computed;
   if (num_external == 0) {
     // Full prefix hit (or nothing to load): tell P it need not compute or send anything.

@@ -213,6 +213,29 @@ TEST_F(PullIntegrity, ReadsThePinnedBlocksAndTakesPsFirstTokenWhateverTheParamsS
   }
 }
 
+// A D request preempted after its load (churn on a small pool) is admitted again without asking
+// P again: its transfer ended, so P would refuse it and the request would recompute after a
+// round trip and a warning pair (issue 26, "also seen").
+TEST_F(PullIntegrity, APreemptedRequestDoesNotAskForItsEndedTransferAgain) {
+  Start("", R"(, "pull_profile": "vllm")");
+  RunProducer();
+  KvLoadResult r = RunConsumer(HonestParams());
+  ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+  ASSERT_TRUE(ProducerReleased());
+  const ConnectorStats before = d_->stats();
+  ds_.num_preemptions = 1;
+  ds_.num_computed = 0;
+  const KvMatch m = d_->GetNumMatchedTokens(ds_, 0);
+  EXPECT_EQ(m.num_external_tokens, 0);
+  EXPECT_FALSE(m.load_async);
+  d_->OnBlocksAllocated(ds_, d_blocks_, 0);  // no NOT_NEEDED / RELEASE for the ended transfer
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  const ConnectorStats after = d_->stats();
+  EXPECT_EQ(after.pins_sent, before.pins_sent);
+  EXPECT_EQ(after.control_messages_sent, before.control_messages_sent);
+  EXPECT_EQ(p_->stats().pins_refused, 0);
+}
+
 // The same pinned READ with authenticated peers: PIN, PINNED and RELEASE travel sealed (the
 // shell seals, the core opens) and none is refused.
 TEST_F(PullIntegrity, WithAuthenticatedPeersThePinnedReadWorksAndNoMessageIsRefused) {

@@ -206,6 +206,7 @@ void FrontDoor::LogAccess(const Request& req, const Response& res) const {
 
 Status FrontDoor::Start() {
   if (loop_ != nullptr) return FailedPrecondition("HTTP front door already started");
+  KVP_RETURN_IF_ERROR(options_.connections.Validate());
   if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
     return InvalidArgument("TLS needs both a certificate file and a key file");
   }
@@ -214,7 +215,7 @@ Status FrontDoor::Start() {
                          LoadServerTlsContext(options_.tls_cert_file, options_.tls_key_file));
   }
   const size_t open_files = RaiseOpenFileLimit();
-  max_connections_ = options_.max_connections > 0 ? options_.max_connections : open_files / 4 * 3;
+  max_connections_ = options_.connections.max_connections > 0 ? options_.connections.max_connections : open_files / 4 * 3;
   if (max_connections_ + 64 > open_files) {
     spdlog::warn("--max-connections {} is near the open-file limit {}: connections past it are "
                  "refused without an answer",
@@ -236,8 +237,8 @@ Status FrontDoor::Start() {
   ConnectionLoopOptions lo;
   lo.listen_fd = listen_fd;
   lo.ssl_ctx = ssl_ctx_;
-  lo.keep_alive_timeout_s = std::max(1, options_.keep_alive_timeout_s);
-  lo.header_timeout_s = std::max(1, options_.header_timeout_s);
+  lo.keep_alive_timeout_s = options_.connections.keep_alive_timeout_s;
+  lo.header_timeout_s = options_.connections.header_timeout_s;
   lo.max_connections = max_connections_;
   lo.max_head_bytes = kMaxHeadBytes;
   lo.max_body_bytes = options_.max_body_bytes;
@@ -260,7 +261,7 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   bool closed = false;
   bool ok = false;
   {
-    ConnectionStream stream(*conn, std::max(1, options_.header_timeout_s), write_timeout_s);
+    ConnectionStream stream(*conn, options_.connections.header_timeout_s, write_timeout_s);
     SSL* ssl = conn->ssl();
     ok = server_->process_request(stream, stopping_.load(), closed,
                                   [ssl](Request& req) { req.ssl = ssl; });

@@ -24,6 +24,7 @@
 #include "common/status.h"
 #include "http/api_error.h"
 #include "http/build_info.h"
+#include "http/connection_options.h"
 
 namespace kvpush::http {
 
@@ -66,18 +67,7 @@ struct FrontDoorOptions {
   /// OpenSSL cannot load: Start() fails.
   std::string tls_cert_file;
   std::string tls_key_file;
-  /// --timeout-keep-alive (uvicorn's name): seconds a connection may wait for its next request
-  /// (after accept or a response) before it is closed, silently. It holds no thread meanwhile.
-  int keep_alive_timeout_s = 5;
-  /// --timeout-request-head: seconds a request's head (and a TLS handshake) may take from its
-  /// first byte; a Content-Length body must then keep coming (no gap over this), and a body the
-  /// worker reads itself (chunked, Expect: 100-continue) must be read within it. Expiry: 408
-  /// `request_timeout`, then close. Slow (slowloris) clients cost a socket, never a thread.
-  int header_timeout_s = 10;
-  /// --max-connections: open connections at most; one more is answered 503
-  /// `too_many_connections` (plain HTTP; TLS: closed) at once. 0: 3/4 of the open-file limit
-  /// (raised to its hard limit by Start), the rest left for legs, peers and files.
-  size_t max_connections = 0;
+  ConnectionOptions connections;  ///< idle and slow clients, the connection cap
 };
 
 /// What the front door's connections came to since Start (for /metrics and tests).

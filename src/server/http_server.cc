@@ -185,7 +185,7 @@ Status HttpServer::Start() {
       options_.host, options_.port, options_.max_body_bytes, static_cast<size_t>(threads),
       static_cast<size_t>(std::max(0, options_.max_extra_threads)), /*write_timeout_s=*/0,
       /*listen_backlog=*/1024, options_.build, options_.api_key, options_.log_requests,
-      options_.tls_cert_file, options_.tls_key_file});
+      options_.tls_cert_file, options_.tls_key_file, options_.connections});
   Route();
   if (Status st = door_->Start(); !st.ok()) {
     door_.reset();

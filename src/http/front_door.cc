@@ -21,6 +21,12 @@ namespace kvpush::http {
 class RequestServer final : public httplib::Server {
  public:
   using httplib::Server::process_request;
+
+  /// cpp-httplib ends a chunked (streamed) answer early once its listening socket is invalid
+  /// (its stop()): mark it listening while the front door serves, and stopped by Stop(), so
+  /// streams behave as they did under cpp-httplib's own loop.
+  void SetServing(int listen_fd) { svr_sock_ = listen_fd; }
+  void SetStopped() { svr_sock_ = INVALID_SOCKET; }
 };
 
 namespace {
@@ -232,6 +238,7 @@ Status FrontDoor::Start() {
   KVP_ASSIGN_OR_RETURN(const int listen_fd,
                        ListenTcp(options_.host, options_.port, options_.listen_backlog));
   port_ = BoundPort(listen_fd);
+  server_->SetServing(listen_fd);
   workers_ = std::make_unique<ElasticTaskQueue>(options_.worker_threads,
                                                 options_.max_extra_threads);
   ConnectionLoopOptions lo;
@@ -273,6 +280,7 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
 
 void FrontDoor::Stop() {
   stopping_.store(true);
+  server_->SetStopped();  // streams in flight end at their next chunk, as with cpp-httplib's stop
   if (loop_) loop_->Stop();        // no new connections; idle ones closed
   if (workers_) workers_->shutdown();  // requests in flight and queued finish
 }

@@ -198,6 +198,31 @@ TEST(FrontDoorConnections, PipelinedAndPiecemealRequestsAreAnsweredInOrder) {
   ::close(fd);
 }
 
+// A streamed (chunked) answer arrives whole, and the connection then serves the next request.
+TEST(FrontDoorConnections, AStreamedAnswerArrivesWholeOnAKeptConnection) {
+  FrontDoor door(Small());
+  AddRoutes(door);
+  door.Get("/stream", [](const Request&, Response& res) {
+    res.set_chunked_content_provider("text/event-stream", [](size_t offset, httplib::DataSink& sink) {
+      const std::string part = "data: " + std::to_string(offset) + "\n\n";
+      if (offset >= 30) {
+        sink.done();
+        return true;
+      }
+      return sink.write(part.data(), part.size());
+    });
+  });
+  ASSERT_TRUE(door.Start().ok());
+  httplib::Client c("127.0.0.1", door.port());
+  c.set_keep_alive(true);
+  auto r = c.Get("/stream");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->body, "data: 0\n\ndata: 9\n\ndata: 18\n\ndata: 28\n\n");
+  auto a = c.Get("/a");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->body, "A");
+}
+
 TEST(FrontDoorConnections, AHeadOverTheLimitGets431) {
   FrontDoor door(Small());
   AddRoutes(door);

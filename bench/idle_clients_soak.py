@@ -14,8 +14,10 @@ every 50 ms on a fresh connection; first alone (baseline), then with --idle TCP 
 send nothing and --slow slowloris connections (a header line every 2 s, never the head's end,
 reopened when the server closes them) held open on the target by a third process. Reports per
 target and phase: /health p50/p99/max (ms) and non-200s, TTFT p50/p99 (ms), completions and
-errors, the load average; and the target's resident memory per idle connection (VmRSS before and
-after opening them). The servers run with --timeout-keep-alive --keep-alive-s so that the idle
+errors, the load average; and the memory per held connection: the target's resident memory
+(VmRSS before and after opening them) and the kernel's slab growth (/proc/meminfo, halved: both
+ends of a loopback connection are on this machine; other processes' allocations add noise). A 3 s
+warm-up load runs first, not counted. The servers run with --timeout-keep-alive --keep-alive-s so that the idle
 connections stay open through the phase (0: the server's default, for a binary without the flag).
 
 Only the Python standard library is used.
@@ -48,6 +50,15 @@ def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
             if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def slab_kib():
+    """The kernel's slab memory (KiB, /proc/meminfo): socket, file and epoll structures."""
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("Slab:"):
                 return int(line.split()[1])
     return 0
 
@@ -167,16 +178,18 @@ def main():
         start("colocated", ["serve"] + SIM)
         start("router", ["router", "--prefill", f"http://{HOST}:{ports['prefill']}", "--decode",
                          f"http://{HOST}:{ports['decode']}", "--log-level", "warn"])
+        for port in {ports["router"], ports["colocated"]}:
+            load(port, a.streams, 3.0, a.max_tokens, a.seed)  # warm-up, not counted
         for target in a.targets.split(","):
             load_port = ports["colocated" if target == "colocated" else "router"]
             base = phase(ctx, ports[target], load_port, a)
-            rss0 = rss_kib(procs[target].pid)
+            rss0, slab0 = rss_kib(procs[target].pid), slab_kib()
             here, there = ctx.Pipe()
             att = ctx.Process(target=attacker, args=(ports[target], a.idle, a.slow, there))
             att.start()
             opened = here.recv()
             time.sleep(2.0)
-            rss1 = rss_kib(procs[target].pid)
+            rss1, slab1 = rss_kib(procs[target].pid), slab_kib()
             loaded = phase(ctx, ports[target], load_port, a)
             here.send("stop")
             loaded.update(here.recv())
@@ -185,7 +198,9 @@ def main():
             results["targets"][target] = {
                 "baseline": base, "attacked": dict(loaded, **opened),
                 "rss_before_kib": rss0, "rss_after_kib": rss1,
-                "rss_bytes_per_connection": (rss1 - rss0) * 1024 / max(1, held)}
+                "rss_bytes_per_connection": (rss1 - rss0) * 1024 / max(1, held),
+                # Both ends of each loopback connection are on this machine: half the growth.
+                "kernel_slab_bytes_per_connection_end": (slab1 - slab0) * 1024 / max(1, 2 * held)}
             print(f"{target}: done", flush=True)
     finally:
         for proc in procs.values():
@@ -215,7 +230,8 @@ def main():
               f"(failed {x['idle_failed']}, closed by server {x['idle_closed_by_server']}); "
               f"slowloris reopened {x['slow_reopened']} {x['slow_answers']}; "
               f"RSS {r['rss_before_kib']} -> {r['rss_after_kib']} KiB = "
-              f"{r['rss_bytes_per_connection']:.0f} B/connection")
+              f"{r['rss_bytes_per_connection']:.0f} B/connection; kernel slab "
+              f"~{r['kernel_slab_bytes_per_connection_end']:.0f} B per socket end")
     if a.out:
         with open(a.out, "w") as f:
             json.dump(results, f, indent=1)

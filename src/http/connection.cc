@@ -132,8 +132,8 @@ ConnectionStream::ConnectionStream(Connection& conn, int read_budget_s, int writ
       write_timeout_ms_(write_timeout_s * 1000) {}
 
 int ConnectionStream::ReadTimeoutMs() const {
-  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-      read_deadline_ - Connection::Clock::now());
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(read_deadline_ -
+                                                                          Connection::Clock::now());
   return static_cast<int>(std::max<int64_t>(0, left.count()));
 }
 

@@ -6,7 +6,6 @@
 #include <httplib.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
-
 #include <sys/socket.h>
 
 #include <chrono>

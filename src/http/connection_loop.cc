@@ -26,8 +26,7 @@ std::string ClosingAnswer(int status, std::string_view reason, const ApiError& e
   const std::string body = e.ToJson();
   return "HTTP/1.1 " + std::to_string(status) + " " + std::string(reason) +
          "\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\nConnection: close\r\n" + (status == 503 ? "Retry-After: 1\r\n" : "") + "\r\n" +
-         body;
+         "\r\nConnection: close\r\n" + (status == 503 ? "Retry-After: 1\r\n" : "") + "\r\n" + body;
 }
 
 const std::string& OverCapAnswer() {
@@ -39,18 +38,18 @@ const std::string& OverCapAnswer() {
 }
 
 const std::string& TimeoutAnswer() {
-  static const std::string a = ClosingAnswer(
-      408, "Request Timeout",
-      ApiError{408, "the request (head or body) did not arrive in time", "invalid_request_error",
-               "", "request_timeout"});
+  static const std::string a =
+      ClosingAnswer(408, "Request Timeout",
+                    ApiError{408, "the request (head or body) did not arrive in time",
+                             "invalid_request_error", "", "request_timeout"});
   return a;
 }
 
 const std::string& HeadTooLargeAnswer() {
-  static const std::string a = ClosingAnswer(
-      431, "Request Header Fields Too Large",
-      ApiError{431, "request head (request line and headers) too large", "invalid_request_error",
-               "", "headers_too_large"});
+  static const std::string a =
+      ClosingAnswer(431, "Request Header Fields Too Large",
+                    ApiError{431, "request head (request line and headers) too large",
+                             "invalid_request_error", "", "headers_too_large"});
   return a;
 }
 
@@ -131,8 +130,8 @@ void ConnectionLoop::Run() {
     int timeout_ms = -1;
     if (next_sweep_ != Clock::time_point::max()) {
       const auto gap = std::max<Clock::duration>(next_sweep_ - Clock::now(), kMinSweepGap);
-      timeout_ms = static_cast<int>(
-          std::chrono::duration_cast<std::chrono::milliseconds>(gap).count() + 1);
+      timeout_ms =
+          static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(gap).count() + 1);
     }
     const int n = epoll_wait(epoll_fd_, events, kMaxEvents, timeout_ms);
     bool woken = false;
@@ -256,8 +255,8 @@ void ConnectionLoop::Advance(int fd) {
       io = c.ReadAvailable(limit);
     } while (io == Connection::Io::kDone);
     const bool progressed = c.unread().size() > before;
-    const RequestScan scan = ScanRequest(c.unread(), options_.max_head_bytes,
-                                         options_.max_body_bytes);
+    const RequestScan scan =
+        ScanRequest(c.unread(), options_.max_head_bytes, options_.max_body_bytes);
     switch (scan.progress) {
       case RequestProgress::kReady: {
         Watch(c, 0);

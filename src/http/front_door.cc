@@ -221,11 +221,13 @@ Status FrontDoor::Start() {
                          LoadServerTlsContext(options_.tls_cert_file, options_.tls_key_file));
   }
   const size_t open_files = RaiseOpenFileLimit();
-  max_connections_ = options_.connections.max_connections > 0 ? options_.connections.max_connections : open_files / 4 * 3;
+  max_connections_ = options_.connections.max_connections > 0 ? options_.connections.max_connections
+                                                              : open_files / 4 * 3;
   if (max_connections_ + 64 > open_files) {
-    spdlog::warn("--max-connections {} is near the open-file limit {}: connections past it are "
-                 "refused without an answer",
-                 max_connections_, open_files);
+    spdlog::warn(
+        "--max-connections {} is near the open-file limit {}: connections past it are "
+        "refused without an answer",
+        max_connections_, open_files);
   }
   server_->set_payload_max_length(options_.max_body_bytes);
   if (!IsRoute("/version")) {
@@ -239,8 +241,8 @@ Status FrontDoor::Start() {
                        ListenTcp(options_.host, options_.port, options_.listen_backlog));
   port_ = BoundPort(listen_fd);
   server_->SetServing(listen_fd);
-  workers_ = std::make_unique<ElasticTaskQueue>(options_.worker_threads,
-                                                options_.max_extra_threads);
+  workers_ =
+      std::make_unique<ElasticTaskQueue>(options_.worker_threads, options_.max_extra_threads);
   ConnectionLoopOptions lo;
   lo.listen_fd = listen_fd;
   lo.ssl_ctx = ssl_ctx_;
@@ -281,7 +283,7 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
 void FrontDoor::Stop() {
   stopping_.store(true);
   server_->SetStopped();  // streams in flight end at their next chunk, as with cpp-httplib's stop
-  if (loop_) loop_->Stop();        // no new connections; idle ones closed
+  if (loop_) loop_->Stop();            // no new connections; idle ones closed
   if (workers_) workers_->shutdown();  // requests in flight and queued finish
 }
 

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <httplib.h>
-
 #include <openssl/ssl.h>
 
 #include <atomic>
@@ -72,9 +71,9 @@ struct FrontDoorOptions {
 
 /// What the front door's connections came to since Start (for /metrics and tests).
 struct ConnectionCounts {
-  size_t open = 0;           ///< connections open now (idle, reading, or being served)
-  uint64_t refused = 0;      ///< refused at accept: over max_connections or no descriptor left
-  uint64_t timed_out = 0;    ///< closed with 408: handshake, head or body too slow
+  size_t open = 0;             ///< connections open now (idle, reading, or being served)
+  uint64_t refused = 0;        ///< refused at accept: over max_connections or no descriptor left
+  uint64_t timed_out = 0;      ///< closed with 408: handshake, head or body too slow
   size_t max_connections = 0;  ///< the limit in force (after Start)
 };
 

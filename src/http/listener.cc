@@ -44,7 +44,8 @@ int BoundPort(int fd) {
   sockaddr_storage addr{};
   socklen_t len = sizeof addr;
   if (getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) return 0;
-  if (addr.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
+  if (addr.ss_family == AF_INET)
+    return ntohs(reinterpret_cast<const sockaddr_in*>(&addr)->sin_port);
   if (addr.ss_family == AF_INET6) {
     return ntohs(reinterpret_cast<const sockaddr_in6*>(&addr)->sin6_port);
   }
@@ -77,8 +78,7 @@ size_t RaiseOpenFileLimit() {
       lim.rlim_cur = lim.rlim_max;
       if (setrlimit(RLIMIT_NOFILE, &lim) != 0) lim.rlim_cur = before;
     }
-    spdlog::info("open-file limit: {} (was {}, hard limit {})", lim.rlim_cur, before,
-                 lim.rlim_max);
+    spdlog::info("open-file limit: {} (was {}, hard limit {})", lim.rlim_cur, before, lim.rlim_max);
   });
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return 1024;

@@ -46,9 +46,9 @@ BodyShape ShapeOf(std::string_view head) {
   size_t line_start = head.find('\n');  // skip the request line
   while (line_start != std::string_view::npos && line_start + 1 < head.size()) {
     const size_t next = head.find('\n', line_start + 1);
-    const std::string_view line = head.substr(
-        line_start + 1, next == std::string_view::npos ? std::string_view::npos
-                                                       : next - line_start - 1);
+    const std::string_view line =
+        head.substr(line_start + 1, next == std::string_view::npos ? std::string_view::npos
+                                                                   : next - line_start - 1);
     line_start = next;
     const size_t colon = line.find(':');
     if (colon == std::string_view::npos) continue;
@@ -57,8 +57,8 @@ BodyShape ShapeOf(std::string_view head) {
     if (EqualsNoCase(name, "Transfer-Encoding") || EqualsNoCase(name, "Expect")) {
       shape.worker_reads = true;
     } else if (EqualsNoCase(name, "Content-Length")) {
-      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(),
-                                             shape.length);
+      const auto [end, ec] =
+          std::from_chars(value.data(), value.data() + value.size(), shape.length);
       if (ec != std::errc() || end != value.data() + value.size()) shape.worker_reads = true;
     }
   }

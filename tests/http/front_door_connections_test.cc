@@ -203,14 +203,15 @@ TEST(FrontDoorConnections, AStreamedAnswerArrivesWholeOnAKeptConnection) {
   FrontDoor door(Small());
   AddRoutes(door);
   door.Get("/stream", [](const Request&, Response& res) {
-    res.set_chunked_content_provider("text/event-stream", [](size_t offset, httplib::DataSink& sink) {
-      const std::string part = "data: " + std::to_string(offset) + "\n\n";
-      if (offset >= 30) {
-        sink.done();
-        return true;
-      }
-      return sink.write(part.data(), part.size());
-    });
+    res.set_chunked_content_provider(
+        "text/event-stream", [](size_t offset, httplib::DataSink& sink) {
+          const std::string part = "data: " + std::to_string(offset) + "\n\n";
+          if (offset >= 30) {
+            sink.done();
+            return true;
+          }
+          return sink.write(part.data(), part.size());
+        });
   });
   ASSERT_TRUE(door.Start().ok());
   httplib::Client c("127.0.0.1", door.port());

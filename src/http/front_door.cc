@@ -12,6 +12,7 @@
 #include "http/connection.h"
 #include "http/connection_loop.h"
 #include "http/listener.h"
+#include "http/prometheus.h"
 #include "http/task_queue.h"
 
 namespace kvpush::http {
@@ -87,6 +88,22 @@ bool BearerMatches(std::string_view authorization, std::string_view api_key) {
   // OpenSSL's constant-time compare, as peer_auth.cc checks its MACs.
   return token.size() == api_key.size() &&
          CRYPTO_memcmp(token.data(), api_key.data(), api_key.size()) == 0;
+}
+
+void WriteConnectionCounts(PrometheusWriter& w, const ConnectionCounts& c) {
+  w.Scalar({"kvpush_http_connections_open", "gauge",
+            "Client connections open (idle, sending a request, or being answered)."},
+           static_cast<double>(c.open));
+  w.Scalar({"kvpush_http_connections_max", "gauge",
+            "Client connections allowed at once (--max-connections, or 3/4 of the open-file "
+            "limit)."},
+           static_cast<double>(c.max_connections));
+  w.Scalar({"kvpush_http_connections_refused_total", "counter",
+            "Client connections refused at accept: over the limit (503) or no descriptor left."},
+           static_cast<double>(c.refused));
+  w.Scalar({"kvpush_http_connections_timed_out_total", "counter",
+            "Client connections closed with 408: TLS handshake, request head or body too slow."},
+           static_cast<double>(c.timed_out));
 }
 
 void ReplyError(Response& res, const ApiError& e) {

@@ -39,6 +39,8 @@ using Handler = std::function<void(const Request&, Response&)>;
 /// Called once a response was written (or the connection failed): method, path, status.
 using ResponseHook = std::function<void(const Request&, const Response&)>;
 
+class PrometheusWriter;
+
 /// Answers `res` with `e`: its HTTP status and its OpenAI error body (application/json).
 void ReplyError(Response& res, const ApiError& e);
 
@@ -76,6 +78,11 @@ struct ConnectionCounts {
   uint64_t timed_out = 0;      ///< closed with 408: handshake, head or body too slow
   size_t max_connections = 0;  ///< the limit in force (after Start)
 };
+
+/// Writes `c` as kvpush_http_connections_open / _max (gauges) and
+/// kvpush_http_connections_refused_total / _timed_out_total (counters), the same families on the
+/// instances' and the router's /metrics.
+void WriteConnectionCounts(PrometheusWriter& w, const ConnectionCounts& c);
 
 /// What a handler adds to its request's access-log line. Unset fields (empty, negative) are left
 /// out of the line.

@@ -132,6 +132,7 @@ void HttpServer::Route() {
                             state_.local_prefills.load());
     http::PrometheusWriter build(ModelLabel(options_.served_model_name));
     http::WriteBuildInfo(build, options_.build);
+    http::WriteConnectionCounts(build, door_->counts());
     text += build.str();
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });

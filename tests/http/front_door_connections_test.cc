@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "http/front_door.h"
+#include "http/prometheus.h"
 #include "tls_test_certs.h"
 
 namespace kvpush::http {
@@ -161,6 +162,11 @@ TEST(FrontDoorConnections, OneConnectionOverTheCapGets503) {
   EXPECT_NE(answer.find("\"too_many_connections\""), std::string::npos) << answer;
   ::close(over);
   EXPECT_EQ(door.counts().refused, 1u);
+  PrometheusWriter w;
+  WriteConnectionCounts(w, door.counts());
+  EXPECT_NE(w.str().find("kvpush_http_connections_refused_total 1\n"), std::string::npos)
+      << w.str();
+  EXPECT_NE(w.str().find("kvpush_http_connections_max 3\n"), std::string::npos) << w.str();
   ::close(held[0]);
   const auto deadline = Clock::now() + std::chrono::seconds(2);
   while (door.counts().open > 2 && Clock::now() < deadline) {

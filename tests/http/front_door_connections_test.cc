@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <string>
 #include <thread>
@@ -272,6 +273,35 @@ TEST(FrontDoorConnections, StopClosesIdleConnectionsAndFinishesRequestsInFlight)
   EXPECT_EQ(h->body, "held");
   EXPECT_EQ(Connect(port), -1);
   ::close(idle);
+}
+
+size_t Entries(const char* dir) {
+  size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+  return n;
+}
+
+// A door that served keep-alive, idle and mid-head connections leaves no descriptor and no
+// thread behind once destroyed.
+TEST(FrontDoorConnections, AStoppedDoorLeavesNoDescriptorOrThread) {
+  const size_t fds = Entries("/proc/self/fd");
+  const size_t threads = Entries("/proc/self/task");
+  {
+    FrontDoor door(Small());
+    AddRoutes(door);
+    ASSERT_TRUE(door.Start().ok());
+    httplib::Client c("127.0.0.1", door.port());
+    c.set_keep_alive(true);
+    ASSERT_TRUE(c.Get("/a"));
+    const int idle = Connect(door.port());
+    const int slow = Connect(door.port());
+    Send(slow, "GET /a HTTP/1.1\r\n");
+    door.Stop();
+    ::close(idle);
+    ::close(slow);
+  }
+  EXPECT_EQ(Entries("/proc/self/fd"), fds);
+  EXPECT_EQ(Entries("/proc/self/task"), threads);
 }
 
 // Over TLS: idle TCP connections (no handshake) hold no thread, and a client's keep-alive

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "apps/build_info.h"
+#include "apps/connection_flags.h"
 #include "apps/otlp_tracer.h"
 #include "apps/commands.h"
 #include "apps/router_tokenizer.h"
@@ -102,6 +103,7 @@ void RegisterRouterCommand(CLI::App& app) {
       "router",
       "P/D router: OpenAI-compatible front door over prefill and decode instances (or, with "
       "--colocated, round robin over colocated instances)");
+  AddConnectionFlags(cmd, &opts->router.connections);
   cmd->add_option("--drain-timeout-s", opts->drain_timeout_s,
                   "On SIGTERM/SIGINT: seconds requests in flight get to finish (new ones get 503 "
                   "draining) before open streams end with an error event; a second signal cuts "

@@ -22,6 +22,7 @@
 #include "apps/build_info.h"
 #include "apps/otlp_tracer.h"
 #include "apps/commands.h"
+#include "apps/connection_flags.h"
 #include "apps/serve_discovery.h"
 #include "apps/serve_options.h"
 #include "apps/serve_vllm_flags.h"
@@ -336,18 +337,24 @@ int RunServe(ServeOptions o) {
   so.log_requests = o.log_requests;
   so.tls_cert_file = o.ssl_certfile;
   so.tls_key_file = o.ssl_keyfile;
+  so.connections = o.connections;
   // Checked by PlanServe: only the role was left to know.
   so.tracer = MakeTracer(o.otlp_traces_endpoint,
                          conn != nullptr ? o.role : std::string("colocated"))
                   .value();
   spdlog::info(
       "kvpush serve: model={} ({}; layers={} kv_heads={} head_dim={} vocab={} context={}) "
-      "role={} served_model_name={} host={} port={} https={} ssl_ca_certs={} chat_template={} {}",
+      "role={} served_model_name={} host={} port={} https={} ssl_ca_certs={} chat_template={} "
+      "timeout_keep_alive={} request_head_timeout_s={} max_connections={} {}",
       o.model, model.config.architecture, model.config.num_layers, model.config.num_kv_heads,
       model.config.head_dim, model.config.vocab_size, model.config.context_length, o.role,
       so.served_model_name, so.host, so.port, !so.tls_cert_file.empty(),
       o.ssl_ca_certs.empty() ? "(system)" : o.ssl_ca_certs,
-      ChatTemplateFormatName(so.chat_template.format), (*engine)->config().ToString());
+      ChatTemplateFormatName(so.chat_template.format), so.connections.keep_alive_timeout_s,
+      so.connections.header_timeout_s,
+      so.connections.max_connections > 0 ? std::to_string(so.connections.max_connections)
+                                         : std::string("(auto)"),
+      (*engine)->config().ToString());
   server::HttpServer http(**engine, so);
   if (Status s = http.Start(); !s.ok()) {
     std::fprintf(stderr, "kvpush serve: %s\n", s.ToString().c_str());
@@ -494,6 +501,7 @@ void RegisterServeCommand(CLI::App& app) {
                   "draining) before open ones end with an error; a second signal cuts it short")
       ->check(CLI::Range(0.0, 86400.0))
       ->capture_default_str();
+  AddConnectionFlags(cmd, &opts->connections);
   AddServeDiscoveryFlags(cmd, &opts->discovery);
   cmd->add_option("--log-format", opts->log_format,
                   "text | json (one JSON object a line: time, level, tid, message)")

@@ -9,6 +9,7 @@
 
 #include "apps/serve_discovery.h"
 #include "engine/engine_config.h"
+#include "http/connection_options.h"
 #include "model/sim_executor.h"
 
 namespace kvpush::apps {
@@ -49,6 +50,7 @@ struct ServeOptions {
   std::string ssl_keyfile;       ///< --ssl-keyfile (vLLM)
   std::string otlp_traces_endpoint;  ///< --otlp-traces-endpoint (vLLM; "" = no tracing)
   std::string ssl_ca_certs;          ///< --ssl-ca-certs: CAs of https peers (P/D handshakes)
+  http::ConnectionOptions connections;  ///< --timeout-keep-alive, --request-head-timeout-s, ...
 };
 
 }  // namespace kvpush::apps

@@ -2,20 +2,35 @@
 
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
-#include <sys/socket.h>
 
 #include <cctype>
 #include <chrono>
 #include <exception>
 #include <utility>
 
-#include "common/listen_backlog.h"
 #include "common/log.h"
-#include "common/thread_name.h"
 #include "http/api_error.h"
+#include "http/connection.h"
+#include "http/connection_loop.h"
+#include "http/listener.h"
+#include "http/prometheus.h"
 #include "http/task_queue.h"
 
 namespace kvpush::http {
+
+/// cpp-httplib's server with its one-request entry point opened: it parses, routes and answers
+/// one request read from any Stream (the front door's connection loop does the rest).
+class RequestServer final : public httplib::Server {
+ public:
+  using httplib::Server::process_request;
+
+  /// cpp-httplib ends a chunked (streamed) answer early once its listening socket is invalid
+  /// (its stop()): mark it listening while the front door serves, and stopped by Stop(), so
+  /// streams behave as they did under cpp-httplib's own loop.
+  void SetServing(int listen_fd) { svr_sock_ = listen_fd; }
+  void SetStopped() { svr_sock_ = INVALID_SOCKET; }
+};
+
 namespace {
 
 /// The message of an error cpp-httplib answers without a body (one vocabulary for the instances
@@ -57,12 +72,8 @@ bool IsOpenPath(const std::string& path) {
   return false;
 }
 
-std::unique_ptr<httplib::Server> MakeServer(const FrontDoorOptions& o) {
-  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
-    return std::make_unique<httplib::Server>();
-  }
-  return std::make_unique<httplib::SSLServer>(o.tls_cert_file.c_str(), o.tls_key_file.c_str());
-}
+/// The longest request head the loop buffers (cpp-httplib itself answers 414 over 8 KiB of URI).
+constexpr size_t kMaxHeadBytes = 64u << 10;
 
 }  // namespace
 
@@ -95,16 +106,33 @@ bool BearerMatches(std::string_view authorization, std::string_view api_key) {
          CRYPTO_memcmp(token.data(), api_key.data(), api_key.size()) == 0;
 }
 
+void WriteConnectionCounts(PrometheusWriter& w, const ConnectionCounts& c) {
+  w.Scalar({"kvpush_http_connections_open", "gauge",
+            "Client connections open (idle, sending a request, or being answered)."},
+           static_cast<double>(c.open));
+  w.Scalar({"kvpush_http_connections_max", "gauge",
+            "Client connections allowed at once (--max-connections, or 3/4 of the open-file "
+            "limit)."},
+           static_cast<double>(c.max_connections));
+  w.Scalar({"kvpush_http_connections_refused_total", "counter",
+            "Client connections refused at accept: over the limit (503) or no descriptor left."},
+           static_cast<double>(c.refused));
+  w.Scalar({"kvpush_http_connections_timed_out_total", "counter",
+            "Client connections closed with 408: TLS handshake, request head or body too slow."},
+           static_cast<double>(c.timed_out));
+}
+
 void ReplyError(Response& res, const ApiError& e) {
   res.status = e.http_status;
   res.set_content(e.ToJson(), "application/json");
 }
 
 FrontDoor::FrontDoor(FrontDoorOptions options)
-    : options_(std::move(options)), server_(MakeServer(options_)) {}
+    : options_(std::move(options)), server_(std::make_unique<RequestServer>()) {}
 
 FrontDoor::~FrontDoor() {
   Stop();
+  if (ssl_ctx_ != nullptr) SSL_CTX_free(ssl_ctx_);
 }
 
 void FrontDoor::Get(std::string path, Handler handler) {
@@ -219,28 +247,25 @@ void FrontDoor::LogAccess(const Request& req, const Response& res) const {
 }
 
 Status FrontDoor::Start() {
-  if (thread_.joinable()) return FailedPrecondition("HTTP front door already started");
+  if (loop_ != nullptr) return FailedPrecondition("HTTP front door already started");
+  KVP_RETURN_IF_ERROR(options_.connections.Validate());
   if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
     return InvalidArgument("TLS needs both a certificate file and a key file");
   }
-  if (!server_->is_valid()) {
-    return InvalidArgument("TLS: cannot load certificate " + options_.tls_cert_file + " and key " +
-                           options_.tls_key_file + " (PEM, unencrypted key, matching pair)");
+  if (!options_.tls_cert_file.empty() && ssl_ctx_ == nullptr) {
+    KVP_ASSIGN_OR_RETURN(ssl_ctx_,
+                         LoadServerTlsContext(options_.tls_cert_file, options_.tls_key_file));
   }
-  const size_t workers = options_.worker_threads;
-  const size_t extra = options_.max_extra_threads;
-  server_->new_task_queue = [workers, extra] { return new ElasticTaskQueue(workers, extra); };
+  const size_t open_files = RaiseOpenFileLimit();
+  max_connections_ = options_.connections.max_connections > 0 ? options_.connections.max_connections
+                                                              : open_files / 4 * 3;
+  if (max_connections_ + 64 > open_files) {
+    spdlog::warn(
+        "--max-connections {} is near the open-file limit {}: connections past it are "
+        "refused without an answer",
+        max_connections_, open_files);
+  }
   server_->set_payload_max_length(options_.max_body_bytes);
-  server_->set_tcp_nodelay(true);  // SSE chunks go out at once (no Nagle delay on the token path)
-  server_->set_keep_alive_max_count(1000);
-  if (options_.write_timeout_s > 0) server_->set_write_timeout(options_.write_timeout_s, 0);
-  // httplib's default also sets SO_REUSEPORT, which lets a second server bind the same port and
-  // silently share its connections. Keep SO_REUSEADDR only (restart over TIME_WAIT sockets), so a
-  // port that is in use makes Start() fail.
-  server_->set_socket_options([](socket_t sock) {
-    int yes = 1;
-    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-  });
   if (!IsRoute("/version")) {
     Get("/version", [this](const Request&, Response& res) {
       res.set_content(options_.build.ToJson(), "application/json");
@@ -248,33 +273,60 @@ Status FrontDoor::Start() {
   }
   InstallErrorAnswers();
   InstallPreRouting();
-  if (options_.port == 0) {
-    port_ = server_->bind_to_any_port(options_.host);
-    if (port_ <= 0) return Unavailable("cannot bind " + options_.host + ":<any>");
-  } else {
-    if (!server_->bind_to_port(options_.host, options_.port)) {
-      return Unavailable("cannot bind " + options_.host + ":" + std::to_string(options_.port));
-    }
-    port_ = options_.port;
-  }
-  // The library listens with a backlog of 5: too small for bursts of concurrent clients.
-  RaiseListenBacklog(port_, options_.listen_backlog);
-  thread_ = std::thread([this] {
-    SetThreadName("kvp-listen");
-    server_->listen_after_bind();
+  KVP_ASSIGN_OR_RETURN(const int listen_fd,
+                       ListenTcp(options_.host, options_.port, options_.listen_backlog));
+  port_ = BoundPort(listen_fd);
+  server_->SetServing(listen_fd);
+  workers_ =
+      std::make_unique<ElasticTaskQueue>(options_.worker_threads, options_.max_extra_threads);
+  ConnectionLoopOptions lo;
+  lo.listen_fd = listen_fd;
+  lo.ssl_ctx = ssl_ctx_;
+  lo.keep_alive_timeout_s = options_.connections.keep_alive_timeout_s;
+  lo.header_timeout_s = options_.connections.header_timeout_s;
+  lo.max_connections = max_connections_;
+  lo.max_head_bytes = kMaxHeadBytes;
+  lo.max_body_bytes = options_.max_body_bytes;
+  loop_ = std::make_unique<ConnectionLoop>(lo, [this](std::unique_ptr<Connection> conn) {
+    // std::function needs a copyable callable: the connection travels as a shared_ptr's payload.
+    auto owned = std::make_shared<std::unique_ptr<Connection>>(std::move(conn));
+    workers_->enqueue([this, owned] { Serve(std::move(*owned)); });
   });
-  // httplib's stop() is a no-op until the listen loop runs: wait for it so Stop() cannot race.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (!server_->is_running() && std::chrono::steady_clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (Status st = loop_->Start(); !st.ok()) {
+    loop_.reset();
+    workers_->shutdown();
+    workers_.reset();
+    return st;
   }
-  if (!server_->is_running()) return Unavailable("HTTP server did not start listening");
   return Status::Ok();
 }
 
+void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
+  const int write_timeout_s = options_.write_timeout_s > 0 ? options_.write_timeout_s : 5;
+  bool closed = false;
+  bool ok = false;
+  {
+    ConnectionStream stream(*conn, options_.connections.header_timeout_s, write_timeout_s);
+    SSL* ssl = conn->ssl();
+    ok = server_->process_request(stream, stopping_.load(), closed,
+                                  [ssl](Request& req) { req.ssl = ssl; });
+  }
+  if (!ok) conn->MarkBroken();
+  conn->Compact();
+  loop_->Return(std::move(conn), ok && !closed && !stopping_.load());
+}
+
 void FrontDoor::Stop() {
-  if (server_) server_->stop();
-  if (thread_.joinable()) thread_.join();
+  stopping_.store(true);
+  server_->SetStopped();  // streams in flight end at their next chunk, as with cpp-httplib's stop
+  if (loop_) loop_->Stop();            // no new connections; idle ones closed
+  if (workers_) workers_->shutdown();  // requests in flight and queued finish
+}
+
+ConnectionCounts FrontDoor::counts() const {
+  if (loop_ == nullptr) return {};
+  return ConnectionCounts{loop_->open_connections(), loop_->refused(), loop_->timed_out(),
+                          max_connections_};
 }
 
 }  // namespace kvpush::http

@@ -1,13 +1,16 @@
 // FrontDoor: the HTTP scaffold that both kvpush front doors (the instance's server/ and the
-// router/) register their routes on. It owns the cpp-httplib server and everything that is not a
-// handler: bind and socket options, the listen backlog, the connection threads (ElasticTaskQueue),
-// the 405 answer of a known path, OpenAI-style bodies for 404/400/413/414 and for a handler's
-// exception, and a hook called after every response (counters, access log).
+// router/) register their routes on. It owns everything that is not a handler: the listening
+// socket, the connection loop (ConnectionLoop: idle and slow clients hold no thread), the request
+// threads (ElasticTaskQueue) that run cpp-httplib's parsing, routing and response writing, the 405
+// answer of a known path, OpenAI-style bodies for 404/400/413/414 and for a handler's exception,
+// and a hook called after every response (counters, access log).
 // docs/architecture.md, "The front door (src/http/)".
 #pragma once
 
 #include <httplib.h>
+#include <openssl/ssl.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -15,14 +18,18 @@
 #include <memory>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
 
 #include "common/status.h"
 #include "http/api_error.h"
 #include "http/build_info.h"
+#include "http/connection_options.h"
 
 namespace kvpush::http {
+
+class Connection;
+class ConnectionLoop;
+class RequestServer;
 
 /// A handler sees cpp-httplib's request and response (streams use its chunked content provider);
 /// how connections are accepted and which thread runs a handler is the front door's business.
@@ -32,6 +39,8 @@ using Handler = std::function<void(const Request&, Response&)>;
 /// Called once a response was written (or the connection failed): method, path, status.
 using ResponseHook = std::function<void(const Request&, const Response&)>;
 
+class PrometheusWriter;
+
 /// Answers `res` with `e`: its HTTP status and its OpenAI error body (application/json).
 void ReplyError(Response& res, const ApiError& e);
 
@@ -39,11 +48,13 @@ struct FrontDoorOptions {
   std::string host = "127.0.0.1";
   int port = 0;                      ///< 0: a free port, see FrontDoor::port()
   size_t max_body_bytes = 8u << 20;  ///< larger bodies get 413
-  size_t worker_threads = 16;        ///< connection threads kept running
-  /// Connections that arrive while no worker is idle run on a short-lived thread of their own, at
+  /// Request threads kept running. A thread serves one request (its streamed body included),
+  /// never an idle connection.
+  size_t worker_threads = 16;
+  /// Requests that arrive while no worker is idle run on a short-lived thread of their own, at
   /// most this many at once; beyond that they wait for a worker (0: a fixed pool).
   size_t max_extra_threads = 0;
-  int write_timeout_s = 0;  ///< a socket write's limit; 0: cpp-httplib's default (5 s)
+  int write_timeout_s = 0;  ///< a socket write's limit (seconds); 0: 5 s (cpp-httplib's default)
   int listen_backlog = 1024;
   BuildInfo build;  ///< answered on GET /version
   /// vLLM's --api-key: when non-empty, every path but the open ones (kOpenPaths: /health,
@@ -57,7 +68,21 @@ struct FrontDoorOptions {
   /// OpenSSL cannot load: Start() fails.
   std::string tls_cert_file;
   std::string tls_key_file;
+  ConnectionOptions connections;  ///< idle and slow clients, the connection cap
 };
+
+/// What the front door's connections came to since Start (for /metrics and tests).
+struct ConnectionCounts {
+  size_t open = 0;             ///< connections open now (idle, reading, or being served)
+  uint64_t refused = 0;        ///< refused at accept: over max_connections or no descriptor left
+  uint64_t timed_out = 0;      ///< closed with 408: handshake, head or body too slow
+  size_t max_connections = 0;  ///< the limit in force (after Start)
+};
+
+/// Writes `c` as kvpush_http_connections_open / _max (gauges) and
+/// kvpush_http_connections_refused_total / _timed_out_total (counters), the same families on the
+/// instances' and the router's /metrics.
+void WriteConnectionCounts(PrometheusWriter& w, const ConnectionCounts& c);
 
 /// What a handler adds to its request's access-log line. Unset fields (empty, negative) are left
 /// out of the line.
@@ -70,7 +95,7 @@ struct AccessNote {
 };
 
 /// The AccessNote of the request the calling thread serves. cpp-httplib runs one request's
-/// routing, handler, streamed body and logger on one connection thread, so a handler (and its
+/// routing, handler, streamed body and logger on one request thread, so a handler (and its
 /// content provider) fills this and the front door's logger reads it; it is reset when the next
 /// request's routing starts. Call only from a handler or content provider.
 AccessNote& CurrentAccessNote();
@@ -100,8 +125,12 @@ bool BearerMatches(std::string_view authorization, std::string_view api_key);
 /// body over max_body_bytes, 414, and 500 `server_error` with the exception's message when a
 /// handler throws. A handler's own non-empty body is never replaced. Every front door answers
 /// GET /version with its options' BuildInfo.
+/// Connections: one loop thread (ConnectionLoop) accepts and holds every connection that is idle
+/// or still sending its request; a worker thread gets a connection only with a complete request
+/// and gives it back after the response (keep-alive), so idle and slow clients cost no thread.
 /// Thread-safety: Get/Post/OnResponse and Start/Stop from one controlling thread, before and
-/// around serving; handlers and the hook run on the connection threads, concurrently.
+/// around serving; handlers and the hook run on the request threads, concurrently; counts() from
+/// any thread.
 class FrontDoor {
  public:
   explicit FrontDoor(FrontDoorOptions options);
@@ -115,18 +144,21 @@ class FrontDoor {
   /// Sets the hook called after every response, known path or not. Before Start.
   void OnResponse(ResponseHook hook);
 
-  /// Binds host:port, raises the listen backlog and serves on a background thread; returns once
-  /// the listen loop runs. Errors: kUnavailable (bind failed, or the loop did not start within
-  /// 10 s), kFailedPrecondition (already started), kInvalidArgument (TLS files: one without the
-  /// other, or not loadable).
+  /// Raises the open-file limit, binds host:port (listen backlog `listen_backlog`) and starts the
+  /// connection loop and the request threads; returns once connections are accepted. Errors:
+  /// kUnavailable (bind or epoll failed), kFailedPrecondition (already started),
+  /// kInvalidArgument (TLS files: one without the other, or not loadable).
   Status Start();
-  /// Stops accepting, lets the connection threads finish, joins them. Idempotent.
+  /// Stops accepting and closes the idle connections at once, lets the requests in flight (and
+  /// those queued) finish, closes their connections after, joins every thread. Idempotent.
   void Stop();
 
   /// The bound port (after Start).
   int port() const { return port_; }
   /// Whether `path` has a handler (for counters that fold unknown paths into one label).
   bool IsRoute(std::string_view path) const;
+  /// The connection counters (zeros before Start).
+  ConnectionCounts counts() const;
 
  private:
   struct Route {
@@ -134,15 +166,22 @@ class FrontDoor {
     const char* method;
   };
   void InstallErrorAnswers();
+  /// On a request thread: serves the one complete request `conn` brought, then gives `conn`
+  /// back to the loop (or closes it).
+  void Serve(std::unique_ptr<Connection> conn);
   void InstallPreRouting();
   /// The access-log line of one answered request.
   void LogAccess(const Request& req, const Response& res) const;
 
   FrontDoorOptions options_;
-  std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<RequestServer> server_;
   std::vector<Route> routes_;
   ResponseHook hook_;
-  std::thread thread_;
+  SSL_CTX* ssl_ctx_ = nullptr;  ///< TLS only; freed by the destructor
+  std::unique_ptr<httplib::TaskQueue> workers_;
+  std::unique_ptr<ConnectionLoop> loop_;
+  std::atomic<bool> stopping_{false};  ///< responses from now on carry Connection: close
+  size_t max_connections_ = 0;
   int port_ = 0;
 };
 

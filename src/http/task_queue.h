@@ -1,5 +1,6 @@
-// ElasticTaskQueue: the front door's connection threads (cpp-httplib's TaskQueue: one task per
-// connection). docs/architecture.md, "The front door (src/http/)".
+// ElasticTaskQueue: the front door's request threads (one task per complete request, streamed
+// answer included; the connection loop holds idle connections). docs/architecture.md, "The front
+// door (src/http/)".
 #pragma once
 
 #include <httplib.h>
@@ -16,10 +17,10 @@
 
 namespace kvpush::http {
 
-/// httplib's task queue (one task = one connection): `core` worker threads, plus a short-lived
-/// thread for each connection that arrives while no worker is idle, at most `max_extra` at once
-/// (beyond that, connections wait for a worker, as in httplib's ThreadPool; `max_extra` 0 is
-/// exactly a ThreadPool of `core`). Thread-safe.
+/// A task queue in cpp-httplib's shape (one task = one request, given by the front door's
+/// connection loop): `core` worker threads, plus a short-lived thread for each task that arrives
+/// while no worker is idle, at most `max_extra` at once (beyond that, tasks wait for a worker, as
+/// in httplib's ThreadPool; `max_extra` 0 is exactly a ThreadPool of `core`). Thread-safe.
 class ElasticTaskQueue final : public httplib::TaskQueue {
  public:
   ElasticTaskQueue(size_t core, size_t max_extra);
@@ -30,7 +31,7 @@ class ElasticTaskQueue final : public httplib::TaskQueue {
   /// Runs `fn` on an idle worker, else on a new extra thread, else when a worker frees up.
   void enqueue(std::function<void()> fn) override;
 
-  /// Lets the workers finish the queued connections, waits for the extra threads, joins all.
+  /// Lets the workers finish the queued tasks, waits for the extra threads, joins all.
   /// Idempotent.
   void shutdown() override;
 

@@ -304,7 +304,7 @@ Status Router::Start() {
                              static_cast<size_t>(threads), 0, std::max(1, write_timeout_s),
                              /*listen_backlog=*/1024, options_.build, options_.api_key,
                              options_.log_requests, options_.tls_cert_file,
-                             options_.tls_key_file});
+                             options_.tls_key_file, options_.connections});
   Route();
   aborter_->Start();
   if (Status st = door_->Start(); !st.ok()) {

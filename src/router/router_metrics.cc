@@ -146,6 +146,7 @@ std::string Router::RenderMetrics() const {
   latencies_.Render(w, modes);
   InstanceRows(w, Snapshot(), colo);
   http::WriteBuildInfo(w, options_.build);
+  if (door_ != nullptr) http::WriteConnectionCounts(w, door_->counts());
   return w.str();
 }
 

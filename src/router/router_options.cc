@@ -92,6 +92,10 @@ std::string RouterOptions::ToString() const {
     << " max_concurrent_streams=" << max_concurrent_streams
     << " max_idle_connections=" << max_idle_connections
     << " max_idle_connection_s=" << max_idle_connection_s
+    << " timeout_keep_alive=" << connections.keep_alive_timeout_s
+    << " request_head_timeout_s=" << connections.header_timeout_s << " max_connections="
+    << (connections.max_connections > 0 ? std::to_string(connections.max_connections)
+                                         : std::string("(auto)"))
     << " ssl_ca_certs=" << (tls_ca_file.empty() ? "(system)" : tls_ca_file)
     << " api_key=" << (api_key.empty() ? "(none)" : "(set)")
     << " instance_api_key=" << (instance_api_key.empty() ? "(none)" : "(set)");

@@ -12,6 +12,7 @@
 
 #include "common/status.h"
 #include "http/build_info.h"
+#include "http/connection_options.h"
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/routing_policy.h"
@@ -77,6 +78,8 @@ struct RouterOptions {
   bool log_requests = true;  ///< one access-log line per request at info
   std::string tls_cert_file;  ///< --ssl-certfile: clients reach the router over HTTPS only
   std::string tls_key_file;   ///< --ssl-keyfile
+  /// --timeout-keep-alive, --request-head-timeout-s, --max-connections (http::ConnectionOptions).
+  http::ConnectionOptions connections;
   /// --otlp-traces-endpoint: spans of every request (and its legs' phases) go there; the legs
   /// carry `traceparent` so the instances' spans join the same trace. Null: no tracing.
   std::shared_ptr<http::Tracer> tracer;

@@ -132,6 +132,7 @@ void HttpServer::Route() {
                             state_.local_prefills.load());
     http::PrometheusWriter build(ModelLabel(options_.served_model_name));
     http::WriteBuildInfo(build, options_.build);
+    http::WriteConnectionCounts(build, door_->counts());
     text += build.str();
     res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
   });
@@ -185,7 +186,7 @@ Status HttpServer::Start() {
       options_.host, options_.port, options_.max_body_bytes, static_cast<size_t>(threads),
       static_cast<size_t>(std::max(0, options_.max_extra_threads)), /*write_timeout_s=*/0,
       /*listen_backlog=*/1024, options_.build, options_.api_key, options_.log_requests,
-      options_.tls_cert_file, options_.tls_key_file});
+      options_.tls_cert_file, options_.tls_key_file, options_.connections});
   Route();
   if (Status st = door_->Start(); !st.ok()) {
     door_.reset();

@@ -59,6 +59,8 @@ struct ServerOptions {
   http::BuildInfo build;  ///< GET /version and kvpush_build_info
   std::string tls_cert_file;  ///< --ssl-certfile (with tls_key_file: HTTPS only)
   std::string tls_key_file;   ///< --ssl-keyfile
+  /// --timeout-keep-alive, --request-head-timeout-s, --max-connections (http::ConnectionOptions).
+  http::ConnectionOptions connections;
   /// --otlp-traces-endpoint: a span per completion request, its engine phases and (P/D) its
   /// transfer's handoff phases (request_trace.h). Null: no tracing.
   std::shared_ptr<http::Tracer> tracer;

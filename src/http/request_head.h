@@ -1,0 +1,35 @@
+// ScanRequest: how far the bytes a connection has sent go toward one HTTP/1.1 request, so the
+// front door's connection loop hands a connection to a worker only once its request is all there.
+// docs/architecture.md, "The front door (src/http/)". Sans-IO.
+#pragma once
+
+#include <cstddef>
+#include <string_view>
+
+namespace kvpush::http {
+
+/// Where a connection's buffered bytes stand.
+enum class RequestProgress {
+  kIdle,         ///< nothing buffered: between requests (keep-alive) or before the first
+  kReadingHead,  ///< part of a request head (request line and headers), no blank line yet
+  kReadingBody,  ///< the head is complete; its Content-Length body is not all there yet
+  kReady,        ///< a worker can serve it (see RequestScan)
+  kHeadTooLarge  ///< more than the allowed head bytes and still no blank line
+};
+
+struct RequestScan {
+  RequestProgress progress = RequestProgress::kIdle;
+  size_t head_bytes = 0;  ///< bytes of the head, its blank line included (0 until complete)
+};
+
+/// Scans `buffered` (a connection's unread bytes, the next request first) for one request:
+/// kReady once the head is complete and either its Content-Length body (at most
+/// `max_body_bytes`) is buffered too, or the body is one the worker reads itself — chunked
+/// (Transfer-Encoding), after `Expect: 100-continue` (the client waits for the interim answer
+/// the worker writes), or over `max_body_bytes` (the worker answers 413). A head ends at the
+/// first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts). kHeadTooLarge when
+/// `max_head_bytes` are buffered without the head's end. Bytes after the request (pipelining)
+/// are left alone. Pure; header names are matched case-insensitively (RFC 9110).
+RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t max_body_bytes);
+
+}  // namespace kvpush::http

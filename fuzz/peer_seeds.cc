@@ -256,6 +256,23 @@ bool SseStreams(const std::filesystem::path& out) {
   return true;
 }
 
+/// Buffered client bytes for request_head_fuzz: 2 limit bytes and a cut byte, then the bytes.
+bool RequestHeads(const std::filesystem::path& out) {
+  SeedDir dir(out, "request_head_fuzz");
+  const std::string limits = std::string("\x40\x40\x20");
+  const std::string seeds[] = {
+      limits + "GET /health HTTP/1.1\r\nHost: x\r\n\r\nGET /version HTTP/1.1\r\n\r\n",
+      limits + "POST /v1/completions HTTP/1.1\r\nContent-Length: 11\r\n\r\n{\"prompt\":1}",
+      limits + "POST /v1/completions HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello",
+      limits + "POST /x HTTP/1.1\nExpect: 100-continue\ncontent-length: 99999\n\n",
+      limits + "GET / HTTP/1.1\r\nX-Slow: 1\r\n",
+  };
+  for (const std::string& s : seeds) {
+    if (!dir.Write(s)) return false;
+  }
+  return true;
+}
+
 bool PromptLists(const std::filesystem::path& out) {
   SeedDir dir(out, "prompt_list_fuzz");
   const std::string seeds[] = {
@@ -279,5 +296,5 @@ bool PromptLists(const std::filesystem::path& out) {
 bool WritePeerSeeds(const std::filesystem::path& out) {
   return PdMessages(out) && BlockLists(out) && Metadata(out) && Frames(out) && EagerFrames(out) &&
          Handshakes(out) && TransferStatuses(out) && KvTransferParams(out) && SseStreams(out) &&
-         PromptLists(out);
+         PromptLists(out) && RequestHeads(out);
 }

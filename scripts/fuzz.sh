@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 TARGETS=(gguf_fuzz spm_encode_fuzz bpe_encode_fuzz request_json_fuzz pd_message_fuzz block_list_fuzz
   xfer_metadata_fuzz notification_frame_fuzz eager_frame_fuzz handshake_fuzz transfer_status_fuzz
   kv_transfer_params_fuzz sse_fuzz
-  prompt_list_fuzz client_body_fuzz discovery_fuzz)
+  prompt_list_fuzz client_body_fuzz discovery_fuzz request_head_fuzz)
 # Per-target libFuzzer options (max input length etc.).
 declare -A OPTIONS=(
   [gguf_fuzz]="-max_len=65536 -rss_limit_mb=4096"

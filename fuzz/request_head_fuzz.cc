@@ -5,6 +5,7 @@
 // choosing a cut, then the buffered bytes. Asserted:
 //   * kIdle exactly for no bytes; head_bytes <= the bytes; a complete head ends at the first
 //     empty line (LF LF or LF CR LF) and nowhere else;
+//   * kLengthRequired stays so with more bytes (the head decides it);
 //   * kHeadTooLarge only without a head's end and with at least max_head_bytes buffered;
 //   * more bytes never undo a request: a prefix that is kReady stays kReady with the same head
 //     (pipelined bytes after a request are left alone), and a complete head stays complete.
@@ -36,8 +37,9 @@ void CheckScan(std::string_view b, size_t max_head, size_t max_body, const Reque
   Check((s.progress == RequestProgress::kIdle) == b.empty());
   Check(s.head_bytes <= b.size());
   const size_t end = FirstHeadEnd(b);
-  const bool complete =
-      s.progress == RequestProgress::kReady || s.progress == RequestProgress::kReadingBody;
+  const bool complete = s.progress == RequestProgress::kReady ||
+                        s.progress == RequestProgress::kReadingBody ||
+                        s.progress == RequestProgress::kLengthRequired;
   Check(complete == (end != 0));
   Check(s.head_bytes == (complete ? end : 0));
   Check(s.progress != RequestProgress::kHeadTooLarge || (end == 0 && b.size() >= max_head));
@@ -58,6 +60,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckScan(b.substr(0, cut), max_head, max_body, part);
   if (part.progress == RequestProgress::kReady) {
     Check(whole.progress == RequestProgress::kReady && whole.head_bytes == part.head_bytes);
+  }
+  if (part.progress == RequestProgress::kLengthRequired) {
+    Check(whole.progress == RequestProgress::kLengthRequired);
   }
   if (part.progress == RequestProgress::kReadingBody) {
     Check(whole.head_bytes == part.head_bytes);

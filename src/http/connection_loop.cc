@@ -53,6 +53,16 @@ const std::string& HeadTooLargeAnswer() {
   return a;
 }
 
+const std::string& LengthRequiredAnswer() {
+  static const std::string a = ClosingAnswer(
+      411, "Length Required",
+      ApiError{411,
+               "a POST needs a body with Content-Length (or Transfer-Encoding: chunked): send "
+               "a JSON body with Content-Type: application/json",
+               "invalid_request_error", "", "length_required"});
+  return a;
+}
+
 constexpr int kMaxEvents = 256;
 constexpr int kAcceptsPerWake = 256;
 constexpr auto kMinSweepGap = std::chrono::milliseconds(50);
@@ -267,6 +277,9 @@ void ConnectionLoop::Advance(int fd) {
       }
       case RequestProgress::kHeadTooLarge:
         Close(fd, HeadTooLargeAnswer());
+        return;
+      case RequestProgress::kLengthRequired:
+        Close(fd, LengthRequiredAnswer());
         return;
       case RequestProgress::kReadingHead:
         if (!c.reading) {

@@ -37,6 +37,7 @@ size_t HeadEnd(std::string_view b) {
 
 /// What the head's headers say about its body.
 struct BodyShape {
+  bool has_length = false;    ///< a Content-Length or Transfer-Encoding header is present
   bool worker_reads = false;  ///< chunked, Expect: 100-continue, or an unreadable length
   uint64_t length = 0;        ///< Content-Length (0 when absent)
 };
@@ -56,13 +57,21 @@ BodyShape ShapeOf(std::string_view head) {
     const std::string_view value = Trim(line.substr(colon + 1));
     if (EqualsNoCase(name, "Transfer-Encoding") || EqualsNoCase(name, "Expect")) {
       shape.worker_reads = true;
+      shape.has_length = shape.has_length || EqualsNoCase(name, "Transfer-Encoding");
     } else if (EqualsNoCase(name, "Content-Length")) {
+      shape.has_length = true;
       const auto [end, ec] =
           std::from_chars(value.data(), value.data() + value.size(), shape.length);
       if (ec != std::errc() || end != value.data() + value.size()) shape.worker_reads = true;
     }
   }
   return shape;
+}
+
+/// Whether the request line's method is one whose body the HTTP library always reads.
+bool MethodHasBody(std::string_view head) {
+  const std::string_view method = head.substr(0, head.find(' '));
+  return method == "POST" || method == "PUT" || method == "PATCH";
 }
 
 }  // namespace
@@ -78,6 +87,10 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
   }
   scan.head_bytes = head_end;
   const BodyShape shape = ShapeOf(buffered.substr(0, head_end));
+  if (!shape.has_length && MethodHasBody(buffered)) {
+    scan.progress = RequestProgress::kLengthRequired;
+    return scan;
+  }
   const bool ready = shape.worker_reads || shape.length > max_body_bytes ||
                      buffered.size() - head_end >= shape.length;
   scan.progress = ready ? RequestProgress::kReady : RequestProgress::kReadingBody;

@@ -14,7 +14,11 @@ enum class RequestProgress {
   kReadingHead,  ///< part of a request head (request line and headers), no blank line yet
   kReadingBody,  ///< the head is complete; its Content-Length body is not all there yet
   kReady,        ///< a worker can serve it (see RequestScan)
-  kHeadTooLarge  ///< more than the allowed head bytes and still no blank line
+  kHeadTooLarge,  ///< more than the allowed head bytes and still no blank line
+  /// A complete POST, PUT or PATCH head with neither Content-Length nor Transfer-Encoding: the
+  /// HTTP library would read its body until the client closes (or its read timeout), so the loop
+  /// answers 411 at once instead of holding a worker for nothing.
+  kLengthRequired
 };
 
 struct RequestScan {
@@ -28,7 +32,8 @@ struct RequestScan {
 /// (Transfer-Encoding), after `Expect: 100-continue` (the client waits for the interim answer
 /// the worker writes), or over `max_body_bytes` (the worker answers 413). A head ends at the
 /// first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts). kHeadTooLarge when
-/// `max_head_bytes` are buffered without the head's end. Bytes after the request (pipelining)
+/// `max_head_bytes` are buffered without the head's end; kLengthRequired for a POST, PUT or PATCH
+/// with no Content-Length and no Transfer-Encoding. Bytes after the request (pipelining)
 /// are left alone. Pure; header names are matched case-insensitively (RFC 9110).
 RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t max_body_bytes);
 

@@ -281,6 +281,7 @@ void ConnectionLoop::Advance(int fd) {
       case RequestProgress::kLengthRequired:
         Close(fd, LengthRequiredAnswer());
         return;
+
       case RequestProgress::kReadingHead:
         if (!c.reading) {
           c.reading = true;
@@ -288,7 +289,8 @@ void ConnectionLoop::Advance(int fd) {
         }
         break;
       case RequestProgress::kReadingBody:
-        // The body must keep coming: no gap longer than the header timeout.
+        // The body must keep coming: no gap longer than the header timeout (then 408).
+        c.reading = true;
         if (progressed) {
           SetDeadline(c, Clock::now() + std::chrono::seconds(options_.header_timeout_s));
         }

@@ -91,6 +91,8 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
     scan.progress = RequestProgress::kLengthRequired;
     return scan;
   }
+  // A body over the limit goes to the worker too: cpp-httplib reads and discards it before its
+  // 413, so the client, still sending, gets the answer rather than a reset.
   const bool ready = shape.worker_reads || shape.length > max_body_bytes ||
                      buffered.size() - head_end >= shape.length;
   scan.progress = ready ? RequestProgress::kReady : RequestProgress::kReadingBody;

@@ -30,7 +30,8 @@ struct RequestScan {
 /// kReady once the head is complete and either its Content-Length body (at most
 /// `max_body_bytes`) is buffered too, or the body is one the worker reads itself — chunked
 /// (Transfer-Encoding), after `Expect: 100-continue` (the client waits for the interim answer
-/// the worker writes), or over `max_body_bytes` (the worker answers 413). A head ends at the
+/// the worker writes), or over `max_body_bytes` (the worker reads and discards it, then answers
+/// 413: closing on a client still sending would reset the connection before it read the answer). A head ends at the
 /// first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts). kHeadTooLarge when
 /// `max_head_bytes` are buffered without the head's end; kLengthRequired for a POST, PUT or PATCH
 /// with no Content-Length and no Transfer-Encoding. Bytes after the request (pipelining)

@@ -28,8 +28,9 @@ TEST(ScanRequest, TellsWhereTheBytesStand) {
       {"GET /health HTTP/1.1\nHost: x\n\n", RequestProgress::kReady},  // LF only, as httplib
       {"POST /b HTTP/1.1\r\nContent-Length: 5\r\n\r\nabc", RequestProgress::kReadingBody},
       {"POST /b HTTP/1.1\r\ncontent-length:5\r\n\r\nabcde", RequestProgress::kReady},
-      // Over max_body_bytes: the worker answers 413 without the loop buffering it.
+      // Over max_body_bytes: the worker reads (discards) it and answers 413; not buffered here.
       {"POST /b HTTP/1.1\r\nContent-Length: 17\r\n\r\n", RequestProgress::kReady},
+      {"POST /b HTTP/1.1\r\nContent-Length: 16\r\n\r\n", RequestProgress::kReadingBody},
       // Bodies the worker reads itself.
       {"POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", RequestProgress::kReady},
       {"POST /b HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",

@@ -5,8 +5,8 @@
 // choosing a cut, then the buffered bytes. Asserted:
 //   * kIdle exactly for no bytes; head_bytes <= the bytes; a complete head ends at the first
 //     empty line (LF LF or LF CR LF) and nowhere else;
-//   * kLengthRequired stays so with more bytes (the head decides it);
-//   * kHeadTooLarge only without a head's end and with at least max_head_bytes buffered;
+//   * kLengthRequired, kBadFraming and kHeadTooLarge stay so with more bytes (the head decides it);
+//   * kHeadTooLarge exactly for a head over max_head_bytes (ended or not yet);
 //   * more bytes never undo a request: a prefix that is kReady stays kReady with the same head
 //     (pipelined bytes after a request are left alone), and a complete head stays complete.
 #include <cstddef>
@@ -39,10 +39,12 @@ void CheckScan(std::string_view b, size_t max_head, size_t max_body, const Reque
   const size_t end = FirstHeadEnd(b);
   const bool complete = s.progress == RequestProgress::kReady ||
                         s.progress == RequestProgress::kReadingBody ||
-                        s.progress == RequestProgress::kLengthRequired;
-  Check(complete == (end != 0));
+                        s.progress == RequestProgress::kLengthRequired ||
+                        s.progress == RequestProgress::kBadFraming;
+  Check(complete == (end != 0 && end <= max_head));
   Check(s.head_bytes == (complete ? end : 0));
-  Check(s.progress != RequestProgress::kHeadTooLarge || (end == 0 && b.size() >= max_head));
+  Check((s.progress == RequestProgress::kHeadTooLarge) ==
+        ((end == 0 && b.size() >= max_head) || end > max_head));
   (void)max_body;
 }
 
@@ -61,7 +63,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (part.progress == RequestProgress::kReady) {
     Check(whole.progress == RequestProgress::kReady && whole.head_bytes == part.head_bytes);
   }
-  if (part.progress == RequestProgress::kLengthRequired) {
+  if (part.progress == RequestProgress::kLengthRequired ||
+      part.progress == RequestProgress::kBadFraming ||
+      part.progress == RequestProgress::kHeadTooLarge) {
     Check(whole.progress == part.progress);  // the head decides it
   }
   if (part.progress == RequestProgress::kReadingBody) {

@@ -281,6 +281,11 @@ void ConnectionLoop::Advance(int fd) {
       case RequestProgress::kLengthRequired:
         Close(fd, LengthRequiredAnswer());
         return;
+      case RequestProgress::kBadFraming:
+        Close(fd, ClosingAnswer(400, "Bad Request",
+                                ApiError{400, std::string("malformed request: ") + scan.why,
+                                         "invalid_request_error", "", "malformed_request"}));
+        return;
 
       case RequestProgress::kReadingHead:
         if (!c.reading) {

@@ -54,6 +54,8 @@ std::string BodylessErrorMessage(const Request& req, int status) {
 /// The current request of this connection thread (see CurrentAccessNote).
 thread_local AccessNote t_note;
 thread_local std::chrono::steady_clock::time_point t_start;
+/// The status of the last response the calling request thread wrote (0: none yet).
+thread_local int t_last_status = 0;
 
 /// Whether a client's x-request-id is kept as the request's id: pd::IsValidRequestId's rule, 1..256
 /// visible ASCII characters (http/ sits below pd/, docs/architecture.md).
@@ -216,6 +218,7 @@ void FrontDoor::InstallErrorAnswers() {
   s.set_logger([this](const Request& req, const Response& res) {
     if (hook_) hook_(req, res);
     LogAccess(req, res);
+    t_last_status = res.status;
     // A request cpp-httplib refuses before routing (a malformed one) has no start of its own.
     t_start = {};
     t_note = AccessNote{};
@@ -305,6 +308,7 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   const int write_timeout_s = options_.write_timeout_s > 0 ? options_.write_timeout_s : 5;
   bool closed = false;
   bool ok = false;
+  t_last_status = 0;
   {
     ConnectionStream stream(*conn, options_.connections.header_timeout_s, write_timeout_s);
     SSL* ssl = conn->ssl();
@@ -313,7 +317,12 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   }
   if (!ok) conn->MarkBroken();
   conn->Compact();
-  loop_->Return(std::move(conn), ok && !closed && !stopping_.load());
+  // After an answer to a request the library could not read whole (malformed, body too large,
+  // URI or headers too long), what is left in the buffer is not known to start a request:
+  // reading it as one would answer bytes of the last request's body (RFC 9112 §9.3 closes).
+  const bool unframed = t_last_status == 400 || t_last_status == 413 || t_last_status == 414 ||
+                        t_last_status == 431;
+  loop_->Return(std::move(conn), ok && !closed && !unframed && !stopping_.load());
 }
 
 void FrontDoor::Stop() {

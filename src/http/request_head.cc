@@ -38,12 +38,15 @@ size_t HeadEnd(std::string_view b) {
 /// What the head's headers say about its body.
 struct BodyShape {
   bool has_length = false;    ///< a Content-Length or Transfer-Encoding header is present
-  bool worker_reads = false;  ///< chunked, Expect: 100-continue, or an unreadable length
+  bool worker_reads = false;  ///< chunked, or Expect: 100-continue
   uint64_t length = 0;        ///< Content-Length (0 when absent)
+  const char* bad = nullptr;  ///< why the framing is refused (RFC 9112 §6), or null
 };
 
 BodyShape ShapeOf(std::string_view head) {
   BodyShape shape;
+  bool has_cl = false;
+  bool has_te = false;
   size_t line_start = head.find('\n');  // skip the request line
   while (line_start != std::string_view::npos && line_start + 1 < head.size()) {
     const size_t next = head.find('\n', line_start + 1);
@@ -55,23 +58,41 @@ BodyShape ShapeOf(std::string_view head) {
     if (colon == std::string_view::npos) continue;
     const std::string_view name = line.substr(0, colon);
     const std::string_view value = Trim(line.substr(colon + 1));
-    if (EqualsNoCase(name, "Transfer-Encoding") || EqualsNoCase(name, "Expect")) {
+    if (EqualsNoCase(name, "Transfer-Encoding")) {
+      has_te = true;
       shape.worker_reads = true;
-      shape.has_length = shape.has_length || EqualsNoCase(name, "Transfer-Encoding");
+      if (!EqualsNoCase(value, "chunked")) shape.bad = "unsupported Transfer-Encoding (only chunked)";
+    } else if (EqualsNoCase(name, "Expect")) {
+      shape.worker_reads = true;
     } else if (EqualsNoCase(name, "Content-Length")) {
-      shape.has_length = true;
-      const auto [end, ec] =
-          std::from_chars(value.data(), value.data() + value.size(), shape.length);
-      if (ec != std::errc() || end != value.data() + value.size()) shape.worker_reads = true;
+      uint64_t n = 0;
+      const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+      if (value.empty() || ec != std::errc() || end != value.data() + value.size()) {
+        shape.bad = "invalid Content-Length";
+      } else if (has_cl && n != shape.length) {
+        shape.bad = "two different Content-Length values";
+      }
+      has_cl = true;
+      shape.length = n;
     }
   }
+  if (has_cl && has_te) shape.bad = "both Content-Length and Transfer-Encoding";
+  shape.has_length = has_cl || has_te;
   return shape;
 }
 
-/// Whether the request line's method is one whose body the HTTP library always reads.
-bool MethodHasBody(std::string_view head) {
-  const std::string_view method = head.substr(0, head.find(' '));
+/// The request line's method.
+std::string_view MethodOf(std::string_view head) { return head.substr(0, head.find(' ')); }
+
+/// Whether the HTTP library always reads a body for `method`.
+bool MethodHasBody(std::string_view method) {
   return method == "POST" || method == "PUT" || method == "PATCH";
+}
+
+/// Whether the HTTP library never reads a body for `method`: one sent with it would be read as
+/// the next request.
+bool MethodHasNoBody(std::string_view method) {
+  return method == "GET" || method == "HEAD" || method == "OPTIONS";
 }
 
 }  // namespace
@@ -80,14 +101,25 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
   RequestScan scan;
   if (buffered.empty()) return scan;
   const size_t head_end = HeadEnd(buffered);
-  if (head_end == 0) {
+  if (head_end == 0 || head_end > max_head_bytes) {  // a whole head over the limit in one read too
     scan.progress = buffered.size() >= max_head_bytes ? RequestProgress::kHeadTooLarge
                                                       : RequestProgress::kReadingHead;
     return scan;
   }
   scan.head_bytes = head_end;
   const BodyShape shape = ShapeOf(buffered.substr(0, head_end));
-  if (!shape.has_length && MethodHasBody(buffered)) {
+  const std::string_view method = MethodOf(buffered);
+  if (shape.bad == nullptr && MethodHasNoBody(method) && (shape.length > 0 || shape.worker_reads)) {
+    scan.why = "a GET, HEAD or OPTIONS request carries no body";
+    scan.progress = RequestProgress::kBadFraming;
+    return scan;
+  }
+  if (shape.bad != nullptr) {
+    scan.why = shape.bad;
+    scan.progress = RequestProgress::kBadFraming;
+    return scan;
+  }
+  if (!shape.has_length && MethodHasBody(method)) {
     scan.progress = RequestProgress::kLengthRequired;
     return scan;
   }

@@ -14,16 +14,22 @@ enum class RequestProgress {
   kReadingHead,  ///< part of a request head (request line and headers), no blank line yet
   kReadingBody,  ///< the head is complete; its Content-Length body is not all there yet
   kReady,        ///< a worker can serve it (see RequestScan)
-  kHeadTooLarge,  ///< more than the allowed head bytes and still no blank line
+  kHeadTooLarge,  ///< a head over the allowed bytes (its blank line not yet come, or past them)
   /// A complete POST, PUT or PATCH head with neither Content-Length nor Transfer-Encoding: the
   /// HTTP library would read its body until the client closes (or its read timeout), so the loop
   /// answers 411 at once instead of holding a worker for nothing.
-  kLengthRequired
+  kLengthRequired,
+  /// A complete head whose body framing is refused (RFC 9112 §6): an invalid Content-Length,
+  /// two different ones, Content-Length with Transfer-Encoding, a Transfer-Encoding other than
+  /// chunked, or a body on GET/HEAD/OPTIONS (which the library would read as the next request).
+  /// The loop answers 400 with RequestScan::why and closes.
+  kBadFraming
 };
 
 struct RequestScan {
   RequestProgress progress = RequestProgress::kIdle;
   size_t head_bytes = 0;  ///< bytes of the head, its blank line included (0 until complete)
+  const char* why = "";   ///< kBadFraming: what is wrong (a static string)
 };
 
 /// Scans `buffered` (a connection's unread bytes, the next request first) for one request:
@@ -34,7 +40,7 @@ struct RequestScan {
 /// 413: closing on a client still sending would reset the connection before it read the answer). A head ends at the
 /// first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts). kHeadTooLarge when
 /// `max_head_bytes` are buffered without the head's end; kLengthRequired for a POST, PUT or PATCH
-/// with no Content-Length and no Transfer-Encoding. Bytes after the request (pipelining)
+/// with no Content-Length and no Transfer-Encoding; kBadFraming (see there). Bytes after the request (pipelining)
 /// are left alone. Pure; header names are matched case-insensitively (RFC 9110).
 RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t max_body_bytes);
 

@@ -116,6 +116,7 @@ void Router::RouteModels() {
     if (!pd::IsValidRequestId(id))
       id = ids_.RequestId(req.path == "/v1/models" ? "models-" : "tok-");
     res.set_header("x-request-id", id);
+    http::SetCurrentRequestId(id);
     const Role role = options_.colocated() ? Role::kColocated : Role::kDecode;
     const std::string name = RoleName(role);
     std::optional<InstanceLease> d = pool_->Acquire(role);
@@ -145,6 +146,7 @@ void Router::RouteResetPrefixCache() {
   door_->Post("/reset_prefix_cache", [this](const http::Request& req, http::Response& res) {
     std::string id = req.get_header_value("x-request-id");
     if (!pd::IsValidRequestId(id)) id = ids_.RequestId("reset-");
+    http::SetCurrentRequestId(id);
     json instances = json::array();
     int status = 200;
     std::string failed;

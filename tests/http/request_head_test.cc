@@ -35,7 +35,23 @@ TEST(ScanRequest, TellsWhereTheBytesStand) {
       {"POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", RequestProgress::kReady},
       {"POST /b HTTP/1.1\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n",
        RequestProgress::kReady},
-      {"POST /b HTTP/1.1\r\nContent-Length: five\r\n\r\n", RequestProgress::kReady},
+      // Framing refused at once (RFC 9112 §6): it would desynchronise the connection.
+      {"POST /b HTTP/1.1\r\nContent-Length: five\r\n\r\n", RequestProgress::kBadFraming},
+      {"POST /b HTTP/1.1\r\nContent-Length: -1\r\n\r\n", RequestProgress::kBadFraming},
+      {"POST /b HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n",
+       RequestProgress::kBadFraming},
+      {"POST /b HTTP/1.1\r\nContent-Length: 5\r\nContent-Length: 7\r\n\r\n",
+       RequestProgress::kBadFraming},
+      {"POST /b HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n\r\n{}",
+       RequestProgress::kReady},
+      {"POST /b HTTP/1.1\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+       RequestProgress::kBadFraming},
+      {"POST /b HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", RequestProgress::kBadFraming},
+      {"GET /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", RequestProgress::kBadFraming},
+      {"GET /a HTTP/1.1\r\nContent-Length: 0\r\n\r\n", RequestProgress::kReady},
+      // A whole head over the limit in one read.
+      {"GET /a HTTP/1.1\r\nX: " + std::string(kHead, 'b') + "\r\n\r\n",
+       RequestProgress::kHeadTooLarge},
       // A body-carrying method without a length: 411 from the loop (the library would wait for
       // the client to close); methods without a body need none.
       {"POST /b HTTP/1.1\r\nHost: x\r\n\r\n", RequestProgress::kLengthRequired},

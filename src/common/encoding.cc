@@ -101,4 +101,12 @@ Result<std::string> Base64DecodeString(const std::string& in) {
   return std::string(bytes.begin(), bytes.end());
 }
 
+bool IsVisibleAsciiId(std::string_view s) {
+  if (s.empty() || s.size() > 256) return false;
+  for (const char c : s) {
+    if (c < 0x21 || c > 0x7e) return false;
+  }
+  return true;
+}
+
 }  // namespace kvpush

@@ -24,5 +24,8 @@ Result<std::string> Base64DecodeString(const std::string& in);
 std::string Hex64(uint64_t v);
 /// 1-16 hex digits (either case). Errors: kInvalidArgument.
 Result<uint64_t> ParseHex64(const std::string& s);
+/// True for 1..256 visible ASCII characters (0x21..0x7e): the rule a client's x-request-id must
+/// pass to be kept (pd::IsValidRequestId) and to be logged as the request's id (http/).
+bool IsVisibleAsciiId(std::string_view s);
 
 }  // namespace kvpush

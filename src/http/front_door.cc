@@ -8,6 +8,7 @@
 #include <exception>
 #include <utility>
 
+#include "common/encoding.h"
 #include "common/log.h"
 #include "http/api_error.h"
 #include "http/connection.h"
@@ -56,16 +57,6 @@ thread_local AccessNote t_note;
 thread_local std::chrono::steady_clock::time_point t_start;
 /// The status of the last response the calling request thread wrote (0: none yet).
 thread_local int t_last_status = 0;
-
-/// Whether a client's x-request-id is kept as the request's id: pd::IsValidRequestId's rule, 1..256
-/// visible ASCII characters (http/ sits below pd/, docs/architecture.md).
-bool KeptRequestId(std::string_view id) {
-  if (id.empty() || id.size() > 256) return false;
-  for (const char c : id) {
-    if (c < 0x21 || c > 0x7e) return false;
-  }
-  return true;
-}
 
 bool IsOpenPath(const std::string& path) {
   for (std::string_view open : kOpenPaths) {
@@ -163,7 +154,7 @@ void FrontDoor::InstallPreRouting() {
     t_note = AccessNote{};
     t_start = std::chrono::steady_clock::now();
     const std::string& id = req.get_header_value("x-request-id");
-    SetLogRequestId(KeptRequestId(id) ? std::string_view(id) : std::string_view());
+    SetLogRequestId(IsVisibleAsciiId(id) ? std::string_view(id) : std::string_view());
     if (options_.api_key.empty() || IsOpenPath(req.path)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }

@@ -2,6 +2,8 @@
 
 #include <xxhash.h>
 
+#include "common/encoding.h"
+
 namespace kvpush::pd {
 
 bool IsValidTransferId(std::string_view id) {
@@ -13,11 +15,7 @@ bool IsValidTransferId(std::string_view id) {
 }
 
 bool IsValidRequestId(std::string_view id) {
-  if (id.empty() || id.size() > 256) return false;
-  for (char c : id) {
-    if (c <= 0x20 || c >= 0x7f) return false;  // visible ASCII only
-  }
-  return true;
+  return IsVisibleAsciiId(id);
 }
 
 uint64_t PromptHash(std::span<const int32_t> tokens) {

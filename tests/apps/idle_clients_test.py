@@ -25,15 +25,10 @@ import slow_clients as sc  # noqa: E402
 
 h.LOG_PREFIX = "idle_clients"
 HOST = "127.0.0.1"
-FAILURES = []
+FAILURES = h.FAILURES
+check = h.check
 SIM = ["--executor", "sim", "--sim-model", "qwen3-32b", "--sim-hw", "h200", "--sim-kv-scale",
        "0.01", "--max-model-len", "4096", "--log-level", "warn"]
-
-
-def check(cond, what):
-    h.log(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
 
 
 def wait_healthy(port, proc, timeout=60.0):

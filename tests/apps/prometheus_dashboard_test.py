@@ -32,7 +32,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pylib"))
 import kvpush_harness as h  # noqa: E402
 
 h.LOG_PREFIX = "prometheus_dashboard"
-FAILURES = []
+FAILURES = h.FAILURES
+check = h.check
 # The families vLLM's example dashboard queries (names only; the dashboard is vLLM's).
 VLLM_EXAMPLE_FAMILIES = [
     "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
@@ -49,12 +50,6 @@ PROMPTS = [
     "The cat sat on the mat and looked out of the window at the birds that were singing in the",
     "Tom and his dog went to the park to play with a big red ball. They ran and ran until",
 ]
-
-
-def check(cond, what):
-    h.log(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
 
 
 def request(port, body, mode, stream):

@@ -28,14 +28,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pylib"))
 import kvpush_harness as h  # noqa: E402
 
 h.LOG_PREFIX = "request_log_ids"
-FAILURES = []
+FAILURES = h.FAILURES
+check = h.check
 PROMPT = "Once upon a time there was a little girl who lived in a village near the forest and she"
-
-
-def check(cond, what):
-    h.log(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
 
 
 def send(port, body, mode=None, request_id=None):

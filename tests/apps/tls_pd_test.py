@@ -41,13 +41,8 @@ PROMPTS = [
     "The cat sat on the mat and looked out of the window at the birds that were singing in the",
     "Tom and his dog went to the park to play with a big red ball. They ran and ran until",
 ]
-FAILURES = []
-
-
-def check(cond, what):
-    h.log(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
+FAILURES = h.FAILURES
+check = h.check
 
 
 def make_pki(d):

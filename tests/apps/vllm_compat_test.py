@@ -23,7 +23,6 @@ import ssl
 import subprocess
 import sys
 import tempfile
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pylib"))
 import kvpush_harness as h  # noqa: E402
@@ -35,13 +34,8 @@ PROMPTS = [
     "The cat sat on the mat and looked out of the window at the birds that were singing in the",
     "Tom and his dog went to the park to play with a big red ball. They ran and ran until",
 ]
-FAILURES = []
-
-
-def check(cond, what):
-    h.log(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
+FAILURES = h.FAILURES
+check = h.check
 
 
 def call(port, method, path, body=None, key=None, timeout=60):

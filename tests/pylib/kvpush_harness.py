@@ -38,6 +38,17 @@ def log(msg):
     sys.stdout.flush()
 
 
+# Checks of the process tests: each prints "ok" or "FAIL" and a failed one is kept in FAILURES
+# (the test exits 1 when it is not empty).
+FAILURES = []
+
+
+def check(cond, what):
+    log(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

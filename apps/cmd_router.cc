@@ -149,6 +149,11 @@ void RegisterRouterCommand(CLI::App& app) {
                   "prefix hit) is below this gets no P leg: D prefills it locally (0 = off; "
                   "needs --tokenizer)")
       ->capture_default_str();
+  cmd->add_option("--migration-limit", opts->router.migration_limit,
+                  "Times one request may be continued on another decode (or colocated) instance "
+                  "after the one answering it failed mid-answer: a stream resumes after the last "
+                  "token the client got, a whole answer is sent again (0 = off)")
+      ->capture_default_str();
   cmd->add_option("--tokenizer", opts->router.tokenizer_path,
                   "The instances' model file (.gguf: only its tokenizer and chat template are "
                   "read): the router tokenizes prompts for --routing cache-aware and "

@@ -23,6 +23,42 @@ int32_t PromptLogitRows(int32_t vocab_size) {
 
 }  // namespace
 
+namespace {
+
+/// The parts of a continuation (GenerationRequest::resume_output_tokens) that need no text:
+/// token ids inside the vocabulary, no P/D role, and room left for one more token.
+Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
+                      const GenerationRequest& request) {
+  const auto& resumed = request.resume_output_tokens;
+  if (resumed.empty()) {
+    if (request.resume_text_bytes != 0) {
+      return InvalidArgument("kvpush_resume: text_bytes without token_ids");
+    }
+    return Status::Ok();
+  }
+  if (request.kv_transfer.role != pd::KvTransferParams::Role::kNone) {
+    return InvalidArgument("kvpush_resume: a continuation is a colocated request; it cannot be a "
+                           "P/D leg");
+  }
+  for (int32_t t : resumed) {
+    if (t < 0 || t >= model.vocab_size) {
+      return InvalidArgument("kvpush_resume: token id " + std::to_string(t) +
+                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
+                             ")");
+    }
+  }
+  const int64_t k = static_cast<int64_t>(resumed.size());
+  const int64_t n = static_cast<int64_t>(request.prompt_tokens.size());
+  if (k >= request.max_tokens || n + k + 1 > config.max_model_len) {
+    return InvalidArgument("kvpush_resume: " + std::to_string(k) +
+                           " output tokens already reach max_tokens or the context length: the "
+                           "request had ended");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                        const GenerationRequest& request) {
   const auto& prompt = request.prompt_tokens;
@@ -75,6 +111,7 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                            " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
                            ")");
   }
+  KVP_RETURN_IF_ERROR(ValidateResume(config, model, request));
   const int64_t total = std::min<int64_t>(n + request.max_tokens, config.max_model_len);
   const int64_t blocks = (total + config.block_size - 1) / config.block_size;
   if (blocks > config.num_kv_blocks) {
@@ -161,6 +198,18 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
                       static_cast<size_t>(std::max(0, seq->max_output_tokens)));
   seq->arrival_ns = arrival_ns;
   seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop, seq->tokens);
+  if (!request.resume_output_tokens.empty()) {
+    if (Status rs = ReplayResumed(*seq, request); !rs.ok()) {
+      if (connector_ != nullptr) connector_->OnRequestRejected(request);
+      RequestOutput out;
+      out.finish_reason = FinishReason::kError;
+      out.error = rs;
+      out.num_prompt_tokens = seq->num_prompt_tokens;
+      ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
+      Emit(seq->channel, std::move(out));
+      return;
+    }
+  }
   if (request.prompt_logprobs >= 0) {
     seq->prompt_logprobs.resize(static_cast<size_t>(seq->num_prompt_tokens - 1));
   }
@@ -169,6 +218,34 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   Sequence* raw = seq.get();
   seqs_.emplace(seq_id, std::move(seq));
   scheduler_.AddWaiting(raw);
+}
+
+Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request) const {
+  // The earlier run's ProcessSampled, token by token: what ended it there would have ended it.
+  int64_t emitted = 0;
+  int32_t k = 0;
+  for (int32_t token : request.resume_output_tokens) {
+    ++k;
+    const bool stops_allowed = k >= request.min_tokens;
+    const bool strings_allowed = k > request.min_tokens;
+    const bool is_eos = token == model_config().eos_id && !request.ignore_eos;
+    const bool is_stop_id = std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
+                                      token) != request.stop_token_ids.end();
+    OutputTextProcessor::Delta d;
+    if (!stops_allowed || !(is_eos || is_stop_id)) d = seq.text->Append(token, strings_allowed);
+    if ((stops_allowed && (is_eos || is_stop_id)) || d.stopped) {
+      return InvalidArgument("kvpush_resume: output token " + std::to_string(k) + " (id " +
+                             std::to_string(token) + ") ended the request");
+    }
+    emitted += static_cast<int64_t>(d.text.size());
+    seq.tokens.push_back(token);
+  }
+  if (emitted != request.resume_text_bytes) {
+    return InvalidArgument("kvpush_resume: text_bytes is " +
+                           std::to_string(request.resume_text_bytes) + " but its token_ids' text "
+                           "emitted so far is " + std::to_string(emitted) + " bytes");
+  }
+  return Status::Ok();
 }
 
 void EngineCore::Abort(int64_t seq_id) {

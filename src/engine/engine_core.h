@@ -104,6 +104,11 @@ class EngineCore {
   void ProcessLogits(Sequence& seq, std::span<const float> logits);
   /// Appends an already sampled token (from logits or from a connector) and streams it.
   void ProcessSampled(Sequence& seq, TokenOutput token);
+  /// A continuation's admission: appends request.resume_output_tokens to seq.tokens and feeds
+  /// them through seq.text as the earlier run did (their text is not emitted). Errors
+  /// (kInvalidArgument): one of them would have ended the run, or the text they emitted is not
+  /// request.resume_text_bytes long.
+  Status ReplayResumed(Sequence& seq, const GenerationRequest& request) const;
   /// Prompt logprobs from a chunk computed with all_logits: `logits` holds one row per token of
   /// `chunk` (vocab floats each); the row of position p scores prompt token p + 1.
   void RecordPromptLogprobs(Sequence& seq, const SequenceChunk& chunk,

@@ -54,6 +54,9 @@ class FlowServices {
   virtual void RecordLatency(TransferMode mode, ClientLatency which, double seconds) = 0;
   virtual void CountLegFailure(Role role) = 0;
   virtual void CountRetry(Role refused_by) = 0;
+  /// A request continued on another instance after the one of role `failed` failed it
+  /// (`streamed`: mid-stream, resumed; else a whole answer sent again).
+  virtual void CountContinuation(Role failed, bool streamed) = 0;
   /// Stop() began: legs are being closed; a flow says why to its client.
   virtual bool stopping() const = 0;
   /// The error body a request still in flight gets when the router stops (or its drain timed

@@ -21,6 +21,8 @@
 #include "router/instance_pool.h"
 #include "router/leg.h"
 #include "router/prompt_echo.h"
+#include "router/resume_ledger.h"
+#include "router/client_body.h"
 #include "router/request_flow.h"
 #include "router/router_timeline.h"
 
@@ -71,6 +73,12 @@ Reply NoHealthyReply(const InstancePool& pool, Role role,
 /// another instance, as long as nothing was written to the client yet.
 bool RefusedUnstarted(const LegResult& r);
 
+/// A leg whose instance failed mid-answer, so that the request may go on on another instance
+/// (continuation_flow.cc): its connection broke, stalled past the leg's timeout or was cut by
+/// the health checker after the request was written, or it answered 503 `draining_timeout`
+/// (its drain cut the request). Not a refusal to connect, and not the router's own Stop().
+bool ContinuableFailure(const LegResult& r);
+
 /// What a failed leg's log line says about it.
 std::string Describe(const LegResult& r);
 
@@ -114,6 +122,14 @@ struct RequestFlow::Transfer {
   std::optional<Reply> refused_reply;  ///< with retry_url: the answer if no retry can be made
   /// The request skipped its P leg (--local-prefill-threshold): D prefills; no transfer to abort.
   bool local_prefill = false;
+  /// Continuation (docs/reliability.md, "Continuation"): a request of one prompt while
+  /// --migration-limit > 0 may go on on another instance when the answering one fails
+  /// mid-answer, at most `continuations_left` more times. Its body for that: the client's parsed
+  /// body (P/D; the minted seed included) or, colocated, the client's bytes.
+  bool continuable = false;
+  int continuations_left = 0;
+  std::shared_ptr<const ClientBody> client;
+  std::string client_text;
   /// The router's phases of this transfer (router_timeline.h); set from the moment it exists.
   RouterTimeline timeline;
   Transfer() { timeline.Mark(RouterPhase::kReceived); }
@@ -183,6 +199,13 @@ struct RequestFlow::Transfer {
     }
     return prefill_done;
   }
+  /// The request went on without its P leg (a continuation on another instance): whatever P's
+  /// leg does from now on no longer decides it, and a failure it recorded is dropped.
+  void ForgetPrefill() {
+    MutexLock lock(mu);
+    stage = Stage::kDone;
+    if (PrefillFailedLocked()) prefill = PrefillOutcome::kSettled;
+  }
   std::optional<PromptEcho> PromptEchoOf() {
     MutexLock lock(mu);
     return prompt_echo;
@@ -205,6 +228,11 @@ struct RequestFlow::StreamState {
   std::shared_ptr<Transfer> t;
   std::shared_ptr<DecodeStream> stream;
   InstanceLease decode_lease;
+  /// The instance whose stream is relayed now (t->d_addr until a continuation moved it).
+  InstanceAddress answering;
+  /// What the client got of each choice (the stream's `: kvpush-resume` comments), for a
+  /// continuation.
+  ResumeLedger ledger;
   std::vector<std::string> held;  ///< events taken before the client's stream started
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
   std::optional<PromptEcho> prompt_echo;
@@ -214,6 +242,12 @@ struct RequestFlow::StreamState {
   bool completed = false;  ///< sink.done() was called
   int64_t last_data_ns = 0;  ///< steady ns the last data event was relayed (0: none yet)
 };
+
+/// A new leg of `t` to `addr` (the router's LegRegistry); with tracing on it carries the
+/// router's span as `traceparent`, and the answering leg of a continuable stream asks for the
+/// instance's resume comments (Leg::set_resume_info). request_flow.cc.
+std::shared_ptr<Leg> OpenLeg(FlowServices& r, const RequestFlow::Transfer& t,
+                             const InstanceAddress& addr, Role role);
 
 /// The 502 for a P/D request with echo and logprobs whose P answered no usable prompt_echo.
 Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why);

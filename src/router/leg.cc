@@ -90,7 +90,8 @@ bool Leg::Send(const std::string& method, const std::string& path, const std::st
     *failed = Failed("connect failed");
     return false;
   }
-  std::string headers = "x-request-id: " + request_id + "\r\n" + auth_header_ + trace_header_;
+  std::string headers = "x-request-id: " + request_id + "\r\n" + auth_header_ + trace_header_ +
+                        resume_header_;
   if (method == "POST") headers += "Content-Type: application/json\r\n";
   if (sse) headers += "Accept: text/event-stream\r\n";
   if (!conn_->WriteRequest(method, path, headers, method == "POST" ? body : "", io_timeout_s_)) {

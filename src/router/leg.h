@@ -62,6 +62,10 @@ class Leg {
     trace_header_ = "traceparent: " + value + "\r\n";
   }
 
+  /// Every later call of this leg carries `x-kvpush-resume-info: 1`: an instance's stream then
+  /// carries a `: kvpush-resume` comment per output (docs/reliability.md, "Continuation").
+  void set_resume_info() { resume_header_ = "x-kvpush-resume-info: 1\r\n"; }
+
   /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
   LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
   /// GET `path`, reading the whole answer.
@@ -120,6 +124,7 @@ class Leg {
   double io_timeout_s_ = 600.0;
   std::string auth_header_;                      ///< "Authorization: Bearer ...\r\n" or ""
   std::string trace_header_;                     ///< "traceparent: ...\r\n" or empty
+  std::string resume_header_;                    ///< "x-kvpush-resume-info: 1\r\n" or empty
   std::shared_ptr<const TlsClientContext> tls_;  ///< for a fresh connection (no pool)
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};

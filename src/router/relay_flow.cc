@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "common/clock.h"
+#include "common/drain.h"
 #include "common/json_parse.h"
 #include "http/front_door.h"
 #include "pd/ids.h"
@@ -20,6 +21,7 @@
 #include "router/prompt_echo.h"
 #include "router/prompt_list.h"
 #include "router/request_flow.h"
+#include "router/resume_ledger.h"
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
@@ -112,7 +114,8 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
                              InstanceLease d_lease, httplib::Response& res) {
   FlowServices& r = router_;
   t->timeline.Mark(RouterPhase::kDecodeLegWritten);  // unless D's leg was sent ahead (push)
-  const LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
+  LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
+  if (ContinuableFailure(dr) && t->continuable) dr = ResendWhole(*t, d_lease, std::move(dr));
   if (t->echo_logprobs && dr.answered && dr.status == 200) {
     // P's answer (its prompt_echo) follows the KV that D already has.
     t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));
@@ -258,6 +261,7 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   st->t = t;
   st->stream = ds;
   st->decode_lease = std::move(d_lease);
+  st->answering = t->d_addr;
   st->held = std::move(held);
   st->prompt_echo = std::move(echo);
   res.status = 200;
@@ -294,9 +298,18 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   events.swap(st.held);
   const bool finished =
       st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
-  for (const std::string& e : events) {
+  std::string drain_cut;  // the answering instance's drain cut the stream (its error event)
+  for (std::string& e : events) {
     if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
+    const std::optional<std::string> info = TakeResumeInfo(&e);
+    if (info) st.ledger.Note(*info);  // exactly what the client gets: whole events only
+    if (e.empty()) continue;          // an output with no event for the client
     const SseEventKind kind = ClassifySseEvent(e);
+    if (kind == SseEventKind::kError && st.t->continuable &&
+        e.find(kDrainTimeoutCode) != std::string::npos) {
+      drain_cut = e;  // not relayed: the stream may go on elsewhere
+      break;
+    }
     std::string out;
     if (st.prompt_echo && kind == SseEventKind::kData) {
       // Echo with logprobs: P's prompt part leads each choice's first event.
@@ -316,7 +329,24 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
       r.CountLegFailure(st.t->d_role);
     }
   }
+  if (!drain_cut.empty()) {
+    st.stream->Stop();
+    if (ContinueStream(r, st, "its drain timeout cut the request")) return true;
+    st.failed = st.terminal_sent = true;
+    r.CountLegFailure(st.t->d_role);
+    if (!sink.write(drain_cut.data(), drain_cut.size())) return false;
+    st.completed = true;
+    sink.done();
+    return true;
+  }
   if (!finished) return true;
+  if (!st.terminal_sent && !r.stopping() && !st.t->PrefillFailure()) {
+    const LegResult& lr = st.stream->result();
+    const std::string why = lr.answered ? "the stream ended without [DONE]"
+                            : !lr.cut_reason.empty() ? "marked unhealthy: " + lr.cut_reason
+                                                     : lr.error;
+    if (ContinueStream(r, st, why)) return true;
+  }
   if (!st.terminal_sent) {
     std::string ev;
     if (r.stopping()) {  // Stop() closed D's leg: say why
@@ -326,7 +356,7 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
     } else {
       const LegResult lr = st.stream->result();
       const std::string role = RoleName(st.t->d_role);
-      const std::string d = role + " instance " + st.t->d_addr.url;
+      const std::string d = role + " instance " + st.answering.url;
       const std::string msg = lr.answered ? d + " ended the stream without [DONE]"
                               : !lr.cut_reason.empty()
                                   ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"

@@ -21,15 +21,17 @@
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
-namespace {
 
-/// A new leg of `t` to `addr`; with tracing on it carries the router's span as `traceparent`.
 std::shared_ptr<Leg> OpenLeg(FlowServices& r, const RequestFlow::Transfer& t,
                              const InstanceAddress& addr, Role role) {
   std::shared_ptr<Leg> leg = r.legs().NewLeg(addr, role);
   if (t.trace) leg->set_traceparent(http::FormatTraceparent(*t.trace));
+  // The answering leg of a continuable stream reports what it delivered (ResumeLedger).
+  if (t.continuable && t.stream && role != Role::kPrefill) leg->set_resume_info();
   return leg;
 }
+
+namespace {
 
 using nlohmann::json;
 
@@ -43,20 +45,25 @@ constexpr const char* kClientKvTransferParams =
 void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
   auto t = std::make_shared<Transfer>();
   t->retries_left = kMaxRetries;
-  ClientBody body;
+  auto body = std::make_shared<ClientBody>();
   std::string pull_profile;
   if (!router_.options().colocated()) {
-    if (!ParseClient(req, res, t.get(), &body, &pull_profile)) return;
-    if (t->path == "/v1/completions" && IsPromptList(body.doc)) {
+    if (!ParseClient(req, res, t.get(), body.get(), &pull_profile)) return;
+    if (t->path == "/v1/completions" && IsPromptList(body->doc)) {
       t->retries_left = 0;
-      return HandlePromptList(*t, body.doc, pull_profile, res);
+      return HandlePromptList(*t, body->doc, pull_profile, res);
     }
   }
+  const int migration_limit = router_.options().migration_limit;
   for (;;) {
+    t->continuable = migration_limit > 0;
+    t->continuations_left = migration_limit;
     if (router_.options().colocated()) {
+      if (migration_limit > 0) t->client_text = req.body;
       HandleColocated(t, req, res);
     } else {
-      RunPd(t, body, pull_profile, res, nullptr);
+      t->client = body;
+      RunPd(t, *body, pull_profile, res, nullptr);
     }
     if (t->retry_url.empty()) return;
     // Refused before any byte of the answer was written: the same request (same seed), a new
@@ -110,6 +117,8 @@ void RequestFlow::RunPd(const std::shared_ptr<Transfer>& t, const ClientBody& cl
   // Echo with logprobs: P computes the prompt's logprobs and answers them as prompt_echo; D
   // echoes nothing, and the router puts P's part before D's choices (prompt_echo.h).
   t->echo_logprobs = WantsPromptEcho(t->path, body);
+  // The router merges P's prompt_echo into D's answer; a continuation's would echo its own.
+  if (t->echo_logprobs) t->continuable = false;
   std::string d_text;
   if (tm == TransferMode::kPush) {
     t->d_leg = OpenLeg(r, *t, t->d_addr, Role::kDecode);  // before P's thread: it may close it

@@ -93,6 +93,11 @@ void Router::CountRetry(Role refused_by) {
   ++counters_.retries[RoleIndex(refused_by)];
 }
 
+void Router::CountContinuation(Role failed, bool streamed) {
+  MutexLock lock(mu_);
+  ++counters_.continuations[RoleIndex(failed)][streamed ? 0 : 1];
+}
+
 void Router::CutLegsTo(Role role, const std::string& url, const std::string& reason) {
   connections_->Clear(url);  // its idle connections may be dead too
   const int cut = legs_->CutTo(url, reason);

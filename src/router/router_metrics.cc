@@ -118,6 +118,20 @@ std::string Router::RenderMetrics() const {
            "Requests sent again to another instance after the instance in this role refused them "
            "unstarted (connection refused, 503 draining), before any byte reached the client."},
           "refused_by", roles, c.retries);
+  {
+    const MetricFamily cont{
+        "kvpush_router_continuations_total", "counter",
+        "Requests continued on another instance after the answering instance failed (crashed, "
+        "disconnected, cut by its drain timeout): kind=stream resumed after the last token the "
+        "client got, kind=whole sent again (--migration-limit)."};
+    w.Family(cont);
+    // The instance that failed is the answering one: D, or the colocated instance.
+    const Role answering = colo ? Role::kColocated : Role::kDecode;
+    for (int k = 0; k < 2; ++k) {
+      w.Sample(cont.name, c.continuations[RoleIndex(answering)][k],
+               {{"failed", RoleName(answering)}, {"kind", k == 0 ? "stream" : "whole"}});
+    }
+  }
   if (!colo) {
     const AbortCounts a = aborter_->counts();
     const MetricFamily aborts{

@@ -45,6 +45,7 @@ Status RouterOptions::Validate() const {
   if (local_prefill_threshold < 0) {
     return InvalidArgument("--local-prefill-threshold must be >= 0 (0 = off)");
   }
+  if (migration_limit < 0) return InvalidArgument("--migration-limit must be >= 0 (0 = off)");
   if (block_size < 0) return InvalidArgument("--block-size must be >= 0 (0 = from the instances)");
   if (prefix_index_blocks < 1) return InvalidArgument("--prefix-index-blocks must be >= 1");
   const bool needs_tokens = routing == RoutingPolicy::kCacheAware || local_prefill_threshold > 0;
@@ -86,6 +87,7 @@ std::string RouterOptions::ToString() const {
       << " prefix_index_blocks=" << prefix_index_blocks
       << " tokenizer=" << (tokenizer_path.empty() ? "(none)" : tokenizer_path);
   }
+  s << " migration_limit=" << migration_limit;
   s << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
     << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
     << " connect_timeout_s=" << connect_timeout_s

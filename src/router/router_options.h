@@ -63,6 +63,11 @@ struct RouterOptions {
   /// `--local-prefill-threshold` (tokens, 0 = off): a request whose uncached prompt part is below
   /// this gets no P leg (D prefills it as a colocated instance would); needs `prompt_tokenizer`.
   int64_t local_prefill_threshold = 0;
+  /// `--migration-limit` (Dynamo's name): how many times one request may be continued on another
+  /// decode (or colocated) instance after the one answering it failed — a broken connection or
+  /// stream, a cut by the health checker or by the instance's drain timeout
+  /// (docs/reliability.md, "Continuation"). 0 = never: such a failure reaches the client.
+  int migration_limit = 3;
   /// `--block-size`: tokens per KV block for the router's prefix hashes; 0 = the block size the
   /// decode instances report in /health.
   int32_t block_size = 0;

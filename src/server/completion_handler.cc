@@ -109,6 +109,21 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
   return st;
 }
 
+/// A continuation's choice `k` (OpenAiRequest::resume): its start was streamed already (no role
+/// or echo again), its text count continues, and one that ended there counts as finished here
+/// with its tokens in usage.
+void PrimeResumed(const ResumedChoice& rc, size_t prompt_tokens, CompletionState& st, size_t k) {
+  st.role_sent[k] = true;
+  st.echo_sent[k] = !rc.token_ids.empty();
+  st.text_bytes[k] = rc.text_bytes;
+  if (!rc.finished) return;
+  ChoiceResult& c = st.choices[k];
+  c.finish = FinishReason::kStop;
+  c.prompt_tokens = static_cast<int32_t>(prompt_tokens);
+  c.completion_tokens = static_cast<int32_t>(rc.token_ids.size());
+  ++st.num_finished;
+}
+
 /// Step "submit": one engine request per choice (prompt-major, n per prompt). A D leg's choices
 /// 1..n-1 wait in `deferred` for choice 0's KV (SubmitForks). On an error every choice already
 /// submitted is aborted.
@@ -129,6 +144,8 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
   st.n = r.n;
   st.max_tokens = p.max_tokens;
   std::vector<bool> counts_prompt;
+  std::vector<const ResumedChoice*> resumed(p.prompts.size() * n, nullptr);
+  for (const ResumedChoice& rc : r.resume) resumed[static_cast<size_t>(rc.index)] = &rc;
   for (size_t k = 0; k < p.prompts.size() * n; ++k) {
     const size_t i = k / n;
     const auto j = static_cast<int32_t>(k % n);
@@ -138,6 +155,14 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
     g.request_id =
         p.prompts.size() == 1 && r.n == 1 ? st.meta.id : st.meta.id + "-" + std::to_string(k);
     counts_prompt.push_back(j == 0);
+    if (resumed[k] != nullptr && resumed[k]->finished) {
+      st.handles.emplace_back();  // ended on the earlier instance: nothing to run
+      continue;
+    }
+    if (resumed[k] != nullptr) {
+      g.resume_output_tokens = resumed[k]->token_ids;
+      g.resume_text_bytes = resumed[k]->text_bytes;
+    }
     if (fork) {
       st.deferred.emplace_back(k, std::move(g));
       st.handles.emplace_back();  // submitted by SubmitForks
@@ -164,6 +189,10 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
   }
   st.role_sent.assign(st.handles.size(), false);
   st.echo_sent.assign(st.handles.size(), false);
+  st.text_bytes.assign(st.handles.size(), 0);
+  for (size_t k = 0; k < st.choices.size(); ++k) {
+    if (resumed[k] != nullptr) PrimeResumed(*resumed[k], p.prompts[k / n].size(), st, k);
+  }
   st.echo = std::move(p.echo);
   st.prompt_echo = std::move(p.prompt_echo);
   return std::nullopt;
@@ -261,8 +290,10 @@ class StreamResponder {
     for (size_t i = 0; i < st.handles.size(); ++i) {
       if (st.role_sent[i]) continue;
       st.role_sent[i] = true;
-      if (!Write(sink, BuildStreamChunk(st.meta, static_cast<int>(i), "", {}, FinishReason::kNone,
-                                        "", -1, true, st.include_usage, c_.engine.tokenizer()))) {
+      if (!Write(sink, WithResumeInfo(BuildStreamChunk(st.meta, static_cast<int>(i), "", {},
+                                                       FinishReason::kNone, "", -1, true,
+                                                       st.include_usage, c_.engine.tokenizer()),
+                                      i, {}, false))) {
         return false;
       }
     }
@@ -281,16 +312,38 @@ class StreamResponder {
     PromptLogprobs prompt;
     const bool first = !st.echo_sent[i];
     st.echo_sent[i] = true;
+    st.text_bytes[i] += static_cast<int64_t>(o.text.size());  // before the echo: output only
     if (first && i < st.echo.size()) o.text.insert(0, st.echo[i]);
     if (first && !st.choices[i].prompt.ids.empty()) {
       prompt.ids = st.choices[i].prompt.ids;
       prompt.scored = std::move(o.prompt_logprobs);
     }
-    if (o.text.empty() && !o.finished() && !st.meta.logprobs && !st.meta.token_ids) return true;
-    return Write(sink,
-                 BuildStreamChunk(st.meta, static_cast<int>(i), o.text, o.tokens, o.finish_reason,
-                                  o.stop_reason, o.stop_token_id, false, st.include_usage,
-                                  c_.engine.tokenizer(), prompt.ids.empty() ? nullptr : &prompt));
+    if (o.text.empty() && !o.finished() && !st.meta.logprobs && !st.meta.token_ids) {
+      // No event for the client; a router that asked still learns the token.
+      return !st.resume_info || Write(sink, WithResumeInfo("\n", i, o.tokens, false));
+    }
+    return Write(sink, WithResumeInfo(BuildStreamChunk(st.meta, static_cast<int>(i), o.text,
+                                                       o.tokens, o.finish_reason, o.stop_reason,
+                                                       o.stop_token_id, false, st.include_usage,
+                                                       c_.engine.tokenizer(),
+                                                       prompt.ids.empty() ? nullptr : &prompt),
+                                      i, o.tokens, o.finished()));
+  }
+
+  /// `event` ("data: ...\n\n", or "\n" for none) with choice i's `: kvpush-resume` comment line
+  /// when the request asked for it (CompletionState::resume_info); `event` as-is otherwise.
+  std::string WithResumeInfo(const std::string& event, size_t i,
+                             const std::vector<TokenOutput>& tokens, bool finished) const {
+    const CompletionState& st = *st_;
+    if (!st.resume_info) return event;
+    nlohmann::json ids = nlohmann::json::array();
+    for (const TokenOutput& t : tokens) ids.push_back(t.id);
+    const nlohmann::json info = {{"index", i},
+                                 {"token_ids", std::move(ids)},
+                                 {"text_bytes", st.text_bytes[i]},
+                                 {"finished", finished}};
+    // The comment line goes inside the event (before its blank line): one event, one write.
+    return event.substr(0, event.size() - 1) + ": kvpush-resume " + info.dump() + "\n\n";
   }
 
   const CompletionContext& c_;
@@ -323,6 +376,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;
   st->include_usage = p.request.include_usage;
+  st->resume_info = p.request.stream && req.get_header_value("x-kvpush-resume-info") == "1";
   if (auto e = PassPdGate(c, p)) return http::ReplyError(res, *e);
   if (auto e = Submit(c, p, *st)) return http::ReplyError(res, *e);
   if (!p.request.stream) return RespondJson(c, p, *st, res);

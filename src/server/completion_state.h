@@ -54,6 +54,12 @@ struct CompletionState {
   std::vector<bool> echo_sent;    ///< streamed: the choice's first event (echo) was written
   std::string prompt_echo;        ///< P leg with echo and logprobs: the prompt text
   std::vector<bool> role_sent;
+  /// Streamed with `x-kvpush-resume-info: 1` (the router asks it, docs/reliability.md,
+  /// "Continuation"): every output of a choice carries a `: kvpush-resume {...}` comment line
+  /// with its token ids and the choice's text bytes so far (`text_bytes`, per choice,
+  /// continuing a resumed choice's count), so that a router can continue the stream elsewhere.
+  bool resume_info = false;
+  std::vector<int64_t> text_bytes;
   size_t num_finished = 0;
   bool done_sent = false;
   http::ApiError error;  ///< first kError/kAbort seen

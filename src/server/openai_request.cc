@@ -94,6 +94,65 @@ std::optional<http::ApiError> GetIds(const json& arr, const std::string& field,
   return std::nullopt;
 }
 
+/// `kvpush_resume` (OpenAiRequest::resume); call after prompts, n, stream and
+/// kv_transfer_params are parsed.
+std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
+  auto it = body.find("kvpush_resume");
+  if (it == body.end() || it->is_null()) return std::nullopt;
+  const std::string field = "kvpush_resume";
+  if (!it->is_object()) return WrongType(field, "an object", *it);
+  if (!r.stream) {
+    return http::ApiError::Invalid("'kvpush_resume' continues a stream: 'stream' must be true",
+                                   field);
+  }
+  if (!r.kv_transfer_params.is_null()) {
+    return http::ApiError::Invalid(
+        "'kvpush_resume' is a colocated request: it may not carry kv_transfer_params", field);
+  }
+  auto choices = it->find("choices");
+  if (choices == it->end() || !choices->is_array()) {
+    return http::ApiError::Invalid("'kvpush_resume.choices' must be an array", field + ".choices");
+  }
+  const size_t prompts = r.kind == ApiKind::kChat ? 1 : r.prompts.size();
+  const int64_t num_choices = static_cast<int64_t>(prompts) * r.n;
+  std::vector<bool> seen(static_cast<size_t>(num_choices), false);
+  for (const json& c : *choices) {
+    const std::string cf = field + ".choices";
+    if (!c.is_object()) return WrongType(cf, "an array of objects", c);
+    ResumedChoice rc;
+    std::optional<int64_t> v;
+    if (auto e = GetInt(c, "index", 0, num_choices - 1, v)) {
+      e->param = cf + ".index";
+      return e;
+    }
+    if (!v) return http::ApiError::Invalid("'" + cf + "' entries need an 'index'", cf + ".index");
+    rc.index = static_cast<int32_t>(*v);
+    if (seen[static_cast<size_t>(rc.index)]) {
+      return http::ApiError::Invalid("'" + cf + "' names choice " + std::to_string(rc.index) +
+                                         " twice",
+                                     cf + ".index");
+    }
+    seen[static_cast<size_t>(rc.index)] = true;
+    auto ids = c.find("token_ids");
+    if (ids != c.end() && !ids->is_null()) {
+      if (!ids->is_array()) return WrongType(cf + ".token_ids", "an array of token ids", *ids);
+      if (auto e = GetIds(*ids, cf + ".token_ids", rc.token_ids)) return e;
+    }
+    v.reset();
+    if (auto e = GetInt(c, "text_bytes", 0, std::numeric_limits<int32_t>::max(), v)) {
+      e->param = cf + ".text_bytes";
+      return e;
+    }
+    rc.text_bytes = v.value_or(0);
+    if (auto e = GetBool(c, "finished", rc.finished)) {
+      e->param = cf + ".finished";
+      return e;
+    }
+    r.resume.push_back(std::move(rc));
+  }
+  return std::nullopt;
+}
+
 std::optional<http::ApiError> ParsePrompt(const json& body, OpenAiRequest& r) {
   auto it = body.find("prompt");
   if (it == body.end() || it->is_null()) {
@@ -434,6 +493,7 @@ std::variant<OpenAiRequest, http::ApiError> ParseObject(ApiKind kind, const json
       return *e;
     }
   }
+  if (auto e = ParseResume(body, r)) return *e;
   return r;
 }
 

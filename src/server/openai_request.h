@@ -32,6 +32,15 @@ struct PromptInput {
 std::optional<http::ApiError> ParseChatTemplateOptions(const nlohmann::json& body,
                                                        ChatTemplateOptions& out);
 
+/// One choice of a continuation (kvpush extension `kvpush_resume`, docs/reliability.md,
+/// "Continuation"): what an earlier instance streamed of it before it failed.
+struct ResumedChoice {
+  int32_t index = 0;               ///< the choice's `index` in the stream
+  std::vector<int32_t> token_ids;  ///< its output tokens the client already received
+  int64_t text_bytes = 0;          ///< bytes of text the client received for them
+  bool finished = false;           ///< its finish_reason was received: nothing left to generate
+};
+
 /// A validated request. Field semantics follow the OpenAI API and vLLM's extensions
 /// (top_k, ignore_eos, stop_token_ids). docs/server.md lists what is accepted and refused.
 struct OpenAiRequest {
@@ -65,6 +74,11 @@ struct OpenAiRequest {
   /// vLLM P/D extension: the `kv_transfer_params` object (null when absent). Its fields are
   /// validated by pd::ParseKvTransferParams (pd/kv_transfer_params.h).
   nlohmann::json kv_transfer_params;
+  /// kvpush extension `kvpush_resume` ({"choices": [{index, token_ids, text_bytes, finished}]}):
+  /// continue a streamed request an earlier instance began (the router sends it after that
+  /// instance failed mid-stream). Empty: not a continuation. Requires stream; refused with
+  /// kv_transfer_params; indices unique and < n x prompts.
+  std::vector<ResumedChoice> resume;
 };
 
 /// Most choices per prompt (`n`).

@@ -1,0 +1,51 @@
+// ResumeLedger: what a streamed answer delivered of each choice, read from the instance's
+// `: kvpush-resume` comment lines, so that the router can continue the stream on another
+// instance when the answering one fails (docs/reliability.md, "Continuation").
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kvpush::router {
+
+/// Takes the `: kvpush-resume {...}` comment line out of one SSE event (as SseSplitter gives
+/// it) and returns its JSON text; `*event` keeps the rest, or becomes "" when the comment was
+/// all it held (an output with no event for the client). nullopt (event untouched) when it
+/// has none. Pure.
+std::optional<std::string> TakeResumeInfo(std::string* event);
+
+/// Per choice index: the token ids relayed so far, the text bytes of them the client got, and
+/// whether its finish_reason was relayed. Fed only with the comments of events that were
+/// relayed (or swallowed) whole, so it is exactly what the client has. Not thread-safe (the
+/// stream's relaying thread owns it).
+class ResumeLedger {
+ public:
+  /// Applies one comment's JSON ({"index", "token_ids", "text_bytes", "finished"}, written by
+  /// the instance's StreamResponder). False (nothing applied) when it is malformed: an
+  /// instance that writes such a comment cannot be continued from.
+  bool Note(const std::string& info);
+
+  /// The `kvpush_resume` member of a continuation's body: {"choices": [{index, token_ids,
+  /// text_bytes, finished}, ...]} in index order.
+  nlohmann::json ToJson() const;
+
+  /// Output tokens relayed over all choices.
+  int64_t tokens() const;
+  /// A comment was malformed: continuing is unsafe.
+  bool broken() const { return broken_; }
+
+ private:
+  struct Choice {
+    std::vector<int32_t> token_ids;
+    int64_t text_bytes = 0;
+    bool finished = false;
+  };
+  std::map<int64_t, Choice> choices_;
+  bool broken_ = false;
+};
+
+}  // namespace kvpush::router

@@ -63,7 +63,14 @@ void Engine::Stop() {
 }
 
 Result<Engine::Handle> Engine::Submit(GenerationRequest request) {
-  if (Status st = ValidateRequest(config_, model_, request); !st.ok()) {
+  Status st = ValidateRequest(config_, model_, request);
+  if (st.ok() && !request.resume_output_tokens.empty()) {
+    // A continuation that cannot be resumed is refused here, before its answer starts (the
+    // engine thread replays it again to prime its sequence).
+    OutputTextProcessor text(tokenizer(), request.stop, request.prompt_tokens);
+    st = ReplayResumedOutput(request, model_.eos_id, text);
+  }
+  if (!st.ok()) {
     if (connector_ != nullptr) connector_->OnRequestRejected(request);
     return st;
   }

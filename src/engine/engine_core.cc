@@ -220,7 +220,8 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   scheduler_.AddWaiting(raw);
 }
 
-Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request) const {
+Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
+                           OutputTextProcessor& text) {
   // The earlier run's ProcessSampled, token by token: what ended it there would have ended it.
   int64_t emitted = 0;
   int32_t k = 0;
@@ -228,23 +229,29 @@ Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request
     ++k;
     const bool stops_allowed = k >= request.min_tokens;
     const bool strings_allowed = k > request.min_tokens;
-    const bool is_eos = token == model_config().eos_id && !request.ignore_eos;
+    const bool is_eos = token == eos_id && !request.ignore_eos;
     const bool is_stop_id = std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
                                       token) != request.stop_token_ids.end();
     OutputTextProcessor::Delta d;
-    if (!stops_allowed || !(is_eos || is_stop_id)) d = seq.text->Append(token, strings_allowed);
+    if (!stops_allowed || !(is_eos || is_stop_id)) d = text.Append(token, strings_allowed);
     if ((stops_allowed && (is_eos || is_stop_id)) || d.stopped) {
       return InvalidArgument("kvpush_resume: output token " + std::to_string(k) + " (id " +
                              std::to_string(token) + ") ended the request");
     }
     emitted += static_cast<int64_t>(d.text.size());
-    seq.tokens.push_back(token);
   }
   if (emitted != request.resume_text_bytes) {
     return InvalidArgument("kvpush_resume: text_bytes is " +
                            std::to_string(request.resume_text_bytes) + " but its token_ids' text "
                            "emitted so far is " + std::to_string(emitted) + " bytes");
   }
+  return Status::Ok();
+}
+
+Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request) const {
+  KVP_RETURN_IF_ERROR(ReplayResumedOutput(request, model_config().eos_id, *seq.text));
+  seq.tokens.insert(seq.tokens.end(), request.resume_output_tokens.begin(),
+                    request.resume_output_tokens.end());
   return Status::Ok();
 }
 

@@ -12,6 +12,7 @@
 #include "engine/engine_stats.h"
 #include "engine/kv_connector.h"
 #include "engine/output_channel.h"
+#include "engine/output_processor.h"
 #include "engine/scheduler.h"
 #include "kv/block_pool.h"
 #include "kv/kv_cache.h"
@@ -25,6 +26,13 @@ namespace kvpush {
 /// that the request can ever fit in the KV pool (blocks for min(prompt + max_tokens,
 /// max_model_len) tokens <= num_kv_blocks). Errors: kInvalidArgument, kResourceExhausted (never
 /// fits). Thread-safe (pure).
+/// A continuation's output tokens (GenerationRequest::resume_output_tokens) fed through `text`
+/// (primed with the prompt) as the run that generated them did, EOS (`eos_id`), stop ids and
+/// stop strings included. Errors (kInvalidArgument, naming kvpush_resume): one of them would
+/// have ended that run, or the text they emitted is not request.resume_text_bytes long.
+Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
+                           OutputTextProcessor& text);
+
 Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                        const GenerationRequest& request);
 

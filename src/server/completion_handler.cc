@@ -171,7 +171,8 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
     auto h = c.engine.Submit(std::move(g));
     if (!h.ok()) {
       AbortUnfinished(c.engine, st);
-      return FromStatus(h.status(), "prompt");
+      const bool resume = h.status().message().rfind("kvpush_resume", 0) == 0;
+      return FromStatus(h.status(), resume ? "kvpush_resume" : "prompt");
     }
     st.handles.push_back(*h);
     if (st.transfers != nullptr && !st.transfers->Add(st.transfer_id, h->id)) {

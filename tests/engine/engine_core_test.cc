@@ -653,3 +653,80 @@ TEST(EngineCoreTest, QuarantineEndReportedWithItsLoadInOnePollReleasesTheBlocks)
 
 }  // namespace
 }  // namespace kvpush::testing
+
+namespace kvpush::testing {
+namespace {
+
+/// The text bytes a run emits for its first `k` output tokens (what the instance that generated
+/// them streamed, CompletionState::text_bytes).
+int64_t EmittedBytes(const Tokenizer& tok, const GenerationRequest& r,
+                     const std::vector<int32_t>& out, size_t k) {
+  OutputTextProcessor text(tok, r.stop, r.prompt_tokens);
+  int64_t n = 0;
+  for (size_t i = 0; i < k; ++i) n += static_cast<int64_t>(text.Append(out[i]).text.size());
+  return n;
+}
+
+// Continuation (issue 24): prompt + the first k output tokens of a run, resumed, samples exactly
+// the run's remaining tokens — greedy and seeded, at the first token, mid-way and one before
+// the end — and finishes with the run's reason and output count.
+TEST(EngineCoreContinuation, SamplesWhatTheUninterruptedRunWould) {
+  FakeTokenizer tok;
+  for (float temperature : {0.0f, 0.9f}) {
+    GenerationRequest base = MakeRequest(MakePrompt(9, 3), 20, temperature, 1234);
+    base.sampling.frequency_penalty = 0.4f;  // the penalties count the resumed tokens
+    auto ref_core = MakeCore(FakeConfig(256, 4, 64), tok);
+    const Collected ref = RunAll(*ref_core, {base})[0];
+    ASSERT_EQ(ref.tokens.size(), 20u);
+    for (size_t k : {size_t{1}, size_t{10}, size_t{19}}) {
+      GenerationRequest r = base;
+      r.resume_output_tokens.assign(ref.tokens.begin(), ref.tokens.begin() + k);
+      r.resume_text_bytes = EmittedBytes(tok, base, ref.tokens, k);
+      auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+      const Collected got = RunAll(*core, {r})[0];
+      EXPECT_EQ(got.tokens, std::vector<int32_t>(ref.tokens.begin() + k, ref.tokens.end()))
+          << "temperature " << temperature << ", resumed after " << k;
+      EXPECT_EQ(got.finish, FinishReason::kLength);
+      ExpectNoLeak(*core);
+    }
+  }
+}
+
+TEST(EngineCoreContinuation, RefusesWhatNoRunStillGoingCouldHaveStreamed) {
+  FakeTokenizer tok;
+  const GenerationRequest base = MakeRequest(MakePrompt(9, 3), 20);
+  auto ref_core = MakeCore(FakeConfig(256, 4, 64), tok);
+  const Collected ref = RunAll(*ref_core, {base})[0];
+  struct Case {
+    const char* what;
+    std::vector<int32_t> tokens;
+    int64_t bytes_delta;
+    bool consumer;
+  };
+  const int32_t eos = FakeModelConfig().eos_id;
+  const std::vector<int32_t> three(ref.tokens.begin(), ref.tokens.begin() + 3);
+  const Case cases[] = {
+      {"text_bytes off by one", three, 1, false},
+      {"EOS among them", {ref.tokens[0], eos, ref.tokens[1]}, 0, false},
+      {"already max_tokens", std::vector<int32_t>(20, ref.tokens[0]), 0, false},
+      {"a P/D decode leg", three, 0, true},
+  };
+  for (const Case& c : cases) {
+    GenerationRequest r = base;
+    r.resume_output_tokens = c.tokens;
+    r.resume_text_bytes = EmittedBytes(tok, base, c.tokens, std::min<size_t>(c.tokens.size(), 2));
+    if (c.tokens == three) r.resume_text_bytes = EmittedBytes(tok, base, three, 3) + c.bytes_delta;
+    if (c.consumer) r.kv_transfer.role = pd::KvTransferParams::Role::kConsumer;
+    auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+    const Collected got = RunAll(*core, {r})[0];
+    EXPECT_EQ(got.finish, FinishReason::kError) << c.what;
+    EXPECT_EQ(got.error.code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(got.error.message().find("kvpush_resume"), std::string::npos)
+        << c.what << ": " << got.error.message();
+    EXPECT_TRUE(got.tokens.empty()) << c.what;
+    ExpectNoLeak(*core);
+  }
+}
+
+}  // namespace
+}  // namespace kvpush::testing

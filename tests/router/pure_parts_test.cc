@@ -8,6 +8,7 @@
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/prompt_list.h"
+#include "router/resume_ledger.h"
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
@@ -109,6 +110,42 @@ TEST(SseSplitterTest, AnEventsDataIsItsDataLinesJoined) {
     ASSERT_FALSE(j.is_discarded()) << e;
     EXPECT_EQ(ParseSseData(SseEvent(j)), j);
     EXPECT_EQ(ClassifySseEvent(SseEvent(j)), ClassifySseEvent(e));
+  }
+}
+
+TEST(ResumeLedger, TakesTheCommentOutOfAnEventAndKeepsTheRest) {
+  std::string ev = "data: {\"x\":1}\n: kvpush-resume {\"index\":0}\n\n";
+  EXPECT_EQ(TakeResumeInfo(&ev), std::optional<std::string>("{\"index\":0}"));
+  EXPECT_EQ(ev, "data: {\"x\":1}\n\n");
+  std::string alone = ": kvpush-resume {\"index\":1}\r\n\r\n";
+  EXPECT_EQ(TakeResumeInfo(&alone), std::optional<std::string>("{\"index\":1}"));
+  EXPECT_EQ(alone, "");  // nothing left for the client
+  std::string plain = "data: [DONE]\n\n";
+  EXPECT_EQ(TakeResumeInfo(&plain), std::nullopt);
+  EXPECT_EQ(plain, "data: [DONE]\n\n");
+  std::string other = ": keep-alive\n\n";  // another comment is the client's
+  EXPECT_EQ(TakeResumeInfo(&other), std::nullopt);
+}
+
+TEST(ResumeLedger, AccumulatesEachChoiceInIndexOrder) {
+  ResumeLedger l;
+  EXPECT_TRUE(l.Note(R"({"index":1,"token_ids":[7],"text_bytes":3,"finished":false})"));
+  EXPECT_TRUE(l.Note(R"({"index":0,"token_ids":[],"text_bytes":0,"finished":false})"));
+  EXPECT_TRUE(l.Note(R"({"index":1,"token_ids":[8,9],"text_bytes":5,"finished":true})"));
+  EXPECT_EQ(l.tokens(), 3);
+  EXPECT_FALSE(l.broken());
+  EXPECT_EQ(l.ToJson(), json::parse(R"({"choices":[
+      {"index":0,"token_ids":[],"text_bytes":0,"finished":false},
+      {"index":1,"token_ids":[7,8,9],"text_bytes":5,"finished":true}]})"));
+}
+
+TEST(ResumeLedger, AMalformedCommentBreaksIt) {
+  for (const char* bad : {"not json", "[]", R"({"index":-1,"token_ids":[],"text_bytes":0,"finished":false})",
+                          R"({"index":0,"token_ids":[-3],"text_bytes":0,"finished":false})",
+                          R"({"index":0,"token_ids":[1],"finished":false})"}) {
+    ResumeLedger l;
+    EXPECT_FALSE(l.Note(bad)) << bad;
+    EXPECT_TRUE(l.broken()) << bad;
   }
 }
 

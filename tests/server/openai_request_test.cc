@@ -207,5 +207,46 @@ TEST(OpenAiRequestTest, DeeplyNestedJsonDoesNotCrash) {
   EXPECT_EQ(e.http_status, 400);
 }
 
+// kvpush_resume (issue 24, a continuation the router sends): accepted shapes and refusals.
+TEST(OpenAiRequestTest, ResumeOfAStream) {
+  const OpenAiRequest r = MustParse(
+      ApiKind::kCompletion,
+      R"({"prompt":"a","stream":true,"n":2,"kvpush_resume":{"choices":[
+          {"index":1,"token_ids":[4,5],"text_bytes":7,"finished":true},{"index":0}]}})");
+  ASSERT_EQ(r.resume.size(), 2u);
+  EXPECT_EQ(r.resume[0].index, 1);
+  EXPECT_EQ(r.resume[0].token_ids, (std::vector<int32_t>{4, 5}));
+  EXPECT_EQ(r.resume[0].text_bytes, 7);
+  EXPECT_TRUE(r.resume[0].finished);
+  EXPECT_TRUE(r.resume[1].token_ids.empty());
+  EXPECT_FALSE(r.resume[1].finished);
+  struct Bad {
+    const char* body;
+    const char* param;
+  };
+  const Bad bad[] = {
+      {R"({"prompt":"a","kvpush_resume":{"choices":[]}})", "kvpush_resume"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":[]})", "kvpush_resume"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{}})", "kvpush_resume.choices"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":1}]}})",
+       "kvpush_resume.choices.index"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":0},{"index":0}]}})",
+       "kvpush_resume.choices.index"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"token_ids":[1]}]}})",
+       "kvpush_resume.choices.index"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":0,"token_ids":[-1]}]}})",
+       "kvpush_resume.choices.token_ids"},
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":0,"text_bytes":-1}]}})",
+       "kvpush_resume.choices.text_bytes"},
+      {R"({"prompt":"a","stream":true,"kv_transfer_params":{},"kvpush_resume":{"choices":[]}})",
+       "kvpush_resume"},
+  };
+  for (const Bad& b : bad) {
+    const http::ApiError e = MustFail(ApiKind::kCompletion, b.body);
+    EXPECT_EQ(e.http_status, 400) << b.body;
+    EXPECT_EQ(e.param, b.param) << b.body;
+  }
+}
+
 }  // namespace
 }  // namespace kvpush::server

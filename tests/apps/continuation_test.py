@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""Continuation after a failed decode instance (issue 24 item 3; docs/reliability.md
+"Continuation").
+
+Part 1, the resume table (stories260K, one colocated instance): for every case (completions and
+chat; greedy; seeded sampling with penalties; logprobs; a stop string that ends the answer;
+min_tokens; n = 2 seeded) a reference stream with `x-kvpush-resume-info: 1`, then, cut after the
+first e events for e in {0, the first token, the middle, one token before the end}, the request
+again with `kvpush_resume` built from the comments of those events (as the router's ResumeLedger
+builds it). The reference's first e events followed by the continuation's events must equal the
+reference, choice by choice (data apart from id and created; usage; [DONE]).
+
+Part 2, crashes through the router (a generated model slow enough to kill mid-stream): a colocated
+reference instance, P, D1 and D2 behind a router. For push and pull, streamed: after a few events
+the decode instance running the request is SIGKILLed; the client's one stream must equal the
+colocated reference and the router must count one continuation. Not streamed: the same, the
+answer sent again whole. Drain: a D with --drain-timeout-s 1 gets SIGTERM mid-stream; the stream
+goes on on the other D. Then the router in --colocated mode over two colocated instances.
+Exit 77 (skipped) without the model.
+
+    tests/apps/continuation_test.py --kvpush build/apps/kvpush \\
+        --model ../shared/models/stories260K.gguf
+"""
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pylib"))
+import kvpush_harness as h  # noqa: E402
+
+h.LOG_PREFIX = "continuation"
+FAILURES = h.FAILURES
+check = h.check
+PROMPT = "Once upon a time there was a little girl who"
+RESUME = {"x-kvpush-resume-info": "1"}
+
+
+def post(port, path, body, headers=None, timeout=120):
+    """(status, raw body text)."""
+    hd = {"Content-Type": "application/json"}
+    hd.update(headers or {})
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    c.request("POST", path, json.dumps(body), hd)
+    r = c.getresponse()
+    raw = r.read().decode("utf-8", "replace")
+    c.close()
+    return r.status, raw
+
+
+def parse_events(raw):
+    """[(data text or None, resume info dict or None)] of an SSE body."""
+    out = []
+    for ev in raw.split("\n\n"):
+        if not ev.strip():
+            continue
+        data, info = None, None
+        for line in ev.split("\n"):
+            if line.startswith("data: "):
+                data = line[6:]
+            elif line.startswith(": kvpush-resume "):
+                info = json.loads(line[len(": kvpush-resume "):])
+        out.append((data, info))
+    return out
+
+
+def norm(data):
+    """A data event without what may differ between two runs (id, created)."""
+    if data is None or data == "[DONE]":
+        return data
+    j = json.loads(data)
+    j.pop("id", None)
+    j.pop("created", None)
+    return j
+
+
+def per_choice(datas):
+    """Data events grouped by choice index (the interleaving of choices may differ); the
+    choice-less tail (usage, [DONE]) under "tail"."""
+    out = {}
+    for d in datas:
+        j = norm(d)
+        if isinstance(j, dict) and j.get("choices"):
+            out.setdefault(j["choices"][0]["index"], []).append(j)
+        else:
+            out.setdefault("tail", []).append(j)
+    return out
+
+
+def ledger(events):
+    """kvpush_resume from the comments of `events` (what router/resume_ledger.cc builds)."""
+    choices = {}
+    for _, info in events:
+        if info is None:
+            continue
+        c = choices.setdefault(info["index"], {"index": info["index"], "token_ids": [],
+                                               "text_bytes": 0, "finished": False})
+        c["token_ids"] += info["token_ids"]
+        c["text_bytes"] = info["text_bytes"]
+        c["finished"] = c["finished"] or info["finished"]
+    return {"choices": [choices[k] for k in sorted(choices)]}
+
+
+CASES = [
+    ("completions greedy", "/v1/completions", {"temperature": 0, "max_tokens": 24}),
+    ("completions seeded, penalties", "/v1/completions",
+     {"temperature": 0.9, "top_p": 0.9, "seed": 11, "max_tokens": 30, "presence_penalty": 0.5,
+      "frequency_penalty": 0.3, "repetition_penalty": 1.1}),
+    ("completions logprobs, usage", "/v1/completions",
+     {"temperature": 0.8, "seed": 3, "max_tokens": 20, "logprobs": 3,
+      "stream_options": {"include_usage": True}}),
+    ("completions stop string, min_tokens", "/v1/completions",
+     {"temperature": 0, "max_tokens": 60, "min_tokens": 4, "stop": None}),
+    ("completions n=2 seeded, echo", "/v1/completions",
+     {"temperature": 1.0, "seed": 5, "max_tokens": 16, "n": 2, "echo": True,
+      "stream_options": {"include_usage": True}}),
+    ("chat seeded, logprobs", "/v1/chat/completions",
+     {"temperature": 0.7, "seed": 9, "max_tokens": 20, "logprobs": True, "top_logprobs": 2,
+      "stream_options": {"include_usage": True}}),
+    ("chat n=2 greedy", "/v1/chat/completions", {"temperature": 0, "max_tokens": 12, "n": 2}),
+]
+
+
+def case_body(path, params, stop_from=None):
+    body = {"stream": True}
+    if path == "/v1/chat/completions":
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    else:
+        body["prompt"] = PROMPT
+    body.update(params)
+    if "stop" in body:
+        body["stop"] = stop_from
+    return body
+
+
+def resume_table(args, logdir):
+    port = h.free_port()
+    inst = h.Instance("colocated", ["serve", args.model, "--port", str(port)], "127.0.0.1", port,
+                      logdir, args.kvpush)
+    inst.start()
+    try:
+        if not inst.wait_healthy(60):
+            check(False, "the colocated instance became healthy")
+            return
+        for name, path, params in CASES:
+            stop = None
+            if "stop" in params:
+                # A stop string from the greedy answer's middle: it ends this answer.
+                _, raw = post(port, "/v1/completions",
+                              {"prompt": PROMPT, "temperature": 0, "max_tokens": 60})
+                text = json.loads(raw)["choices"][0]["text"]
+                stop = [text[len(text) // 2:len(text) // 2 + 5]]
+            body = case_body(path, params, stop)
+            status, raw = post(port, path, body, RESUME)
+            ref = parse_events(raw)
+            if status != 200 or not ref:
+                check(False, "%s: reference stream (%d %s)" % (name, status, raw[:200]))
+                continue
+            if stop is not None:
+                finishes = [norm(d)["choices"][0].get("stop_reason") for d, _ in ref
+                            if isinstance(norm(d), dict) and norm(d).get("choices")
+                            and norm(d)["choices"][0].get("finish_reason")]
+                check(finishes == stop, "%s: the stop string %r ends the reference" % (name, stop))
+            with_token = [i for i, (_, info) in enumerate(ref) if info and info["token_ids"]]
+            cuts = sorted({0, with_token[0] + 1, with_token[len(with_token) // 2] + 1,
+                           with_token[-2] + 1})
+            want = per_choice([d for d, _ in ref if d is not None])
+            for e in cuts:
+                cont = dict(body)
+                cont["kvpush_resume"] = ledger(ref[:e])
+                status, raw2 = post(port, path, cont, RESUME)
+                spliced = [d for d, _ in ref[:e] if d is not None]
+                spliced += [d for d, _ in parse_events(raw2) if d is not None]
+                got = per_choice(spliced)
+                same = status == 200 and got == want
+                check(same, "%s: continued after %d of %d events (%d tokens): the spliced "
+                      "stream equals the uninterrupted one" % (
+                          name, e, len(ref), sum(len(c["token_ids"])
+                                                 for c in cont["kvpush_resume"]["choices"])))
+                if not same:
+                    h.log("  status %d; continuation: %s" % (status, raw2[:600]))
+        # Refusals: a continuation that could not have come from a run still going.
+        body = case_body("/v1/completions", {"temperature": 0, "max_tokens": 8})
+        _, raw = post(port, "/v1/completions", body, RESUME)
+        led = ledger(parse_events(raw)[:3])
+        bad = dict(body, kvpush_resume={"choices": [dict(led["choices"][0],
+                                                         text_bytes=led["choices"][0]
+                                                         ["text_bytes"] + 1)]})
+        status, raw = post(port, "/v1/completions", bad)
+        check(status == 400 and "text_bytes" in raw,
+              "a continuation whose text_bytes do not match its tokens: 400 (%d %s)"
+              % (status, raw[:160]))
+        status, raw = post(port, "/v1/completions",
+                           dict(body, stream=False, kvpush_resume={"choices": []}))
+        check(status == 400 and "kvpush_resume" in raw,
+              "kvpush_resume without stream: 400 (%d)" % status)
+        full = dict(body, kvpush_resume={"choices": [{"index": 0, "token_ids": [5] * 8}]})
+        status, raw = post(port, "/v1/completions", full)
+        check(status == 400 or "max_tokens" in raw,
+              "a continuation already at max_tokens is refused (%d %s)" % (status, raw[:160]))
+    finally:
+        h.stop_all([inst])
+
+
+# ------------------------------------------------------------------------------------------------
+# Part 2: crashes through the router
+
+
+def running(inst):
+    m = inst.metrics(timeout=2.0)
+    return (m or {}).get("vllm:num_requests_running", 0.0)
+
+
+class Cluster:
+    def __init__(self, args, logdir, model):
+        self.args, self.logdir, self.model = args, logdir, model
+        self.procs = []
+
+    def serve(self, name, argv):
+        port = h.free_port()
+        inst = h.Instance(name, argv + ["--port", str(port)], "127.0.0.1", port, self.logdir,
+                          self.args.kvpush)
+        inst.start()
+        self.procs.append(inst)
+        return inst
+
+    def wait(self, insts):
+        for inst in insts:
+            if not inst.wait_healthy(90):
+                raise SystemExit("%s did not become healthy: %s" % (
+                    inst.name, h.tail(inst.incarnations[-1]["log"])))
+
+    def restart(self, inst):
+        if inst.proc.poll() is None:
+            inst.kill()
+        inst.start()
+        self.wait([inst])
+
+
+def stream_and_fail(router_port, path, body, serving, fail, headers=None, after_events=4):
+    """Sends `body` streamed through the router; once `after_events` events arrived, applies
+    `fail` to the instance of `serving` running it. Returns (status, raw body, failed instance)."""
+    hd = {"Content-Type": "application/json"}
+    hd.update(headers or {})
+    c = http.client.HTTPConnection("127.0.0.1", router_port, timeout=120)
+    c.request("POST", path, json.dumps(body), hd)
+    r = c.getresponse()
+    raw = b""
+    victim = None
+    while True:
+        chunk = r.read1(65536) if hasattr(r, "read1") else r.read(1)
+        if not chunk:
+            break
+        raw += chunk
+        if victim is None and raw.count(b"\n\n") >= after_events:
+            for inst in serving:
+                if running(inst) > 0:
+                    victim = inst
+                    fail(inst)
+                    break
+            if victim is None:
+                victim = False  # finished before it could be failed
+    c.close()
+    return r.status, raw.decode("utf-8", "replace"), victim
+
+
+def same_stream(raw, ref_raw):
+    a = per_choice([d for d, _ in parse_events(raw) if d is not None])
+    b = per_choice([d for d, _ in parse_events(ref_raw) if d is not None])
+    return a == b
+
+
+def crash_cases(args, logdir):
+    model = os.path.join(logdir, "slow.gguf")
+    subprocess.run([args.kvpush, "gen-model", "--out", model, "--context", "1024"], check=True,
+                   stdout=subprocess.DEVNULL)
+    cl = Cluster(args, logdir, model)
+    try:
+        cfg = '{"kv_connector":"NixlConnector","kv_role":"%s"}'
+        colo = cl.serve("colocated", ["serve", model])
+        p = cl.serve("p", ["serve", model, "--kv-transfer-config", cfg % "kv_producer"])
+        d1 = cl.serve("d1", ["serve", model, "--kv-transfer-config", cfg % "kv_consumer",
+                             "--drain-timeout-s", "1"])
+        d2 = cl.serve("d2", ["serve", model, "--kv-transfer-config", cfg % "kv_consumer",
+                             "--drain-timeout-s", "1"])
+        cl.wait([colo, p, d1, d2])
+        router = cl.serve("router", ["router", "--prefill", p.url, "--decode", d1.url,
+                                     "--decode", d2.url, "--health-interval-ms", "200"])
+        cl.wait([router])
+        body = {"prompt": "hello world", "max_tokens": 300, "ignore_eos": True,
+                "temperature": 0.9, "seed": 21, "logprobs": 1, "stream": True,
+                "stream_options": {"include_usage": True}}
+        _, ref = post(colo.port, "/v1/completions", body)
+        conts = 0.0
+        for mode, fail_name in [("push", "SIGKILL"), ("pull", "SIGKILL"), ("push", "SIGTERM")]:
+            fail = (lambda inst: inst.kill()) if fail_name == "SIGKILL" else (
+                lambda inst: inst.proc.send_signal(signal.SIGTERM))
+            status, raw, victim = stream_and_fail(router.port, "/v1/completions", body,
+                                                  [d1, d2], fail, {"x-kvpush-mode": mode})
+            label = "%s stream, %s of its D mid-stream" % (mode, fail_name)
+            check(victim, "%s: the D running it was failed mid-stream" % label)
+            check(status == 200 and same_stream(raw, ref),
+                  "%s: the client's one stream equals the colocated run (%d, %d events)" % (
+                      label, status, len(parse_events(raw))))
+            n = router.metrics().get("kvpush_router_continuations_total", 0.0)
+            check(n == conts + 1, "%s: the router counted one continuation (%s)" % (label, n))
+            conts = n
+            if victim:
+                victim.proc.wait(timeout=30)
+                cl.restart(victim)
+            time.sleep(0.5)  # the router's health round sees it again
+        # Not streamed: the answer is sent again whole.
+        whole = dict(body, stream=False)
+        whole.pop("stream_options")
+        _, ref_json = post(colo.port, "/v1/completions", whole)
+        hd = {"Content-Type": "application/json"}
+        c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
+        c.request("POST", "/v1/completions", json.dumps(whole), hd)
+        victim = None
+        t_end = time.time() + 10
+        while victim is None and time.time() < t_end:
+            for inst in (d1, d2):
+                if running(inst) > 0:
+                    victim = inst
+                    inst.kill()
+                    break
+            time.sleep(0.05)
+        r = c.getresponse()
+        got = r.read().decode()
+        a, b = json.loads(got) if r.status == 200 else {}, json.loads(ref_json)
+        for j in (a, b):
+            j.pop("id", None)
+            j.pop("created", None)
+        check(victim is not None and r.status == 200 and a == b,
+              "not streamed, SIGKILL of its D mid-answer: the answer equals the colocated run "
+              "(%d)" % r.status)
+        if victim:
+            cl.restart(victim)
+    finally:
+        h.stop_all(cl.procs)
+    colocated_mode(args, logdir, model, body, ref)
+
+
+def colocated_mode(args, logdir, model, body, ref):
+    cl = Cluster(args, logdir, model)
+    try:
+        c1 = cl.serve("c1", ["serve", model])
+        c2 = cl.serve("c2", ["serve", model])
+        cl.wait([c1, c2])
+        router = cl.serve("router-colocated", ["router", "--colocated", c1.url, c2.url,
+                                               "--health-interval-ms", "200"])
+        cl.wait([router])
+        status, raw, victim = stream_and_fail(router.port, "/v1/completions", body, [c1, c2],
+                                              lambda inst: inst.kill())
+        check(victim and status == 200 and same_stream(raw, ref),
+              "router --colocated, SIGKILL mid-stream: the stream equals the uninterrupted run")
+    finally:
+        h.stop_all(cl.procs)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--kvpush", required=True)
+    ap.add_argument("--model", required=True)
+    args = ap.parse_args()
+    if not os.path.exists(args.model):
+        print("continuation: SKIPPED: no model at %s (../shared/models)" % args.model)
+        return 77
+    logdir = tempfile.mkdtemp(prefix="kvpush-continuation-")
+    resume_table(args, logdir)
+    crash_cases(args, logdir)
+    if FAILURES:
+        print("continuation: %d check(s) failed; logs in %s" % (len(FAILURES), logdir))
+        return 1
+    shutil.rmtree(logdir, ignore_errors=True)
+    print("continuation: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

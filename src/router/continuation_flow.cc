@@ -59,7 +59,8 @@ bool ContinuableFailure(const LegResult& r) {
   return !r.connect_failed && (!r.stopped || !r.cut_reason.empty());
 }
 
-bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::string& why) {
+bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
+                                 bool offered) {
   Transfer& t = *st.t;
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
@@ -68,9 +69,6 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   const std::string failed_url = st.answering.url;
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
-  // P's leg (push) is moot from now on: the continuation computes the whole context itself.
-  t.ForgetPrefill();
-  AbortPrefill(r, t);
   while (t.continuations_left > 0 && !r.stopping()) {
     std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, exclude);
     if (!lease) break;
@@ -79,12 +77,15 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     auto ds = std::make_shared<DecodeStream>(OpenLeg(r, t, addr, t.d_role));
     const int status = ds->Start(t.path, t.request_id, body);
     if (status == 200) {
-      spdlog::warn("request {}: {} instance {} failed mid-stream ({}) after {} token(s); "
-                   "continuing on {}",
-                   t.request_id, RoleName(t.d_role), failed_url, why, st.ledger.tokens(),
+      spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}",
+                   t.request_id, RoleName(t.d_role), failed_url,
+                   offered ? "offered the stream" : "failed mid-stream", why, st.ledger.tokens(),
                    addr.url);
       r.CountContinuation(t.d_role, /*streamed=*/true);
-      st.stream = std::move(ds);  // the failed one's destructor closes its leg
+      // P's leg (push) is moot from now on: the continuation computes the whole context itself.
+      t.ForgetPrefill();
+      AbortPrefill(r, t);
+      st.stream = std::move(ds);  // the failed one's destructor closes its leg (it aborts)
       st.decode_lease.Release();
       st.decode_lease = std::move(*lease);
       st.answering = addr;
@@ -95,8 +96,13 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
                  Describe(lr));
     exclude.push_back(addr.url);
   }
-  spdlog::warn("request {}: {} instance {} failed mid-stream ({}); no continuation possible",
-               t.request_id, RoleName(t.d_role), failed_url, why);
+  if (offered) {
+    spdlog::info("request {}: {} instance {} is draining; no other instance took the stream, it "
+                 "stays there", t.request_id, RoleName(t.d_role), failed_url);
+  } else {
+    spdlog::warn("request {}: {} instance {} failed mid-stream ({}); no continuation possible",
+                 t.request_id, RoleName(t.d_role), failed_url, why);
+  }
   return false;
 }
 

@@ -298,12 +298,17 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   events.swap(st.held);
   const bool finished =
       st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
-  std::string drain_cut;  // the answering instance's drain cut the stream (its error event)
+  std::string drain_cut;     // the answering instance's drain cut the stream (its error event)
+  bool drain_offer = false;  // the answering instance began draining and offers the stream
   for (std::string& e : events) {
     if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
     const std::optional<std::string> info = TakeResumeInfo(&e);
     if (info) st.ledger.Note(*info);  // exactly what the client gets: whole events only
     if (e.empty()) continue;          // an output with no event for the client
+    if (IsDrainOffer(e)) {
+      drain_offer = true;  // taken below, once the events before it are relayed
+      continue;
+    }
     const SseEventKind kind = ClassifySseEvent(e);
     if (kind == SseEventKind::kError && st.t->continuable &&
         e.find(kDrainTimeoutCode) != std::string::npos) {
@@ -328,6 +333,10 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
       st.failed = true;
       r.CountLegFailure(st.t->d_role);
     }
+  }
+  if (drain_offer && !st.terminal_sent && drain_cut.empty() &&
+      ContinueStream(r, st, "its drain began", /*offered=*/true)) {
+    return true;
   }
   if (!drain_cut.empty()) {
     st.stream->Stop();

@@ -102,11 +102,14 @@ class RequestFlow {
                     InstanceLease d_lease, httplib::Response& res,
                     std::shared_ptr<StreamState>* capture);
   /// Continuation (docs/reliability.md, "Continuation"; continuation_flow.cc). A stream whose
-  /// answering instance failed (`why`) goes on on another one of the same role, resumed after
-  /// what `st.ledger` says the client got; true when the new stream is relayed from now on (its
-  /// 200 came). False (nothing changed; the caller reports the failure) when the request is not
-  /// continuable, its limit is spent, the router stops or no instance took it.
-  static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why);
+  /// answering instance failed (`why`) — or, `offered`, is draining and offered it — goes on on
+  /// another one of the same role, resumed after what `st.ledger` says the client got; true when
+  /// the new stream is relayed from now on (its 200 came; the old leg is closed, P's aborted).
+  /// False (nothing changed: the caller reports the failure, or keeps relaying an offered stream)
+  /// when the request is not continuable, its limit is spent, the router stops or no instance
+  /// took it.
+  static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
+                             bool offered = false);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while
   /// continuations are left; returns the last leg's result (`failed` when none could be

@@ -30,6 +30,12 @@ std::optional<std::string> TakeResumeInfo(std::string* event) {
   return info;
 }
 
+bool IsDrainOffer(const std::string& event) {
+  static constexpr std::string_view kOffer = ": kvpush-draining";
+  return event.compare(0, kOffer.size(), kOffer) == 0 &&
+         event.find_first_not_of("\r\n", kOffer.size()) == std::string::npos;
+}
+
 bool ResumeLedger::Note(const std::string& info) {
   const nlohmann::json j = ParseJson(info);
   auto bad = [this] {

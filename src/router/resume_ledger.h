@@ -18,6 +18,12 @@ namespace kvpush::router {
 /// has none. Pure.
 std::optional<std::string> TakeResumeInfo(std::string* event);
 
+/// True for the comment-only event `: kvpush-draining` an instance writes on each stream that
+/// asked for resume comments when its drain begins: the router may continue the stream elsewhere
+/// now instead of waiting for the drain timeout to cut it (docs/reliability.md, "Continuation").
+/// Pure.
+bool IsDrainOffer(const std::string& event);
+
 /// Per choice index: the token ids relayed so far, the text bytes of them the client got, and
 /// whether its finish_reason was relayed. Fed only with the comments of events that were
 /// relayed (or swallowed) whole, so it is exactly what the client has. Not thread-safe (the

@@ -253,6 +253,12 @@ class StreamResponder {
       return true;
     }
     if (c_.state.stopping.load()) return false;
+    if (st.resume_info && !st.drain_offered && c_.state.draining.load()) {
+      // The router may continue this stream on another instance at once (docs/reliability.md,
+      // "Continuation"); else it stays, bounded by the drain timeout as any other.
+      st.drain_offered = true;
+      if (!Write(sink, ": kvpush-draining\n\n")) return false;
+    }
     if (!WriteRoles(sink)) return false;
     for (auto& [i, o] : ReadChoices(st, milliseconds(50))) {
       if (st.choices[i].finish != FinishReason::kNone) continue;

@@ -59,6 +59,7 @@ struct CompletionState {
   /// with its token ids and the choice's text bytes so far (`text_bytes`, per choice,
   /// continuing a resumed choice's count), so that a router can continue the stream elsewhere.
   bool resume_info = false;
+  bool drain_offered = false;  ///< `: kvpush-draining` was written (resume_info streams only)
   std::vector<int64_t> text_bytes;
   size_t num_finished = 0;
   bool done_sent = false;

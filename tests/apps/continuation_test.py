@@ -31,6 +31,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "pylib"))
@@ -271,6 +272,11 @@ def stream_and_fail(router_port, path, body, serving, fail, headers=None, after_
     return r.status, raw.decode("utf-8", "replace"), victim
 
 
+def log_has(inst, text):
+    with open(inst.incarnations[-1]["log"], errors="replace") as f:
+        return text in f.read()
+
+
 def same_stream(raw, ref_raw):
     a = per_choice([d for d, _ in parse_events(raw) if d is not None])
     b = per_choice([d for d, _ in parse_events(ref_raw) if d is not None])
@@ -312,10 +318,32 @@ def crash_cases(args, logdir):
             n = router.metrics().get("kvpush_router_continuations_total", 0.0)
             check(n == conts + 1, "%s: the router counted one continuation (%s)" % (label, n))
             conts = n
+            if fail_name == "SIGTERM":
+                # The draining D offered the stream at once (not cut by its 1 s timeout).
+                check(log_has(router, "offered the stream"),
+                      "%s: the draining D offered the stream and the router took it" % label)
             if victim:
                 victim.proc.wait(timeout=30)
                 cl.restart(victim)
             time.sleep(0.5)  # the router's health round sees it again
+        # A drain offer no other D can take: the stream stays until D's drain timeout (1 s) cuts
+        # it, and then goes on on the other D, which is back by then.
+        d2.proc.send_signal(signal.SIGSTOP)
+        time.sleep(1.8)  # the router marks D2 unhealthy (health timeout 1 s)
+        status, raw, victim = stream_and_fail(
+            router.port, "/v1/completions", body, [d1],
+            lambda inst: (inst.proc.send_signal(signal.SIGTERM),
+                          # D2 back only once D1's offer was declined (it comes within 50 ms).
+                          threading.Timer(0.4, d2.proc.send_signal, [signal.SIGCONT]).start()))
+        label = "push stream, SIGTERM of its D while the other D is stopped"
+        check(victim is d1 and status == 200 and same_stream(raw, ref),
+              "%s: the stream equals the colocated run after the drain timeout cut it (%d)" % (
+                  label, status))
+        check(log_has(router, "drain timeout cut the request"),
+              "%s: the router continued it after the cut (draining_timeout)" % label)
+        d1.proc.wait(timeout=30)
+        cl.restart(d1)
+        time.sleep(0.5)
         # Not streamed: the answer is sent again whole.
         whole = dict(body, stream=False)
         whole.pop("stream_options")

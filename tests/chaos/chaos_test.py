@@ -7,7 +7,8 @@ colocated instance that computes the reference tokens of every prompt first. The
 concurrency C while a fault driver, at random:
 
   * aborts clients mid-request (streamed: after the first event; not streamed: a short timeout),
-  * SIGKILLs P or D and restarts it on the same port,
+  * SIGKILLs P or D and restarts it on the same port (a request D was answering goes on on the
+    other D: the router's continuation, docs/reliability.md; its answer is checked as any other),
   * SIGSTOPs P or D past D's watchdog, then SIGCONTs it,
   * cuts the link of one instance (veth down/up; the instances run in network namespaces; needs
     root and `ip`, skipped with a message otherwise),
@@ -466,7 +467,8 @@ class Chaos(FaultDriver):
             sums[name] = int(sum(i.counter_total(name) for i in self.pd))
         rm = self.router_metrics or {}
         for name in ["kvpush_router_leg_failures_total", "kvpush_router_legs_cut_total",
-                     "kvpush_router_transfer_aborts_total"]:
+                     "kvpush_router_transfer_aborts_total", "kvpush_router_retries_total",
+                     "kvpush_router_continuations_total"]:
             sums[name] = int(rm.get(name, 0))
         table("recoveries seen by the instances (counters, summed over incarnations, last scrape):",
               sums)

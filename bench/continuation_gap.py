@@ -10,12 +10,13 @@ Usage:
 Starts a router (push) over one P and two Ds: on stories260K (the CPU executor), or on the sim
 executor (`--executor sim --sim-model qwen3-32b --sim-hw h200`: the engine, connector and router
 are real, the model's step times modelled). Each trial: one streamed request (a prompt of N token
-ids, greedy, ignore_eos, max_tokens 200) through the router; when 8 events have arrived, the D
+ids, new each trial so that no prefix cache holds it; greedy, ignore_eos, max_tokens 200) through the router; when 8 events have arrived, the D
 running it (vllm:num_requests_running > 0) is SIGKILLed and the client's stream goes on on the
 other D (the router's continuation: prompt + generated tokens recomputed there, no KV moved). The
-gap is the time between the last event before the kill and the first after it, as the client
-reads them; the decode step is the median inter-event time of the same stream away from the
-kill. Then the killed D is restarted. Reports per context length the gap's p50 / p99 and the
+gap is the time between the last event before the kill and the first after it, as the client's
+reader thread timestamps them: the longest pause from the last event before the kill on (events
+in flight at the kill arrive first), and the kill -> the event ending that pause; the decode step is
+the median inter-event time of the same stream before the kill. Then the killed D is restarted. Reports per context length the gap's p50 / p99 and the
 gap in decode steps, and the load average. A trial whose stream ended before the kill is
 dropped (counted).
 
@@ -26,9 +27,9 @@ import http.client
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
@@ -53,42 +54,56 @@ def running(inst):
     return m.get("vllm:num_requests_running", 0.0)
 
 
-def trial(router, ds, n_tokens, vocab):
-    body = {"prompt": [1 + (i * 7919) % (vocab - 2) for i in range(n_tokens)],
+def trial(router, ds, n_tokens, vocab, k):
+    # A new prompt each trial: no instance's prefix cache holds it (nor its generated tokens).
+    body = {"prompt": [1 + ((i + 1) * 7919 + k * 104729) % (vocab - 2) for i in range(n_tokens)],
             "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
     c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
     c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
     r = c.getresponse()
-    times, buf, victim, kill_at = [], b"", None, None
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
+    times = []  # arrival of each data event with a choice, read on its own thread
+
+    def read():
+        buf = b""
+        while True:
+            chunk = r.read1(65536)
+            if not chunk:
+                return
+            now = time.perf_counter()
+            buf += chunk
+            while b"\n\n" in buf:
+                ev, buf = buf.split(b"\n\n", 1)
+                if ev.startswith(b"data: {") and b'"choices":[{' in ev:
+                    times.append(now)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    victim, t_kill = False, None
+    t_end = time.time() + 60
+    while len(times) < 8 and reader.is_alive() and time.time() < t_end:
+        time.sleep(0.0005)
+    for inst in ds:
+        if reader.is_alive() and running(inst) > 0:
+            victim = inst
+            t_kill = time.perf_counter()
+            inst.kill()
             break
-        now = time.perf_counter()
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            if ev.startswith(b"data: {") and b'"choices":[{' in ev:
-                times.append(now)
-        if victim is None and len(times) >= 8:
-            for inst in ds:
-                if running(inst) > 0:
-                    victim = inst
-                    kill_at = len(times)
-                    inst.kill()
-                    break
-            if victim is None:
-                victim = False
+    reader.join()
     c.close()
     if not victim:
         return None, None
-    # The gap: the largest inter-event time from the kill on; the step: the median before it.
-    before = [b - a for a, b in zip(times[:kill_at], times[1:kill_at])]
-    after = [b - a for a, b in zip(times[kill_at - 1:], times[kill_at:])]
-    if not after or not before:
+    before = [t for t in times if t < t_kill]
+    after = [t for t in times if t >= t_kill]
+    if len(before) < 3 or not after:
         return None, victim
-    return {"gap_ms": max(after) * 1e3, "step_ms": statistics.median(before) * 1e3,
-            "events": len(times)}, victim
+    steps = [b - a for a, b in zip(before, before[1:])]
+    # The splice is the longest pause from the last event before the kill on (events already in
+    # flight at the kill arrive back to back first); recovery: the kill -> the event after it.
+    spliced = [before[-1]] + after
+    pauses = [b - a for a, b in zip(spliced, spliced[1:])]
+    i = max(range(len(pauses)), key=lambda k: pauses[k])
+    return {"gap_ms": pauses[i] * 1e3, "recovery_ms": (spliced[i + 1] - t_kill) * 1e3,
+            "step_ms": statistics.median(steps) * 1e3, "events": len(times)}, victim
 
 
 def main():
@@ -132,8 +147,8 @@ def main():
         router.wait_healthy(30)
         for n in contexts:
             rows, dropped = [], 0
-            for _ in range(a.trials):
-                row, victim = trial(router, ds, n, vocab)
+            for k in range(a.trials):
+                row, victim = trial(router, ds, n, vocab, k + 1000 * n)
                 if victim:
                     victim.start()
                     victim.wait_healthy(90)
@@ -144,13 +159,16 @@ def main():
                 rows.append(row)
             gaps = [r["gap_ms"] for r in rows]
             steps = [r["step_ms"] for r in rows]
+            rec = [r["recovery_ms"] for r in rows]
             results[n] = {"trials": len(rows), "dropped": dropped,
                           "gap_p50_ms": pct(gaps, 50), "gap_p99_ms": pct(gaps, 99),
+                          "recovery_p50_ms": pct(rec, 50), "recovery_p99_ms": pct(rec, 99),
                           "step_p50_ms": pct(steps, 50),
                           "gap_in_steps_p50": pct(gaps, 50) / max(pct(steps, 50), 1e-9)}
-            h.log("context %5d: gap p50 %.1f ms p99 %.1f ms, decode step p50 %.2f ms "
-                  "(gap = %.1f steps), %d trials (%d dropped)" % (
+            h.log("context %5d: gap p50 %.1f ms p99 %.1f ms (kill -> next event p50 %.1f ms), "
+                  "decode step p50 %.2f ms (gap = %.1f steps), %d trials (%d dropped)" % (
                       n, results[n]["gap_p50_ms"], results[n]["gap_p99_ms"],
+                      results[n]["recovery_p50_ms"],
                       results[n]["step_p50_ms"], results[n]["gap_in_steps_p50"], len(rows),
                       dropped))
     finally:
@@ -158,12 +176,13 @@ def main():
     load = os.getloadavg()
     print("target %s; load average %.2f %.2f %.2f; KV bytes moved per continuation: 0 (the new "
           "D recomputes prompt + generated tokens)" % ((a.target,) + load))
-    print("| context (tokens) | gap p50 (ms) | gap p99 (ms) | decode step p50 (ms) | gap / step | trials |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| context (tokens) | gap p50 (ms) | gap p99 (ms) | kill -> next event p50 / p99 (ms) "
+          "| decode step p50 (ms) | gap / step | trials |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, r in results.items():
-        print("| %d | %.1f | %.1f | %.2f | %.1f | %d |" % (n, r["gap_p50_ms"], r["gap_p99_ms"],
-                                                        r["step_p50_ms"], r["gap_in_steps_p50"],
-                                                        r["trials"]))
+        print("| %d | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %d |" % (
+            n, r["gap_p50_ms"], r["gap_p99_ms"], r["recovery_p50_ms"], r["recovery_p99_ms"],
+            r["step_p50_ms"], r["gap_in_steps_p50"], r["trials"]))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"target": a.target, "load": load, "results": results}, f, indent=1)

@@ -12,7 +12,8 @@ against a colocated instance computing the same prompt alone), the test goes thr
   mismatch    a D with another KV layout (`--block-size`, so another compat hash) registers: the
               router must never pair it (it gets no request). Skipped when serve has no
               --block-size.
-  kill        D1 is SIGKILLed: requests in flight to it may fail (explicitly); once its lease
+  kill        D1 is SIGKILLed: requests in flight to it go on on another D (the router's
+              continuation, docs/reliability.md) or fail explicitly; once its lease
               expired (ttl + 2 s) its key is gone, the router no longer lists it, and no request
               started after that fails.
   drain       D0 gets SIGTERM: it leaves etcd, drains and exits 0; zero failed requests from the
@@ -377,6 +378,9 @@ class Cluster:
         log("kill: %d request(s) failed explicitly while D1 was going away; %d after it was "
             "dropped" % (len(early), len(late)))
         self.figures["kill: failed while D1 was going away (explicit errors)"] = len(early)
+        rm = self.router.metrics() or {}
+        self.figures["kill: requests the router continued on another D"] = int(
+            rm.get("kvpush_router_continuations_total", 0))
         for x in late[:5]:
             self.violation("kill: request started after D1 was dropped failed: %s" % x)
 

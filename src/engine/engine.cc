@@ -8,6 +8,7 @@
 
 #include "common/clock.h"
 #include "common/thread_name.h"
+#include "engine/continuation.h"
 
 namespace kvpush {
 

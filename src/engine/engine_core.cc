@@ -7,6 +7,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "engine/continuation.h"
 
 namespace kvpush {
 
@@ -19,42 +20,6 @@ constexpr int64_t kPromptLogitsBytes = int64_t{64} << 20;
 int32_t PromptLogitRows(int32_t vocab_size) {
   const int64_t per_row = int64_t{std::max(vocab_size, 1)} * static_cast<int64_t>(sizeof(float));
   return static_cast<int32_t>(std::clamp<int64_t>(kPromptLogitsBytes / per_row, 1, 1 << 20));
-}
-
-}  // namespace
-
-namespace {
-
-/// The parts of a continuation (GenerationRequest::resume_output_tokens) that need no text:
-/// token ids inside the vocabulary, no P/D role, and room left for one more token.
-Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
-                      const GenerationRequest& request) {
-  const auto& resumed = request.resume_output_tokens;
-  if (resumed.empty()) {
-    if (request.resume_text_bytes != 0) {
-      return InvalidArgument("kvpush_resume: text_bytes without token_ids");
-    }
-    return Status::Ok();
-  }
-  if (request.kv_transfer.role != pd::KvTransferParams::Role::kNone) {
-    return InvalidArgument("kvpush_resume: a continuation is a colocated request; it cannot be a "
-                           "P/D leg");
-  }
-  for (int32_t t : resumed) {
-    if (t < 0 || t >= model.vocab_size) {
-      return InvalidArgument("kvpush_resume: token id " + std::to_string(t) +
-                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
-                             ")");
-    }
-  }
-  const int64_t k = static_cast<int64_t>(resumed.size());
-  const int64_t n = static_cast<int64_t>(request.prompt_tokens.size());
-  if (k >= request.max_tokens || n + k + 1 > config.max_model_len) {
-    return InvalidArgument("kvpush_resume: " + std::to_string(k) +
-                           " output tokens already reach max_tokens or the context length: the "
-                           "request had ended");
-  }
-  return Status::Ok();
 }
 
 }  // namespace
@@ -218,34 +183,6 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   Sequence* raw = seq.get();
   seqs_.emplace(seq_id, std::move(seq));
   scheduler_.AddWaiting(raw);
-}
-
-Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
-                           OutputTextProcessor& text) {
-  // The earlier run's ProcessSampled, token by token: what ended it there would have ended it.
-  int64_t emitted = 0;
-  int32_t k = 0;
-  for (int32_t token : request.resume_output_tokens) {
-    ++k;
-    const bool stops_allowed = k >= request.min_tokens;
-    const bool strings_allowed = k > request.min_tokens;
-    const bool is_eos = token == eos_id && !request.ignore_eos;
-    const bool is_stop_id = std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
-                                      token) != request.stop_token_ids.end();
-    OutputTextProcessor::Delta d;
-    if (!stops_allowed || !(is_eos || is_stop_id)) d = text.Append(token, strings_allowed);
-    if ((stops_allowed && (is_eos || is_stop_id)) || d.stopped) {
-      return InvalidArgument("kvpush_resume: output token " + std::to_string(k) + " (id " +
-                             std::to_string(token) + ") ended the request");
-    }
-    emitted += static_cast<int64_t>(d.text.size());
-  }
-  if (emitted != request.resume_text_bytes) {
-    return InvalidArgument("kvpush_resume: text_bytes is " +
-                           std::to_string(request.resume_text_bytes) + " but its token_ids' text "
-                           "emitted so far is " + std::to_string(emitted) + " bytes");
-  }
-  return Status::Ok();
 }
 
 Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request) const {

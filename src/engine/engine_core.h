@@ -26,13 +26,6 @@ namespace kvpush {
 /// that the request can ever fit in the KV pool (blocks for min(prompt + max_tokens,
 /// max_model_len) tokens <= num_kv_blocks). Errors: kInvalidArgument, kResourceExhausted (never
 /// fits). Thread-safe (pure).
-/// A continuation's output tokens (GenerationRequest::resume_output_tokens) fed through `text`
-/// (primed with the prompt) as the run that generated them did, EOS (`eos_id`), stop ids and
-/// stop strings included. Errors (kInvalidArgument, naming kvpush_resume): one of them would
-/// have ended that run, or the text they emitted is not request.resume_text_bytes long.
-Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
-                           OutputTextProcessor& text);
-
 Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                        const GenerationRequest& request);
 

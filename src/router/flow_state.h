@@ -249,6 +249,12 @@ struct RequestFlow::StreamState {
 std::shared_ptr<Leg> OpenLeg(FlowServices& r, const RequestFlow::Transfer& t,
                              const InstanceAddress& addr, Role role);
 
+/// What RequestFlow::RelayEvents saw that Pump acts on once the events before it are relayed.
+struct RequestFlow::RelaySignals {
+  std::string drain_cut;     ///< the answering instance's drain cut the stream (its error event)
+  bool drain_offer = false;  ///< the answering instance began draining and offers the stream
+};
+
 /// The 502 for a P/D request with echo and logprobs whose P answered no usable prompt_echo.
 Reply NoPromptEcho(const RequestFlow::Transfer& t, const std::string& why);
 

@@ -281,38 +281,21 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
       [st, rp](bool) { EndStream(*rp, *st); });
 }
 
-bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
-                       std::chrono::milliseconds wait) {
-  if (r.stopping()) {
-    // Never a silent cut: the client's stream ends with an error event.
-    if (!st.terminal_sent) {
-      const std::string ev = "data: " + r.StopErrorJson() + "\n\n";
-      st.terminal_sent = st.failed = true;
-      if (!sink.write(ev.data(), ev.size())) return false;
-    }
-    st.completed = true;
-    sink.done();
-    return true;
-  }
-  std::vector<std::string> events;
-  events.swap(st.held);
-  const bool finished =
-      st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
-  std::string drain_cut;     // the answering instance's drain cut the stream (its error event)
-  bool drain_offer = false;  // the answering instance began draining and offers the stream
+bool RequestFlow::RelayEvents(FlowServices& r, StreamState& st, httplib::DataSink& sink,
+                              std::vector<std::string>& events, RelaySignals* sig) {
   for (std::string& e : events) {
     if (st.terminal_sent) break;  // nothing may follow [DONE] or an error event
     const std::optional<std::string> info = TakeResumeInfo(&e);
     if (info) st.ledger.Note(*info);  // exactly what the client gets: whole events only
     if (e.empty()) continue;          // an output with no event for the client
     if (IsDrainOffer(e)) {
-      drain_offer = true;  // taken below, once the events before it are relayed
+      sig->drain_offer = true;  // taken by Pump, once the events before it are relayed
       continue;
     }
     const SseEventKind kind = ClassifySseEvent(e);
     if (kind == SseEventKind::kError && st.t->continuable &&
         e.find(kDrainTimeoutCode) != std::string::npos) {
-      drain_cut = e;  // not relayed: the stream may go on elsewhere
+      sig->drain_cut = e;  // not relayed: the stream may go on elsewhere
       break;
     }
     std::string out;
@@ -334,19 +317,55 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
       r.CountLegFailure(st.t->d_role);
     }
   }
-  if (drain_offer && !st.terminal_sent && drain_cut.empty() &&
-      ContinueStream(r, st, "its drain began", /*offered=*/true)) {
-    return true;
+  return true;
+}
+
+std::string RequestFlow::EndedStreamEvent(FlowServices& r, StreamState& st) {
+  if (r.stopping()) return "data: " + r.StopErrorJson() + "\n\n";  // Stop() closed D's leg
+  if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
+    return p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
   }
-  if (!drain_cut.empty()) {
-    st.stream->Stop();
-    if (ContinueStream(r, st, "its drain timeout cut the request")) return true;
-    st.failed = st.terminal_sent = true;
-    r.CountLegFailure(st.t->d_role);
-    if (!sink.write(drain_cut.data(), drain_cut.size())) return false;
+  const LegResult lr = st.stream->result();
+  const std::string role = RoleName(st.t->d_role);
+  const std::string d = role + " instance " + st.answering.url;
+  const std::string msg = lr.answered ? d + " ended the stream without [DONE]"
+                          : !lr.cut_reason.empty()
+                              ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
+                              : d + " stream broke: " + lr.error;
+  spdlog::warn("request {}: {}", st.t->request_id, msg);
+  const std::string code = role + (lr.cut_reason.empty() ? "_stream_broken" : "_unhealthy");
+  r.CountLegFailure(st.t->d_role);
+  return "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
+}
+
+bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
+                       std::chrono::milliseconds wait) {
+  // Ends the client's stream with `ev` (an error event; "" for none): never a silent cut.
+  auto end = [&](const std::string& ev) {
+    if (!ev.empty() && !st.terminal_sent) {
+      st.terminal_sent = st.failed = true;
+      if (!sink.write(ev.data(), ev.size())) return false;
+    }
     st.completed = true;
     sink.done();
     return true;
+  };
+  if (r.stopping()) return end("data: " + r.StopErrorJson() + "\n\n");
+  std::vector<std::string> events;
+  events.swap(st.held);
+  const bool finished =
+      st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
+  RelaySignals sig;
+  if (!RelayEvents(r, st, sink, events, &sig)) return false;
+  if (sig.drain_offer && !st.terminal_sent && sig.drain_cut.empty() &&
+      ContinueStream(r, st, "its drain began", /*offered=*/true)) {
+    return true;
+  }
+  if (!sig.drain_cut.empty()) {
+    st.stream->Stop();
+    if (ContinueStream(r, st, "its drain timeout cut the request")) return true;
+    r.CountLegFailure(st.t->d_role);
+    return end(sig.drain_cut);
   }
   if (!finished) return true;
   if (!st.terminal_sent && !r.stopping() && !st.t->PrefillFailure()) {
@@ -356,32 +375,7 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
                                                      : lr.error;
     if (ContinueStream(r, st, why)) return true;
   }
-  if (!st.terminal_sent) {
-    std::string ev;
-    if (r.stopping()) {  // Stop() closed D's leg: say why
-      ev = "data: " + r.StopErrorJson() + "\n\n";
-    } else if (std::optional<Reply> p_failed = st.t->PrefillFailure()) {
-      ev = p_failed->AsSseEvent();  // P's leg failed mid-stream and closed D's leg
-    } else {
-      const LegResult lr = st.stream->result();
-      const std::string role = RoleName(st.t->d_role);
-      const std::string d = role + " instance " + st.answering.url;
-      const std::string msg = lr.answered ? d + " ended the stream without [DONE]"
-                              : !lr.cut_reason.empty()
-                                  ? d + " was marked unhealthy mid-stream (" + lr.cut_reason + ")"
-                                  : d + " stream broke: " + lr.error;
-      spdlog::warn("request {}: {}", st.t->request_id, msg);
-      const std::string code = role + (lr.cut_reason.empty() ? "_stream_broken" : "_unhealthy");
-      ev = "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
-      r.CountLegFailure(st.t->d_role);
-    }
-    st.failed = true;
-    st.terminal_sent = true;
-    if (!sink.write(ev.data(), ev.size())) return false;
-  }
-  st.completed = true;
-  sink.done();
-  return true;
+  return end(st.terminal_sent ? std::string() : EndedStreamEvent(r, st));
 }
 
 void RequestFlow::EndStream(FlowServices& r, StreamState& st) {

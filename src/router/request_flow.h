@@ -45,6 +45,7 @@ class RequestFlow {
   struct StreamState;   // a streamed answer being relayed (flow_state.h)
   struct MergedStream;  // the streams of a list of prompts, relayed as one (prompt_list_flow.cc)
   struct PromptPart;    // one prompt of a list and its answer (prompt_list_flow.cc)
+  struct RelaySignals;  // what a relayed batch of events asks for (flow_state.h)
 
  private:
   /// P/D mode, one prompt: picks P and D, runs the push or pull flow and answers into `res`.
@@ -128,6 +129,13 @@ class RequestFlow {
   /// releaser.
   static bool Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
                    std::chrono::milliseconds wait);
+  /// Pump's step: relays `events` (taken from D's stream) to the client, feeding st.ledger and
+  /// holding back what asks for a continuation (`*sig`). False when a write failed.
+  static bool RelayEvents(FlowServices& r, StreamState& st, httplib::DataSink& sink,
+                          std::vector<std::string>& events, RelaySignals* sig);
+  /// The error event for a stream that ended without [DONE] or an error of its own (counted
+  /// as a leg failure when D's).
+  static std::string EndedStreamEvent(FlowServices& r, StreamState& st);
   static void EndStream(FlowServices& r, StreamState& st);
   /// Marks `t` done now and records its e2e latency when `ok`; adds its router timeline to the
   /// router's log (P/D transfers only).

@@ -27,16 +27,23 @@ namespace {
 /// when a stream is resumed. "" when the colocated body cannot be parsed (it was forwarded
 /// as-is: the instance refused it, nothing to continue).
 std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger* ledger) {
+  // A stream's continuation: what the client got, and the seed the failed instance sampled with
+  // when the request named none (--colocated forwards the client's body without one).
+  auto resume = [ledger](json& leg) {
+    leg["kvpush_resume"] = ledger->ToJson();
+    const auto seed = leg.find("seed");
+    if ((seed == leg.end() || seed->is_null()) && ledger->seed()) leg["seed"] = *ledger->seed();
+  };
   if (t.client) {
     json leg = t.client->Shell();
-    if (ledger != nullptr) leg["kvpush_resume"] = ledger->ToJson();
+    if (ledger != nullptr) resume(leg);
     return ComposeLegBody(leg, *t.client);
   }
   if (ledger == nullptr) return t.client_text;
   Result<ClientBody> parsed = ParseClientBody(t.client_text);
   if (!parsed.ok() || !parsed->doc.is_object()) return {};
   json leg = parsed->doc;
-  leg["kvpush_resume"] = ledger->ToJson();
+  resume(leg);
   return ComposeLegBody(leg, *parsed);
 }
 
@@ -65,8 +72,10 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
   }
-  std::vector<std::string> exclude = Excluded(t, st.answering.url);
   const std::string failed_url = st.answering.url;
+  st.failed_urls.push_back(failed_url);
+  std::vector<std::string> exclude = t.exclude;
+  exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
   while (t.continuations_left > 0 && !r.stopping()) {

@@ -231,8 +231,10 @@ struct RequestFlow::StreamState {
   /// The instance whose stream is relayed now (t->d_addr until a continuation moved it).
   InstanceAddress answering;
   /// What the client got of each choice (the stream's `: kvpush-resume` comments), for a
-  /// continuation.
+  /// continuation; and the instances that failed this stream (a continuation never goes back
+  /// to one, even restarted).
   ResumeLedger ledger;
+  std::vector<std::string> failed_urls;
   std::vector<std::string> held;  ///< events taken before the client's stream started
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
   std::optional<PromptEcho> prompt_echo;

@@ -293,6 +293,9 @@ bool RequestFlow::RelayEvents(FlowServices& r, StreamState& st, httplib::DataSin
       continue;
     }
     const SseEventKind kind = ClassifySseEvent(e);
+    if (!info && kind == SseEventKind::kData && e.find("\"choices\":[{") != std::string::npos) {
+      st.ledger.MarkBroken();  // output the ledger does not know of: never continue past it
+    }
     if (kind == SseEventKind::kError && st.t->continuable &&
         e.find(kDrainTimeoutCode) != std::string::npos) {
       sig->drain_cut = e;  // not relayed: the stream may go on elsewhere
@@ -309,6 +312,7 @@ bool RequestFlow::RelayEvents(FlowServices& r, StreamState& st, httplib::DataSin
     if (kind == SseEventKind::kData) {
       NoteDataRelayed(r, st);
       NoteUsage(ev);
+      if (ev.find("\"usage\":{") != std::string::npos) st.ledger.NoteUsageRelayed();
     }
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {

@@ -39,6 +39,10 @@ using nlohmann::json;
 constexpr const char* kClientKvTransferParams =
     "kv_transfer_params is only for the legs of a P/D request, which the router writes; a client "
     "request may not carry it";
+/// A client's body carrying kvpush_resume: the router writes it (a continuation).
+constexpr const char* kClientResume =
+    "kvpush_resume is only for the router's continuations of a request on another instance; a "
+    "client request through the router may not carry it";
 
 }  // namespace
 
@@ -186,6 +190,10 @@ void RequestFlow::HandleColocated(const std::shared_ptr<Transfer>& t, const http
                       "invalid_request_error", "invalid_json")
         .WriteTo(res);
   }
+  if (body.contains("kvpush_resume")) {
+    r.CountRequest(t->mode, false);
+    return ErrorReply(400, kClientResume, "invalid_request_error", "", "kvpush_resume").WriteTo(res);
+  }
   const auto s = body.find("stream");
   t->stream = s != body.end() && s->is_boolean() && s->get<bool>();
   std::optional<InstanceLease> lease = r.pool().Acquire(Role::kColocated, t->exclude);
@@ -245,6 +253,7 @@ bool RequestFlow::ParseClient(const httplib::Request& req, httplib::Response& re
     // The words of a colocated instance given the same body (one error vocabulary).
     return reject(kClientKvTransferParams, "", "kv_transfer_params");
   }
+  if (body->contains("kvpush_resume")) return reject(kClientResume, "", "kvpush_resume");
   if (!body->contains("seed") || (*body)["seed"].is_null()) (*body)["seed"] = r.ids().Seed();
   t->transfer_id = r.ids().TransferId();
   const auto s = body->find("stream");

@@ -52,6 +52,9 @@ bool ResumeLedger::Note(const std::string& info) {
       !finished->is_boolean()) {
     return bad();
   }
+  const auto seed = j.find("seed");
+  if (seed != j.end() && !seed->is_number_integer()) return bad();
+  if (seed != j.end()) seed_ = seed->get<int64_t>();
   Choice& c = choices_[index->get<int64_t>()];
   for (const auto& id : *ids) {
     if (!id.is_number_unsigned() || id.get<uint64_t>() > 0x7fffffffull) return bad();
@@ -70,7 +73,9 @@ nlohmann::json ResumeLedger::ToJson() const {
                    {"text_bytes", c.text_bytes},
                    {"finished", c.finished}});
   }
-  return {{"choices", std::move(arr)}};
+  nlohmann::json out = {{"choices", std::move(arr)}};
+  if (usage_sent_) out["usage_sent"] = true;
+  return out;
 }
 
 int64_t ResumeLedger::tokens() const {

@@ -30,19 +30,28 @@ bool IsDrainOffer(const std::string& event);
 /// stream's relaying thread owns it).
 class ResumeLedger {
  public:
-  /// Applies one comment's JSON ({"index", "token_ids", "text_bytes", "finished"}, written by
-  /// the instance's StreamResponder). False (nothing applied) when it is malformed: an
+  /// Applies one comment's JSON ({"index", "token_ids", "text_bytes", "finished"} and an
+  /// optional integer "seed", written by the instance's StreamResponder). False (nothing applied) when it is malformed: an
   /// instance that writes such a comment cannot be continued from.
   bool Note(const std::string& info);
 
   /// The `kvpush_resume` member of a continuation's body: {"choices": [{index, token_ids,
-  /// text_bytes, finished}, ...]} in index order.
+  /// text_bytes, finished}, ...]} in index order, and "usage_sent": true once the usage chunk
+  /// was relayed.
   nlohmann::json ToJson() const;
 
   /// Output tokens relayed over all choices.
   int64_t tokens() const;
-  /// A comment was malformed: continuing is unsafe.
+  /// The seed the instance sampled with (its comments' `seed`; the client's, or the one it drew
+  /// for an unseeded request), once a comment named one.
+  std::optional<int64_t> seed() const { return seed_; }
+  /// A comment was malformed, or an event with choice data came without one (the instance does
+  /// not write them: an older version, another server): continuing is unsafe.
   bool broken() const { return broken_; }
+  void MarkBroken() { broken_ = true; }
+  /// The usage chunk (include_usage) was relayed: a continuation must not send it again
+  /// (`usage_sent` in ToJson).
+  void NoteUsageRelayed() { usage_sent_ = true; }
 
  private:
   struct Choice {
@@ -51,7 +60,9 @@ class ResumeLedger {
     bool finished = false;
   };
   std::map<int64_t, Choice> choices_;
+  std::optional<int64_t> seed_;
   bool broken_ = false;
+  bool usage_sent_ = false;
 };
 
 }  // namespace kvpush::router

@@ -136,6 +136,7 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
     st.transfer_id = kv.transfer_id;
   }
   const uint64_t seed = r.seed ? static_cast<uint64_t>(*r.seed) : c.random_seed();
+  st.seed = seed;
   const auto n = static_cast<size_t>(r.n);
   st.param_stats = c.param_stats;
   if (kv.role != Role::kNone && c.handoff_traces != nullptr && st.trace) {
@@ -156,6 +157,12 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
         p.prompts.size() == 1 && r.n == 1 ? st.meta.id : st.meta.id + "-" + std::to_string(k);
     counts_prompt.push_back(j == 0);
     if (resumed[k] != nullptr && resumed[k]->finished) {
+      if (resumed[k]->token_ids.size() > static_cast<size_t>(p.max_tokens[i])) {
+        AbortUnfinished(c.engine, st);
+        return http::ApiError::Invalid(
+            "kvpush_resume: finished choice " + std::to_string(k) + " has more tokens than "
+            "max_tokens", "kvpush_resume");
+      }
       st.handles.emplace_back();  // ended on the earlier instance: nothing to run
       continue;
     }
@@ -345,10 +352,12 @@ class StreamResponder {
     if (!st.resume_info) return event;
     nlohmann::json ids = nlohmann::json::array();
     for (const TokenOutput& t : tokens) ids.push_back(t.id);
+    // The seed as the API's signed 64-bit `seed` (the same bits: ParseOpenAiRequest's int64).
     const nlohmann::json info = {{"index", i},
                                  {"token_ids", std::move(ids)},
                                  {"text_bytes", st.text_bytes[i]},
-                                 {"finished", finished}};
+                                 {"finished", finished},
+                                 {"seed", static_cast<int64_t>(st.seed)}};
     // The comment line goes inside the event (before its blank line): one event, one write.
     return event.substr(0, event.size() - 1) + ": kvpush-resume " + info.dump() + "\n\n";
   }
@@ -382,7 +391,8 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   PreparedRequest& p = std::get<PreparedRequest>(prepared);
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;
-  st->include_usage = p.request.include_usage;
+  // A continuation whose client already got the usage chunk does not get it again.
+  st->include_usage = p.request.include_usage && !p.request.resume_usage_sent;
   st->resume_info = p.request.stream && req.get_header_value("x-kvpush-resume-info") == "1";
   if (auto e = PassPdGate(c, p)) return http::ReplyError(res, *e);
   if (auto e = Submit(c, p, *st)) return http::ReplyError(res, *e);

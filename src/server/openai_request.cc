@@ -150,6 +150,10 @@ std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
     }
     r.resume.push_back(std::move(rc));
   }
+  if (auto e = GetBool(*it, "usage_sent", r.resume_usage_sent)) {
+    e->param = field + ".usage_sent";
+    return e;
+  }
   return std::nullopt;
 }
 

@@ -79,6 +79,9 @@ struct OpenAiRequest {
   /// instance failed mid-stream). Empty: not a continuation. Requires stream; refused with
   /// kv_transfer_params; indices unique and < n x prompts.
   std::vector<ResumedChoice> resume;
+  /// `kvpush_resume.usage_sent`: the client already got the usage chunk (include_usage); only
+  /// `data: [DONE]` is left to send.
+  bool resume_usage_sent = false;
 };
 
 /// Most choices per prompt (`n`).

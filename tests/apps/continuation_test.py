@@ -98,6 +98,7 @@ def per_choice(datas):
 def ledger(events):
     """kvpush_resume from the comments of `events` (what router/resume_ledger.cc builds)."""
     choices = {}
+    usage_sent = any(d and '"usage":{' in d for d, _ in events)
     for _, info in events:
         if info is None:
             continue
@@ -106,7 +107,10 @@ def ledger(events):
         c["token_ids"] += info["token_ids"]
         c["text_bytes"] = info["text_bytes"]
         c["finished"] = c["finished"] or info["finished"]
-    return {"choices": [choices[k] for k in sorted(choices)]}
+    out = {"choices": [choices[k] for k in sorted(choices)]}
+    if usage_sent:
+        out["usage_sent"] = True
+    return out
 
 
 CASES = [
@@ -126,6 +130,9 @@ CASES = [
      {"temperature": 0.7, "seed": 9, "max_tokens": 20, "logprobs": True, "top_logprobs": 2,
       "stream_options": {"include_usage": True}}),
     ("chat n=2 greedy", "/v1/chat/completions", {"temperature": 0, "max_tokens": 12, "n": 2}),
+    # No seed: the instance draws one; its resume comments carry it and the continuation (as
+    # the router builds it) samples with it.
+    ("completions unseeded sampling", "/v1/completions", {"temperature": 1.0, "max_tokens": 20}),
 ]
 
 
@@ -170,12 +177,21 @@ def resume_table(args, logdir):
                             and norm(d)["choices"][0].get("finish_reason")]
                 check(finishes == stop, "%s: the stop string %r ends the reference" % (name, stop))
             with_token = [i for i, (_, info) in enumerate(ref) if info and info["token_ids"]]
-            cuts = sorted({0, with_token[0] + 1, with_token[len(with_token) // 2] + 1,
-                           with_token[-2] + 1})
+            cuts = {0, with_token[0] + 1, with_token[len(with_token) // 2] + 1, with_token[-2] + 1}
+            # After every choice finished (only usage and [DONE], or [DONE], left), and after
+            # the usage chunk (only [DONE] left).
+            cuts.add(with_token[-1] + 1)
+            cuts |= {i + 1 for i, (d, _) in enumerate(ref) if d and '"usage":{' in d}
+            cuts = sorted(cuts)
             want = per_choice([d for d, _ in ref if d is not None])
+            seeds = {info["seed"] for _, info in ref if info}
+            check(len(seeds) == 1 and ("seed" not in body or seeds == {body["seed"]}),
+                  "%s: the resume comments carry the request's seed (%s)" % (name, seeds))
             for e in cuts:
                 cont = dict(body)
                 cont["kvpush_resume"] = ledger(ref[:e])
+                if "seed" not in cont:
+                    cont["seed"] = next(iter(seeds))  # what router/continuation_flow.cc adds
                 status, raw2 = post(port, path, cont, RESUME)
                 spliced = [d for d, _ in ref[:e] if d is not None]
                 spliced += [d for d, _ in parse_events(raw2) if d is not None]
@@ -300,6 +316,10 @@ def crash_cases(args, logdir):
         router = cl.serve("router", ["router", "--prefill", p.url, "--decode", d1.url,
                                      "--decode", d2.url, "--health-interval-ms", "200"])
         cl.wait([router])
+        status, raw = post(router.port, "/v1/completions",
+                           {"prompt": "hi", "stream": True, "kvpush_resume": {"choices": []}})
+        check(status == 400 and "kvpush_resume" in raw,
+              "a client's own kvpush_resume through the router: 400 (%d)" % status)
         body = {"prompt": "hello world", "max_tokens": 300, "ignore_eos": True,
                 "temperature": 0.9, "seed": 21, "logprobs": 1, "stream": True,
                 "stream_options": {"include_usage": True}}

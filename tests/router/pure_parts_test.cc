@@ -131,18 +131,26 @@ TEST(ResumeLedger, AccumulatesEachChoiceInIndexOrder) {
   ResumeLedger l;
   EXPECT_TRUE(l.Note(R"({"index":1,"token_ids":[7],"text_bytes":3,"finished":false})"));
   EXPECT_TRUE(l.Note(R"({"index":0,"token_ids":[],"text_bytes":0,"finished":false})"));
-  EXPECT_TRUE(l.Note(R"({"index":1,"token_ids":[8,9],"text_bytes":5,"finished":true})"));
+  EXPECT_EQ(l.seed(), std::nullopt);
+  EXPECT_TRUE(
+      l.Note(R"({"index":1,"token_ids":[8,9],"text_bytes":5,"finished":true,"seed":-5})"));
+  EXPECT_EQ(l.seed(), std::optional<int64_t>(-5));
   EXPECT_EQ(l.tokens(), 3);
   EXPECT_FALSE(l.broken());
   EXPECT_EQ(l.ToJson(), json::parse(R"({"choices":[
       {"index":0,"token_ids":[],"text_bytes":0,"finished":false},
       {"index":1,"token_ids":[7,8,9],"text_bytes":5,"finished":true}]})"));
+  l.NoteUsageRelayed();  // the usage chunk went out: a continuation must not send it again
+  EXPECT_EQ(l.ToJson()["usage_sent"], true);
+  l.MarkBroken();  // an event with choice data but no comment: never continued
+  EXPECT_TRUE(l.broken());
 }
 
 TEST(ResumeLedger, AMalformedCommentBreaksIt) {
   for (const char* bad : {"not json", "[]", R"({"index":-1,"token_ids":[],"text_bytes":0,"finished":false})",
                           R"({"index":0,"token_ids":[-3],"text_bytes":0,"finished":false})",
-                          R"({"index":0,"token_ids":[1],"finished":false})"}) {
+                          R"({"index":0,"token_ids":[1],"finished":false})",
+                          R"({"index":0,"token_ids":[],"text_bytes":0,"finished":false,"seed":"7"})"}) {
     ResumeLedger l;
     EXPECT_FALSE(l.Note(bad)) << bad;
     EXPECT_TRUE(l.broken()) << bad;

@@ -57,6 +57,21 @@ std::vector<std::string> Excluded(const RequestFlow::Transfer& t, const std::str
 
 }  // namespace
 
+void RequestFlow::AnswerMove(FlowServices& r, StreamState& st) {
+  MoveOutcome o;
+  o.from = st.answering.url;
+  if (st.terminal_sent) {
+    o.error = "its stream is ending";
+  } else if (ContinueStream(r, st, "an operator asked: POST /admin/migrate", /*offered=*/true)) {
+    o.moved = true;
+    o.to = st.answering.url;
+  } else {
+    o.error = "no other healthy instance took it, its --migration-limit is spent, or its output "
+              "cannot be resumed";
+  }
+  st.move->Answer(std::move(o));
+}
+
 bool ContinuableFailure(const LegResult& r) {
   if (r.answered) {
     return r.status == 503 && r.body.find(kDrainTimeoutCode) != std::string::npos;
@@ -106,8 +121,9 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     exclude.push_back(addr.url);
   }
   if (offered) {
-    spdlog::info("request {}: {} instance {} is draining; no other instance took the stream, it "
-                 "stays there", t.request_id, RoleName(t.d_role), failed_url);
+    st.failed_urls.pop_back();  // it did not fail: it may still be chosen later
+    spdlog::info("request {}: {} instance {} offered the stream ({}); no other instance took "
+                 "it, it stays there", t.request_id, RoleName(t.d_role), failed_url, why);
   } else {
     spdlog::warn("request {}: {} instance {} failed mid-stream ({}); no continuation possible",
                  t.request_id, RoleName(t.d_role), failed_url, why);

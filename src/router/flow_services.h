@@ -15,6 +15,7 @@
 #include "router/leg_registry.h"
 #include "router/router_options.h"
 #include "router/routing_policy.h"
+#include "router/stream_registry.h"
 #include "router/worker_pool.h"
 
 namespace kvpush::router {
@@ -38,6 +39,8 @@ class FlowServices {
   virtual LegRegistry& legs() = 0;
   /// The leg worker threads (a push request's wait for P, a list's prompts after the first).
   virtual WorkerPool& workers() = 0;
+  /// Streams an operator may move (POST /admin/migrate).
+  virtual StreamRegistry& streams() = 0;
   /// Picks P and D (counting the routing decision); `exclude`: URLs not to choose (they refused
   /// an earlier attempt of the request).
   virtual PdSelection SelectPd(const std::string& path, const nlohmann::json& body,

@@ -235,6 +235,9 @@ struct RequestFlow::StreamState {
   /// to one, even restarted).
   ResumeLedger ledger;
   std::vector<std::string> failed_urls;
+  /// An operator's move (POST /admin/migrate): set for a continuable stream, registered in the
+  /// router's StreamRegistry while it is relayed.
+  std::shared_ptr<MoveSlot> move;
   std::vector<std::string> held;  ///< events taken before the client's stream started
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
   std::optional<PromptEcho> prompt_echo;

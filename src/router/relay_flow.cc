@@ -265,6 +265,10 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
   st->held = std::move(held);
   st->prompt_echo = std::move(echo);
   res.status = 200;
+  if (t->continuable && capture == nullptr) {
+    st->move = std::make_shared<MoveSlot>();
+    r.streams().Add(t->request_id, st->move);
+  }
   if (capture != nullptr) {  // one prompt of a list: the merged stream relays it
     *capture = std::move(st);
     return;
@@ -355,6 +359,7 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
     return true;
   };
   if (r.stopping()) return end("data: " + r.StopErrorJson() + "\n\n");
+  if (st.move && st.move->Asked()) AnswerMove(r, st);
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =
@@ -389,6 +394,10 @@ void RequestFlow::EndStream(FlowServices& r, StreamState& st) {
     spdlog::info("request {}: client disconnected mid-stream; closing the {} leg", t.request_id,
                  RoleName(t.d_role));
     st.stream->Stop();
+  }
+  if (st.move) {
+    st.move->Close("the stream ended");
+    r.streams().Remove(t.request_id, st.move.get());
   }
   t.Finish();
   RecordTimeline(r, t, st.completed && !st.failed);

@@ -111,6 +111,9 @@ class RequestFlow {
   /// took it.
   static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
                              bool offered = false);
+  /// Pump's step: an operator asked to move this stream (st.move): continues it elsewhere
+  /// (ContinueStream, as an offer) and answers the ask.
+  static void AnswerMove(FlowServices& r, StreamState& st);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while
   /// continuations are left; returns the last leg's result (`failed` when none could be

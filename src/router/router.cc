@@ -186,6 +186,38 @@ void Router::RouteResetPrefixCache() {
   });
 }
 
+void Router::RouteMigrate() {
+  // An operator moves one stream to another instance of its role (the request's continuation,
+  // docs/reliability.md): 200 {"request_id", "from", "to"} once the other instance's stream is
+  // relayed; 404 when no continuable stream has that id; 409 when it could not be moved (it
+  // stays where it was).
+  door_->Post("/admin/migrate", [this](const http::Request& req, http::Response& res) {
+    const json body = json::parse(req.body, nullptr, false);
+    if (!body.is_object() || !body.contains("request_id") || !body["request_id"].is_string()) {
+      return ReplyError(res, 400, "body must be {\"request_id\": \"<the stream's request id>\"}",
+                        "invalid_request_error", "invalid_json");
+    }
+    const std::string id = body["request_id"].get<std::string>();
+    http::SetCurrentRequestId(id);
+    std::shared_ptr<MoveSlot> slot = streams_.Find(id);
+    if (slot == nullptr) {
+      return ReplyError(res, 404,
+                        "no stream that can be moved is in flight with request id " + id +
+                            " (streams of one prompt, with --migration-limit > 0)",
+                        "invalid_request_error", "stream_not_found");
+    }
+    const std::optional<MoveOutcome> o = slot->Ask(std::chrono::seconds(30));
+    if (!o) return ReplyError(res, 504, "the stream did not answer within 30 s", "server_error", "timeout");
+    if (!o->moved) {
+      return ReplyError(res, 409, "request " + id + " was not moved: " + o->error,
+                        "invalid_request_error", "not_moved");
+    }
+    spdlog::info("request {}: moved from {} to {} (POST /admin/migrate)", id, o->from, o->to);
+    res.set_content(json{{"request_id", id}, {"from", o->from}, {"to", o->to}}.dump(),
+                    "application/json");
+  });
+}
+
 void Router::RouteHealth() {
   door_->Get("/health", [this](const http::Request&, http::Response& res) {
     const std::vector<InstanceSnapshot> snap = Snapshot();
@@ -249,6 +281,7 @@ void Router::Route() {
   s.Post("/v1/chat/completions", completions);
   RouteModels();
   RouteResetPrefixCache();
+  RouteMigrate();
   RouteHealth();
   s.Get("/metrics", [this](const http::Request&, http::Response& res) {
     res.set_content(RenderMetrics(), "text/plain; version=0.0.4; charset=utf-8");

@@ -117,6 +117,7 @@ class Router final : private FlowServices {
   IdMinter& ids() override { return ids_; }
   LegRegistry& legs() override { return *legs_; }
   WorkerPool& workers() override { return *workers_; }
+  StreamRegistry& streams() override { return streams_; }
   PdSelection SelectPd(const std::string& path, const nlohmann::json& body,
                        const std::vector<std::string>& exclude) override;  // router_select.cc
   void AbortTransfer(const InstanceAddress& instance, Role role, const std::string& transfer_id,
@@ -141,6 +142,8 @@ class Router final : private FlowServices {
   void RouteModels();
   /// POST /reset_prefix_cache: every instance's, then the router's PrefixIndexes (router.cc).
   void RouteResetPrefixCache();
+  /// POST /admin/migrate {"request_id"}: moves that stream to another instance (docs/router.md).
+  void RouteMigrate();
   /// Creates and starts membership_ (options_.discovery), feeding pool_. Errors: its Create's.
   Status StartDiscovery();
   /// The pool's unhealthy callback: cuts every leg in flight to `url`.
@@ -170,6 +173,7 @@ class Router final : private FlowServices {
   RouterCounters counters_ GUARDED_BY(mu_);
 
   std::unique_ptr<LegRegistry> legs_;  ///< every leg in flight; made by the constructor
+  StreamRegistry streams_;             ///< streams an operator may move
 };
 
 }  // namespace kvpush::router

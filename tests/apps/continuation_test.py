@@ -10,7 +10,7 @@ again with `kvpush_resume` built from the comments of those events (as the route
 builds it). The reference's first e events followed by the continuation's events must equal the
 reference, choice by choice (data apart from id and created; usage; [DONE]).
 
-Part 2, crashes through the router (a generated model slow enough to kill mid-stream): a colocated
+Part 2, crashes (and an operator's move, POST /admin/migrate) through the router (a generated model slow enough to kill mid-stream): a colocated
 reference instance, P, D1 and D2 behind a router. For push and pull, streamed: after a few events
 the decode instance running the request is SIGKILLed; the client's one stream must equal the
 colocated reference and the router must count one continuation. Not streamed: the same, the
@@ -346,6 +346,26 @@ def crash_cases(args, logdir):
                 victim.proc.wait(timeout=30)
                 cl.restart(victim)
             time.sleep(0.5)  # the router's health round sees it again
+        # An operator moves a stream: POST /admin/migrate on the router.
+        moved = {}
+
+        def migrate(_inst):
+            moved["status"], moved["body"] = post(router.port, "/admin/migrate",
+                                                  {"request_id": "move-me-1"})
+
+        status, raw, victim = stream_and_fail(router.port, "/v1/completions", body, [d1, d2],
+                                              migrate, {"x-request-id": "move-me-1"})
+        answer = json.loads(moved.get("body") or "{}")
+        check(victim and moved.get("status") == 200 and answer.get("from") == victim.url
+              and answer.get("to") in (d1.url, d2.url) and answer.get("to") != victim.url,
+              "POST /admin/migrate moves a stream to the other D: %s %s" % (
+                  moved.get("status"), moved.get("body")))
+        check(status == 200 and same_stream(raw, ref),
+              "the moved stream equals the colocated run (%d)" % status)
+        status, raw = post(router.port, "/admin/migrate", {"request_id": "no-such-stream"})
+        check(status == 404 and "stream_not_found" in raw,
+              "POST /admin/migrate of an unknown request id: 404 (%d)" % status)
+        time.sleep(0.5)
         # A drain offer no other D can take: the stream stays until D's drain timeout (1 s) cuts
         # it, and then goes on on the other D, which is back by then.
         d2.proc.send_signal(signal.SIGSTOP)

@@ -4,11 +4,13 @@
 
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/prompt_list.h"
 #include "router/resume_ledger.h"
+#include "router/stream_registry.h"
 #include "router/sse_splitter.h"
 
 namespace kvpush::router {
@@ -155,6 +157,39 @@ TEST(ResumeLedger, AMalformedCommentBreaksIt) {
     EXPECT_FALSE(l.Note(bad)) << bad;
     EXPECT_TRUE(l.broken()) << bad;
   }
+}
+
+TEST(StreamRegistry, AMoveIsAskedAnsweredOrEndedWithTheStream) {
+  StreamRegistry reg;
+  auto slot = std::make_shared<MoveSlot>();
+  reg.Add("r1", slot);
+  EXPECT_EQ(reg.Find("r1"), slot);
+  EXPECT_EQ(reg.Find("r2"), nullptr);
+  EXPECT_FALSE(slot->Asked());
+  EXPECT_EQ(slot->Ask(std::chrono::milliseconds(20)), std::nullopt);  // nobody answered
+  std::thread relay([&] {
+    while (!slot->Asked()) std::this_thread::yield();
+    slot->Answer(MoveOutcome{true, "http://a:1", "http://b:2", ""});
+  });
+  const std::optional<MoveOutcome> o = slot->Ask(std::chrono::seconds(10));
+  relay.join();
+  ASSERT_TRUE(o.has_value());
+  EXPECT_TRUE(o->moved);
+  EXPECT_EQ(o->to, "http://b:2");
+  std::thread end([&] {
+    while (!slot->Asked()) std::this_thread::yield();
+    slot->Close("the stream ended");
+  });
+  const std::optional<MoveOutcome> closed = slot->Ask(std::chrono::seconds(10));
+  end.join();
+  ASSERT_TRUE(closed.has_value());
+  EXPECT_FALSE(closed->moved);
+  EXPECT_EQ(closed->error, "the stream ended");
+  auto other = std::make_shared<MoveSlot>();
+  reg.Remove("r1", other.get());  // not the registered one: kept
+  EXPECT_EQ(reg.Find("r1"), slot);
+  reg.Remove("r1", slot.get());
+  EXPECT_EQ(reg.Find("r1"), nullptr);
 }
 
 }  // namespace

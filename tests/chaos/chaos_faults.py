@@ -2,6 +2,8 @@
 from --faults while traffic runs. A mixin of chaos_test.Chaos, whose state it uses (the instances,
 the fault counts, the fault RNG, violation())."""
 
+import http.client
+import json
 import random
 import signal
 import time
@@ -11,8 +13,8 @@ from kvpush_harness import body_for, log, send, tail
 
 class FaultDriver:
     """Needs from the class it is mixed into: a (arguments), P, D, pd, instances, pool, netns,
-    fault_flag, faults (counts), traffic_done (threading.Event), watchdog_ms, count(),
-    violation()."""
+    router, fault_flag, faults (counts), counts_lock, streams_in_flight (request ids),
+    traffic_done (threading.Event), watchdog_ms, count(), violation()."""
 
     def restart(self, inst):
         inst.kill()
@@ -96,11 +98,36 @@ class FaultDriver:
         time.sleep(down)
         self.netns.set_link(i, True)
 
+    def fault_migrate(self, _kind):
+        """An operator moves a stream in flight to another D (POST /admin/migrate, issue 24);
+        the stream's answer is checked as any other (identical to colocated, or an explicit
+        error)."""
+        with self.counts_lock:
+            ids = sorted(self.streams_in_flight)
+        if not ids:
+            self.count(self.faults, "POST /admin/migrate: no stream in flight")
+            return
+        rid = self.frng.choice(ids)
+        try:
+            c = http.client.HTTPConnection(self.router.host, self.router.port, timeout=40)
+            c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
+                      {"Content-Type": "application/json"})
+            r = c.getresponse()
+            body = r.read().decode("utf-8", "replace")
+            c.close()
+        except (OSError, http.client.HTTPException) as e:
+            self.violation("POST /admin/migrate %s: no answer (%s)" % (rid, e))
+            return
+        self.count(self.faults, "POST /admin/migrate -> %d" % r.status)
+        log("fault: POST /admin/migrate %s -> %d %s" % (rid, r.status, body[:160]))
+        if r.status not in (200, 404, 409, 504):
+            self.violation("POST /admin/migrate %s: %d %s" % (rid, r.status, body[:300]))
+
     FAULTS = {
         "kill_restart_P": fault_kill_restart, "kill_restart_D": fault_kill_restart,
         "sigstop": fault_sigstop, "sigstop_P": fault_sigstop, "sigstop_D": fault_sigstop,
         "restart_stopped_P": fault_restart_stopped, "orphan_leases": fault_orphan_leases,
-        "broken_P": fault_broken, "link_cut": fault_link_cut,
+        "broken_P": fault_broken, "link_cut": fault_link_cut, "migrate": fault_migrate,
     }
 
     def fault_loop(self):

@@ -17,6 +17,8 @@ concurrency C while a fault driver, at random:
     it fails, its HTTP and /health stay fine; issue 26),
   * restarts a P and stops it as soon as it is healthy, before the Ds handshake with its new
     incarnation (legs naming it must not queue behind the handshake; issue 26),
+  * moves a stream in flight to the other D (POST /admin/migrate on the router, issue 24): the
+    move answers 200 (moved), 404 (the stream just ended) or 409 (not moved: it stays),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -92,6 +94,7 @@ class Chaos(FaultDriver):
         self.instances = []
         self.traffic_done = threading.Event()
         self.netns = None
+        self.streams_in_flight = set()  # request ids of streamed requests being answered
 
     def count(self, table, key, n=1):
         with self.counts_lock:
@@ -309,8 +312,15 @@ class Chaos(FaultDriver):
                     nxt[0] += 1
                 req = self.plan_request(i)
                 body = body_for(self.pool[req["entry"]], req["stream"])
+                rid = "chaos-%d" % i
+                if req["stream"]:
+                    with self.counts_lock:
+                        self.streams_in_flight.add(rid)
                 r = send(self.router.host, self.router.port, body,
-                         {"x-kvpush-mode": req["mode"]}, abort_after=req["abort_after"])
+                         {"x-kvpush-mode": req["mode"], "x-request-id": rid},
+                         abort_after=req["abort_after"])
+                with self.counts_lock:
+                    self.streams_in_flight.discard(rid)
                 self.count(self.outcomes, "sent")
                 self.count(self.modes, req["mode"] + (" streamed" if req["stream"] else ""))
                 self.check(i, req, r)
@@ -536,7 +546,7 @@ def main():
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--faults",
                     default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P,"
-                            "restart_stopped_P",
+                            "restart_stopped_P,migrate",
                     help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")

@@ -288,6 +288,24 @@ def stream_and_fail(router_port, path, body, serving, fail, headers=None, after_
     return r.status, raw.decode("utf-8", "replace"), victim
 
 
+def router_sees(router, url, healthy, timeout=15.0):
+    """Waits until the router's GET /health lists `url` as healthy (or not); returns whether
+    it did within `timeout`."""
+    t_end = time.time() + timeout
+    while time.time() < t_end:
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=5)
+            c.request("GET", "/health")
+            doc = json.loads(c.getresponse().read())
+            c.close()
+            if any(i["url"] == url and i["healthy"] == healthy for i in doc.get("instances", [])):
+                return True
+        except (OSError, http.client.HTTPException, ValueError):
+            pass
+        time.sleep(0.05)
+    return False
+
+
 def log_has(inst, text):
     with open(inst.incarnations[-1]["log"], errors="replace") as f:
         return text in f.read()
@@ -309,9 +327,9 @@ def crash_cases(args, logdir):
         colo = cl.serve("colocated", ["serve", model])
         p = cl.serve("p", ["serve", model, "--kv-transfer-config", cfg % "kv_producer"])
         d1 = cl.serve("d1", ["serve", model, "--kv-transfer-config", cfg % "kv_consumer",
-                             "--drain-timeout-s", "1"])
+                             "--drain-timeout-s", "1.5"])
         d2 = cl.serve("d2", ["serve", model, "--kv-transfer-config", cfg % "kv_consumer",
-                             "--drain-timeout-s", "1"])
+                             "--drain-timeout-s", "1.5"])
         cl.wait([colo, p, d1, d2])
         router = cl.serve("router", ["router", "--prefill", p.url, "--decode", d1.url,
                                      "--decode", d2.url, "--health-interval-ms", "200"])
@@ -345,7 +363,7 @@ def crash_cases(args, logdir):
             if victim:
                 victim.proc.wait(timeout=30)
                 cl.restart(victim)
-            time.sleep(0.5)  # the router's health round sees it again
+                router_sees(router, victim.url, True)
         # An operator moves a stream: POST /admin/migrate on the router.
         moved = {}
 
@@ -365,11 +383,10 @@ def crash_cases(args, logdir):
         status, raw = post(router.port, "/admin/migrate", {"request_id": "no-such-stream"})
         check(status == 404 and "stream_not_found" in raw,
               "POST /admin/migrate of an unknown request id: 404 (%d)" % status)
-        time.sleep(0.5)
-        # A drain offer no other D can take: the stream stays until D's drain timeout (1 s) cuts
-        # it, and then goes on on the other D, which is back by then.
+        # A drain offer no other D can take: the stream stays until D's drain timeout (1.5 s)
+        # cuts it, and then goes on on the other D, which is back by then.
         d2.proc.send_signal(signal.SIGSTOP)
-        time.sleep(1.8)  # the router marks D2 unhealthy (health timeout 1 s)
+        check(router_sees(router, d2.url, False), "the router marks a stopped D2 unhealthy")
         status, raw, victim = stream_and_fail(
             router.port, "/v1/completions", body, [d1],
             lambda inst: (inst.proc.send_signal(signal.SIGTERM),
@@ -383,7 +400,8 @@ def crash_cases(args, logdir):
               "%s: the router continued it after the cut (draining_timeout)" % label)
         d1.proc.wait(timeout=30)
         cl.restart(d1)
-        time.sleep(0.5)
+        router_sees(router, d1.url, True)
+        router_sees(router, d2.url, True)
         # Not streamed: the answer is sent again whole.
         whole = dict(body, stream=False)
         whole.pop("stream_options")

@@ -9,16 +9,19 @@ Usage:
 
 Starts a router (push) over one P and two Ds: on stories260K (the CPU executor), or on the sim
 executor (`--executor sim --sim-model qwen3-32b --sim-hw h200`: the engine, connector and router
-are real, the model's step times modelled). Each trial: one streamed request (a prompt of N token
-ids, new each trial so that no prefix cache holds it; greedy, ignore_eos, max_tokens 200) through the router; when 8 events have arrived, the D
-running it (vllm:num_requests_running > 0) is SIGKILLed and the client's stream goes on on the
-other D (the router's continuation: prompt + generated tokens recomputed there, no KV moved). The
-gap is the time between the last event before the kill and the first after it, as the client's
-reader thread timestamps them: the longest pause from the last event before the kill on (events
-in flight at the kill arrive first), and the kill -> the event ending that pause; the decode step is
-the median inter-event time of the same stream before the kill. Then the killed D is restarted. Reports per context length the gap's p50 / p99 and the
-gap in decode steps, and the load average. A trial whose stream ended before the kill is
-dropped (counted).
+are real, the model's step times modelled). Each trial: a bystander stream starts first (its D
+is the one running a request), then the measured stream (a prompt of N token ids, new each trial
+so that no prefix cache holds it; greedy, ignore_eos, max_tokens 200), which the router sends to
+the other D (least outstanding). After its 8th event that D is SIGKILLed and the stream goes on
+on the bystander's D (the router's continuation: prompt + generated tokens recomputed there, no
+KV moved). Reader threads timestamp every event. Gap: the longest pause from the last event
+before the kill on (events in flight at the kill arrive first); kill -> next event: from the
+kill to the event ending that pause; decode step: the median inter-event time before the kill.
+Other request's ITL: the bystander's longest inter-token time from the kill to 50 ms after the
+continuation's first event, beside its median step before the kill (the cost to the target's
+other requests; the source's are gone with it). Then the killed D is restarted. Reports per
+context length p50 / p99 of each, and the load average. A trial whose stream ended before the
+kill is dropped (counted).
 
 Only the Python standard library is used.
 """
@@ -54,44 +57,82 @@ def running(inst):
     return m.get("vllm:num_requests_running", 0.0)
 
 
-def trial(router, ds, n_tokens, vocab, k):
-    # A new prompt each trial: no instance's prefix cache holds it (nor its generated tokens).
-    body = {"prompt": [1 + ((i + 1) * 7919 + k * 104729) % (vocab - 2) for i in range(n_tokens)],
-            "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
-    c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
-    c.request("POST", "/v1/completions", json.dumps(body), {"Content-Type": "application/json"})
-    r = c.getresponse()
-    times = []  # arrival of each data event with a choice, read on its own thread
+class Stream:
+    """One streamed completion through the router, read on its own thread: `times` holds the
+    arrival of each data event with a choice."""
 
-    def read():
+    def __init__(self, router, body):
+        self.times = []
+        self.conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
+        self.conn.request("POST", "/v1/completions", json.dumps(body),
+                          {"Content-Type": "application/json"})
+        self.resp = self.conn.getresponse()
+        self.thread = threading.Thread(target=self._read)
+        self.thread.start()
+
+    def _read(self):
         buf = b""
-        while True:
-            chunk = r.read1(65536)
-            if not chunk:
-                return
-            now = time.perf_counter()
-            buf += chunk
-            while b"\n\n" in buf:
-                ev, buf = buf.split(b"\n\n", 1)
-                if ev.startswith(b"data: {") and b'"choices":[{' in ev:
-                    times.append(now)
+        try:
+            while True:
+                chunk = self.resp.read1(65536)
+                if not chunk:
+                    return
+                now = time.perf_counter()
+                buf += chunk
+                while b"\n\n" in buf:
+                    ev, buf = buf.split(b"\n\n", 1)
+                    if ev.startswith(b"data: {") and b'"choices":[{' in ev:
+                        self.times.append(now)
+        except (OSError, ValueError, http.client.HTTPException):
+            return  # closed by close()
 
-    reader = threading.Thread(target=read)
-    reader.start()
-    victim, t_kill = False, None
-    t_end = time.time() + 60
-    while len(times) < 8 and reader.is_alive() and time.time() < t_end:
-        time.sleep(0.0005)
+    def wait_events(self, n, timeout=60.0):
+        t_end = time.time() + timeout
+        while len(self.times) < n and self.thread.is_alive() and time.time() < t_end:
+            time.sleep(0.0005)
+        return len(self.times) >= n
+
+    def close(self):
+        try:
+            self.conn.sock.shutdown(2)
+        except OSError:
+            pass
+        self.thread.join()
+        self.conn.close()
+
+
+def prompt(n_tokens, vocab, k):
+    # A new prompt each trial: no instance's prefix cache holds it (nor its generated tokens).
+    return [1 + ((i + 1) * 7919 + k * 104729) % (vocab - 2) for i in range(n_tokens)]
+
+
+def trial(router, ds, n_tokens, vocab, k, context_limit):
+    """One kill. A bystander stream runs on one D first; the measured stream goes to the other
+    (least outstanding), whose D is SIGKILLed after 8 events: the continuation lands on the
+    bystander's D, whose inter-token time during it is the "other request's" cost."""
+    by_body = {"prompt": prompt(8, vocab, k + 7), "temperature": 0, "ignore_eos": True,
+               "stream": True, "max_tokens": min(1500, context_limit - 8)}
+    bystander = Stream(router, by_body)
+    bystander.wait_events(3)
+    by_d = next((d for d in ds if running(d) > 0), None)
+    body = {"prompt": prompt(n_tokens, vocab, k), "max_tokens": 200, "temperature": 0,
+            "ignore_eos": True, "stream": True}
+    main = Stream(router, body)
+    main.wait_events(8)
+    victim, t_kill = None, None
     for inst in ds:
-        if reader.is_alive() and running(inst) > 0:
+        if inst is not by_d and main.thread.is_alive() and running(inst) > 0:
             victim = inst
             t_kill = time.perf_counter()
             inst.kill()
             break
-    reader.join()
-    c.close()
-    if not victim:
+    main.thread.join()
+    bystander_alive = bystander.thread.is_alive()
+    bystander.close()
+    main.conn.close()
+    if victim is None:
         return None, None
+    times = main.times
     before = [t for t in times if t < t_kill]
     after = [t for t in times if t >= t_kill]
     if len(before) < 3 or not after:
@@ -101,9 +142,19 @@ def trial(router, ds, n_tokens, vocab, k):
     # flight at the kill arrive back to back first); recovery: the kill -> the event after it.
     spliced = [before[-1]] + after
     pauses = [b - a for a, b in zip(spliced, spliced[1:])]
-    i = max(range(len(pauses)), key=lambda k: pauses[k])
-    return {"gap_ms": pauses[i] * 1e3, "recovery_ms": (spliced[i + 1] - t_kill) * 1e3,
-            "step_ms": statistics.median(steps) * 1e3, "events": len(times)}, victim
+    i = max(range(len(pauses)), key=lambda j: pauses[j])
+    row = {"gap_ms": pauses[i] * 1e3, "recovery_ms": (spliced[i + 1] - t_kill) * 1e3,
+           "step_ms": statistics.median(steps) * 1e3, "events": len(times)}
+    # The bystander on the continuation's D: its longest inter-token time from the kill to the
+    # continuation's first event + 50 ms, against its median before the kill.
+    bt = bystander.times
+    b_before = [b - a for a, b in zip(bt, bt[1:]) if b < t_kill]
+    t_end = spliced[i + 1] + 0.05
+    b_during = [b - a for a, b in zip(bt, bt[1:]) if b >= t_kill and a <= t_end]
+    if bystander_alive and by_d is not None and len(b_before) >= 3 and b_during:
+        row["other_itl_ms"] = max(b_during) * 1e3
+        row["other_step_ms"] = statistics.median(b_before) * 1e3
+    return row, victim
 
 
 def main():
@@ -148,7 +199,8 @@ def main():
         for n in contexts:
             rows, dropped = [], 0
             for k in range(a.trials):
-                row, victim = trial(router, ds, n, vocab, k + 1000 * n)
+                row, victim = trial(router, ds, n, vocab, k + 1000 * n,
+                                    40960 if a.target == "sim" else 512)
                 if victim:
                     victim.start()
                     victim.wait_healthy(90)
@@ -160,7 +212,11 @@ def main():
             gaps = [r["gap_ms"] for r in rows]
             steps = [r["step_ms"] for r in rows]
             rec = [r["recovery_ms"] for r in rows]
+            other = [r["other_itl_ms"] for r in rows if "other_itl_ms" in r]
+            other_step = [r["other_step_ms"] for r in rows if "other_step_ms" in r]
             results[n] = {"trials": len(rows), "dropped": dropped,
+                          "other_itl_p50_ms": pct(other, 50), "other_itl_p99_ms": pct(other, 99),
+                          "other_step_p50_ms": pct(other_step, 50), "other_trials": len(other),
                           "gap_p50_ms": pct(gaps, 50), "gap_p99_ms": pct(gaps, 99),
                           "recovery_p50_ms": pct(rec, 50), "recovery_p99_ms": pct(rec, 99),
                           "step_p50_ms": pct(steps, 50),
@@ -177,12 +233,16 @@ def main():
     print("target %s; load average %.2f %.2f %.2f; KV bytes moved per continuation: 0 (the new "
           "D recomputes prompt + generated tokens)" % ((a.target,) + load))
     print("| context (tokens) | gap p50 (ms) | gap p99 (ms) | kill -> next event p50 / p99 (ms) "
-          "| decode step p50 (ms) | gap / step | trials |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "| decode step p50 (ms) | gap / step | other request's longest ITL p50 / p99 (ms), "
+          "its step | trials |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for n, r in results.items():
-        print("| %d | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %d |" % (
+        print("| %d | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %s | %d |" % (
             n, r["gap_p50_ms"], r["gap_p99_ms"], r["recovery_p50_ms"], r["recovery_p99_ms"],
-            r["step_p50_ms"], r["gap_in_steps_p50"], r["trials"]))
+            r["step_p50_ms"], r["gap_in_steps_p50"],
+            ("%.1f / %.1f, %.2f (%d)" % (r["other_itl_p50_ms"], r["other_itl_p99_ms"],
+                                         r["other_step_p50_ms"], r["other_trials"]))
+            if r["other_trials"] else "n/a (it ended first)", r["trials"]))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"target": a.target, "load": load, "results": results}, f, indent=1)

@@ -319,6 +319,63 @@ TEST_F(RouterTest, BrokenDecodeStreamEndsWithAnErrorEventAndNoDone) {
   }));
 }
 
+// Continuation (docs/reliability.md): a D whose stream breaks after 2 chunks; the other D gets
+// the request with kvpush_resume (what the client got: 2 tokens, their text) and streams the
+// rest; the client sees one stream, every chunk once, no comment, one [DONE].
+TEST_F(RouterTest, ABrokenDecodeStreamGoesOnOnTheOtherDecode) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 5;
+  }
+  // Whichever D the router picks first breaks after 2 chunks; the other serves the rest.
+  d_[0]->drop_after = 2;
+  d_[1]->drop_after = 2;
+  StreamSeen s = PostStream({{"prompt", "x"}});
+  EXPECT_EQ(s.status, 200);
+  for (const char* t : {"\"t0\"", "\"t1\"", "\"t2\"", "\"t3\"", "\"t4\""}) {
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice in " << s.body;
+  }
+  EXPECT_EQ(s.body.find("kvpush-resume"), std::string::npos) << s.body;
+  EXPECT_NE(s.body.find("[DONE]"), std::string::npos) << s.body;
+  EXPECT_EQ(s.body.find("\"error\""), std::string::npos) << s.body;
+  // The continuation: the other D, with the ledger (a colocated request on D).
+  std::vector<Received> all;
+  for (auto& d : d_) {
+    for (const Received& r : d->received()) all.push_back(r);
+  }
+  ASSERT_EQ(all.size(), 2u);
+  const Received& cont = all[0].body.contains("kvpush_resume") ? all[0] : all[1];
+  ASSERT_TRUE(cont.body.contains("kvpush_resume")) << cont.body.dump();
+  EXPECT_EQ(cont.body["kvpush_resume"]["choices"][0]["token_ids"], json::array({100, 101}));
+  EXPECT_EQ(cont.body["kvpush_resume"]["choices"][0]["text_bytes"], 4);
+  EXPECT_FALSE(cont.body.contains("kv_transfer_params"));
+  EXPECT_TRUE(cont.resume_info);
+  EXPECT_EQ(cont.request_id, all[0].request_id);  // one request id on both instances
+  ASSERT_TRUE(WaitFor([&] {
+    return Metrics().find(
+               "kvpush_router_continuations_total{failed=\"decode\",kind=\"stream\"} 1") !=
+           std::string::npos;
+  }));
+}
+
+// Output without a resume comment (an instance that writes none) is never continued past: the
+// client gets the error event, never text twice.
+TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->chunks = 5;
+    d->drop_after = 2;
+  }
+  StreamSeen s = PostStream({{"prompt", "x"}});
+  EXPECT_EQ(s.status, 200);
+  EXPECT_EQ(s.body.find("[DONE]"), std::string::npos) << s.body;
+  EXPECT_NE(s.body.find("stream_broken"), std::string::npos) << s.body;
+  EXPECT_EQ(d_[0]->count() + d_[1]->count(), 1u);
+}
+
 TEST_F(RouterTest, ClientDisconnectClosesTheDecodeLeg) {
   StartRouter();
   d_[0]->chunks = 500;

@@ -39,6 +39,7 @@ struct Received {
   std::string request_id;
   int64_t arrived_ns = 0;
   int remote_port = 0;  ///< the router's end of the connection it came on
+  bool resume_info = false;  ///< it carried `x-kvpush-resume-info: 1`
 };
 
 /// A fake P or D instance (a D one also serves as a colocated instance). Behaviour knobs are
@@ -80,7 +81,8 @@ class FakeInstance {
     });
     auto completions = [this](const httplib::Request& req, httplib::Response& res) {
       Received r{req.path, json::parse(req.body, nullptr, false),
-                 req.get_header_value("x-request-id"), NowNs(), req.remote_port};
+                 req.get_header_value("x-request-id"), NowNs(), req.remote_port,
+                 req.get_header_value("x-kvpush-resume-info") == "1"};
       {
         std::lock_guard<std::mutex> lock(mu_);
         received_.push_back(r);
@@ -166,6 +168,10 @@ class FakeInstance {
   std::atomic<int> chunk_delay_ms{0};     ///< D stream: pause before each chunk
   std::atomic<int> drop_after{-1};        ///< D stream: break the connection after N chunks
   std::atomic<bool> preamble{false};      ///< D stream: a chat role-only chunk first, at once
+  /// D stream: with `x-kvpush-resume-info: 1`, chunk k carries a kvpush instance's comment
+  /// (`: kvpush-resume`, token id 100 + k, text "t<k>"); a continuation (`kvpush_resume` with m
+  /// tokens) streams from chunk m on, as kvpush serve does, and never breaks (drop_after).
+  std::atomic<bool> resume_comments{false};
   // Observations.
   std::atomic<int64_t> answered_ns{0};    ///< P: when it answered
   std::atomic<int> decode_answers{0};     ///< D: answers begun (after delay_ms)
@@ -236,8 +242,17 @@ class FakeInstance {
     }
     const bool hold = r.body.is_object() && r.body.contains("prompt") && r.body["prompt"] == "hold";
     auto sent = std::make_shared<int>(preamble.load() ? -1 : 0);
+    const bool comments = resume_comments.load() && r.resume_info;
+    auto bytes = std::make_shared<int64_t>(0);
+    const bool resumed = r.body.is_object() && r.body.contains("kvpush_resume");
+    if (resumed) {
+      const json& c = r.body["kvpush_resume"]["choices"];
+      *sent = c.empty() ? 0 : static_cast<int>(c[0]["token_ids"].size());
+      *bytes = c.empty() ? 0 : c[0]["text_bytes"].get<int64_t>();
+    }
     res.set_chunked_content_provider(
-        "text/event-stream", [this, hold, sent](size_t, httplib::DataSink& sink) {
+        "text/event-stream",
+        [this, hold, sent, comments, bytes, resumed](size_t, httplib::DataSink& sink) {
           if (*sent == -1) {  // the chat stream's opening role chunk
             ++*sent;
             const std::string ev =
@@ -249,7 +264,9 @@ class FakeInstance {
             std::unique_lock<std::mutex> lock(mu_);
             cv_.wait(lock, [this] { return released_; });
           }
-          if (*sent == drop_after.load()) return false;  // connection closes mid-stream
+          // The connection closes mid-stream (a continuation never breaks: drop_after counts
+          // the first stream's chunks).
+          if (*sent == drop_after.load() && !resumed) return false;
           if (*sent == chunks.load()) {
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
@@ -257,8 +274,19 @@ class FakeInstance {
             return true;
           }
           if (chunk_delay_ms.load() > 0) Hold(chunk_delay_ms.load());
-          const std::string ev =
-              "data: {\"choices\":[{\"text\":\"t" + std::to_string(*sent) + "\",\"index\":0}]}\n\n";
+          const std::string text = "t" + std::to_string(*sent);
+          std::string ev = "data: {\"choices\":[{\"text\":\"" + text + "\",\"index\":0}]}\n";
+          *bytes += static_cast<int64_t>(text.size());
+          if (comments) {
+            ev += ": kvpush-resume " + json{{"index", 0},
+                                            {"token_ids", {100 + *sent}},
+                                            {"text_bytes", *bytes},
+                                            {"finished", false},
+                                            {"seed", 7}}
+                                           .dump() +
+                  "\n";
+          }
+          ev += "\n";
           ++*sent;
           if (!sink.write(ev.data(), ev.size())) {
             write_failed.store(true);

@@ -87,12 +87,12 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
   }
+  const std::string body = ContinuationBody(t, &st.ledger);
+  if (body.empty()) return false;
   const std::string failed_url = st.answering.url;
   st.failed_urls.push_back(failed_url);
   std::vector<std::string> exclude = t.exclude;
   exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
-  const std::string body = ContinuationBody(t, &st.ledger);
-  if (body.empty()) return false;
   while (t.continuations_left > 0 && !r.stopping()) {
     std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, exclude);
     if (!lease) break;

@@ -359,7 +359,9 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
     return true;
   };
   if (r.stopping()) return end("data: " + r.StopErrorJson() + "\n\n");
-  if (st.move && st.move->Asked()) AnswerMove(r, st);
+  // An operator's move, once the events held before the client's stream began went out (they
+  // are the old stream's: relaying them after the switch would repeat tokens).
+  if (st.move && st.held.empty() && st.move->Asked()) AnswerMove(r, st);
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =

@@ -1,12 +1,20 @@
 #include "engine/continuation.h"
 
-#include <algorithm>
 #include <string>
 
 namespace kvpush {
 
-/// The parts of a continuation (GenerationRequest::resume_output_tokens) that need no text:
-/// token ids inside the vocabulary, no P/D role, and room left for one more token.
+Status TokensInVocabulary(std::span<const int32_t> ids, int32_t vocab_size,
+                          const std::string& what) {
+  for (int32_t t : ids) {
+    if (t < 0 || t >= vocab_size) {
+      return InvalidArgument(what + " " + std::to_string(t) + " is outside the vocabulary [0, " +
+                             std::to_string(vocab_size) + ")");
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
                       const GenerationRequest& request) {
   const auto& resumed = request.resume_output_tokens;
@@ -20,13 +28,7 @@ Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
     return InvalidArgument("kvpush_resume: a continuation is a colocated request; it cannot be a "
                            "P/D leg");
   }
-  for (int32_t t : resumed) {
-    if (t < 0 || t >= model.vocab_size) {
-      return InvalidArgument("kvpush_resume: token id " + std::to_string(t) +
-                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
-                             ")");
-    }
-  }
+  KVP_RETURN_IF_ERROR(TokensInVocabulary(resumed, model.vocab_size, "kvpush_resume: token id"));
   const int64_t k = static_cast<int64_t>(resumed.size());
   const int64_t n = static_cast<int64_t>(request.prompt_tokens.size());
   if (k >= request.max_tokens || n + k + 1 > config.max_model_len) {
@@ -37,7 +39,6 @@ Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
   return Status::Ok();
 }
 
-
 Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
                            OutputTextProcessor& text) {
   // The earlier run's ProcessSampled, token by token: what ended it there would have ended it.
@@ -45,14 +46,10 @@ Status ReplayResumedOutput(const GenerationRequest& request, int32_t eos_id,
   int32_t k = 0;
   for (int32_t token : request.resume_output_tokens) {
     ++k;
-    const bool stops_allowed = k >= request.min_tokens;
-    const bool strings_allowed = k > request.min_tokens;
-    const bool is_eos = token == eos_id && !request.ignore_eos;
-    const bool is_stop_id = std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(),
-                                      token) != request.stop_token_ids.end();
+    const TokenStop stop = CheckTokenStop(request, k, token, eos_id);
     OutputTextProcessor::Delta d;
-    if (!stops_allowed || !(is_eos || is_stop_id)) d = text.Append(token, strings_allowed);
-    if ((stops_allowed && (is_eos || is_stop_id)) || d.stopped) {
+    if (!stop.ends()) d = text.Append(token, stop.strings_allowed);
+    if (stop.ends() || d.stopped) {
       return InvalidArgument("kvpush_resume: output token " + std::to_string(k) + " (id " +
                              std::to_string(token) + ") ended the request");
     }

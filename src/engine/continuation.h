@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
+#include <string>
 
 #include "common/status.h"
 #include "engine/engine_config.h"
@@ -11,6 +13,11 @@
 #include "model/executor.h"
 
 namespace kvpush {
+
+/// kInvalidArgument "<what> <id> is outside the vocabulary [0, vocab_size)" for the first id of
+/// `ids` outside it; Ok otherwise. ValidateRequest (the prompt) and ValidateResume. Pure.
+Status TokensInVocabulary(std::span<const int32_t> ids, int32_t vocab_size,
+                          const std::string& what);
 
 /// The parts of a continuation that need no text: token ids inside the vocabulary, no P/D role,
 /// and room left for one more token (fewer than max_tokens, prompt + resumed + 1 within

@@ -28,13 +28,7 @@ Status ValidateRequest(const EngineConfig& config, const ModelConfig& model,
                        const GenerationRequest& request) {
   const auto& prompt = request.prompt_tokens;
   if (prompt.empty()) return InvalidArgument("prompt is empty");
-  for (int32_t t : prompt) {
-    if (t < 0 || t >= model.vocab_size) {
-      return InvalidArgument("prompt token id " + std::to_string(t) +
-                             " is outside the vocabulary [0, " + std::to_string(model.vocab_size) +
-                             ")");
-    }
-  }
+  KVP_RETURN_IF_ERROR(TokensInVocabulary(prompt, model.vocab_size, "prompt token id"));
   const int64_t n = static_cast<int64_t>(prompt.size());
   if (n + 1 > config.max_model_len) {
     return InvalidArgument(
@@ -141,16 +135,7 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   if (st.ok() && seqs_.count(seq_id) != 0) {
     st = AlreadyExists("engine request id " + std::to_string(seq_id) + " is in use");
   }
-  if (!st.ok()) {
-    if (connector_ != nullptr) connector_->OnRequestRejected(request);
-    RequestOutput out;
-    out.finish_reason = FinishReason::kError;
-    out.error = st;
-    out.num_prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
-    ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
-    Emit(channel, std::move(out));
-    return;
-  }
+  if (!st.ok()) return Refuse(request, channel, std::move(st));
   auto seq = std::make_unique<Sequence>();
   seq->seq_id = seq_id;
   seq->channel = std::move(channel);
@@ -165,14 +150,7 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   seq->text = std::make_unique<OutputTextProcessor>(tokenizer_, request.stop, seq->tokens);
   if (!request.resume_output_tokens.empty()) {
     if (Status rs = ReplayResumed(*seq, request); !rs.ok()) {
-      if (connector_ != nullptr) connector_->OnRequestRejected(request);
-      RequestOutput out;
-      out.finish_reason = FinishReason::kError;
-      out.error = rs;
-      out.num_prompt_tokens = seq->num_prompt_tokens;
-      ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
-      Emit(seq->channel, std::move(out));
-      return;
+      return Refuse(request, seq->channel, std::move(rs));
     }
   }
   if (request.prompt_logprobs >= 0) {
@@ -183,6 +161,17 @@ void EngineCore::AddRequest(int64_t seq_id, GenerationRequest request,
   Sequence* raw = seq.get();
   seqs_.emplace(seq_id, std::move(seq));
   scheduler_.AddWaiting(raw);
+}
+
+void EngineCore::Refuse(const GenerationRequest& request,
+                        const std::shared_ptr<OutputChannel>& channel, Status error) {
+  if (connector_ != nullptr) connector_->OnRequestRejected(request);
+  RequestOutput out;
+  out.finish_reason = FinishReason::kError;
+  out.error = std::move(error);
+  out.num_prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
+  ++stats_.finished_by_reason[static_cast<size_t>(FinishReason::kError)];
+  Emit(channel, std::move(out));
 }
 
 Status EngineCore::ReplayResumed(Sequence& seq, const GenerationRequest& request) const {
@@ -498,15 +487,11 @@ void EngineCore::ProcessSampled(Sequence& seq, TokenOutput r) {
   const int32_t token = seq.tokens.back();
   // vLLM (v1 check_stop, detokenizer): EOS and stop ids end a request once at least min_tokens
   // tokens exist; stop strings only match text of tokens after the min_tokens-th.
-  const bool stops_allowed = seq.num_output_tokens() >= req.min_tokens;
-  const bool strings_allowed = seq.num_output_tokens() > req.min_tokens;
-  const bool is_eos = stops_allowed && token == model_config().eos_id && !req.ignore_eos;
-  const bool is_stop_id =
-      stops_allowed && std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), token) !=
-                           req.stop_token_ids.end();
-  if (is_eos || is_stop_id) {
+  const TokenStop stop = CheckTokenStop(req, seq.num_output_tokens(), token, model_config().eos_id);
+  const bool strings_allowed = stop.strings_allowed;
+  if (stop.ends()) {
     reason = FinishReason::kStop;
-    if (!is_eos) out.stop_token_id = token;       // vLLM checks EOS first: its stop_reason is null
+    if (!stop.is_eos) out.stop_token_id = token;       // vLLM checks EOS first: its stop_reason is null
     out.text = seq.text->Flush(strings_allowed);  // the stop token's own text is not emitted
   } else {
     OutputTextProcessor::Delta d = seq.text->Append(token, strings_allowed);

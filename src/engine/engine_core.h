@@ -105,6 +105,10 @@ class EngineCore {
   void ProcessLogits(Sequence& seq, std::span<const float> logits);
   /// Appends an already sampled token (from logits or from a connector) and streams it.
   void ProcessSampled(Sequence& seq, TokenOutput token);
+  /// A request refused at admission: the connector forgets it, and its one output is a kError
+  /// with `error`.
+  void Refuse(const GenerationRequest& request, const std::shared_ptr<OutputChannel>& channel,
+              Status error);
   /// A continuation's admission: appends request.resume_output_tokens to seq.tokens and feeds
   /// them through seq.text as the earlier run did (their text is not emitted). Errors
   /// (kInvalidArgument): one of them would have ended the run, or the text they emitted is not

@@ -2,6 +2,7 @@
 // (RequestOutput). Plain value types; safe to move between threads.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -67,6 +68,29 @@ struct GenerationRequest {
   /// back for stop strings or an unfinished UTF-8 character, and is emitted by this run).
   int64_t resume_text_bytes = 0;
 };
+
+/// How output token number `k` (1-based) of `request` ends it (vLLM v1 check_stop and its
+/// detokenizer): EOS (`eos_id`, unless ignore_eos) and the stop_token_ids end the request once
+/// k >= min_tokens; stop strings may match only text of tokens after the min_tokens-th. The one
+/// rule of a running request (EngineCore::ProcessSampled) and of a continuation's replay of
+/// tokens an earlier run generated (ReplayResumedOutput). Pure.
+struct TokenStop {
+  bool is_eos = false;           ///< EOS that ends it (a stop reason of null)
+  bool is_stop_id = false;       ///< a stop_token_ids entry that ends it
+  bool strings_allowed = false;  ///< its text may complete a stop string
+  bool ends() const { return is_eos || is_stop_id; }
+};
+inline TokenStop CheckTokenStop(const GenerationRequest& request, int32_t k, int32_t token,
+                                int32_t eos_id) {
+  const bool stops_allowed = k >= request.min_tokens;
+  TokenStop s;
+  s.strings_allowed = k > request.min_tokens;
+  s.is_eos = stops_allowed && token == eos_id && !request.ignore_eos;
+  s.is_stop_id = stops_allowed && std::find(request.stop_token_ids.begin(),
+                                            request.stop_token_ids.end(),
+                                            token) != request.stop_token_ids.end();
+  return s;
+}
 
 /// One generated token.
 struct TokenOutput {

@@ -32,16 +32,16 @@ namespace {
 
 /// The access line's tokens from an answer (a JSON body, or one SSE chunk's JSON) that carries a
 /// `usage` object; nothing when it has none (a stream without include_usage). The text is
-/// parsed only when it names a usage object.
-void NoteUsage(const std::string& text) {
+/// parsed only when it names a usage object. Returns whether it names one.
+bool NoteUsage(const std::string& text) {
   if (text.find("\"usage\":{") == std::string::npos && text.find("\"usage\": {") == std::string::npos) {
-    return;
+    return false;
   }
   const size_t start = text.find('{');
-  if (start == std::string::npos) return;
+  if (start == std::string::npos) return true;
   const json doc = json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.end(), nullptr,
                                /*allow_exceptions=*/false);
-  if (!doc.is_object() || !doc.contains("usage") || !doc["usage"].is_object()) return;
+  if (!doc.is_object() || !doc.contains("usage") || !doc["usage"].is_object()) return true;
   const json& u = doc["usage"];
   http::AccessNote& note = http::CurrentAccessNote();
   if (u.contains("prompt_tokens") && u["prompt_tokens"].is_number_integer()) {
@@ -50,6 +50,7 @@ void NoteUsage(const std::string& text) {
   if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) {
     note.output_tokens = u["completion_tokens"].get<int64_t>();
   }
+  return true;
 }
 
 /// Push, streamed: keeps the client's 200 back until D's stream carries output, P's leg ended
@@ -315,8 +316,7 @@ bool RequestFlow::RelayEvents(FlowServices& r, StreamState& st, httplib::DataSin
     if (!sink.write(ev.data(), ev.size())) return false;
     if (kind == SseEventKind::kData) {
       NoteDataRelayed(r, st);
-      NoteUsage(ev);
-      if (ev.find("\"usage\":{") != std::string::npos) st.ledger.NoteUsageRelayed();
+      if (NoteUsage(ev)) st.ledger.NoteUsageRelayed();
     }
     if (kind == SseEventKind::kDone) st.terminal_sent = true;
     if (kind == SseEventKind::kError) {

@@ -154,6 +154,14 @@ void RegisterRouterCommand(CLI::App& app) {
                   "after the one answering it failed mid-answer: a stream resumes after the last "
                   "token the client got, a whole answer is sent again (0 = off)")
       ->capture_default_str();
+  cmd->add_option_function<std::string>(
+         "--migration-transfer",
+         [opts](const std::string& v) { opts->router.migration_push = v == "push"; },
+         "P/D: how a stream its decode instance offers (drain, POST /admin/migrate) moves: push "
+         "(the offering instance computes the context from its prefix cache and pushes its KV "
+         "to the new one) or recompute (the new one computes it)")
+      ->check(CLI::IsMember({"push", "recompute"}))
+      ->default_str("push");
   cmd->add_option("--tokenizer", opts->router.tokenizer_path,
                   "The instances' model file (.gguf: only its tokenizer and chat template are "
                   "read): the router tokenizes prompts for --routing cache-aware and "

@@ -11,6 +11,12 @@ inline constexpr const char* kDrainingCode = "draining";
 inline constexpr const char* kDrainingMessage =
     "draining: this server is shutting down and takes no new requests";
 
+/// Request header of a migration's P leg (docs/reliability.md, *Migration*): the router asks the
+/// instance that holds a stream's context to compute and push it to another one. A draining
+/// instance still takes such a leg (it moves its own streams away); it refuses the request as
+/// draining once parsed when it is not one.
+inline constexpr const char* kMigrationSourceHeader = "x-kvpush-migration-source";
+
 /// Error code and message of a request still open when the drain timeout ran out: an SSE error
 /// event in a stream, HTTP 503 (type `server_error`) otherwise.
 inline constexpr const char* kDrainTimeoutCode = "draining_timeout";

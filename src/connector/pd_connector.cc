@@ -156,10 +156,10 @@ Result<std::string> PdConnector::EnsurePeer(const std::string& host, int port,
 }
 
 Status PdConnector::ValidateRequest(const pd::KvTransferParams& p,
-                                    std::span<const int32_t> prompt) const {
+                                    std::span<const int32_t> prompt, bool continuation) const {
   const KvRole mine = options_.config.role;
-  const pd::InstanceFacts facts{mine != KvRole::kConsumer, mine != KvRole::kProducer,
-                                options_.layout.block_size};
+  const pd::InstanceFacts facts{continuation || mine != KvRole::kConsumer,
+                                mine != KvRole::kProducer, options_.layout.block_size};
   std::optional<int32_t> peer_blocks;
   if (p.role == pd::KvTransferParams::Role::kConsumer &&
       p.mode == pd::KvTransferParams::Mode::kPull) {

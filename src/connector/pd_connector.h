@@ -124,9 +124,12 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
                                  const std::function<bool()>& cancelled = {}, bool https = false);
 
   /// Checks a request's P/D params against this instance's role and, for a pull consumer,
-  /// against the prompt (token count, prompt hash, block count). Thread-safe.
-  /// Errors: kInvalidArgument with the reason.
-  Status ValidateRequest(const pd::KvTransferParams& p, std::span<const int32_t> prompt) const;
+  /// against the prompt (token count, prompt hash, block count). A `continuation` (the request
+  /// carries kvpush_resume: a migration's legs) may be a producer leg on any P/D instance: the
+  /// instance whose prefix cache holds the context computes the rest and pushes it, whatever
+  /// its role. Thread-safe. Errors: kInvalidArgument with the reason.
+  Status ValidateRequest(const pd::KvTransferParams& p, std::span<const int32_t> prompt,
+                         bool continuation = false) const;
 
   /// POST /kv/abort: transfer `tid` is dead (the router saw the other leg fail, or the client
   /// left). The id is tombstoned (a later P leg, target or READ of it is refused) and a producer

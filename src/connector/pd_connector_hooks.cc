@@ -15,10 +15,15 @@
 namespace kvpush::connector {
 namespace {
 
-/// XXH3 of a sequence's prompt tokens (the protocol's prompt_hash).
+/// The tokens whose KV a leg moves (the protocol's num_prompt_tokens): the prompt, plus the
+/// output a continuation resumes (a migration's legs: the source computes prompt + resumed
+/// output from its prefix cache and pushes all of it; docs/reliability.md, *Migration*).
+int32_t TransferTokens(const Sequence& seq) { return seq.num_prefill_tokens(); }
+
+/// XXH3 of those tokens (the protocol's prompt_hash).
 uint64_t PromptHashOf(const Sequence& seq) {
   return pd::PromptHash(
-      std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(seq.num_prompt_tokens)));
+      std::span<const int32_t>(seq.tokens.data(), static_cast<size_t>(TransferTokens(seq))));
 }
 
 /// The fields a leg's start event has on either side (ProducerStartEvent, ConsumerStartEvent).
@@ -28,7 +33,7 @@ Event LegStart(const Sequence& seq, std::span<const BlockId> blocks) {
   ev.seq_id = seq.seq_id;
   ev.request_id = seq.request.request_id;
   ev.params = seq.request.kv_transfer;
-  ev.num_prompt_tokens = seq.num_prompt_tokens;
+  ev.num_prompt_tokens = TransferTokens(seq);
   ev.prompt_hash = PromptHashOf(seq);
   ev.first_token_binding = FirstTokenBinding(seq.request);
   ev.blocks.assign(blocks.begin(), blocks.end());
@@ -63,7 +68,7 @@ KvMatch PdConnector::GetNumMatchedTokens(const Sequence& seq, int32_t local) {
   if (ReadmittedConsumer(seq)) return {};
   const int32_t external =
       pd::TokensFromProducer(p, p.pull_profile.value_or(options_.config.pull_profile),
-                             seq.num_prompt_tokens, local, options_.layout.block_size);
+                             TransferTokens(seq), local, options_.layout.block_size);
   if (external == 0) return {};
   return KvMatch{external, true};
 }
@@ -76,7 +81,7 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
     auto ev = LegStart<ProducerStartEvent>(seq, blocks);
     ev.answer_needed = seq.request.prompt_logprobs >= 0;
     if (p.mode == pd::KvTransferParams::Mode::kPush)
-      push_producers_[seq.seq_id] = seq.num_prompt_tokens;
+      push_producers_[seq.seq_id] = TransferTokens(seq);
     Push(std::move(ev));
     return;
   }
@@ -245,7 +250,7 @@ pd::PullAnswer PdConnector::PullAnswerFor(const Sequence& seq,
   p.remote_port = advertise_port_.load();
   p.remote_https = options_.advertise_https;
   p.remote_block_ids.assign(blocks.begin(), blocks.end());
-  p.num_prompt_tokens = seq.num_prompt_tokens;
+  p.num_prompt_tokens = TransferTokens(seq);
   p.prompt_hash = PromptHashOf(seq);
   p.first_token_id = seq.last_token.id;
   p.first_token_logprob = seq.last_token.logprob;

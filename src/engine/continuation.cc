@@ -24,9 +24,10 @@ Status ValidateResume(const EngineConfig& config, const ModelConfig& model,
     }
     return Status::Ok();
   }
-  if (request.kv_transfer.role != pd::KvTransferParams::Role::kNone) {
-    return InvalidArgument("kvpush_resume: a continuation is a colocated request; it cannot be a "
-                           "P/D leg");
+  if (request.kv_transfer.role != pd::KvTransferParams::Role::kNone &&
+      request.kv_transfer.mode != pd::KvTransferParams::Mode::kPush) {
+    return InvalidArgument("kvpush_resume: a continuation's P/D legs are push legs (a migration "
+                           "pushes the context's KV from the instance that holds it)");
   }
   KVP_RETURN_IF_ERROR(TokensInVocabulary(resumed, model.vocab_size, "kvpush_resume: token id"));
   const int64_t k = static_cast<int64_t>(resumed.size());

@@ -19,8 +19,8 @@ namespace kvpush {
 Status TokensInVocabulary(std::span<const int32_t> ids, int32_t vocab_size,
                           const std::string& what);
 
-/// The parts of a continuation that need no text: token ids inside the vocabulary, no P/D role,
-/// and room left for one more token (fewer than max_tokens, prompt + resumed + 1 within
+/// The parts of a continuation that need no text: token ids inside the vocabulary, no P/D role
+/// but push (a migration: the leg pair that moves the context's KV, docs/reliability.md), and room left for one more token (fewer than max_tokens, prompt + resumed + 1 within
 /// max_model_len); resume_text_bytes 0 without tokens. Errors: kInvalidArgument naming
 /// kvpush_resume. Pure.
 Status ValidateResume(const EngineConfig& config, const ModelConfig& model,

@@ -559,18 +559,20 @@ void EngineCore::CountAdmission(Sequence& seq) {
   seq.admission_counted = true;
   stats_.cached_prompt_tokens += seq.num_cached_tokens;
   stats_.queue_time.Record(NsToSeconds(seq.first_scheduled_ns - seq.arrival_ns));
+  // What admission looked up: the prompt, and a continuation's resumed output with it.
+  const int32_t looked_up = seq.num_prefill_tokens();
   if (config_.enable_prefix_caching && seq.request.prompt_logprobs < 0) {
-    stats_.prefix_cache_queried_tokens += seq.num_prompt_tokens;
+    stats_.prefix_cache_queried_tokens += looked_up;
     stats_.prefix_cache_hit_tokens += seq.num_cached_tokens;
   }
-  if (connector_ != nullptr) stats_.external_queried_tokens += seq.num_prompt_tokens;
+  if (connector_ != nullptr) stats_.external_queried_tokens += looked_up;
 }
 
 void EngineCore::RecordFinishedSizes(const Sequence& seq) {
   stats_.request_prompt_tokens.Record(seq.num_prompt_tokens);
   stats_.request_generation_tokens.Record(seq.num_output_tokens());
   stats_.request_prefill_kv_computed_tokens.Record(
-      std::max(0, seq.num_prompt_tokens - seq.num_cached_tokens - seq.num_transferred_tokens));
+      std::max(0, seq.num_prefill_tokens() - seq.num_cached_tokens - seq.num_transferred_tokens));
   if (seq.first_token_ns == 0 || seq.first_scheduled_ns == 0) return;
   stats_.prefill_time.Record(NsToSeconds(seq.first_token_ns - seq.first_scheduled_ns));
   stats_.decode_time.Record(NsToSeconds(seq.last_token_ns - seq.first_token_ns));

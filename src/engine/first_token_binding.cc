@@ -44,7 +44,10 @@ uint64_t FirstTokenBinding(const GenerationRequest& r) {
     PutF32(b, bias);
   }
   PutI32(b, s.logprobs);
-  const bool suppressed = r.min_tokens >= 1;
+  // A continuation's next token is output token k + 1 (k resumed): min_tokens suppresses it
+  // while k < min_tokens, and the penalties count the resumed tokens.
+  const auto k = static_cast<int32_t>(r.resume_output_tokens.size());
+  const bool suppressed = r.min_tokens > k;
   b.push_back(suppressed ? 1 : 0);
   if (suppressed) {
     std::vector<int32_t> ids = r.stop_token_ids;
@@ -52,6 +55,10 @@ uint64_t FirstTokenBinding(const GenerationRequest& r) {
     ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
     PutI32(b, static_cast<int32_t>(ids.size()));
     for (int32_t id : ids) PutI32(b, id);
+  }
+  if (k > 0) {
+    PutI32(b, k);
+    for (int32_t id : r.resume_output_tokens) PutI32(b, id);
   }
   return XXH3_64bits(b.data(), b.size());
 }

@@ -52,6 +52,11 @@ struct Sequence {
 
   int32_t num_tokens() const { return static_cast<int32_t>(tokens.size()); }
   int32_t num_output_tokens() const { return num_tokens() - num_prompt_tokens; }
+  /// The tokens its first admission computes, looks up or loads: the prompt, plus the output a
+  /// continuation resumes (GenerationRequest::resume_output_tokens).
+  int32_t num_prefill_tokens() const {
+    return num_prompt_tokens + static_cast<int32_t>(request.resume_output_tokens.size());
+  }
   /// Its prompt is computed for prompt logprobs: logits at every position, no prefix-cache read
   /// (until the first token is sampled; a later recomputation may use the cache).
   bool wants_prompt_logprobs() const {

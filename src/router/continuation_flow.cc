@@ -5,10 +5,12 @@
 
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "common/drain.h"
+#include "pd/legs.h"
 #include "router/decode_stream.h"
 #include "router/flow_services.h"
 #include "router/flow_state.h"
@@ -45,6 +47,82 @@ std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger*
   json leg = parsed->doc;
   resume(leg);
   return ComposeLegBody(leg, *parsed);
+}
+
+/// A stream's move by push (docs/reliability.md, *Migration*): the instance that offered it
+/// (draining, or asked by an operator) still holds the context's KV in its prefix cache. It gets a
+/// P leg of the continuation (prompt + resumed output, one more token) and pushes the context's KV
+/// to the new instance, whose D leg names it as the prefill instance; the new instance then
+/// decodes on from the pushed KV instead of computing the context. Built only for P/D streams of
+/// one choice (the pushed context is one sequence's) whose ledger resumes at least one token,
+/// with --migration-transfer push.
+struct PushedMove {
+  InstanceAddress source;
+  nlohmann::json leg;  ///< the continuation's body (the client's, seed and kvpush_resume added)
+  int64_t resumed = 0;
+
+  /// For an attempt with transfer id `tid`: P's leg (to `source`) and D's.
+  std::string PrefillBody(const RequestFlow::Transfer& t, const std::string& tid) const {
+    json p = pd::MakePrefillBody(leg, pd::KvTransferParams::Mode::kPush, tid);
+    p["max_tokens"] = resumed + 1;  // max_tokens counts the resumed output: one token more
+    return ComposeLegBody(p, *t.client);
+  }
+  std::string DecodeBody(const RequestFlow::Transfer& t, const std::string& tid) const {
+    return ComposeLegBody(
+        pd::MakeDecodePushBody(leg, tid, source.host, source.port, source.https), *t.client);
+  }
+};
+
+std::optional<PushedMove> PlanPushedMove(const FlowServices& r, const RequestFlow::Transfer& t,
+                                         const ResumeLedger& ledger,
+                                         const InstanceAddress& source, bool offered) {
+  if (!offered || !r.options().migration_push || t.d_role != Role::kDecode || !t.client ||
+      ledger.tokens() < 1) {
+    return std::nullopt;
+  }
+  const json& doc = t.client->doc;
+  const auto n = doc.find("n");
+  if (n != doc.end() && !(n->is_number_integer() && n->get<int64_t>() == 1)) return std::nullopt;
+  PushedMove m;
+  m.source = source;
+  m.leg = t.client->Shell();
+  m.leg["kvpush_resume"] = ledger.ToJson();
+  const auto seed = m.leg.find("seed");
+  if ((seed == m.leg.end() || seed->is_null()) && ledger.seed()) m.leg["seed"] = *ledger.seed();
+  m.resumed = ledger.tokens();
+  return m;
+}
+
+/// Writes a pushed move's P leg to its source and reads the answer on a worker. P's token goes
+/// to D in KV_READY; the answer only says whether the source took the leg. When it did not,
+/// the source is told to abort the transfer (it then refuses the new instance's target, which
+/// computes the context itself: kv_load_failure_policy).
+void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t,
+                            const PushedMove& m, const std::string& tid) {
+  std::shared_ptr<Leg> leg = OpenLeg(r, t, m.source, Role::kPrefill);
+  leg->set_migration_source();
+  const std::string rid = t.request_id;
+  auto fail = [&r, source = m.source, tid, rid](const std::string& why) {
+    spdlog::warn("request {}: migration P leg to {} failed ({}); aborting transfer {} there (the "
+                 "new instance computes the context)", rid, source.url, why, tid);
+    r.AbortTransfer(source, Role::kPrefill, tid, rid);
+  };
+  if (!r.legs().BeginBackground()) return fail("the router is stopping");
+  auto sent = std::make_shared<std::optional<LegResult>>();
+  LegResult failed;
+  if (!leg->Send("POST", t.path, rid, m.PrefillBody(t, tid), /*sse=*/false, &failed)) {
+    *sent = std::move(failed);
+  }
+  const bool queued = r.workers().Submit([&r, leg, sent, fail]() {
+    const LegResult pr = *sent ? **sent : leg->ReadAnswer();
+    if (!pr.answered || pr.status != 200) fail(Describe(pr));
+    r.legs().EndBackground();
+  });
+  if (!queued) {
+    leg->Stop();
+    r.legs().EndBackground();
+    fail("no worker took it");
+  }
 }
 
 /// The instances of the answering role a continuation may not go to: those that refused or
@@ -90,6 +168,7 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
   const std::string failed_url = st.answering.url;
+  const std::optional<PushedMove> pushed = PlanPushedMove(r, t, st.ledger, st.answering, offered);
   st.failed_urls.push_back(failed_url);
   std::vector<std::string> exclude = t.exclude;
   exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
@@ -98,14 +177,25 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     if (!lease) break;
     --t.continuations_left;
     const InstanceAddress addr = lease->address();
-    auto ds = std::make_shared<DecodeStream>(OpenLeg(r, t, addr, t.d_role));
-    const int status = ds->Start(t.path, t.request_id, body);
+    std::shared_ptr<Leg> leg = OpenLeg(r, t, addr, t.d_role);
+    auto ds = std::make_shared<DecodeStream>(leg);
+    std::string tid;
+    std::string d_body = body;
+    if (pushed) {
+      // D's leg first (its PUSH_TARGET is what the source's short prefill waits for), then P's.
+      tid = r.ids().TransferId();
+      d_body = pushed->DecodeBody(t, tid);
+      leg->SendAhead("POST", t.path, t.request_id, d_body, /*sse=*/true);
+      StartPushedMovePrefill(r, t, *pushed, tid);
+    }
+    const int status = ds->Start(t.path, t.request_id, d_body);
     if (status == 200) {
-      spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}",
+      spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}{}",
                    t.request_id, RoleName(t.d_role), failed_url,
                    offered ? "offered the stream" : "failed mid-stream", why, st.ledger.tokens(),
-                   addr.url);
-      r.CountContinuation(t.d_role, /*streamed=*/true);
+                   addr.url, pushed ? " with the context's KV pushed from " + failed_url : "");
+      r.CountContinuation(t.d_role, pushed ? FlowServices::ContinuationKind::kPushed
+                                           : FlowServices::ContinuationKind::kStream);
       // P's leg (push) is moot from now on: the continuation computes the whole context itself.
       t.ForgetPrefill();
       AbortPrefill(r, t);
@@ -118,6 +208,7 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     const LegResult lr = ds->WaitFinished();
     spdlog::warn("request {}: continuation on {} failed: {}", t.request_id, addr.url,
                  Describe(lr));
+    if (pushed) r.AbortTransfer(pushed->source, Role::kPrefill, tid, t.request_id);
     exclude.push_back(addr.url);
   }
   if (offered) {
@@ -146,7 +237,7 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
     const InstanceAddress addr = lease->address();
     spdlog::warn("request {}: {} instance failed mid-answer ({}); sending it again to {}",
                  t.request_id, RoleName(t.d_role), Describe(failed), addr.url);
-    r.CountContinuation(t.d_role, /*streamed=*/false);
+    r.CountContinuation(t.d_role, FlowServices::ContinuationKind::kWhole);
     failed = OpenLeg(r, t, addr, t.d_role)->Post(t.path, t.request_id, body);
     d_lease.Release();
     d_lease = std::move(*lease);

@@ -57,9 +57,15 @@ class FlowServices {
   virtual void RecordLatency(TransferMode mode, ClientLatency which, double seconds) = 0;
   virtual void CountLegFailure(Role role) = 0;
   virtual void CountRetry(Role refused_by) = 0;
-  /// A request continued on another instance after the one of role `failed` failed it
-  /// (`streamed`: mid-stream, resumed; else a whole answer sent again).
-  virtual void CountContinuation(Role failed, bool streamed) = 0;
+  /// How a request went on on another instance (kvpush_router_continuations_total's kind).
+  enum class ContinuationKind {
+    kStream,  ///< "stream": mid-stream, resumed; the new instance computed the context
+    kWhole,   ///< "whole": a whole answer sent again
+    kPushed,  ///< "stream_pushed": resumed with the context's KV pushed by the offering instance
+  };
+  /// A request continued on another instance after the one of role `failed` failed or offered
+  /// it.
+  virtual void CountContinuation(Role failed, ContinuationKind kind) = 0;
   /// Stop() began: legs are being closed; a flow says why to its client.
   virtual bool stopping() const = 0;
   /// The error body a request still in flight gets when the router stops (or its drain timed

@@ -66,6 +66,11 @@ class Leg {
   /// carries a `: kvpush-resume` comment per output (docs/reliability.md, "Continuation").
   void set_resume_info() { resume_header_ = "x-kvpush-resume-info: 1\r\n"; }
 
+  /// Every later call of this leg carries `x-kvpush-migration-source: 1` (kMigrationSourceHeader):
+  /// a migration's P leg, which a draining instance still takes (docs/reliability.md,
+  /// *Migration*).
+  void set_migration_source() { resume_header_ += "x-kvpush-migration-source: 1\r\n"; }
+
   /// POSTs `body` (JSON) with `x-request-id: request_id` and reads the whole answer.
   LegResult Post(const std::string& path, const std::string& request_id, const std::string& body);
   /// GET `path`, reading the whole answer.
@@ -124,7 +129,7 @@ class Leg {
   double io_timeout_s_ = 600.0;
   std::string auth_header_;                      ///< "Authorization: Bearer ...\r\n" or ""
   std::string trace_header_;                     ///< "traceparent: ...\r\n" or empty
-  std::string resume_header_;                    ///< "x-kvpush-resume-info: 1\r\n" or empty
+  std::string resume_header_;  ///< x-kvpush-resume-info / x-kvpush-migration-source lines, or empty
   std::shared_ptr<const TlsClientContext> tls_;  ///< for a fresh connection (no pool)
   std::atomic<bool> stopped_{false};
   std::atomic<bool> finished_{false};

@@ -93,9 +93,9 @@ void Router::CountRetry(Role refused_by) {
   ++counters_.retries[RoleIndex(refused_by)];
 }
 
-void Router::CountContinuation(Role failed, bool streamed) {
+void Router::CountContinuation(Role failed, ContinuationKind kind) {
   MutexLock lock(mu_);
-  ++counters_.continuations[RoleIndex(failed)][streamed ? 0 : 1];
+  ++counters_.continuations[RoleIndex(failed)][static_cast<int>(kind)];
 }
 
 void Router::CutLegsTo(Role role, const std::string& url, const std::string& reason) {

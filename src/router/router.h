@@ -55,7 +55,7 @@ struct RouterCounters {
   /// one answering them failed with part of the answer already sent (docs/reliability.md,
   /// "Continuation"): [0] streams (resumed after the last relayed token), [1] whole answers
   /// (sent again; nothing had reached the client).
-  int64_t continuations[3][2] = {{0, 0}, {0, 0}, {0, 0}};
+  int64_t continuations[3][3] = {};  ///< [role][ContinuationKind]
   /// Decode choices by DecodeReason (prefix_hit, rendezvous, least_outstanding), plus [3]:
   /// requests whose prompt the router could not hash (no tokenizer answer or block size).
   int64_t decode_choices[4] = {0, 0, 0, 0};
@@ -130,7 +130,7 @@ class Router final : private FlowServices {
   }
   void CountLegFailure(Role role) override;
   void CountRetry(Role refused_by) override;
-  void CountContinuation(Role failed, bool streamed) override;
+  void CountContinuation(Role failed, ContinuationKind kind) override;
   bool stopping() const override { return stopping_.load(); }
   std::string StopErrorJson() const override;
 

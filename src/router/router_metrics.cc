@@ -122,14 +122,17 @@ std::string Router::RenderMetrics() const {
     const MetricFamily cont{
         "kvpush_router_continuations_total", "counter",
         "Requests continued on another instance after the answering instance failed (crashed, "
-        "disconnected, cut by its drain timeout): kind=stream resumed after the last token the "
-        "client got, kind=whole sent again (--migration-limit)."};
+        "disconnected, cut by its drain timeout) or offered the stream (drain, POST "
+        "/admin/migrate): kind=stream resumed after the last token the client got, "
+        "kind=stream_pushed the same with the context's KV pushed by the offering instance, "
+        "kind=whole sent again (--migration-limit)."};
     w.Family(cont);
     // The instance that failed is the answering one: D, or the colocated instance.
     const Role answering = colo ? Role::kColocated : Role::kDecode;
-    for (int k = 0; k < 2; ++k) {
+    const char* kinds[] = {"stream", "whole", "stream_pushed"};
+    for (int k = 0; k < 3; ++k) {
       w.Sample(cont.name, c.continuations[RoleIndex(answering)][k],
-               {{"failed", RoleName(answering)}, {"kind", k == 0 ? "stream" : "whole"}});
+               {{"failed", RoleName(answering)}, {"kind", kinds[k]}});
     }
   }
   if (!colo) {

@@ -87,7 +87,8 @@ std::string RouterOptions::ToString() const {
       << " prefix_index_blocks=" << prefix_index_blocks
       << " tokenizer=" << (tokenizer_path.empty() ? "(none)" : tokenizer_path);
   }
-  s << " migration_limit=" << migration_limit;
+  s << " migration_limit=" << migration_limit
+    << " migration_transfer=" << (migration_push ? "push" : "recompute");
   s << " host=" << host << " port=" << port << " health_interval_ms=" << health_interval_ms
     << " health_timeout_ms=" << health_timeout_ms << " request_timeout_s=" << request_timeout_s
     << " connect_timeout_s=" << connect_timeout_s

@@ -68,6 +68,11 @@ struct RouterOptions {
   /// stream, a cut by the health checker or by the instance's drain timeout
   /// (docs/reliability.md, "Continuation"). 0 = never: such a failure reaches the client.
   int migration_limit = 3;
+  /// `--migration-transfer`: how a stream its instance offered (drain, POST /admin/migrate) moves
+  /// in P/D mode (docs/reliability.md, *Migration*). true ("push", the default): the offering
+  /// instance computes the context from its prefix cache and pushes its KV to the new one;
+  /// false ("recompute"): the new instance computes the whole context itself, as after a crash.
+  bool migration_push = true;
   /// `--block-size`: tokens per KV block for the router's prefix hashes; 0 = the block size the
   /// decode instances report in /health.
   int32_t block_size = 0;

@@ -103,8 +103,11 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
   c.state.inflight.fetch_add(1);
   st->inflight = &c.state.inflight;
   if (c.state.draining.load()) {
-    http::ReplyError(res, Draining());
-    return nullptr;
+    if (req.get_header_value(kMigrationSourceHeader) != "1") {
+      http::ReplyError(res, Draining());
+      return nullptr;
+    }
+    st->migration_while_draining = true;
   }
   return st;
 }
@@ -389,6 +392,9 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   auto prepared = PrepareCompletion(kind, req.body, prepare);
   if (auto* e = std::get_if<http::ApiError>(&prepared)) return http::ReplyError(res, *e);
   PreparedRequest& p = std::get<PreparedRequest>(prepared);
+  if (st->migration_while_draining && (p.kv.role != Role::kProducer || p.request.resume.empty())) {
+    return http::ReplyError(res, Draining());
+  }
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;
   // A continuation whose client already got the usage chunk does not get it again.

@@ -60,6 +60,9 @@ struct CompletionState {
   /// continuing a resumed choice's count), so that a router can continue the stream elsewhere.
   bool resume_info = false;
   bool drain_offered = false;  ///< `: kvpush-draining` was written (resume_info streams only)
+  /// Admitted while draining because it named itself a migration's P leg (header
+  /// kMigrationSourceHeader); refused once parsed unless it is one.
+  bool migration_while_draining = false;
   /// The request's seed (the client's, or the one this instance drew): the resume comments
   /// carry it, so that a continuation of an unseeded request samples as this run would.
   uint64_t seed = 0;

@@ -101,13 +101,14 @@ std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
   if (it == body.end() || it->is_null()) return std::nullopt;
   const std::string field = "kvpush_resume";
   if (!it->is_object()) return WrongType(field, "an object", *it);
-  if (!r.stream) {
+  // A migration's P leg (do_remote_decode) answers one token as JSON, as every P leg does.
+  const json& kv = r.kv_transfer_params;
+  const auto remote_decode = kv.is_object() ? kv.find("do_remote_decode") : kv.end();
+  const bool producer_leg = kv.is_object() && remote_decode != kv.end() &&
+                            remote_decode->is_boolean() && remote_decode->get<bool>();
+  if (!r.stream && !producer_leg) {
     return http::ApiError::Invalid("'kvpush_resume' continues a stream: 'stream' must be true",
                                    field);
-  }
-  if (!r.kv_transfer_params.is_null()) {
-    return http::ApiError::Invalid(
-        "'kvpush_resume' is a colocated request: it may not carry kv_transfer_params", field);
   }
   auto choices = it->find("choices");
   if (choices == it->end() || !choices->is_array()) {

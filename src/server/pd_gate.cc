@@ -264,7 +264,8 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
   // Role and id first (a D leg sent to a P instance is a 400, not a failed handshake).
   pd::KvTransferParams role_only = kv;
   role_only.mode = pd::KvTransferParams::Mode::kPush;
-  if (Status v = conn->ValidateRequest(role_only, p.prompts[0]); !v.ok()) {
+  const bool continuation = !p.request.resume.empty();
+  if (Status v = conn->ValidateRequest(role_only, p.prompts[0], continuation); !v.ok()) {
     return http::ApiError::Invalid(v.message(), "kv_transfer_params");
   }
   if (kv.role == Role::kConsumer) {
@@ -292,7 +293,7 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
     }
     kv.remote_engine_id = *peer;
   }
-  if (Status v = conn->ValidateRequest(kv, p.prompts[0]); !v.ok()) {
+  if (Status v = conn->ValidateRequest(kv, p.prompts[0], continuation); !v.ok()) {
     return http::ApiError::Invalid(v.message(), "kv_transfer_params");
   }
   if (context.transfers.IsAborted(kv.transfer_id)) return TransferAborted(kv.transfer_id);

@@ -311,6 +311,33 @@ def log_has(inst, text):
         return text in f.read()
 
 
+def kv_counters(insts, reset=False):
+    """Per instance: (prompt tokens it got as pushed KV, KV-load recomputes). `reset`: empty
+    their prefix caches first (an earlier case's continuation may have cached this very context:
+    a new D with every block cached takes no KV, as it should)."""
+    out = {}
+    for inst in insts:
+        if reset:
+            post(inst.port, "/reset_prefix_cache", {})
+        m = inst.metrics(timeout=5.0) or {}
+        out[inst.url] = (m.get("kvpush_prompt_tokens_transferred_total", 0.0),
+                         m.get("kvpush_kv_load_recomputes_total", 0.0))
+    return out
+
+
+def pushed_move_check(label, before, after, router, raw, prompt_tokens):
+    """A move by push: the new D got the whole context (prompt + the tokens streamed before the
+    move) as pushed KV and recomputed nothing (docs/reliability.md, *Migration*)."""
+    grew = {u: after[u][0] - before[u][0] for u in after if u in before}
+    recomputed = {u: after[u][1] - before[u][1] for u in after if u in before}
+    got = sum(grew.values())
+    streamed = len(per_choice([d for d, _ in parse_events(raw) if d is not None]).get(0, []))
+    check(got > prompt_tokens and got < prompt_tokens + streamed and
+          not any(recomputed.values()) and log_has(router, "with the context's KV pushed from"),
+          "%s: the new D took prompt + streamed tokens as pushed KV (%d of %d + %d), recomputed "
+          "nothing (%s)" % (label, got, prompt_tokens, streamed, recomputed))
+
+
 def same_stream(raw, ref_raw):
     a = per_choice([d for d, _ in parse_events(raw) if d is not None])
     b = per_choice([d for d, _ in parse_events(ref_raw) if d is not None])
@@ -343,11 +370,18 @@ def crash_cases(args, logdir):
                 "stream_options": {"include_usage": True}}
         _, ref = post(colo.port, "/v1/completions", body)
         conts = 0.0
-        for mode, fail_name in [("push", "SIGKILL"), ("pull", "SIGKILL"), ("push", "SIGTERM")]:
+        _, tok = post(colo.port, "/tokenize", {"prompt": body["prompt"]})
+        prompt_tokens = json.loads(tok)["count"]
+        for mode, fail_name in [("push", "SIGKILL"), ("pull", "SIGKILL"), ("push", "SIGTERM"),
+                                ("pull", "SIGTERM")]:
             fail = (lambda inst: inst.kill()) if fail_name == "SIGKILL" else (
                 lambda inst: inst.proc.send_signal(signal.SIGTERM))
+            before = kv_counters([d1, d2], reset=True)
+            # 40 events: a context of whole blocks, which a move pushes (a context within one
+            # block is the new D's to compute, as a short prompt is in push).
             status, raw, victim = stream_and_fail(router.port, "/v1/completions", body,
-                                                  [d1, d2], fail, {"x-kvpush-mode": mode})
+                                                  [d1, d2], fail, {"x-kvpush-mode": mode},
+                                                  after_events=40)
             label = "%s stream, %s of its D mid-stream" % (mode, fail_name)
             check(victim, "%s: the D running it was failed mid-stream" % label)
             check(status == 200 and same_stream(raw, ref),
@@ -357,9 +391,13 @@ def crash_cases(args, logdir):
             check(n == conts + 1, "%s: the router counted one continuation (%s)" % (label, n))
             conts = n
             if fail_name == "SIGTERM":
-                # The draining D offered the stream at once (not cut by its 1 s timeout).
+                # The draining D offered the stream at once (not cut by its 1 s timeout), and
+                # pushed the stream's context to the other D.
                 check(log_has(router, "offered the stream"),
                       "%s: the draining D offered the stream and the router took it" % label)
+                pushed_move_check(label, before, kv_counters([d for d in (d1, d2)
+                                                              if d is not victim]),
+                                  router, raw, prompt_tokens)
             if victim:
                 victim.proc.wait(timeout=30)
                 cl.restart(victim)
@@ -371,8 +409,12 @@ def crash_cases(args, logdir):
             moved["status"], moved["body"] = post(router.port, "/admin/migrate",
                                                   {"request_id": "move-me-1"})
 
+        before = kv_counters([d1, d2], reset=True)
         status, raw, victim = stream_and_fail(router.port, "/v1/completions", body, [d1, d2],
-                                              migrate, {"x-request-id": "move-me-1"})
+                                              migrate, {"x-request-id": "move-me-1"},
+                                              after_events=40)
+        pushed_move_check("POST /admin/migrate", before, kv_counters([d1, d2]), router, raw,
+                          prompt_tokens)
         answer = json.loads(moved.get("body") or "{}")
         check(victim and moved.get("status") == 200 and answer.get("from") == victim.url
               and answer.get("to") in (d1.url, d2.url) and answer.get("to") != victim.url,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "common/clock.h"
+#include "engine/first_token_binding.h"
 #include "engine_test_util.h"
 
 namespace kvpush::testing {
@@ -709,14 +710,17 @@ TEST(EngineCoreContinuation, RefusesWhatNoRunStillGoingCouldHaveStreamed) {
       {"text_bytes off by one", three, 1, false},
       {"EOS among them", {ref.tokens[0], eos, ref.tokens[1]}, 0, false},
       {"already max_tokens", std::vector<int32_t>(20, ref.tokens[0]), 0, false},
-      {"a P/D decode leg", three, 0, true},
+      {"a P/D pull leg (a migration's legs are push legs)", three, 0, true},
   };
   for (const Case& c : cases) {
     GenerationRequest r = base;
     r.resume_output_tokens = c.tokens;
     r.resume_text_bytes = EmittedBytes(tok, base, c.tokens, std::min<size_t>(c.tokens.size(), 2));
     if (c.tokens == three) r.resume_text_bytes = EmittedBytes(tok, base, three, 3) + c.bytes_delta;
-    if (c.consumer) r.kv_transfer.role = pd::KvTransferParams::Role::kConsumer;
+    if (c.consumer) {
+      r.kv_transfer.role = pd::KvTransferParams::Role::kConsumer;
+      r.kv_transfer.mode = pd::KvTransferParams::Mode::kPull;
+    }
     auto core = MakeCore(FakeConfig(256, 4, 64), tok);
     const Collected got = RunAll(*core, {r})[0];
     EXPECT_EQ(got.finish, FinishReason::kError) << c.what;
@@ -726,6 +730,59 @@ TEST(EngineCoreContinuation, RefusesWhatNoRunStillGoingCouldHaveStreamed) {
     EXPECT_TRUE(got.tokens.empty()) << c.what;
     ExpectNoLeak(*core);
   }
+}
+
+// A migration (docs/reliability.md, *Migration*): the source's P leg is the continuation with
+// max_tokens = k + 1 (and min_tokens clamped to it, as every P leg's); it samples exactly the
+// run's token k + 1, and its first-token binding equals the new D's leg's (the same
+// continuation with the client's max_tokens), so D takes that token. Another resumed output, or
+// a min_tokens that suppresses EOS at k + 1 on one side only, binds differently.
+TEST(EngineCoreContinuation, AMigrationsPrefillLegSamplesTheNextTokenUnderTheDecodeLegsBinding) {
+  FakeTokenizer tok;
+  for (float temperature : {0.0f, 0.9f}) {
+    GenerationRequest base = MakeRequest(MakePrompt(9, 3), 20, temperature, 1234);
+    base.seed_given = true;
+    base.sampling.presence_penalty = 0.5f;
+    auto ref_core = MakeCore(FakeConfig(256, 4, 64), tok);
+    const Collected ref = RunAll(*ref_core, {base})[0];
+    ASSERT_EQ(ref.tokens.size(), 20u);
+    for (size_t k : {size_t{1}, size_t{10}, size_t{19}}) {
+      for (int32_t min_tokens : {0, 5, 11, 12}) {
+        GenerationRequest d = base;
+        d.min_tokens = min_tokens;
+        d.resume_output_tokens.assign(ref.tokens.begin(), ref.tokens.begin() + k);
+        d.resume_text_bytes = EmittedBytes(tok, base, ref.tokens, k);
+        GenerationRequest p = d;
+        p.max_tokens = static_cast<int32_t>(k) + 1;
+        p.min_tokens = std::min(d.min_tokens, p.max_tokens);
+        EXPECT_EQ(FirstTokenBinding(p), FirstTokenBinding(d)) << k << " " << min_tokens;
+        GenerationRequest other = d;
+        other.resume_output_tokens[0] ^= 1;
+        EXPECT_NE(FirstTokenBinding(other), FirstTokenBinding(d));
+        GenerationRequest fresh = d;
+        fresh.resume_output_tokens.clear();
+        EXPECT_NE(FirstTokenBinding(fresh), FirstTokenBinding(d));
+        if (min_tokens != 0) continue;
+        auto core = MakeCore(FakeConfig(256, 4, 64), tok);
+        const Collected got = RunAll(*core, {p})[0];
+        EXPECT_EQ(got.tokens, std::vector<int32_t>{ref.tokens[k]})
+            << "temperature " << temperature << ", resumed after " << k;
+        ExpectNoLeak(*core);
+      }
+    }
+  }
+  // min_tokens suppresses output token k + 1 while k < min_tokens: a bound above k binds as
+  // any other above it, one at k as none at all.
+  GenerationRequest a = MakeRequest(MakePrompt(9, 3), 20);
+  a.resume_output_tokens = {5, 6, 7};
+  GenerationRequest b = a;
+  a.min_tokens = 4;
+  b.min_tokens = 9;
+  EXPECT_EQ(FirstTokenBinding(a), FirstTokenBinding(b));
+  b.min_tokens = 3;
+  EXPECT_NE(FirstTokenBinding(a), FirstTokenBinding(b));
+  a.min_tokens = 0;
+  EXPECT_EQ(FirstTokenBinding(a), FirstTokenBinding(b));
 }
 
 }  // namespace

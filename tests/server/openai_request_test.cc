@@ -220,6 +220,18 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
   EXPECT_TRUE(r.resume[0].finished);
   EXPECT_TRUE(r.resume[1].token_ids.empty());
   EXPECT_FALSE(r.resume[1].finished);
+  // A migration's legs: P's (one token as JSON) and D's (a stream) both carry the resume.
+  const OpenAiRequest p = MustParse(
+      ApiKind::kCompletion,
+      R"({"prompt":"a","kv_transfer_params":{"do_remote_decode":true},
+          "kvpush_resume":{"choices":[{"index":0,"token_ids":[4]}]}})");
+  ASSERT_EQ(p.resume.size(), 1u);
+  EXPECT_FALSE(p.stream);
+  const OpenAiRequest d = MustParse(
+      ApiKind::kCompletion,
+      R"({"prompt":"a","stream":true,"kv_transfer_params":{"do_remote_prefill":true},
+          "kvpush_resume":{"choices":[{"index":0,"token_ids":[4]}]}})");
+  ASSERT_EQ(d.resume.size(), 1u);
   struct Bad {
     const char* body;
     const char* param;
@@ -238,7 +250,10 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
        "kvpush_resume.choices.token_ids"},
       {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":0,"text_bytes":-1}]}})",
        "kvpush_resume.choices.text_bytes"},
-      {R"({"prompt":"a","stream":true,"kv_transfer_params":{},"kvpush_resume":{"choices":[]}})",
+      // Only a migration's P leg (do_remote_decode) resumes without a stream.
+      {R"({"prompt":"a","kv_transfer_params":{"do_remote_prefill":true},"kvpush_resume":{"choices":[]}})",
+       "kvpush_resume"},
+      {R"({"prompt":"a","kv_transfer_params":{"do_remote_decode":"yes"},"kvpush_resume":{"choices":[]}})",
        "kvpush_resume"},
   };
   for (const Bad& b : bad) {

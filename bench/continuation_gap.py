@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""The stream's gap when its decode instance dies and the router continues it on another one
-(issue 24 item 3; docs/benchmarks/continuation.md; docs/reliability.md "Continuation").
+"""The stream's gap when its decode instance dies, or is asked to move it, and the router
+continues it on another one (issue 24; docs/benchmarks/continuation.md; docs/reliability.md
+"Continuation" and "Migration").
 
 Usage:
   bench/continuation_gap.py [--kvpush build/apps/kvpush] [--model ../shared/models/stories260K.gguf]
                             [--target stories|sim] [--contexts 64,128,256,448] [--trials 10]
-                            [--out FILE.json]
+                            [--fault kill|migrate] [--out FILE.json]
+
+--fault migrate: instead of the SIGKILL, POST /admin/migrate moves the stream (the source stays
+up). Two routers run over the same instances, one with --migration-transfer push (the source
+pushes the context's KV: docs/reliability.md "Migration") and one with recompute (the new D
+computes it); the trials alternate between them, so both are measured in one run. The KV moved
+per migration is read from the instances' counters: the tokens the target took as pushed KV
+(kvpush_prompt_tokens_transferred_total) and the bytes the source wrote
+(vllm:nixl_bytes_transferred), against the context (prompt + output streamed before the move).
 
 Starts a router (push) over one P and two Ds: on stories260K (the CPU executor), or on the sim
 executor (`--executor sim --sim-model qwen3-32b --sim-hw h200`: the engine, connector and router
@@ -61,11 +70,13 @@ class Stream:
     """One streamed completion through the router, read on its own thread: `times` holds the
     arrival of each data event with a choice."""
 
-    def __init__(self, router, body):
+    def __init__(self, router, body, request_id=None):
         self.times = []
         self.conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
-        self.conn.request("POST", "/v1/completions", json.dumps(body),
-                          {"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if request_id:
+            headers["x-request-id"] = request_id
+        self.conn.request("POST", "/v1/completions", json.dumps(body), headers)
         self.resp = self.conn.getresponse()
         self.thread = threading.Thread(target=self._read)
         self.thread.start()
@@ -106,10 +117,21 @@ def prompt(n_tokens, vocab, k):
     return [1 + ((i + 1) * 7919 + k * 104729) % (vocab - 2) for i in range(n_tokens)]
 
 
-def trial(router, ds, n_tokens, vocab, k, context_limit):
-    """One kill. A bystander stream runs on one D first; the measured stream goes to the other
-    (least outstanding), whose D is SIGKILLed after 8 events: the continuation lands on the
-    bystander's D, whose inter-token time during it is the "other request's" cost."""
+def kv_moved(ds):
+    """Per D: (tokens it took as pushed KV, KV bytes it wrote to a peer)."""
+    out = {}
+    for d in ds:
+        m = d.metrics(timeout=5.0) or {}
+        out[d.url] = (m.get("kvpush_prompt_tokens_transferred_total", 0.0),
+                      m.get("vllm:nixl_bytes_transferred_sum", 0.0))
+    return out
+
+
+def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
+    """One kill (or move). A bystander stream runs on one D first; the measured stream goes to
+    the other (least outstanding), whose D is SIGKILLed (or asked to move it) after 8 events: the
+    continuation lands on the bystander's D, whose inter-token time during it is the "other
+    request's" cost."""
     by_body = {"prompt": prompt(8, vocab, k + 7), "temperature": 0, "ignore_eos": True,
                "stream": True, "max_tokens": min(1500, context_limit - 8)}
     bystander = Stream(router, by_body)
@@ -117,14 +139,23 @@ def trial(router, ds, n_tokens, vocab, k, context_limit):
     by_d = next((d for d in ds if running(d) > 0), None)
     body = {"prompt": prompt(n_tokens, vocab, k), "max_tokens": 200, "temperature": 0,
             "ignore_eos": True, "stream": True}
-    main = Stream(router, body)
+    rid = "cmpl-gap%032x" % (k * 7 + (fault == "migrate"))
+    main = Stream(router, body, rid)
     main.wait_events(8)
+    moved_before = kv_moved(ds) if fault == "migrate" else None  # after P's push of the prompt
     victim, t_kill = None, None
     for inst in ds:
         if inst is not by_d and main.thread.is_alive() and running(inst) > 0:
             victim = inst
             t_kill = time.perf_counter()
-            inst.kill()
+            if fault == "kill":
+                inst.kill()
+            else:
+                c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
+                c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
+                          {"Content-Type": "application/json"})
+                c.getresponse().read()
+                c.close()
             break
     main.thread.join()
     bystander_alive = bystander.thread.is_alive()
@@ -145,6 +176,12 @@ def trial(router, ds, n_tokens, vocab, k, context_limit):
     i = max(range(len(pauses)), key=lambda j: pauses[j])
     row = {"gap_ms": pauses[i] * 1e3, "recovery_ms": (spliced[i + 1] - t_kill) * 1e3,
            "step_ms": statistics.median(steps) * 1e3, "events": len(times)}
+    if moved_before is not None:
+        moved_after = kv_moved(ds)
+        row["kv_tokens_moved"] = sum(moved_after[u][0] - moved_before[u][0] for u in moved_after)
+        row["kv_bytes_moved"] = sum(moved_after[u][1] - moved_before[u][1] for u in moved_after)
+        # The context at the move: the prompt and the output the client had got.
+        row["context_tokens"] = n_tokens + len(before)
     # The bystander on the continuation's D: its longest inter-token time from the kill to the
     # continuation's first event + 50 ms, against its median before the kill.
     bt = bystander.times
@@ -157,6 +194,28 @@ def trial(router, ds, n_tokens, vocab, k, context_limit):
     return row, victim
 
 
+def summarize(rows, dropped):
+    gaps = [r["gap_ms"] for r in rows]
+    steps = [r["step_ms"] for r in rows]
+    rec = [r["recovery_ms"] for r in rows]
+    other = [r["other_itl_ms"] for r in rows if "other_itl_ms" in r]
+    other_step = [r["other_step_ms"] for r in rows if "other_step_ms" in r]
+    out = {"trials": len(rows), "dropped": dropped,
+           "other_itl_p50_ms": pct(other, 50), "other_itl_p99_ms": pct(other, 99),
+           "other_step_p50_ms": pct(other_step, 50), "other_trials": len(other),
+           "gap_p50_ms": pct(gaps, 50), "gap_p99_ms": pct(gaps, 99),
+           "recovery_p50_ms": pct(rec, 50), "recovery_p99_ms": pct(rec, 99),
+           "step_p50_ms": pct(steps, 50),
+           "gap_in_steps_p50": pct(gaps, 50) / max(pct(steps, 50), 1e-9)}
+    moved = [r for r in rows if r.get("kv_tokens_moved")]
+    if moved:
+        out["kv_tokens_p50"] = pct([r["kv_tokens_moved"] for r in moved], 50)
+        out["context_p50"] = pct([r["context_tokens"] for r in moved], 50)
+        out["kv_mib_p50"] = pct([r["kv_bytes_moved"] for r in moved], 50) / 2**20
+        out["kv_moved_trials"] = len(moved)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kvpush", default=os.path.join(ROOT, "build", "apps", "kvpush"))
@@ -165,6 +224,7 @@ def main():
     ap.add_argument("--target", choices=["stories", "sim"], default="stories")
     ap.add_argument("--contexts", default="")
     ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--fault", choices=["kill", "migrate"], default="kill")
     ap.add_argument("--out", default="")
     a = ap.parse_args()
     contexts = [int(x) for x in (a.contexts or ("64,128,256,448" if a.target == "stories"
@@ -193,56 +253,61 @@ def main():
             if not inst.wait_healthy(90):
                 raise SystemExit("%s did not start: %s" % (inst.name,
                                                            h.tail(inst.incarnations[-1]["log"])))
-        router = serve("router", ["router", "--prefill", p.url, "--decode", ds[0].url, "--decode",
-                                  ds[1].url, "--health-interval-ms", "200"])
-        router.wait_healthy(30)
+        routers = {}
+        for how in (["push", "recompute"] if a.fault == "migrate" else ["kill"]):
+            routers[how] = serve("router-" + how, [
+                "router", "--prefill", p.url, "--decode", ds[0].url, "--decode", ds[1].url,
+                "--health-interval-ms", "200"] + (
+                    ["--migration-transfer", how] if a.fault == "migrate" else []))
+            routers[how].wait_healthy(30)
+        if a.fault == "migrate":
+            # Not measured: the first migration between two Ds handshakes them (once per pair
+            # and incarnation; ~100 ms here), as the first P/D request does with its P.
+            for j, router in enumerate(routers.values()):
+                for k in range(2):
+                    trial(router, ds, 32, vocab, 999000 + 10 * j + k, 512, a.fault)
         for n in contexts:
-            rows, dropped = [], 0
+            rows = {how: [] for how in routers}
+            dropped = {how: 0 for how in routers}
             for k in range(a.trials):
-                row, victim = trial(router, ds, n, vocab, k + 1000 * n,
-                                    40960 if a.target == "sim" else 512)
-                if victim:
-                    victim.start()
-                    victim.wait_healthy(90)
-                    time.sleep(0.5)  # a health round of the router sees it again
-                if row is None:
-                    dropped += 1
-                    continue
-                rows.append(row)
-            gaps = [r["gap_ms"] for r in rows]
-            steps = [r["step_ms"] for r in rows]
-            rec = [r["recovery_ms"] for r in rows]
-            other = [r["other_itl_ms"] for r in rows if "other_itl_ms" in r]
-            other_step = [r["other_step_ms"] for r in rows if "other_step_ms" in r]
-            results[n] = {"trials": len(rows), "dropped": dropped,
-                          "other_itl_p50_ms": pct(other, 50), "other_itl_p99_ms": pct(other, 99),
-                          "other_step_p50_ms": pct(other_step, 50), "other_trials": len(other),
-                          "gap_p50_ms": pct(gaps, 50), "gap_p99_ms": pct(gaps, 99),
-                          "recovery_p50_ms": pct(rec, 50), "recovery_p99_ms": pct(rec, 99),
-                          "step_p50_ms": pct(steps, 50),
-                          "gap_in_steps_p50": pct(gaps, 50) / max(pct(steps, 50), 1e-9)}
-            h.log("context %5d: gap p50 %.1f ms p99 %.1f ms (kill -> next event p50 %.1f ms), "
-                  "decode step p50 %.2f ms (gap = %.1f steps), %d trials (%d dropped)" % (
-                      n, results[n]["gap_p50_ms"], results[n]["gap_p99_ms"],
-                      results[n]["recovery_p50_ms"],
-                      results[n]["step_p50_ms"], results[n]["gap_in_steps_p50"], len(rows),
-                      dropped))
+                for j, (how, router) in enumerate(routers.items()):  # alternated trial by trial
+                    row, victim = trial(router, ds, n, vocab, k + 1000 * n + 100000 * j,
+                                        40960 if a.target == "sim" else 512, a.fault)
+                    if victim and a.fault == "kill":
+                        victim.start()
+                        victim.wait_healthy(90)
+                        time.sleep(0.5)  # a health round of the router sees it again
+                    if row is None:
+                        dropped[how] += 1
+                    else:
+                        rows[how].append(row)
+            for how in routers:
+                key = "%d %s" % (n, how)
+                results[key] = summarize(rows[how], dropped[how])
+                r = results[key]
+                h.log("context %5d, %s: gap p50 %.1f ms p99 %.1f ms (fault -> next event p50 "
+                      "%.1f ms), decode step p50 %.2f ms (gap = %.1f steps), %d trials (%d "
+                      "dropped)" % (n, how, r["gap_p50_ms"], r["gap_p99_ms"],
+                                    r["recovery_p50_ms"], r["step_p50_ms"],
+                                    r["gap_in_steps_p50"], r["trials"], dropped[how]))
     finally:
         h.stop_all(procs)
     load = os.getloadavg()
-    print("target %s; load average %.2f %.2f %.2f; KV bytes moved per continuation: 0 (the new "
-          "D recomputes prompt + generated tokens)" % ((a.target,) + load))
-    print("| context (tokens) | gap p50 (ms) | gap p99 (ms) | kill -> next event p50 / p99 (ms) "
-          "| decode step p50 (ms) | gap / step | other request's longest ITL p50 / p99 (ms), "
-          "its step | trials |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for n, r in results.items():
-        print("| %d | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %s | %d |" % (
-            n, r["gap_p50_ms"], r["gap_p99_ms"], r["recovery_p50_ms"], r["recovery_p99_ms"],
+    print("target %s, fault %s; load average %.2f %.2f %.2f" % ((a.target, a.fault) + load))
+    print("| context (tokens) | continuation | gap p50 (ms) | gap p99 (ms) | fault -> next event "
+          "p50 / p99 (ms) | decode step p50 (ms) | gap / step | other request's longest ITL "
+          "p50 / p99 (ms), its step | KV moved: tokens of the context, MiB (p50) | trials |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for key, r in results.items():
+        n, how = key.split()
+        moved = ("%d of %d, %.2f" % (r["kv_tokens_p50"], r["context_p50"], r["kv_mib_p50"])
+                 if r.get("kv_tokens_p50") is not None else "0 (recomputed)")
+        print("| %s | %s | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %s | %s | %d |" % (
+            n, how, r["gap_p50_ms"], r["gap_p99_ms"], r["recovery_p50_ms"], r["recovery_p99_ms"],
             r["step_p50_ms"], r["gap_in_steps_p50"],
             ("%.1f / %.1f, %.2f (%d)" % (r["other_itl_p50_ms"], r["other_itl_p99_ms"],
                                          r["other_step_p50_ms"], r["other_trials"]))
-            if r["other_trials"] else "n/a (it ended first)", r["trials"]))
+            if r["other_trials"] else "n/a (it ended first)", moved, r["trials"]))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"target": a.target, "load": load, "results": results}, f, indent=1)

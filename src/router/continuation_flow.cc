@@ -7,8 +7,10 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "common/clock.h"
 #include "common/drain.h"
 #include "pd/legs.h"
 #include "router/decode_stream.h"
@@ -135,12 +137,13 @@ std::vector<std::string> Excluded(const RequestFlow::Transfer& t, const std::str
 
 }  // namespace
 
-void RequestFlow::AnswerMove(FlowServices& r, StreamState& st) {
+namespace {
+
+/// The answer to an operator's ask, once the stream moved (from `from`) or could not.
+void AnswerAsk(RequestFlow::StreamState& st, const std::string& from, bool moved) {
   MoveOutcome o;
-  o.from = st.answering.url;
-  if (st.terminal_sent) {
-    o.error = "its stream is ending";
-  } else if (ContinueStream(r, st, "an operator asked: POST /admin/migrate", /*offered=*/true)) {
+  o.from = from;
+  if (moved) {
     o.moved = true;
     o.to = st.answering.url;
   } else {
@@ -148,6 +151,107 @@ void RequestFlow::AnswerMove(FlowServices& r, StreamState& st) {
               "cannot be resumed";
   }
   st.move->Answer(std::move(o));
+}
+
+/// The answering instance's address and every instance a continuation of `st` may not go to.
+std::vector<std::string> ExcludedFor(const RequestFlow::Transfer& t,
+                                     const RequestFlow::StreamState& st) {
+  std::vector<std::string> exclude = t.exclude;
+  exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
+  exclude.push_back(st.answering.url);
+  return exclude;
+}
+
+}  // namespace
+
+void RequestFlow::AnswerMove(FlowServices& r, StreamState& st) {
+  if (st.terminal_sent) {
+    MoveOutcome o;
+    o.from = st.answering.url;
+    o.error = "its stream is ending";
+    st.move->Answer(std::move(o));
+    return;
+  }
+  MoveOffered(r, st, "an operator asked: POST /admin/migrate", /*for_move=*/true);
+}
+
+bool RequestFlow::MoveOffered(FlowServices& r, StreamState& st, const std::string& why,
+                              bool for_move) {
+  if (st.precopy) return false;  // a move is under way already
+  if (StartPreCopy(r, st, why, for_move)) return false;
+  const std::string from = st.answering.url;
+  const bool moved = ContinueStream(r, st, why, /*offered=*/true);
+  if (for_move) AnswerAsk(st, from, moved);
+  return moved;
+}
+
+bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::string& why,
+                               bool for_move) {
+  Transfer& t = *st.t;
+  if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
+    return false;
+  }
+  const std::optional<PushedMove> pushed =
+      PlanPushedMove(r, t, st.ledger, st.answering, /*offered=*/true);
+  if (!pushed) return false;
+  std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, ExcludedFor(t, st));
+  if (!lease) return false;
+  auto pc = std::make_shared<PreCopy>();
+  const InstanceAddress target = lease->address();
+  pc->lease = std::move(lease);
+  pc->why = why;
+  pc->for_move = for_move;
+  pc->resumed = pushed->resumed;
+  pc->start_ns = NowNs();
+  // The target's leg of the first round: the continuation as a push D leg of one token, answered
+  // whole (P's token ends it at once); it is not relayed: it fills the target's prefix cache.
+  const std::string tid = r.ids().TransferId();
+  json d = pd::MakeDecodePushBody(pushed->leg, tid, pushed->source.host, pushed->source.port,
+                                  pushed->source.https);
+  d["stream"] = false;
+  d.erase("stream_options");
+  d.erase("max_completion_tokens");
+  d["max_tokens"] = pushed->resumed + 1;
+  std::shared_ptr<Leg> leg = r.legs().NewLeg(target, Role::kDecode);
+  if (t.trace) leg->set_traceparent(http::FormatTraceparent(*t.trace));
+  if (!r.legs().BeginBackground()) return false;
+  auto sent = std::make_shared<std::optional<LegResult>>();
+  LegResult failed;
+  if (!leg->Send("POST", t.path, t.request_id, ComposeLegBody(d, *t.client), /*sse=*/false,
+                 &failed)) {
+    *sent = std::move(failed);
+  }
+  StartPushedMovePrefill(r, t, *pushed, tid);
+  const std::string rid = t.request_id;
+  const bool queued = r.workers().Submit([&r, leg, sent, pc, rid, target]() {
+    const LegResult dr = *sent ? **sent : leg->ReadAnswer();
+    if (!dr.answered || dr.status != 200) {
+      spdlog::warn("request {}: the first round of its move to {} failed ({}); the move goes on "
+                   "without it", rid, target.url, Describe(dr));
+    }
+    pc->done.store(true);
+    r.legs().EndBackground();
+  });
+  if (!queued) {
+    leg->Stop();
+    r.legs().EndBackground();
+    return false;
+  }
+  spdlog::info("request {}: moving it from {} to {} ({}): pushing its context ({} output "
+               "token(s)) there while it goes on", t.request_id, st.answering.url, target.url,
+               why, pushed->resumed);
+  st.precopy = std::move(pc);
+  return true;
+}
+
+bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st) {
+  std::shared_ptr<PreCopy> pc = std::move(st.precopy);
+  const std::string from = st.answering.url;
+  spdlog::debug("request {}: first round of its move done in {:.1f} ms", st.t->request_id,
+                static_cast<double>(NowNs() - pc->start_ns) / 1e6);
+  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease));
+  if (pc->for_move) AnswerAsk(st, from, moved);
+  return moved;
 }
 
 bool ContinuableFailure(const LegResult& r) {
@@ -160,7 +264,7 @@ bool ContinuableFailure(const LegResult& r) {
 }
 
 bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
-                                 bool offered) {
+                                 bool offered, std::optional<InstanceLease> first) {
   Transfer& t = *st.t;
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
@@ -172,8 +276,10 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   st.failed_urls.push_back(failed_url);
   std::vector<std::string> exclude = t.exclude;
   exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
+  st.precopy.reset();  // the stream switches now, or stays for good
   while (t.continuations_left > 0 && !r.stopping()) {
-    std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, exclude);
+    std::optional<InstanceLease> lease =
+        first ? std::exchange(first, std::nullopt) : r.pool().Acquire(t.d_role, exclude);
     if (!lease) break;
     --t.continuations_left;
     const InstanceAddress addr = lease->address();

@@ -6,6 +6,7 @@
 
 #include <httplib.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -238,6 +239,9 @@ struct RequestFlow::StreamState {
   /// An operator's move (POST /admin/migrate): set for a continuable stream, registered in the
   /// router's StreamRegistry while it is relayed.
   std::shared_ptr<MoveSlot> move;
+  /// A pushed move's first round under way (null: none); dropped when the stream switches or
+  /// ends for another reason.
+  std::shared_ptr<PreCopy> precopy;
   std::vector<std::string> held;  ///< events taken before the client's stream started
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).
   std::optional<PromptEcho> prompt_echo;
@@ -246,6 +250,19 @@ struct RequestFlow::StreamState {
   bool failed = false;
   bool completed = false;  ///< sink.done() was called
   int64_t last_data_ns = 0;  ///< steady ns the last data event was relayed (0: none yet)
+};
+
+/// A pushed move's first round (docs/reliability.md, *Migration*): the target took the
+/// context's KV up to `resumed` output tokens from the answering instance (a P/D pair of one
+/// token, not relayed) into its prefix cache, while the stream went on there. `done` is set by
+/// the worker that read the target's answer; everything else is the relaying thread's.
+struct RequestFlow::PreCopy {
+  std::atomic<bool> done{false};
+  std::optional<InstanceLease> lease;  ///< the target, held until the switch
+  std::string why;                     ///< the offer's or the ask's reason
+  bool for_move = false;               ///< an operator's ask waits for the switch
+  int64_t resumed = 0;                 ///< output tokens the first round covered
+  int64_t start_ns = 0;                ///< steady ns it began
 };
 
 /// A new leg of `t` to `addr` (the router's LegRegistry); with tracing on it carries the

@@ -346,6 +346,12 @@ std::string RequestFlow::EndedStreamEvent(FlowServices& r, StreamState& st) {
   return "data: " + ErrorJson(msg, "server_error", code) + "\n\n";
 }
 
+namespace {
+/// How long Pump waits for events while a pushed move's first round runs: its end switches the
+/// stream, so it is looked at this often.
+constexpr std::chrono::milliseconds kPreCopyPoll{2};
+}  // namespace
+
 bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
                        std::chrono::milliseconds wait) {
   // Ends the client's stream with `ev` (an error event; "" for none): never a silent cut.
@@ -361,15 +367,21 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   if (r.stopping()) return end("data: " + r.StopErrorJson() + "\n\n");
   // An operator's move, once the events held before the client's stream began went out (they
   // are the old stream's: relaying them after the switch would repeat tokens).
-  if (st.move && st.held.empty() && st.move->Asked()) AnswerMove(r, st);
+  if (st.move && st.held.empty() && !st.precopy && st.move->Asked()) AnswerMove(r, st);
+  if (st.precopy && st.precopy->done.load() && st.held.empty() && !st.terminal_sent &&
+      FinishPreCopy(r, st)) {
+    return true;
+  }
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =
-      st.stream->TakeEvents(events.empty() ? wait : std::chrono::milliseconds(0), &events);
+      st.stream->TakeEvents(events.empty() ? (st.precopy ? std::min(wait, kPreCopyPoll) : wait)
+                                           : std::chrono::milliseconds(0),
+                            &events);
   RelaySignals sig;
   if (!RelayEvents(r, st, sink, events, &sig)) return false;
   if (sig.drain_offer && !st.terminal_sent && sig.drain_cut.empty() &&
-      ContinueStream(r, st, "its drain began", /*offered=*/true)) {
+      MoveOffered(r, st, "its drain began", /*for_move=*/false)) {
     return true;
   }
   if (!sig.drain_cut.empty()) {

@@ -46,6 +46,7 @@ class RequestFlow {
   struct MergedStream;  // the streams of a list of prompts, relayed as one (prompt_list_flow.cc)
   struct PromptPart;    // one prompt of a list and its answer (prompt_list_flow.cc)
   struct RelaySignals;  // what a relayed batch of events asks for (flow_state.h)
+  struct PreCopy;       // a pushed move's first round, under way (flow_state.h)
 
  private:
   /// P/D mode, one prompt: picks P and D, runs the push or pull flow and answers into `res`.
@@ -109,11 +110,28 @@ class RequestFlow {
   /// False (nothing changed: the caller reports the failure, or keeps relaying an offered stream)
   /// when the request is not continuable, its limit is spent, the router stops or no instance
   /// took it.
+  /// `first`: the instance to try first (a pushed move's target, which holds its first round).
   static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
-                             bool offered = false);
-  /// Pump's step: an operator asked to move this stream (st.move): continues it elsewhere
-  /// (ContinueStream, as an offer) and answers the ask.
+                             bool offered = false,
+                             std::optional<InstanceLease> first = std::nullopt);
+  /// Pump's step: an operator asked to move this stream (st.move): moves it (MoveOffered) and
+  /// answers the ask once it moved or could not.
   static void AnswerMove(FlowServices& r, StreamState& st);
+  /// The answering instance offered the stream (drain) or an operator asked to move it
+  /// (`for_move`). A move by push (docs/reliability.md, *Migration*) begins with a first round
+  /// (StartPreCopy) while the stream goes on here, and FinishPreCopy switches once it is done;
+  /// any other continues it at once (ContinueStream). True when the stream switched now.
+  static bool MoveOffered(FlowServices& r, StreamState& st, const std::string& why,
+                          bool for_move);
+  /// A pushed move's first round: the target takes the context's KV so far from the answering
+  /// instance into its prefix cache (a one-token P/D pair, answered on a worker) while the
+  /// stream goes on; `st.precopy` tracks it. False (nothing started) when the move is not a
+  /// pushed one or no target is free.
+  static bool StartPreCopy(FlowServices& r, StreamState& st, const std::string& why,
+                           bool for_move);
+  /// Pump's step: the first round of a pushed move ended: the stream switches to its target
+  /// (ContinueStream with the rest pushed), and an operator's ask is answered.
+  static bool FinishPreCopy(FlowServices& r, StreamState& st);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while
   /// continuations are left; returns the last leg's result (`failed` when none could be

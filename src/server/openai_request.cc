@@ -101,12 +101,15 @@ std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
   if (it == body.end() || it->is_null()) return std::nullopt;
   const std::string field = "kvpush_resume";
   if (!it->is_object()) return WrongType(field, "an object", *it);
-  // A migration's P leg (do_remote_decode) answers one token as JSON, as every P leg does.
+  // A migration's legs may answer whole: its P leg (do_remote_decode) answers one token as
+  // every P leg does, and the D leg of its first round (do_remote_prefill) one token that only
+  // fills the new instance's prefix cache (docs/reliability.md, *Migration*).
   const json& kv = r.kv_transfer_params;
-  const auto remote_decode = kv.is_object() ? kv.find("do_remote_decode") : kv.end();
-  const bool producer_leg = kv.is_object() && remote_decode != kv.end() &&
-                            remote_decode->is_boolean() && remote_decode->get<bool>();
-  if (!r.stream && !producer_leg) {
+  auto flag = [&kv](const char* name) {
+    const auto f = kv.is_object() ? kv.find(name) : kv.end();
+    return kv.is_object() && f != kv.end() && f->is_boolean() && f->get<bool>();
+  };
+  if (!r.stream && !flag("do_remote_decode") && !flag("do_remote_prefill")) {
     return http::ApiError::Invalid("'kvpush_resume' continues a stream: 'stream' must be true",
                                    field);
   }

@@ -77,8 +77,9 @@ struct OpenAiRequest {
   /// kvpush extension `kvpush_resume` ({"choices": [{index, token_ids, text_bytes, finished}]}):
   /// continue a streamed request an earlier instance began (the router sends it after that
   /// instance failed mid-stream, or to move it: a migration's push legs carry it too). Empty:
-  /// not a continuation. Requires stream, except on a P leg (kv_transfer_params.do_remote_decode
-  /// true); indices unique and < n x prompts.
+  /// not a continuation. Requires stream, except on a P/D leg (kv_transfer_params.
+  /// do_remote_decode or do_remote_prefill true: a migration's); indices unique and < n x
+  /// prompts.
   std::vector<ResumedChoice> resume;
   /// `kvpush_resume.usage_sent`: the client already got the usage chunk (include_usage); only
   /// `data: [DONE]` is left to send.

@@ -220,7 +220,8 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
   EXPECT_TRUE(r.resume[0].finished);
   EXPECT_TRUE(r.resume[1].token_ids.empty());
   EXPECT_FALSE(r.resume[1].finished);
-  // A migration's legs: P's (one token as JSON) and D's (a stream) both carry the resume.
+  // A migration's legs: P's (one token as JSON) and D's (a stream, or one token as JSON in the
+  // first round) all carry the resume.
   const OpenAiRequest p = MustParse(
       ApiKind::kCompletion,
       R"({"prompt":"a","kv_transfer_params":{"do_remote_decode":true},
@@ -232,6 +233,11 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
       R"({"prompt":"a","stream":true,"kv_transfer_params":{"do_remote_prefill":true},
           "kvpush_resume":{"choices":[{"index":0,"token_ids":[4]}]}})");
   ASSERT_EQ(d.resume.size(), 1u);
+  const OpenAiRequest first_round = MustParse(
+      ApiKind::kCompletion,
+      R"({"prompt":"a","kv_transfer_params":{"do_remote_prefill":true},
+          "kvpush_resume":{"choices":[{"index":0,"token_ids":[4]}]}})");
+  ASSERT_EQ(first_round.resume.size(), 1u);
   struct Bad {
     const char* body;
     const char* param;
@@ -251,7 +257,7 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
       {R"({"prompt":"a","stream":true,"kvpush_resume":{"choices":[{"index":0,"text_bytes":-1}]}})",
        "kvpush_resume.choices.text_bytes"},
       // Only a migration's P leg (do_remote_decode) resumes without a stream.
-      {R"({"prompt":"a","kv_transfer_params":{"do_remote_prefill":true},"kvpush_resume":{"choices":[]}})",
+      {R"({"prompt":"a","kv_transfer_params":{"do_remote_prefill":false},"kvpush_resume":{"choices":[]}})",
        "kvpush_resume"},
       {R"({"prompt":"a","kv_transfer_params":{"do_remote_decode":"yes"},"kvpush_resume":{"choices":[]}})",
        "kvpush_resume"},

@@ -223,11 +223,14 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   }
   StartPushedMovePrefill(r, t, *pushed, tid);
   const std::string rid = t.request_id;
-  const bool queued = r.workers().Submit([&r, leg, sent, pc, rid, target]() {
+  const InstanceAddress source = pushed->source;
+  const bool queued = r.workers().Submit([&r, leg, sent, pc, rid, target, source, tid]() {
     const LegResult dr = *sent ? **sent : leg->ReadAnswer();
     if (!dr.answered || dr.status != 200) {
       spdlog::warn("request {}: the first round of its move to {} failed ({}); the move goes on "
                    "without it", rid, target.url, Describe(dr));
+      // The source may hold the context for a target that will never come: let it go now.
+      r.AbortTransfer(source, Role::kPrefill, tid, rid);
     }
     pc->done.store(true);
     r.legs().EndBackground();

@@ -336,6 +336,10 @@ def pushed_move_check(label, before, after, router, raw, prompt_tokens):
           not any(recomputed.values()) and log_has(router, "with the context's KV pushed from"),
           "%s: the new D took prompt + streamed tokens as pushed KV (%d of %d + %d), recomputed "
           "nothing (%s)" % (label, got, prompt_tokens, streamed, recomputed))
+    # Two rounds: the first while the stream went on, and none failed.
+    check(log_has(router, "pushing its context") and
+          not log_has(router, "the first round of its move"),
+          "%s: the move's first round pushed the context while the stream went on" % label)
 
 
 def same_stream(raw, ref_raw):

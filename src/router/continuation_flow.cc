@@ -226,7 +226,9 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   const InstanceAddress source = pushed->source;
   const bool queued = r.workers().Submit([&r, leg, sent, pc, rid, target, source, tid]() {
     const LegResult dr = *sent ? **sent : leg->ReadAnswer();
-    if (!dr.answered || dr.status != 200) {
+    if (dr.answered && dr.status == 200) {
+      pc->ok.store(true);
+    } else {
       spdlog::warn("request {}: the first round of its move to {} failed ({}); the move goes on "
                    "without it", rid, target.url, Describe(dr));
       // The source may hold the context for a target that will never come: let it go now.
@@ -252,7 +254,11 @@ bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st) {
   const std::string from = st.answering.url;
   spdlog::debug("request {}: first round of its move done in {:.1f} ms", st.t->request_id,
                 static_cast<double>(NowNs() - pc->start_ns) / 1e6);
-  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease));
+  // After a first round the target holds the context but the blocks filled since: computing
+  // those (a few tokens, up to a block more) is faster than another round trip through the
+  // source's engine (docs/benchmarks/continuation.md).
+  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease),
+                                    /*push=*/!pc->ok.load());
   if (pc->for_move) AnswerAsk(st, from, moved);
   return moved;
 }
@@ -267,7 +273,7 @@ bool ContinuableFailure(const LegResult& r) {
 }
 
 bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
-                                 bool offered, std::optional<InstanceLease> first) {
+                                 bool offered, std::optional<InstanceLease> first, bool push) {
   Transfer& t = *st.t;
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
@@ -275,7 +281,8 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
   const std::string failed_url = st.answering.url;
-  const std::optional<PushedMove> pushed = PlanPushedMove(r, t, st.ledger, st.answering, offered);
+  const std::optional<PushedMove> pushed =
+      push ? PlanPushedMove(r, t, st.ledger, st.answering, offered) : std::nullopt;
   st.failed_urls.push_back(failed_url);
   std::vector<std::string> exclude = t.exclude;
   exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
@@ -299,12 +306,16 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     }
     const int status = ds->Start(t.path, t.request_id, d_body);
     if (status == 200) {
+      const std::string how =
+          pushed  ? " with the context's KV pushed from " + failed_url
+          : !push ? " with the context's KV pushed from " + failed_url + " in a first round"
+                  : "";
       spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}{}",
                    t.request_id, RoleName(t.d_role), failed_url,
                    offered ? "offered the stream" : "failed mid-stream", why, st.ledger.tokens(),
-                   addr.url, pushed ? " with the context's KV pushed from " + failed_url : "");
-      r.CountContinuation(t.d_role, pushed ? FlowServices::ContinuationKind::kPushed
-                                           : FlowServices::ContinuationKind::kStream);
+                   addr.url, how);
+      r.CountContinuation(t.d_role, how.empty() ? FlowServices::ContinuationKind::kStream
+                                                : FlowServices::ContinuationKind::kPushed);
       // P's leg (push) is moot from now on: the continuation computes the whole context itself.
       t.ForgetPrefill();
       AbortPrefill(r, t);

@@ -254,10 +254,11 @@ struct RequestFlow::StreamState {
 
 /// A pushed move's first round (docs/reliability.md, *Migration*): the target took the
 /// context's KV up to `resumed` output tokens from the answering instance (a P/D pair of one
-/// token, not relayed) into its prefix cache, while the stream went on there. `done` is set by
-/// the worker that read the target's answer; everything else is the relaying thread's.
+/// token, not relayed) into its prefix cache, while the stream went on there. `done` and `ok`
+/// are set by the worker that read the target's answer; the rest is the relaying thread's.
 struct RequestFlow::PreCopy {
   std::atomic<bool> done{false};
+  std::atomic<bool> ok{false};         ///< the target answered 200: it holds the context
   std::optional<InstanceLease> lease;  ///< the target, held until the switch
   std::string why;                     ///< the offer's or the ask's reason
   bool for_move = false;               ///< an operator's ask waits for the switch

@@ -110,10 +110,12 @@ class RequestFlow {
   /// False (nothing changed: the caller reports the failure, or keeps relaying an offered stream)
   /// when the request is not continuable, its limit is spent, the router stops or no instance
   /// took it.
-  /// `first`: the instance to try first (a pushed move's target, which holds its first round).
+  /// `first`: the instance to try first (a pushed move's target, which holds its first round);
+  /// `push`: an offered stream may move with its KV pushed by the offering instance
+  /// (--migration-transfer push); false after a first round, whose target computes the rest.
   static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
                              bool offered = false,
-                             std::optional<InstanceLease> first = std::nullopt);
+                             std::optional<InstanceLease> first = std::nullopt, bool push = true);
   /// Pump's step: an operator asked to move this stream (st.move): moves it (MoveOffered) and
   /// answers the ask once it moved or could not.
   static void AnswerMove(FlowServices& r, StreamState& st);
@@ -129,8 +131,10 @@ class RequestFlow {
   /// pushed one or no target is free.
   static bool StartPreCopy(FlowServices& r, StreamState& st, const std::string& why,
                            bool for_move);
-  /// Pump's step: the first round of a pushed move ended: the stream switches to its target
-  /// (ContinueStream with the rest pushed), and an operator's ask is answered.
+  /// Pump's step: the first round of a pushed move ended: the stream switches to its target,
+  /// which computes the rest (the blocks filled since the first round) over the context it
+  /// holds — or, when that round failed, takes it all pushed (ContinueStream) — and an
+  /// operator's ask is answered.
   static bool FinishPreCopy(FlowServices& r, StreamState& st);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while

@@ -361,6 +361,84 @@ TEST_F(RouterTest, ABrokenDecodeStreamGoesOnOnTheOtherDecode) {
   }));
 }
 
+// Migration by push (docs/reliability.md, *Migration*): POST /admin/migrate of a P/D stream.
+// First round: the source D gets a push P leg of the continuation (kvpush_resume = what the
+// client got, max_tokens k0 + 1, x-kvpush-migration-source) and the target a push D leg naming
+// the source, answered whole; the stream goes on meanwhile. The switch: the target gets the
+// continuation at k1 >= k0 (it holds the context up to k0 and computes the rest), streamed and
+// relayed. The client sees every chunk once.
+TEST_F(RouterTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 60;
+    d->chunk_delay_ms = 5;
+  }
+  StreamSeen s;
+  std::thread client([&] {
+    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-1"}});
+  });
+  FakeInstance* source = nullptr;
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& d : d_) {
+      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
+    }
+    return source != nullptr;
+  }));
+  WaitFor([&] { return false; }, 60);  // a few chunks out
+  auto moved = Post(json{{"request_id", "mv-1"}}, {}, "/admin/migrate");
+  client.join();
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->status, 200) << moved->body;
+  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+  EXPECT_EQ(json::parse(moved->body)["to"], target->url());
+  EXPECT_EQ(s.status, 200);
+  for (int k = 0; k < 60; ++k) {
+    const std::string t = "\"t" + std::to_string(k) + "\"";
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
+  }
+  EXPECT_EQ(s.body.find("kvpush-resume"), std::string::npos);
+  const std::vector<Received> src = source->received();
+  const std::vector<Received> tgt = target->received();
+  ASSERT_EQ(src.size(), 2u);  // the stream's leg, then the first round's P leg
+  ASSERT_EQ(tgt.size(), 2u);  // the first round's D leg, then the continuation (streamed)
+  const Received& p = src[1];
+  const Received& d = tgt[0];
+  EXPECT_TRUE(p.migration_source);
+  EXPECT_FALSE(d.migration_source);
+  const json& pk = p.body["kv_transfer_params"];
+  const json& dk = d.body["kv_transfer_params"];
+  EXPECT_EQ(pk["do_remote_decode"], true);
+  EXPECT_EQ(pk["transfer_mode"], "push");
+  EXPECT_EQ(dk["do_remote_prefill"], true);
+  EXPECT_EQ(dk["remote_port"], source->port());
+  EXPECT_EQ(pk["transfer_id"], dk["transfer_id"]);
+  const json& first = p.body["kvpush_resume"]["choices"][0]["token_ids"];
+  EXPECT_EQ(first, d.body["kvpush_resume"]["choices"][0]["token_ids"]);
+  const auto k0 = static_cast<int64_t>(first.size());
+  EXPECT_GE(k0, 1);
+  EXPECT_EQ(p.body["max_tokens"], k0 + 1);
+  EXPECT_EQ(p.body["stream"], false);
+  EXPECT_EQ(d.body["max_tokens"], k0 + 1);
+  EXPECT_EQ(d.body["stream"], false);
+  EXPECT_EQ(p.request_id, "mv-1");
+  EXPECT_EQ(d.request_id, "mv-1");
+  const Received& cont = tgt[1];
+  EXPECT_EQ(cont.body["stream"], true);
+  EXPECT_EQ(cont.body["max_tokens"], 100);
+  EXPECT_FALSE(cont.body.contains("kv_transfer_params"));
+  const json& k1 = cont.body["kvpush_resume"]["choices"][0]["token_ids"];
+  ASSERT_GE(k1.size(), first.size());
+  EXPECT_EQ(json(std::vector<json>(k1.begin(), k1.begin() + k0)), first);
+  ASSERT_TRUE(WaitFor([&] {
+    return Metrics().find(
+               "kvpush_router_continuations_total{failed=\"decode\",kind=\"stream_pushed\"} "
+               "1") != std::string::npos;
+  }));
+}
+
 // Output without a resume comment (an instance that writes none) is never continued past: the
 // client gets the error event, never text twice.
 TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {

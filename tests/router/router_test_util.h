@@ -40,6 +40,7 @@ struct Received {
   int64_t arrived_ns = 0;
   int remote_port = 0;  ///< the router's end of the connection it came on
   bool resume_info = false;  ///< it carried `x-kvpush-resume-info: 1`
+  bool migration_source = false;  ///< it carried `x-kvpush-migration-source: 1`
 };
 
 /// A fake P or D instance (a D one also serves as a colocated instance). Behaviour knobs are
@@ -82,7 +83,8 @@ class FakeInstance {
     auto completions = [this](const httplib::Request& req, httplib::Response& res) {
       Received r{req.path, json::parse(req.body, nullptr, false),
                  req.get_header_value("x-request-id"), NowNs(), req.remote_port,
-                 req.get_header_value("x-kvpush-resume-info") == "1"};
+                 req.get_header_value("x-kvpush-resume-info") == "1",
+                 req.get_header_value("x-kvpush-migration-source") == "1"};
       {
         std::lock_guard<std::mutex> lock(mu_);
         received_.push_back(r);

@@ -350,6 +350,9 @@ namespace {
 /// How long Pump waits for events while a pushed move's first round runs: its end switches the
 /// stream, so it is looked at this often.
 constexpr std::chrono::milliseconds kPreCopyPoll{2};
+/// A stream silent this long after a pushed move's first round switches without waiting for
+/// its next event (ns).
+constexpr int64_t kPreCopySilenceNs = 50'000'000;
 }  // namespace
 
 bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
@@ -368,10 +371,6 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   // An operator's move, once the events held before the client's stream began went out (they
   // are the old stream's: relaying them after the switch would repeat tokens).
   if (st.move && st.held.empty() && !st.precopy && st.move->Asked()) AnswerMove(r, st);
-  if (st.precopy && st.precopy->done.load() && st.held.empty() && !st.terminal_sent &&
-      FinishPreCopy(r, st)) {
-    return true;
-  }
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =
@@ -379,7 +378,16 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
                                            : std::chrono::milliseconds(0),
                             &events);
   RelaySignals sig;
+  const bool took_events = !events.empty();
   if (!RelayEvents(r, st, sink, events, &sig)) return false;
+  // A pushed move's first round is done: switch right after an event of the old stream went
+  // out (the new instance's first token then comes one admission after it, not up to a decode
+  // step later), or once the old stream has been silent for a while.
+  if (st.precopy && st.precopy->done.load() && st.held.empty() && !st.terminal_sent &&
+      !finished && (took_events || NowNs() - st.last_data_ns > kPreCopySilenceNs) &&
+      FinishPreCopy(r, st)) {
+    return true;
+  }
   if (sig.drain_offer && !st.terminal_sent && sig.drain_cut.empty() &&
       MoveOffered(r, st, "its drain began", /*for_move=*/false)) {
     return true;

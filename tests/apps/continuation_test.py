@@ -348,6 +348,83 @@ def same_stream(raw, ref_raw):
     return a == b
 
 
+def stream_text(raw):
+    """The concatenated text of a stream's choice 0 (completions or chat)."""
+    out = ""
+    for d, _ in parse_events(raw):
+        if d is None:
+            continue
+        for c in d.get("choices", []):
+            out += c.get("text") or (c.get("delta") or {}).get("content") or ""
+    return out
+
+
+def moved_cases(router, colo, d1, d2, cl):
+    """Migration by push beyond the basic move: chat with a stop string that ends the answer
+    after the move (held-back text replayed), a move at the first token, and the source SIGKILLed
+    while the move's first round runs (the stream is continued as after any crash)."""
+    chat = {"messages": [{"role": "user", "content": "tell me a story"}], "max_tokens": 200,
+            "temperature": 0.7, "seed": 9, "stream": True, "logprobs": True, "top_logprobs": 2,
+            "frequency_penalty": 0.3}
+    _, ref = post(colo.port, "/v1/chat/completions", chat)
+    text = stream_text(ref)
+    stop = None
+    for at in range(len(text) * 2 // 3, len(text) - 4):
+        cand = text[at:at + 4]
+        if cand.strip() and text.find(cand) == at:
+            stop = cand
+            break
+    if stop is None:
+        check(False, "no stop string found in the reference chat text")
+        return
+    chat["stop"] = [stop]
+    _, ref = post(colo.port, "/v1/chat/completions", chat)
+    n = 0
+
+    def move(_inst):
+        post(router.port, "/admin/migrate", {"request_id": "move-me-%d" % n})
+
+    for label, after, path, body, ref_raw in [
+            ("chat with a stop string, moved mid-stream", 30, "/v1/chat/completions", chat, ref),
+            ("chat with a stop string, moved at the first token", 2, "/v1/chat/completions",
+             chat, ref)]:
+        n += 1
+        status, raw, victim = stream_and_fail(router.port, path, body, [d1, d2], move,
+                                              {"x-request-id": "move-me-%d" % n}, after_events=after)
+        check(victim and status == 200 and same_stream(raw, ref_raw),
+              "%s: the stream equals the colocated run (%d, %d events)" % (
+                  label, status, len(parse_events(raw))))
+    # The source dies while the first round pushes its context.
+    _, ref = post(colo.port, "/v1/completions", dict(chat_free(chat)))
+
+    def move_and_kill(inst):
+        t = threading.Thread(target=post, args=(router.port, "/admin/migrate",
+                                                {"request_id": "move-me-kill"}))
+        t.start()
+        time.sleep(0.01)
+        inst.kill()
+        t.join()
+
+    status, raw, victim = stream_and_fail(router.port, "/v1/completions", chat_free(chat),
+                                          [d1, d2], move_and_kill,
+                                          {"x-request-id": "move-me-kill"}, after_events=30)
+    check(victim and status == 200 and same_stream(raw, ref),
+          "source SIGKILLed during the move's first round: the stream equals the colocated run "
+          "(%d)" % status)
+    if victim:
+        victim.proc.wait(timeout=30)
+        cl.restart(victim)
+        router_sees(router, victim.url, True)
+
+
+def chat_free(chat):
+    """The chat case as a completion (prompt text, no chat-only fields)."""
+    body = {k: v for k, v in chat.items() if k not in ("messages", "top_logprobs", "logprobs")}
+    body["prompt"] = "tell me a story"
+    body["logprobs"] = 2
+    return body
+
+
 def crash_cases(args, logdir):
     model = os.path.join(logdir, "slow.gguf")
     subprocess.run([args.kvpush, "gen-model", "--out", model, "--context", "1024"], check=True,
@@ -429,6 +506,7 @@ def crash_cases(args, logdir):
         status, raw = post(router.port, "/admin/migrate", {"request_id": "no-such-stream"})
         check(status == 404 and "stream_not_found" in raw,
               "POST /admin/migrate of an unknown request id: 404 (%d)" % status)
+        moved_cases(router, colo, d1, d2, cl)
         # A drain offer no other D can take: the stream stays until D's drain timeout (1.5 s)
         # cuts it, and then goes on on the other D, which is back by then.
         d2.proc.send_signal(signal.SIGSTOP)

@@ -352,9 +352,9 @@ def stream_text(raw):
     """The concatenated text of a stream's choice 0 (completions or chat)."""
     out = ""
     for d, _ in parse_events(raw):
-        if d is None:
+        if d is None or d == "[DONE]":
             continue
-        for c in d.get("choices", []):
+        for c in json.loads(d).get("choices", []):
             out += c.get("text") or (c.get("delta") or {}).get("content") or ""
     return out
 

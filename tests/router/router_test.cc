@@ -439,6 +439,60 @@ TEST_F(RouterTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
   }));
 }
 
+// A move whose first round the target refuses: the source is told to drop that transfer (POST
+// /kv/abort), the stream goes on there meanwhile, and the switch pushes the whole context (the
+// streamed push pair naming the source). The client still sees every chunk once.
+TEST_F(RouterTest, AMoveWhoseFirstRoundFailsPushesTheWholeContextAtTheSwitch) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 40;
+    d->chunk_delay_ms = 5;
+  }
+  StreamSeen s;
+  std::thread client([&] {
+    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-2"}});
+  });
+  FakeInstance* source = nullptr;
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& d : d_) {
+      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
+    }
+    return source != nullptr;
+  }));
+  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+  target->refuse_first_round = true;
+  auto moved = Post(json{{"request_id", "mv-2"}}, {}, "/admin/migrate");
+  client.join();
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->status, 200) << moved->body;
+  EXPECT_EQ(s.status, 200);
+  for (int k = 0; k < 40; ++k) {
+    const std::string t = "\"t" + std::to_string(k) + "\"";
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
+  }
+  const std::vector<Received> src = source->received();
+  const std::vector<Received> tgt = target->received();
+  ASSERT_EQ(src.size(), 3u);  // the stream, the first round's P leg, the switch's P leg
+  ASSERT_EQ(tgt.size(), 2u);  // the refused first round, the switch's streamed push leg
+  const std::string first_tid = src[1].body["kv_transfer_params"]["transfer_id"];
+  ASSERT_TRUE(WaitFor([&] {
+    const auto a = source->aborts();
+    return std::find(a.begin(), a.end(), first_tid) != a.end();
+  }));
+  const Received& sw = tgt[1];
+  EXPECT_EQ(sw.body["stream"], true);
+  EXPECT_EQ(sw.body["kv_transfer_params"]["do_remote_prefill"], true);
+  EXPECT_EQ(sw.body["kv_transfer_params"]["remote_port"], source->port());
+  EXPECT_EQ(sw.body["kv_transfer_params"]["transfer_id"],
+            src[2].body["kv_transfer_params"]["transfer_id"]);
+  EXPECT_TRUE(src[2].migration_source);
+  EXPECT_EQ(src[2].body["max_tokens"],
+            static_cast<int64_t>(sw.body["kvpush_resume"]["choices"][0]["token_ids"].size()) + 1);
+}
+
 // Output without a resume comment (an instance that writes none) is never continued past: the
 // client gets the error event, never text twice.
 TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {

@@ -174,6 +174,8 @@ class FakeInstance {
   /// (`: kvpush-resume`, token id 100 + k, text "t<k>"); a continuation (`kvpush_resume` with m
   /// tokens) streams from chunk m on, as kvpush serve does, and never breaks (drop_after).
   std::atomic<bool> resume_comments{false};
+  /// D: refuse (400) a migration's first-round leg (kvpush_resume, answered whole).
+  std::atomic<bool> refuse_first_round{false};
   // Observations.
   std::atomic<int64_t> answered_ns{0};    ///< P: when it answered
   std::atomic<int> decode_answers{0};     ///< D: answers begun (after delay_ms)
@@ -234,6 +236,14 @@ class FakeInstance {
       res.status = status.load();
       res.set_content(
           R"({"error":{"message":"bad prompt","type":"invalid_request_error","param":"prompt","code":null}})",
+          "application/json");
+      return;
+    }
+    if (refuse_first_round.load() && r.body.is_object() && r.body.contains("kvpush_resume") &&
+        !r.body.value("stream", false)) {
+      res.status = 400;
+      res.set_content(
+          R"({"error":{"message":"no first round","type":"invalid_request_error","param":null,"code":null}})",
           "application/json");
       return;
     }

@@ -16,8 +16,10 @@ against a colocated instance computing the same prompt alone), the test goes thr
               continuation, docs/reliability.md) or fail explicitly; once its lease
               expired (ttl + 2 s) its key is gone, the router no longer lists it, and no request
               started after that fails.
-  drain       D0 gets SIGTERM: it leaves etcd, drains and exits 0; zero failed requests from the
-              signal on.
+  drain       D0 gets SIGTERM while 6 long seeded streams are open: it leaves etcd, offers its
+              streams (the router moves them, their KV pushed by D0: docs/reliability.md
+              "Migration"), drains and exits 0; zero failed requests from the signal on, and
+              every long stream identical to colocated.
   etcd        etcd is SIGKILLed and restarted on the same data dir: the cluster keeps serving with
               its last known membership (zero failed requests) and every live instance is in etcd
               again afterwards.
@@ -384,7 +386,45 @@ class Cluster:
         for x in late[:5]:
             self.violation("kill: request started after D1 was dropped failed: %s" % x)
 
+    def long_streams(self, n):
+        """Starts `n` long seeded streams through the router (push); returns (threads, results,
+        the colocated reference's ids). Open when D0's drain begins, so D0 offers its share and
+        the router moves them (docs/reliability.md, "Migration")."""
+        body = {"prompt": "Once upon a time, there was a little", "max_tokens": 420,
+                "ignore_eos": True, "return_token_ids": True, "temperature": 0.8, "top_p": 0.95,
+                "seed": 77}
+        ref = send(self.colo.host, self.colo.port, dict(body, stream=False))
+        results = [None] * n
+
+        def run(i):
+            results[i] = send(self.router.host, self.router.port, dict(body, stream=True),
+                              {"x-kvpush-mode": "push"}, timeout=60)
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+        for t in threads:
+            t.start()
+        return threads, results, ref["ids"]
+
+    def pushed_moves(self):
+        """The router's continuations with the KV pushed by the offering D (kind=stream_pushed)."""
+        try:
+            c = http.client.HTTPConnection(self.router.host, self.router.port, timeout=5)
+            c.request("GET", "/metrics")
+            text = c.getresponse().read().decode()
+            c.close()
+        except (OSError, http.client.HTTPException):
+            return 0
+        total = 0.0
+        for line in text.splitlines():
+            if (line.startswith("kvpush_router_continuations_total{") and
+                    'kind="stream_pushed"' in line):
+                total += float(line.rsplit(" ", 1)[1])
+        return int(total)
+
     def phase_drain(self, d0):
+        moved_before = (self.router.metrics() or {}).get("kvpush_router_continuations_total", 0)
+        pushed_before = self.pushed_moves()
+        threads, long_results, long_ref = self.long_streams(6)
+        time.sleep(0.03)
         t_term = time.time()
         d0.proc.send_signal(signal.SIGTERM)
         t_left = None
@@ -408,6 +448,19 @@ class Cluster:
         f = self.failures_between(t_term, by="end")
         log("drain: %d requests served since SIGTERM, %d failed" % (
             self.served_between(t_term, time.time()), len(f)))
+        # Streams D0 offered when its drain began, moved by the router (docs/reliability.md,
+        # "Migration"); every answer is still compared with colocated at the end.
+        for t in threads:
+            t.join()
+        bad = [r for r in long_results if r is None or r["kind"] != "ok" or r["ids"] != long_ref]
+        for r in bad[:3]:
+            self.violation("drain: a long stream open at SIGTERM failed or differs from "
+                           "colocated: %s" % (r and (r["kind"], r["status"], r["error"][:200])))
+        moved = (self.router.metrics() or {}).get("kvpush_router_continuations_total", 0)
+        self.figures["drain: long streams open at SIGTERM / identical to colocated"] = "%d / %d" % (
+            len(long_results), len(long_results) - len(bad))
+        self.figures["drain: streams the router moved off D0 (with their KV pushed)"] = "%d (%d)" % (
+            int(moved - moved_before), self.pushed_moves() - pushed_before)
         for x in f[:5]:
             self.violation("drain: request failed while D0 drained: %s" % x)
 

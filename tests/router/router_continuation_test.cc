@@ -1,0 +1,210 @@
+// The router's continuation (docs/reliability.md, "Continuation") and migration ("Migration")
+// over fake P and D instances (router_test_util.h): a broken stream goes on on the other D, a
+// stream without resume comments is not continued, and an operator's move takes its context
+// from the source while the stream goes on.
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "router/router.h"
+#include "router_test_util.h"
+
+namespace kvpush::router::test {
+namespace {
+
+// Continuation (docs/reliability.md): a D whose stream breaks after 2 chunks; the other D gets
+// the request with kvpush_resume (what the client got: 2 tokens, their text) and streams the
+// rest; the client sees one stream, every chunk once, no comment, one [DONE].
+TEST_F(RouterTest, ABrokenDecodeStreamGoesOnOnTheOtherDecode) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 5;
+  }
+  // Whichever D the router picks first breaks after 2 chunks; the other serves the rest.
+  d_[0]->drop_after = 2;
+  d_[1]->drop_after = 2;
+  StreamSeen s = PostStream({{"prompt", "x"}});
+  EXPECT_EQ(s.status, 200);
+  for (const char* t : {"\"t0\"", "\"t1\"", "\"t2\"", "\"t3\"", "\"t4\""}) {
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice in " << s.body;
+  }
+  EXPECT_EQ(s.body.find("kvpush-resume"), std::string::npos) << s.body;
+  EXPECT_NE(s.body.find("[DONE]"), std::string::npos) << s.body;
+  EXPECT_EQ(s.body.find("\"error\""), std::string::npos) << s.body;
+  // The continuation: the other D, with the ledger (a colocated request on D).
+  std::vector<Received> all;
+  for (auto& d : d_) {
+    for (const Received& r : d->received()) all.push_back(r);
+  }
+  ASSERT_EQ(all.size(), 2u);
+  const Received& cont = all[0].body.contains("kvpush_resume") ? all[0] : all[1];
+  ASSERT_TRUE(cont.body.contains("kvpush_resume")) << cont.body.dump();
+  EXPECT_EQ(cont.body["kvpush_resume"]["choices"][0]["token_ids"], json::array({100, 101}));
+  EXPECT_EQ(cont.body["kvpush_resume"]["choices"][0]["text_bytes"], 4);
+  EXPECT_FALSE(cont.body.contains("kv_transfer_params"));
+  EXPECT_TRUE(cont.resume_info);
+  EXPECT_EQ(cont.request_id, all[0].request_id);  // one request id on both instances
+  ASSERT_TRUE(WaitFor([&] {
+    return Metrics().find(
+               "kvpush_router_continuations_total{failed=\"decode\",kind=\"stream\"} 1") !=
+           std::string::npos;
+  }));
+}
+
+// Migration by push (docs/reliability.md, *Migration*): POST /admin/migrate of a P/D stream.
+// First round: the source D gets a push P leg of the continuation (kvpush_resume = what the
+// client got, max_tokens k0 + 1, x-kvpush-migration-source) and the target a push D leg naming
+// the source, answered whole; the stream goes on meanwhile. The switch: the target gets the
+// continuation at k1 >= k0 (it holds the context up to k0 and computes the rest), streamed and
+// relayed. The client sees every chunk once.
+TEST_F(RouterTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 60;
+    d->chunk_delay_ms = 5;
+  }
+  StreamSeen s;
+  std::thread client([&] {
+    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-1"}});
+  });
+  FakeInstance* source = nullptr;
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& d : d_) {
+      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
+    }
+    return source != nullptr;
+  }));
+  WaitFor([&] { return false; }, 60);  // a few chunks out
+  auto moved = Post(json{{"request_id", "mv-1"}}, {}, "/admin/migrate");
+  client.join();
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->status, 200) << moved->body;
+  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+  EXPECT_EQ(json::parse(moved->body)["to"], target->url());
+  EXPECT_EQ(s.status, 200);
+  for (int k = 0; k < 60; ++k) {
+    const std::string t = "\"t" + std::to_string(k) + "\"";
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
+  }
+  EXPECT_EQ(s.body.find("kvpush-resume"), std::string::npos);
+  const std::vector<Received> src = source->received();
+  const std::vector<Received> tgt = target->received();
+  ASSERT_EQ(src.size(), 2u);  // the stream's leg, then the first round's P leg
+  ASSERT_EQ(tgt.size(), 2u);  // the first round's D leg, then the continuation (streamed)
+  const Received& p = src[1];
+  const Received& d = tgt[0];
+  EXPECT_TRUE(p.migration_source);
+  EXPECT_FALSE(d.migration_source);
+  const json& pk = p.body["kv_transfer_params"];
+  const json& dk = d.body["kv_transfer_params"];
+  EXPECT_EQ(pk["do_remote_decode"], true);
+  EXPECT_EQ(pk["transfer_mode"], "push");
+  EXPECT_EQ(dk["do_remote_prefill"], true);
+  EXPECT_EQ(dk["remote_port"], source->port());
+  EXPECT_EQ(pk["transfer_id"], dk["transfer_id"]);
+  const json& first = p.body["kvpush_resume"]["choices"][0]["token_ids"];
+  EXPECT_EQ(first, d.body["kvpush_resume"]["choices"][0]["token_ids"]);
+  const auto k0 = static_cast<int64_t>(first.size());
+  EXPECT_GE(k0, 1);
+  EXPECT_EQ(p.body["max_tokens"], k0 + 1);
+  EXPECT_EQ(p.body["stream"], false);
+  EXPECT_EQ(d.body["max_tokens"], k0 + 1);
+  EXPECT_EQ(d.body["stream"], false);
+  EXPECT_EQ(p.request_id, "mv-1");
+  EXPECT_EQ(d.request_id, "mv-1");
+  const Received& cont = tgt[1];
+  EXPECT_EQ(cont.body["stream"], true);
+  EXPECT_EQ(cont.body["max_tokens"], 100);
+  EXPECT_FALSE(cont.body.contains("kv_transfer_params"));
+  const json& k1 = cont.body["kvpush_resume"]["choices"][0]["token_ids"];
+  ASSERT_GE(k1.size(), first.size());
+  EXPECT_EQ(json(std::vector<json>(k1.begin(), k1.begin() + k0)), first);
+  ASSERT_TRUE(WaitFor([&] {
+    return Metrics().find(
+               "kvpush_router_continuations_total{failed=\"decode\",kind=\"stream_pushed\"} "
+               "1") != std::string::npos;
+  }));
+}
+
+// A move whose first round the target refuses: the source is told to drop that transfer (POST
+// /kv/abort), the stream goes on there meanwhile, and the switch pushes the whole context (the
+// streamed push pair naming the source). The client still sees every chunk once.
+TEST_F(RouterTest, AMoveWhoseFirstRoundFailsPushesTheWholeContextAtTheSwitch) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->resume_comments = true;
+    d->chunks = 40;
+    d->chunk_delay_ms = 5;
+  }
+  StreamSeen s;
+  std::thread client([&] {
+    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-2"}});
+  });
+  FakeInstance* source = nullptr;
+  ASSERT_TRUE(WaitFor([&] {
+    for (auto& d : d_) {
+      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
+    }
+    return source != nullptr;
+  }));
+  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+  target->refuse_first_round = true;
+  auto moved = Post(json{{"request_id", "mv-2"}}, {}, "/admin/migrate");
+  client.join();
+  ASSERT_TRUE(moved);
+  EXPECT_EQ(moved->status, 200) << moved->body;
+  EXPECT_EQ(s.status, 200);
+  for (int k = 0; k < 40; ++k) {
+    const std::string t = "\"t" + std::to_string(k) + "\"";
+    const size_t at = s.body.find(t);
+    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
+    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
+  }
+  const std::vector<Received> src = source->received();
+  const std::vector<Received> tgt = target->received();
+  ASSERT_EQ(src.size(), 3u);  // the stream, the first round's P leg, the switch's P leg
+  ASSERT_EQ(tgt.size(), 2u);  // the refused first round, the switch's streamed push leg
+  const std::string first_tid = src[1].body["kv_transfer_params"]["transfer_id"];
+  ASSERT_TRUE(WaitFor([&] {
+    const auto a = source->aborts();
+    return std::find(a.begin(), a.end(), first_tid) != a.end();
+  }));
+  const Received& sw = tgt[1];
+  EXPECT_EQ(sw.body["stream"], true);
+  EXPECT_EQ(sw.body["kv_transfer_params"]["do_remote_prefill"], true);
+  EXPECT_EQ(sw.body["kv_transfer_params"]["remote_port"], source->port());
+  EXPECT_EQ(sw.body["kv_transfer_params"]["transfer_id"],
+            src[2].body["kv_transfer_params"]["transfer_id"]);
+  EXPECT_TRUE(src[2].migration_source);
+  EXPECT_EQ(src[2].body["max_tokens"],
+            static_cast<int64_t>(sw.body["kvpush_resume"]["choices"][0]["token_ids"].size()) + 1);
+}
+
+// Output without a resume comment (an instance that writes none) is never continued past: the
+// client gets the error event, never text twice.
+TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {
+  StartRouter(1, 2);
+  for (auto& d : d_) {
+    d->chunks = 5;
+    d->drop_after = 2;
+  }
+  StreamSeen s = PostStream({{"prompt", "x"}});
+  EXPECT_EQ(s.status, 200);
+  EXPECT_EQ(s.body.find("[DONE]"), std::string::npos) << s.body;
+  EXPECT_NE(s.body.find("stream_broken"), std::string::npos) << s.body;
+  EXPECT_EQ(d_[0]->count() + d_[1]->count(), 1u);
+}
+
+}  // namespace
+}  // namespace kvpush::router::test

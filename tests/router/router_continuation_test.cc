@@ -59,45 +59,72 @@ TEST_F(RouterTest, ABrokenDecodeStreamGoesOnOnTheOtherDecode) {
   }));
 }
 
+/// A P/D stream of `chunks` chunks (5 ms apart, with resume comments) through the router as
+/// request `rid`, read on its own thread, which an operator may move (POST /admin/migrate).
+class RouterMoveTest : public RouterTest {
+ protected:
+  ~RouterMoveTest() override {
+    if (client_.joinable()) client_.join();
+  }
+  /// Starts the stream; returns the D serving it (null when none did within 3 s).
+  FakeInstance* StartStream(int chunks, const std::string& rid) {
+    StartRouter(1, 2);
+    for (auto& d : d_) {
+      d->resume_comments = true;
+      d->chunks = chunks;
+      d->chunk_delay_ms = 5;
+    }
+    client_ = std::thread([this, rid] {
+      seen_ = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", rid}});
+    });
+    FakeInstance* source = nullptr;
+    WaitFor([&] {
+      for (auto& d : d_) {
+        if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
+      }
+      return source != nullptr;
+    });
+    return source;
+  }
+  /// Moves it; waits for the client's stream to end and checks it carries chunks 0..chunks-1
+  /// once each. Returns the move's answer.
+  httplib::Result MoveAndFinish(const std::string& rid, int chunks) {
+    auto moved = Post(json{{"request_id", rid}}, {}, "/admin/migrate");
+    client_.join();
+    EXPECT_EQ(seen_.status, 200);
+    for (int k = 0; k < chunks; ++k) {
+      const std::string t = "\"t" + std::to_string(k) + "\"";
+      const size_t at = seen_.body.find(t);
+      EXPECT_NE(at, std::string::npos) << t << " in " << seen_.body;
+      EXPECT_EQ(seen_.body.find(t, at + 1), std::string::npos) << t << " twice";
+    }
+    EXPECT_EQ(seen_.body.find("kvpush-resume"), std::string::npos);
+    return moved;
+  }
+  FakeInstance* Other(const FakeInstance* d) {
+    return d == d_[0].get() ? d_[1].get() : d_[0].get();
+  }
+
+ private:
+  std::thread client_;
+  StreamSeen seen_;
+};
+
 // Migration by push (docs/reliability.md, *Migration*): POST /admin/migrate of a P/D stream.
 // First round: the source D gets a push P leg of the continuation (kvpush_resume = what the
 // client got, max_tokens k0 + 1, x-kvpush-migration-source) and the target a push D leg naming
 // the source, answered whole; the stream goes on meanwhile. The switch: the target gets the
 // continuation at k1 >= k0 (it holds the context up to k0 and computes the rest), streamed and
 // relayed. The client sees every chunk once.
-TEST_F(RouterTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
-  StartRouter(1, 2);
-  for (auto& d : d_) {
-    d->resume_comments = true;
-    d->chunks = 60;
-    d->chunk_delay_ms = 5;
-  }
-  StreamSeen s;
-  std::thread client([&] {
-    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-1"}});
-  });
-  FakeInstance* source = nullptr;
-  ASSERT_TRUE(WaitFor([&] {
-    for (auto& d : d_) {
-      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
-    }
-    return source != nullptr;
-  }));
+TEST_F(RouterMoveTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
+  FakeInstance* source = StartStream(60, "mv-1");
+  ASSERT_NE(source, nullptr);
   WaitFor([&] { return false; }, 60);  // a few chunks out
-  auto moved = Post(json{{"request_id", "mv-1"}}, {}, "/admin/migrate");
-  client.join();
+  auto moved = MoveAndFinish("mv-1", 60);
   ASSERT_TRUE(moved);
   EXPECT_EQ(moved->status, 200) << moved->body;
-  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+  FakeInstance* target = Other(source);
   EXPECT_EQ(json::parse(moved->body)["to"], target->url());
-  EXPECT_EQ(s.status, 200);
-  for (int k = 0; k < 60; ++k) {
-    const std::string t = "\"t" + std::to_string(k) + "\"";
-    const size_t at = s.body.find(t);
-    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
-    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
-  }
-  EXPECT_EQ(s.body.find("kvpush-resume"), std::string::npos);
   const std::vector<Received> src = source->received();
   const std::vector<Received> tgt = target->received();
   ASSERT_EQ(src.size(), 2u);  // the stream's leg, then the first round's P leg
@@ -140,37 +167,14 @@ TEST_F(RouterTest, AMovedStreamTakesItsContextFromTheSourceWhileItGoesOn) {
 // A move whose first round the target refuses: the source is told to drop that transfer (POST
 // /kv/abort), the stream goes on there meanwhile, and the switch pushes the whole context (the
 // streamed push pair naming the source). The client still sees every chunk once.
-TEST_F(RouterTest, AMoveWhoseFirstRoundFailsPushesTheWholeContextAtTheSwitch) {
-  StartRouter(1, 2);
-  for (auto& d : d_) {
-    d->resume_comments = true;
-    d->chunks = 40;
-    d->chunk_delay_ms = 5;
-  }
-  StreamSeen s;
-  std::thread client([&] {
-    s = PostStream({{"prompt", "x"}, {"max_tokens", 100}}, false, {{"x-request-id", "mv-2"}});
-  });
-  FakeInstance* source = nullptr;
-  ASSERT_TRUE(WaitFor([&] {
-    for (auto& d : d_) {
-      if (d->count() == 1 && d->last_chunk_ns.load() != 0) source = d.get();
-    }
-    return source != nullptr;
-  }));
-  FakeInstance* target = source == d_[0].get() ? d_[1].get() : d_[0].get();
+TEST_F(RouterMoveTest, AMoveWhoseFirstRoundFailsPushesTheWholeContextAtTheSwitch) {
+  FakeInstance* source = StartStream(40, "mv-2");
+  ASSERT_NE(source, nullptr);
+  FakeInstance* target = Other(source);
   target->refuse_first_round = true;
-  auto moved = Post(json{{"request_id", "mv-2"}}, {}, "/admin/migrate");
-  client.join();
+  auto moved = MoveAndFinish("mv-2", 40);
   ASSERT_TRUE(moved);
   EXPECT_EQ(moved->status, 200) << moved->body;
-  EXPECT_EQ(s.status, 200);
-  for (int k = 0; k < 40; ++k) {
-    const std::string t = "\"t" + std::to_string(k) + "\"";
-    const size_t at = s.body.find(t);
-    EXPECT_NE(at, std::string::npos) << t << " in " << s.body;
-    EXPECT_EQ(s.body.find(t, at + 1), std::string::npos) << t << " twice";
-  }
   const std::vector<Received> src = source->received();
   const std::vector<Received> tgt = target->received();
   ASSERT_EQ(src.size(), 3u);  // the stream, the first round's P leg, the switch's P leg

@@ -177,8 +177,13 @@ void RequestFlow::AnswerMove(FlowServices& r, StreamState& st) {
 
 bool RequestFlow::MoveOffered(FlowServices& r, StreamState& st, const std::string& why,
                               bool for_move) {
-  if (st.precopy) return false;  // a move is under way already
-  if (StartPreCopy(r, st, why, for_move)) return false;
+  const bool pushable = r.options().migration_push && st.t->d_role == Role::kDecode;
+  StreamMove::Step step = st.mover.OnMoveWanted(pushable);
+  if (step == StreamMove::Step::kNothing) return false;  // a move is under way already
+  if (step == StreamMove::Step::kStartFirstRound) {
+    if (StartPreCopy(r, st, why, for_move)) return false;
+    st.mover.OnFirstRoundNotStarted();  // continue now, the new instance computing it
+  }
   const std::string from = st.answering.url;
   const bool moved = ContinueStream(r, st, why, /*offered=*/true);
   if (for_move) AnswerAsk(st, from, moved);
@@ -249,16 +254,16 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   return true;
 }
 
-bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st) {
+bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st, bool push_all) {
   std::shared_ptr<PreCopy> pc = std::move(st.precopy);
   const std::string from = st.answering.url;
   spdlog::debug("request {}: first round of its move done in {:.1f} ms", st.t->request_id,
                 static_cast<double>(NowNs() - pc->start_ns) / 1e6);
-  // After a first round the target holds the context but the blocks filled since: computing
-  // those (a few tokens, up to a block more) is faster than another round trip through the
-  // source's engine (docs/benchmarks/continuation.md).
-  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease),
-                                    /*push=*/!pc->ok.load());
+  // After an ok first round the target holds the context but the blocks filled since:
+  // computing those (a few tokens, up to a block more) is faster than another round trip
+  // through the source's engine (docs/benchmarks/continuation.md).
+  const bool moved =
+      ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease), push_all);
   if (pc->for_move) AnswerAsk(st, from, moved);
   return moved;
 }
@@ -287,6 +292,7 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   std::vector<std::string> exclude = t.exclude;
   exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
   st.precopy.reset();  // the stream switches now, or stays for good
+  st.mover.Reset();
   while (t.continuations_left > 0 && !r.stopping()) {
     std::optional<InstanceLease> lease =
         first ? std::exchange(first, std::nullopt) : r.pool().Acquire(t.d_role, exclude);

@@ -26,6 +26,7 @@
 #include "router/client_body.h"
 #include "router/request_flow.h"
 #include "router/router_timeline.h"
+#include "router/stream_move.h"
 
 namespace kvpush::router {
 
@@ -239,8 +240,10 @@ struct RequestFlow::StreamState {
   /// An operator's move (POST /admin/migrate): set for a continuable stream, registered in the
   /// router's StreamRegistry while it is relayed.
   std::shared_ptr<MoveSlot> move;
-  /// A pushed move's first round under way (null: none); dropped when the stream switches or
-  /// ends for another reason.
+  /// Its move to another instance (POST /admin/migrate, a drain's offer): the state machine,
+  /// and a pushed move's first round under way (null: none), dropped when the stream switches
+  /// or ends for another reason.
+  StreamMove mover;
   std::shared_ptr<PreCopy> precopy;
   std::vector<std::string> held;  ///< events taken before the client's stream started
   /// Echo with logprobs: P's prompt part, put before each choice's first event (`echoed`).

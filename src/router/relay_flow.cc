@@ -350,9 +350,6 @@ namespace {
 /// How long Pump waits for events while a pushed move's first round runs: its end switches the
 /// stream, so it is looked at this often.
 constexpr std::chrono::milliseconds kPreCopyPoll{2};
-/// A stream silent this long after a pushed move's first round switches without waiting for
-/// its next event (ns).
-constexpr int64_t kPreCopySilenceNs = 50'000'000;
 }  // namespace
 
 bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink,
@@ -370,22 +367,23 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   if (r.stopping()) return end("data: " + r.StopErrorJson() + "\n\n");
   // An operator's move, once the events held before the client's stream began went out (they
   // are the old stream's: relaying them after the switch would repeat tokens).
-  if (st.move && st.held.empty() && !st.precopy && st.move->Asked()) AnswerMove(r, st);
+  if (st.move && st.held.empty() && !st.mover.moving() && st.move->Asked()) AnswerMove(r, st);
   std::vector<std::string> events;
   events.swap(st.held);
   const bool finished =
-      st.stream->TakeEvents(events.empty() ? (st.precopy ? std::min(wait, kPreCopyPoll) : wait)
+      st.stream->TakeEvents(events.empty() ? (st.mover.moving() ? std::min(wait, kPreCopyPoll) : wait)
                                            : std::chrono::milliseconds(0),
                             &events);
   RelaySignals sig;
   const bool took_events = !events.empty();
   if (!RelayEvents(r, st, sink, events, &sig)) return false;
-  // A pushed move's first round is done: switch right after an event of the old stream went
-  // out (the new instance's first token then comes one admission after it, not up to a decode
-  // step later), or once the old stream has been silent for a while.
-  if (st.precopy && st.precopy->done.load() && st.held.empty() && !st.terminal_sent &&
-      !finished && (took_events || NowNs() - st.last_data_ns > kPreCopySilenceNs) &&
-      FinishPreCopy(r, st)) {
+  // A pushed move whose first round ended switches when StreamMove says (right after an event
+  // of the old stream went out, or after a silence).
+  if (st.precopy && st.precopy->done.load()) st.mover.OnFirstRoundEnded(st.precopy->ok.load());
+  const StreamMove::Step step = st.mover.OnRelayRound(
+      took_events, NowNs() - st.last_data_ns, st.held.empty() && !st.terminal_sent && !finished);
+  if (step != StreamMove::Step::kNothing &&
+      FinishPreCopy(r, st, step == StreamMove::Step::kSwitchPushingAll)) {
     return true;
   }
   if (sig.drain_offer && !st.terminal_sent && sig.drain_cut.empty() &&

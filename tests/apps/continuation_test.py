@@ -394,6 +394,30 @@ def moved_cases(router, colo, d1, d2, cl):
         check(victim and status == 200 and same_stream(raw, ref_raw),
               "%s: the stream equals the colocated run (%d, %d events)" % (
                   label, status, len(parse_events(raw))))
+    # Greedy, moved mid-stream; and a move asked two tokens before the end, which the stream's
+    # end overtakes (its first round takes longer than two tokens): the stream ends on the
+    # source, unchanged, and the ask is answered 409 not_moved.
+    greedy = {"prompt": "tell me a story", "max_tokens": 120, "temperature": 0,
+              "ignore_eos": True, "stream": True}
+    _, ref = post(colo.port, "/v1/completions", greedy)
+    answers = {}
+
+    def move_late(_inst):
+        answers["late"] = post(router.port, "/admin/migrate", {"request_id": "move-me-late"})
+
+    for label, rid, after, fail in [("greedy, moved mid-stream", "move-me-greedy", 40, None),
+                                    ("greedy, a move asked 2 tokens before the end",
+                                     "move-me-late", 119, move_late)]:
+        status, raw, victim = stream_and_fail(
+            router.port, "/v1/completions", greedy, [d1, d2],
+            fail or (lambda _i, rid=rid: post(router.port, "/admin/migrate", {"request_id": rid})),
+            {"x-request-id": rid}, after_events=after)
+        check(status == 200 and same_stream(raw, ref),
+              "%s: the stream equals the colocated run (%d)" % (label, status))
+    late = answers.get("late")
+    check(late is None or late[0] in (200, 409),
+          "a move asked 2 tokens before the end: moved or 409 not_moved, never an error (%s)" % (
+              late and late[0]))
     # The source dies while the first round pushes its context.
     _, ref = post(colo.port, "/v1/completions", dict(chat_free(chat)))
 

@@ -15,6 +15,8 @@ computes it); the trials alternate between them, so both are measured in one run
 per migration is read from the instances' counters: the tokens the target took as pushed KV
 (kvpush_prompt_tokens_transferred_total) and the bytes the source wrote
 (vllm:nixl_bytes_transferred), against the context (prompt + output streamed before the move).
+A third stream, sent straight to the source before the move, measures what the move costs the
+source's other requests (its longest inter-token time from the ask to 50 ms after the switch).
 
 Starts a router (push) over one P and two Ds: on stories260K (the CPU executor), or on the sim
 executor (`--executor sim --sim-model qwen3-32b --sim-hw h200`: the engine, connector and router
@@ -71,6 +73,7 @@ class Stream:
     arrival of each data event with a choice."""
 
     def __init__(self, router, body, request_id=None):
+        """`router`: the router (or an instance, for a request straight to it)."""
         self.times = []
         self.conn = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
         headers = {"Content-Type": "application/json"}
@@ -143,10 +146,14 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
     main = Stream(router, body, rid)
     main.wait_events(8)
     moved_before = kv_moved(ds) if fault == "migrate" else None  # after P's push of the prompt
-    victim, t_kill = None, None
+    victim, t_kill, src_by = None, None, None
     for inst in ds:
         if inst is not by_d and main.thread.is_alive() and running(inst) > 0:
             victim = inst
+            if fault == "migrate":
+                # Another request on the source, sent to it directly: what the move costs it.
+                src_by = Stream(inst, dict(by_body, prompt=prompt(8, vocab, k + 11)))
+                src_by.wait_events(6)
             t_kill = time.perf_counter()
             if fault == "kill":
                 inst.kill()
@@ -160,6 +167,9 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
     main.thread.join()
     bystander_alive = bystander.thread.is_alive()
     bystander.close()
+    src_alive = src_by is not None and src_by.thread.is_alive()
+    if src_by is not None:
+        src_by.close()
     main.conn.close()
     if victim is None:
         return None, None
@@ -191,6 +201,14 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
     if bystander_alive and by_d is not None and len(b_before) >= 3 and b_during:
         row["other_itl_ms"] = max(b_during) * 1e3
         row["other_step_ms"] = statistics.median(b_before) * 1e3
+    # The request on the source: the same window (the first round runs on the source).
+    if src_alive:
+        st = src_by.times
+        s_before = [b - a for a, b in zip(st, st[1:]) if b < t_kill]
+        s_during = [b - a for a, b in zip(st, st[1:]) if b >= t_kill and a <= t_end]
+        if len(s_before) >= 3 and s_during:
+            row["source_itl_ms"] = max(s_during) * 1e3
+            row["source_step_ms"] = statistics.median(s_before) * 1e3
     return row, victim
 
 
@@ -207,6 +225,13 @@ def summarize(rows, dropped):
            "recovery_p50_ms": pct(rec, 50), "recovery_p99_ms": pct(rec, 99),
            "step_p50_ms": pct(steps, 50),
            "gap_in_steps_p50": pct(gaps, 50) / max(pct(steps, 50), 1e-9)}
+    src = [r["source_itl_ms"] for r in rows if "source_itl_ms" in r]
+    if src:
+        out["source_itl_p50_ms"] = pct(src, 50)
+        out["source_itl_p99_ms"] = pct(src, 99)
+        out["source_step_p50_ms"] = pct([r["source_step_ms"] for r in rows
+                                         if "source_step_ms" in r], 50)
+        out["source_trials"] = len(src)
     moved = [r for r in rows if r.get("kv_tokens_moved")]
     if moved:
         out["kv_tokens_p50"] = pct([r["kv_tokens_moved"] for r in moved], 50)
@@ -296,18 +321,22 @@ def main():
     print("target %s, fault %s; load average %.2f %.2f %.2f" % ((a.target, a.fault) + load))
     print("| context (tokens) | continuation | gap p50 (ms) | gap p99 (ms) | fault -> next event "
           "p50 / p99 (ms) | decode step p50 (ms) | gap / step | other request's longest ITL "
-          "p50 / p99 (ms), its step | KV moved: tokens of the context, MiB (p50) | trials |")
-    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+          "p50 / p99 (ms), its step | source's other request: the same | KV moved: tokens of "
+          "the context, MiB (p50) | trials |")
+    print("| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for key, r in results.items():
         n, how = key.split()
         moved = ("%d of %d, %.2f" % (r["kv_tokens_p50"], r["context_p50"], r["kv_mib_p50"])
                  if r.get("kv_tokens_p50") is not None else "0 (recomputed)")
-        print("| %s | %s | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %s | %s | %d |" % (
+        src = ("%.1f / %.1f, %.2f (%d)" % (r["source_itl_p50_ms"], r["source_itl_p99_ms"],
+                                           r["source_step_p50_ms"], r["source_trials"])
+               if r.get("source_trials") else "n/a")
+        print("| %s | %s | %.1f | %.1f | %.1f / %.1f | %.2f | %.1f | %s | %s | %s | %d |" % (
             n, how, r["gap_p50_ms"], r["gap_p99_ms"], r["recovery_p50_ms"], r["recovery_p99_ms"],
             r["step_p50_ms"], r["gap_in_steps_p50"],
             ("%.1f / %.1f, %.2f (%d)" % (r["other_itl_p50_ms"], r["other_itl_p99_ms"],
                                          r["other_step_p50_ms"], r["other_trials"]))
-            if r["other_trials"] else "n/a (it ended first)", moved, r["trials"]))
+            if r["other_trials"] else "n/a (it ended first)", src, moved, r["trials"]))
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"target": a.target, "load": load, "results": results}, f, indent=1)

@@ -439,6 +439,29 @@ def moved_cases(router, colo, d1, d2, cl):
         victim.proc.wait(timeout=30)
         cl.restart(victim)
         router_sees(router, victim.url, True)
+    # The target dies while the first round pushes to it: the stream stays on its source.
+    killed = []
+
+    def move_and_kill_target(inst):
+        other = d2 if inst is d1 else d1
+        t = threading.Thread(target=post, args=(router.port, "/admin/migrate",
+                                                {"request_id": "move-me-target"}))
+        t.start()
+        time.sleep(0.01)
+        other.kill()
+        killed.append(other)
+        t.join()
+
+    status, raw, victim = stream_and_fail(router.port, "/v1/completions", chat_free(chat),
+                                          [d1, d2], move_and_kill_target,
+                                          {"x-request-id": "move-me-target"}, after_events=30)
+    check(victim and status == 200 and same_stream(raw, ref),
+          "target SIGKILLed during the move's first round: the stream goes on on its source and "
+          "equals the colocated run (%d)" % status)
+    for inst in killed:
+        inst.proc.wait(timeout=30)
+        cl.restart(inst)
+        router_sees(router, inst.url, True)
 
 
 def chat_free(chat):

@@ -418,50 +418,33 @@ def moved_cases(router, colo, d1, d2, cl):
     check(late is None or late[0] in (200, 409),
           "a move asked 2 tokens before the end: moved or 409 not_moved, never an error (%s)" % (
               late and late[0]))
-    # The source dies while the first round pushes its context.
+    # The source, or the target, dies while the first round pushes the context: a dead source
+    # is a crash (continued as such), a dead target leaves the stream on its source.
     _, ref = post(colo.port, "/v1/completions", dict(chat_free(chat)))
+    for who in ("source", "target"):
+        rid = "move-me-kill-" + who
+        killed = []
 
-    def move_and_kill(inst):
-        t = threading.Thread(target=post, args=(router.port, "/admin/migrate",
-                                                {"request_id": "move-me-kill"}))
-        t.start()
-        time.sleep(0.01)
-        inst.kill()
-        t.join()
+        def move_and_kill(inst, rid=rid, who=who, killed=killed):
+            dead = inst if who == "source" else (d2 if inst is d1 else d1)
+            t = threading.Thread(target=post, args=(router.port, "/admin/migrate",
+                                                    {"request_id": rid}))
+            t.start()
+            time.sleep(0.01)
+            dead.kill()
+            killed.append(dead)
+            t.join()
 
-    status, raw, victim = stream_and_fail(router.port, "/v1/completions", chat_free(chat),
-                                          [d1, d2], move_and_kill,
-                                          {"x-request-id": "move-me-kill"}, after_events=30)
-    check(victim and status == 200 and same_stream(raw, ref),
-          "source SIGKILLed during the move's first round: the stream equals the colocated run "
-          "(%d)" % status)
-    if victim:
-        victim.proc.wait(timeout=30)
-        cl.restart(victim)
-        router_sees(router, victim.url, True)
-    # The target dies while the first round pushes to it: the stream stays on its source.
-    killed = []
-
-    def move_and_kill_target(inst):
-        other = d2 if inst is d1 else d1
-        t = threading.Thread(target=post, args=(router.port, "/admin/migrate",
-                                                {"request_id": "move-me-target"}))
-        t.start()
-        time.sleep(0.01)
-        other.kill()
-        killed.append(other)
-        t.join()
-
-    status, raw, victim = stream_and_fail(router.port, "/v1/completions", chat_free(chat),
-                                          [d1, d2], move_and_kill_target,
-                                          {"x-request-id": "move-me-target"}, after_events=30)
-    check(victim and status == 200 and same_stream(raw, ref),
-          "target SIGKILLed during the move's first round: the stream goes on on its source and "
-          "equals the colocated run (%d)" % status)
-    for inst in killed:
-        inst.proc.wait(timeout=30)
-        cl.restart(inst)
-        router_sees(router, inst.url, True)
+        status, raw, victim = stream_and_fail(router.port, "/v1/completions", chat_free(chat),
+                                              [d1, d2], move_and_kill, {"x-request-id": rid},
+                                              after_events=30)
+        check(victim and status == 200 and same_stream(raw, ref),
+              "%s SIGKILLed during the move's first round: the stream equals the colocated run "
+              "(%d)" % (who, status))
+        for inst in killed:
+            inst.proc.wait(timeout=30)
+            cl.restart(inst)
+            router_sees(router, inst.url, True)
 
 
 def chat_free(chat):

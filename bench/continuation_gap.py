@@ -26,7 +26,8 @@ so that no prefix cache holds it; greedy, ignore_eos, max_tokens 200), which the
 the other D (least outstanding). After its 8th event that D is SIGKILLed and the stream goes on
 on the bystander's D (the router's continuation: prompt + generated tokens recomputed there, no
 KV moved). Reader threads timestamp every event. Gap: the longest pause from the last event
-before the kill on (events in flight at the kill arrive first); kill -> next event: from the
+before the kill on (events in flight at the kill arrive first; for a move, the longest pause
+overlapping the switch, which the router's 200 to the ask marks); kill -> next event: from the
 kill to the event ending that pause; decode step: the median inter-event time before the kill.
 Other request's ITL: the bystander's longest inter-token time from the kill to 50 ms after the
 continuation's first event, beside its median step before the kill (the cost to the target's
@@ -146,7 +147,7 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
     main = Stream(router, body, rid)
     main.wait_events(8)
     moved_before = kv_moved(ds) if fault == "migrate" else None  # after P's push of the prompt
-    victim, t_kill, src_by = None, None, None
+    victim, t_kill, src_by, t_switch = None, None, None, None
     for inst in ds:
         if inst is not by_d and main.thread.is_alive() and running(inst) > 0:
             victim = inst
@@ -161,8 +162,12 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
                 c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=30)
                 c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
                           {"Content-Type": "application/json"})
-                c.getresponse().read()
+                answer = c.getresponse()
+                answer.read()
                 c.close()
+                # The router answers once the new stream is relayed: the switch is just before.
+                if answer.status == 200:
+                    t_switch = time.perf_counter()
             break
     main.thread.join()
     bystander_alive = bystander.thread.is_alive()
@@ -184,6 +189,13 @@ def trial(router, ds, n_tokens, vocab, k, context_limit, fault):
     spliced = [before[-1]] + after
     pauses = [b - a for a, b in zip(spliced, spliced[1:])]
     i = max(range(len(pauses)), key=lambda j: pauses[j])
+    if t_switch is not None:
+        # A move: the longest pause overlapping the switch (the router's answer to the ask,
+        # which comes once the new stream is relayed), not a later hiccup of the stream.
+        near = [j for j in range(len(pauses))
+                if spliced[j + 1] >= t_switch - 0.005 and spliced[j] <= t_switch + 0.2]
+        if near:
+            i = max(near, key=lambda j: pauses[j])
     row = {"gap_ms": pauses[i] * 1e3, "recovery_ms": (spliced[i + 1] - t_kill) * 1e3,
            "step_ms": statistics.median(steps) * 1e3, "events": len(times)}
     if moved_before is not None:

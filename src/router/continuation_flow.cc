@@ -3,6 +3,7 @@
 // a whole answer sent again (docs/reliability.md, "Continuation"; --migration-limit).
 #include <spdlog/spdlog.h>
 
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -26,28 +27,30 @@ using nlohmann::json;
 
 namespace {
 
+/// Makes `leg` a stream's continuation: `kvpush_resume` = what the client got, and the seed the
+/// failed (or offering) instance sampled with when the request named none (--colocated forwards
+/// the client's body without one).
+void AddResume(json& leg, const ResumeLedger& ledger) {
+  leg["kvpush_resume"] = ledger.ToJson();
+  const auto seed = leg.find("seed");
+  if ((seed == leg.end() || seed->is_null()) && ledger.seed()) leg["seed"] = *ledger.seed();
+}
+
 /// The body of a continuation: the client's request as a colocated instance takes it (P/D: the
 /// parsed body with the router's seed; colocated: the client's bytes), plus `kvpush_resume`
 /// when a stream is resumed. "" when the colocated body cannot be parsed (it was forwarded
 /// as-is: the instance refused it, nothing to continue).
 std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger* ledger) {
-  // A stream's continuation: what the client got, and the seed the failed instance sampled with
-  // when the request named none (--colocated forwards the client's body without one).
-  auto resume = [ledger](json& leg) {
-    leg["kvpush_resume"] = ledger->ToJson();
-    const auto seed = leg.find("seed");
-    if ((seed == leg.end() || seed->is_null()) && ledger->seed()) leg["seed"] = *ledger->seed();
-  };
   if (t.client) {
     json leg = t.client->Shell();
-    if (ledger != nullptr) resume(leg);
+    if (ledger != nullptr) AddResume(leg, *ledger);
     return ComposeLegBody(leg, *t.client);
   }
   if (ledger == nullptr) return t.client_text;
   Result<ClientBody> parsed = ParseClientBody(t.client_text);
   if (!parsed.ok() || !parsed->doc.is_object()) return {};
   json leg = parsed->doc;
-  resume(leg);
+  AddResume(leg, *ledger);
   return ComposeLegBody(leg, *parsed);
 }
 
@@ -69,11 +72,43 @@ struct PushedMove {
     p["max_tokens"] = resumed + 1;  // max_tokens counts the resumed output: one token more
     return ComposeLegBody(p, *t.client);
   }
-  std::string DecodeBody(const RequestFlow::Transfer& t, const std::string& tid) const {
-    return ComposeLegBody(
-        pd::MakeDecodePushBody(leg, tid, source.host, source.port, source.https), *t.client);
+  /// D's leg: streamed (the switch), or — `first_round` — one token answered whole, which only
+  /// fills the target's prefix cache (P's token ends it at once; it is not relayed).
+  std::string DecodeBody(const RequestFlow::Transfer& t, const std::string& tid,
+                         bool first_round = false) const {
+    json d = pd::MakeDecodePushBody(leg, tid, source.host, source.port, source.https);
+    if (first_round) {
+      d["stream"] = false;
+      d.erase("stream_options");
+      d.erase("max_completion_tokens");
+      d["max_tokens"] = resumed + 1;
+    }
+    return ComposeLegBody(d, *t.client);
   }
 };
+
+/// Writes `body` on `leg` (POST `path`) on this thread and reads the answer on a worker, which
+/// then calls `done` with it. False (nothing queued; `leg` stopped, `done` not called) when the
+/// router is stopping or no worker took it.
+bool SendThenReadOnWorker(FlowServices& r, const std::shared_ptr<Leg>& leg,
+                          const std::string& path, const std::string& request_id,
+                          const std::string& body, std::function<void(const LegResult&)> done) {
+  if (!r.legs().BeginBackground()) return false;
+  auto sent = std::make_shared<std::optional<LegResult>>();
+  LegResult failed;
+  if (!leg->Send("POST", path, request_id, body, /*sse=*/false, &failed)) {
+    *sent = std::move(failed);
+  }
+  const bool queued = r.workers().Submit([&r, leg, sent, done = std::move(done)]() {
+    done(*sent ? **sent : leg->ReadAnswer());
+    r.legs().EndBackground();
+  });
+  if (!queued) {
+    leg->Stop();
+    r.legs().EndBackground();
+  }
+  return queued;
+}
 
 std::optional<PushedMove> PlanPushedMove(const FlowServices& r, const RequestFlow::Transfer& t,
                                          const ResumeLedger& ledger,
@@ -88,9 +123,7 @@ std::optional<PushedMove> PlanPushedMove(const FlowServices& r, const RequestFlo
   PushedMove m;
   m.source = source;
   m.leg = t.client->Shell();
-  m.leg["kvpush_resume"] = ledger.ToJson();
-  const auto seed = m.leg.find("seed");
-  if ((seed == m.leg.end() || seed->is_null()) && ledger.seed()) m.leg["seed"] = *ledger.seed();
+  AddResume(m.leg, ledger);
   m.resumed = ledger.tokens();
   return m;
 }
@@ -109,21 +142,11 @@ void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t,
                  "new instance computes the context)", rid, source.url, why, tid);
     r.AbortTransfer(source, Role::kPrefill, tid, rid);
   };
-  if (!r.legs().BeginBackground()) return fail("the router is stopping");
-  auto sent = std::make_shared<std::optional<LegResult>>();
-  LegResult failed;
-  if (!leg->Send("POST", t.path, rid, m.PrefillBody(t, tid), /*sse=*/false, &failed)) {
-    *sent = std::move(failed);
-  }
-  const bool queued = r.workers().Submit([&r, leg, sent, fail]() {
-    const LegResult pr = *sent ? **sent : leg->ReadAnswer();
-    if (!pr.answered || pr.status != 200) fail(Describe(pr));
-    r.legs().EndBackground();
-  });
-  if (!queued) {
-    leg->Stop();
-    r.legs().EndBackground();
-    fail("no worker took it");
+  if (!SendThenReadOnWorker(r, leg, t.path, rid, m.PrefillBody(t, tid),
+                            [fail](const LegResult& pr) {
+                              if (!pr.answered || pr.status != 200) fail(Describe(pr));
+                            })) {
+    fail("the router is stopping or no worker took it");
   }
 }
 
@@ -206,31 +229,13 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   pc->lease = std::move(lease);
   pc->why = why;
   pc->for_move = for_move;
-  pc->resumed = pushed->resumed;
   pc->start_ns = NowNs();
-  // The target's leg of the first round: the continuation as a push D leg of one token, answered
-  // whole (P's token ends it at once); it is not relayed: it fills the target's prefix cache.
+  // The target's leg first (its PUSH_TARGET is what the source's short prefill waits for), then
+  // the source's.
   const std::string tid = r.ids().TransferId();
-  json d = pd::MakeDecodePushBody(pushed->leg, tid, pushed->source.host, pushed->source.port,
-                                  pushed->source.https);
-  d["stream"] = false;
-  d.erase("stream_options");
-  d.erase("max_completion_tokens");
-  d["max_tokens"] = pushed->resumed + 1;
-  std::shared_ptr<Leg> leg = r.legs().NewLeg(target, Role::kDecode);
-  if (t.trace) leg->set_traceparent(http::FormatTraceparent(*t.trace));
-  if (!r.legs().BeginBackground()) return false;
-  auto sent = std::make_shared<std::optional<LegResult>>();
-  LegResult failed;
-  if (!leg->Send("POST", t.path, t.request_id, ComposeLegBody(d, *t.client), /*sse=*/false,
-                 &failed)) {
-    *sent = std::move(failed);
-  }
-  StartPushedMovePrefill(r, t, *pushed, tid);
   const std::string rid = t.request_id;
   const InstanceAddress source = pushed->source;
-  const bool queued = r.workers().Submit([&r, leg, sent, pc, rid, target, source, tid]() {
-    const LegResult dr = *sent ? **sent : leg->ReadAnswer();
+  auto done = [&r, pc, rid, target, source, tid](const LegResult& dr) {
     if (dr.answered && dr.status == 200) {
       pc->ok.store(true);
     } else {
@@ -240,13 +245,12 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
       r.AbortTransfer(source, Role::kPrefill, tid, rid);
     }
     pc->done.store(true);
-    r.legs().EndBackground();
-  });
-  if (!queued) {
-    leg->Stop();
-    r.legs().EndBackground();
+  };
+  if (!SendThenReadOnWorker(r, OpenLeg(r, t, target, Role::kDecode), t.path, rid,
+                            pushed->DecodeBody(t, tid, /*first_round=*/true), done)) {
     return false;
   }
+  StartPushedMovePrefill(r, t, *pushed, tid);
   spdlog::info("request {}: moving it from {} to {} ({}): pushing its context ({} output "
                "token(s)) there while it goes on", t.request_id, st.answering.url, target.url,
                why, pushed->resumed);
@@ -288,9 +292,8 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   const std::string failed_url = st.answering.url;
   const std::optional<PushedMove> pushed =
       push ? PlanPushedMove(r, t, st.ledger, st.answering, offered) : std::nullopt;
+  std::vector<std::string> exclude = ExcludedFor(t, st);
   st.failed_urls.push_back(failed_url);
-  std::vector<std::string> exclude = t.exclude;
-  exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
   st.precopy.reset();  // the stream switches now, or stays for good
   st.mover.Reset();
   while (t.continuations_left > 0 && !r.stopping()) {

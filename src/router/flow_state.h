@@ -256,8 +256,8 @@ struct RequestFlow::StreamState {
 };
 
 /// A pushed move's first round (docs/reliability.md, *Migration*): the target took the
-/// context's KV up to `resumed` output tokens from the answering instance (a P/D pair of one
-/// token, not relayed) into its prefix cache, while the stream went on there. `done` and `ok`
+/// context's KV so far (prompt + the output streamed) from the answering instance (a P/D pair
+/// of one token, not relayed) into its prefix cache, while the stream went on there. `done` and `ok`
 /// are set by the worker that read the target's answer; the rest is the relaying thread's.
 struct RequestFlow::PreCopy {
   std::atomic<bool> done{false};
@@ -265,7 +265,6 @@ struct RequestFlow::PreCopy {
   std::optional<InstanceLease> lease;  ///< the target, held until the switch
   std::string why;                     ///< the offer's or the ask's reason
   bool for_move = false;               ///< an operator's ask waits for the switch
-  int64_t resumed = 0;                 ///< output tokens the first round covered
   int64_t start_ns = 0;                ///< steady ns it began
 };
 

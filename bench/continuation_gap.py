@@ -50,6 +50,7 @@ import time
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, os.path.join(ROOT, "tests", "pylib"))
 import kvpush_harness as h  # noqa: E402
+import pd_bench_util as pbu  # noqa: E402  (read1_pieces, sse_events)
 
 h.LOG_PREFIX = "continuation_gap"
 
@@ -86,18 +87,10 @@ class Stream:
         self.thread.start()
 
     def _read(self):
-        buf = b""
         try:
-            while True:
-                chunk = self.resp.read1(65536)
-                if not chunk:
-                    return
-                now = time.perf_counter()
-                buf += chunk
-                while b"\n\n" in buf:
-                    ev, buf = buf.split(b"\n\n", 1)
-                    if ev.startswith(b"data: {") and b'"choices":[{' in ev:
-                        self.times.append(now)
+            for now, ev in pbu.sse_events(pbu.read1_pieces(self.resp)):
+                if ev.startswith(b"data: {") and b'"choices":[{' in ev:
+                    self.times.append(now)
         except (OSError, ValueError, http.client.HTTPException):
             return  # closed by close()
 

@@ -117,6 +117,26 @@ def stop_all(procs):
             p.kill()
 
 
+def read1_pieces(resp, clock=time.perf_counter):
+    """(clock() at arrival, bytes) for each piece of an http.client response, until its end."""
+    while True:
+        chunk = resp.read1(65536)
+        if not chunk:
+            return
+        yield clock(), chunk
+
+
+def sse_events(pieces):
+    """The SSE events (bytes, without the blank line) in `pieces`, an iterable of (arrival time,
+    bytes): yields (arrival time of the piece that completed the event, event)."""
+    buf = b""
+    for t, piece in pieces:
+        buf += piece
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            yield t, ev
+
+
 def stream_tokens(port, body, mode=None, timeout=600):
     """POSTs `body` to /v1/completions on `port` as a stream (with return_token_ids; header
     x-kvpush-mode: `mode` when given) and reads it to the end. Returns (send ns, [arrival ns of
@@ -132,26 +152,20 @@ def stream_tokens(port, body, mode=None, timeout=600):
     r = c.getresponse()
     if r.status != 200:
         raise RuntimeError(f"HTTP {r.status}: {r.read()[:300]!r}")
-    times, tokens, buf = [], [], b""
-    while True:
-        chunk = r.read1(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
-                    continue
-                j = json.loads(line[5:])
-                if "error" in j:
-                    raise RuntimeError(f"stream error: {j['error']}")
-                for ch in j.get("choices", []):
-                    ids = ch.get("token_ids") or []
-                    if ids:
-                        now = time.monotonic_ns()
-                        tokens.extend(ids)
-                        times.extend([now] * len(ids))
+    times, tokens = [], []
+    for _, ev in sse_events(read1_pieces(r)):
+        for line in ev.split(b"\n"):
+            if not line.startswith(b"data:") or line[5:].strip() == b"[DONE]":
+                continue
+            j = json.loads(line[5:])
+            if "error" in j:
+                raise RuntimeError(f"stream error: {j['error']}")
+            for ch in j.get("choices", []):
+                ids = ch.get("token_ids") or []
+                if ids:
+                    now = time.monotonic_ns()
+                    tokens.extend(ids)
+                    times.extend([now] * len(ids))
     if not times:
         raise RuntimeError("no tokens streamed")
     return t0, times, time.monotonic_ns(), tokens

@@ -41,35 +41,38 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import pd_handoff as hb  # noqa: E402  (free_port, wait_healthy, pct)
+import pd_bench_util as pbu  # noqa: E402  (read1_pieces, sse_events)
 
 HOST = hb.HOST
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 
 
+def scan_stream(events, stop_at_error):
+    """Scans SSE completion events ((arrival time, event) pairs, pd_bench_util.sse_events);
+    returns (time of the first event with text, saw [DONE], the last error or None). With
+    `stop_at_error` it returns at the first error event."""
+    t_first, done, err = None, False, None
+    for t, ev in events:
+        for line in ev.split(b"\n"):
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                done = True
+                continue
+            j = json.loads(data)
+            if "error" in j:
+                err = j["error"]
+                if stop_at_error:
+                    return t_first, done, err
+            elif t_first is None and any(c.get("text") for c in j.get("choices", [])):
+                t_first = t
+    return t_first, done, err
+
+
 def read_stream(resp):
     """Reads an SSE completion stream; returns (t_first_token, saw_done, error or None)."""
-    t_first, done, buf = None, False, b""
-    while True:
-        chunk = resp.read1(65536)
-        if not chunk:
-            break
-        now = time.perf_counter()
-        buf += chunk
-        while b"\n\n" in buf:
-            ev, buf = buf.split(b"\n\n", 1)
-            for line in ev.split(b"\n"):
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    done = True
-                    continue
-                j = json.loads(data)
-                if "error" in j:
-                    return t_first, done, j["error"]
-                if t_first is None and any(c.get("text") for c in j.get("choices", [])):
-                    t_first = now
-    return t_first, done, None
+    return scan_stream(pbu.sse_events(pbu.read1_pieces(resp)), stop_at_error=True)
 
 
 class Client:
@@ -145,23 +148,8 @@ class Client:
         body = b"".join(p for _, p in self._body_pieces(hdr)) if status != 200 else None
         if status != 200:
             return status, None, False, body[:300]
-        t_first, done, err, buf = None, False, None, b""
-        for t, piece in self._body_pieces(hdr):
-            buf += piece
-            while b"\n\n" in buf:
-                ev, buf = buf.split(b"\n\n", 1)
-                for line in ev.split(b"\n"):
-                    if not line.startswith(b"data:"):
-                        continue
-                    data = line[5:].strip()
-                    if data == b"[DONE]":
-                        done = True
-                        continue
-                    j = json.loads(data)
-                    if "error" in j:
-                        err = j["error"]
-                    elif t_first is None and any(c.get("text") for c in j.get("choices", [])):
-                        t_first = t
+        t_first, done, err = scan_stream(pbu.sse_events(self._body_pieces(hdr)),
+                                         stop_at_error=False)
         return 200, t_first, done, err
 
     def json_answer(self):

@@ -19,6 +19,7 @@
 #include "router/flow_state.h"
 #include "router/leg.h"
 #include "router/request_flow.h"
+#include "router/pushed_move.h"
 #include "router/resume_ledger.h"
 
 namespace kvpush::router {
@@ -26,15 +27,6 @@ namespace kvpush::router {
 using nlohmann::json;
 
 namespace {
-
-/// Makes `leg` a stream's continuation: `kvpush_resume` = what the client got, and the seed the
-/// failed (or offering) instance sampled with when the request named none (--colocated forwards
-/// the client's body without one).
-void AddResume(json& leg, const ResumeLedger& ledger) {
-  leg["kvpush_resume"] = ledger.ToJson();
-  const auto seed = leg.find("seed");
-  if ((seed == leg.end() || seed->is_null()) && ledger.seed()) leg["seed"] = *ledger.seed();
-}
 
 /// The body of a continuation: the client's request as a colocated instance takes it (P/D: the
 /// parsed body with the router's seed; colocated: the client's bytes), plus `kvpush_resume`
@@ -53,39 +45,6 @@ std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger*
   AddResume(leg, *ledger);
   return ComposeLegBody(leg, *parsed);
 }
-
-/// A stream's move by push (docs/reliability.md, *Migration*): the instance that offered it
-/// (draining, or asked by an operator) still holds the context's KV in its prefix cache. It gets a
-/// P leg of the continuation (prompt + resumed output, one more token) and pushes the context's KV
-/// to the new instance, whose D leg names it as the prefill instance; the new instance then
-/// decodes on from the pushed KV instead of computing the context. Built only for P/D streams of
-/// one choice (the pushed context is one sequence's) whose ledger resumes at least one token,
-/// with --migration-transfer push.
-struct PushedMove {
-  InstanceAddress source;
-  nlohmann::json leg;  ///< the continuation's body (the client's, seed and kvpush_resume added)
-  int64_t resumed = 0;
-
-  /// For an attempt with transfer id `tid`: P's leg (to `source`) and D's.
-  std::string PrefillBody(const RequestFlow::Transfer& t, const std::string& tid) const {
-    json p = pd::MakePrefillBody(leg, pd::KvTransferParams::Mode::kPush, tid);
-    p["max_tokens"] = resumed + 1;  // max_tokens counts the resumed output: one token more
-    return ComposeLegBody(p, *t.client);
-  }
-  /// D's leg: streamed (the switch), or — `first_round` — one token answered whole, which only
-  /// fills the target's prefix cache (P's token ends it at once; it is not relayed).
-  std::string DecodeBody(const RequestFlow::Transfer& t, const std::string& tid,
-                         bool first_round = false) const {
-    json d = pd::MakeDecodePushBody(leg, tid, source.host, source.port, source.https);
-    if (first_round) {
-      d["stream"] = false;
-      d.erase("stream_options");
-      d.erase("max_completion_tokens");
-      d["max_tokens"] = resumed + 1;
-    }
-    return ComposeLegBody(d, *t.client);
-  }
-};
 
 /// Writes `body` on `leg` (POST `path`) on this thread and reads the answer on a worker, which
 /// then calls `done` with it. False (nothing queued; `leg` stopped, `done` not called) when the
@@ -110,22 +69,10 @@ bool SendThenReadOnWorker(FlowServices& r, const std::shared_ptr<Leg>& leg,
   return queued;
 }
 
-std::optional<PushedMove> PlanPushedMove(const FlowServices& r, const RequestFlow::Transfer& t,
-                                         const ResumeLedger& ledger,
-                                         const InstanceAddress& source, bool offered) {
-  if (!offered || !r.options().migration_push || t.d_role != Role::kDecode || !t.client ||
-      ledger.tokens() < 1) {
-    return std::nullopt;
-  }
-  const json& doc = t.client->doc;
-  const auto n = doc.find("n");
-  if (n != doc.end() && !(n->is_number_integer() && n->get<int64_t>() == 1)) return std::nullopt;
-  PushedMove m;
-  m.source = source;
-  m.leg = t.client->Shell();
-  AddResume(m.leg, ledger);
-  m.resumed = ledger.tokens();
-  return m;
+/// Whether a stream of `t` that its instance offered (drain, an operator's ask) may move by
+/// push: P/D, --migration-transfer push, a body the router parsed (pushed_move.h plans the legs).
+bool MayPush(const FlowServices& r, const RequestFlow::Transfer& t, bool offered) {
+  return offered && r.options().migration_push && t.d_role == Role::kDecode && t.client;
 }
 
 /// Writes a pushed move's P leg to its source and reads the answer on a worker. P's token goes
@@ -142,7 +89,7 @@ void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t,
                  "new instance computes the context)", rid, source.url, why, tid);
     r.AbortTransfer(source, Role::kPrefill, tid, rid);
   };
-  if (!SendThenReadOnWorker(r, leg, t.path, rid, m.PrefillBody(t, tid),
+  if (!SendThenReadOnWorker(r, leg, t.path, rid, m.PrefillBody(*t.client, tid),
                             [fail](const LegResult& pr) {
                               if (!pr.answered || pr.status != 200) fail(Describe(pr));
                             })) {
@@ -213,15 +160,77 @@ bool RequestFlow::MoveOffered(FlowServices& r, StreamState& st, const std::strin
   return moved;
 }
 
+namespace {
+
+/// Starts one first round of a pushed move (`m`, one sequence) to `target`: its D leg, then its P
+/// leg to the source. The worker that reads the target's answer counts it down in `pc` (and
+/// marks `pc` failed, telling the source to drop the transfer, unless it was a 200). False
+/// (nothing sent; `pc` untouched) when no worker took the D leg.
+bool StartFirstRound(FlowServices& r, const RequestFlow::Transfer& t, const PushedMove& m,
+                     const InstanceAddress& target,
+                     const std::shared_ptr<RequestFlow::PreCopy>& pc) {
+  // The target's leg first (its PUSH_TARGET is what the source's short prefill waits for), then
+  // the source's.
+  const std::string tid = r.ids().TransferId();
+  const std::string rid = t.request_id;
+  const InstanceAddress source = m.source;
+  auto done = [&r, pc, rid, target, source, tid](const LegResult& dr) {
+    if (!dr.answered || dr.status != 200) {
+      spdlog::warn("request {}: a first round of its move to {} failed ({}); the move goes on "
+                   "without it", rid, target.url, Describe(dr));
+      pc->failed.store(true);
+      // The source may hold the context for a target that will never come: let it go now.
+      r.AbortTransfer(source, Role::kPrefill, tid, rid);
+    }
+    pc->pending.fetch_sub(1);
+  };
+  if (!SendThenReadOnWorker(r, OpenLeg(r, t, target, Role::kDecode), t.path, rid,
+                            m.DecodeBody(*t.client, tid, /*first_round=*/true), done)) {
+    return false;
+  }
+  StartPushedMovePrefill(r, t, m, tid);
+  return true;
+}
+
+/// Starts `rounds` (one per sequence) to `target` under `pc`, which counts them down; records
+/// the ledger's tokens as the round's start. The output tokens they move, or -1 when none
+/// started (the first could not: nothing under way). A round after the first that cannot
+/// start marks `pc` failed.
+int64_t LaunchRounds(FlowServices& r, const RequestFlow::Transfer& t,
+                     const std::vector<PushedMove>& rounds, const ResumeLedger& ledger,
+                     const InstanceAddress& target, RequestFlow::PreCopy& pc,
+                     const std::shared_ptr<RequestFlow::PreCopy>& shared) {
+  pc.round_tokens = ledger.tokens();
+  ++pc.rounds;
+  pc.sequences = static_cast<int64_t>(rounds.size());
+  pc.pending.store(static_cast<int>(rounds.size()));
+  int64_t resumed = 0;
+  for (const PushedMove& m : rounds) {
+    if (!StartFirstRound(r, t, m, target, shared)) {
+      if (&m == &rounds.front()) {
+        pc.pending.store(0);  // nothing under way
+        return -1;
+      }
+      pc.failed.store(true);
+      pc.pending.fetch_sub(1);
+      continue;
+    }
+    resumed += m.resumed;
+  }
+  return resumed;
+}
+
+}  // namespace
+
 bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::string& why,
                                bool for_move) {
   Transfer& t = *st.t;
-  if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
+  if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken() ||
+      !MayPush(r, t, /*offered=*/true)) {
     return false;
   }
-  const std::optional<PushedMove> pushed =
-      PlanPushedMove(r, t, st.ledger, st.answering, /*offered=*/true);
-  if (!pushed) return false;
+  const std::vector<PushedMove> rounds = PlanFirstRounds(*t.client, st.ledger, st.answering);
+  if (rounds.empty()) return false;
   std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, ExcludedFor(t, st));
   if (!lease) return false;
   auto pc = std::make_shared<PreCopy>();
@@ -230,31 +239,27 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   pc->why = why;
   pc->for_move = for_move;
   pc->start_ns = NowNs();
-  // The target's leg first (its PUSH_TARGET is what the source's short prefill waits for), then
-  // the source's.
-  const std::string tid = r.ids().TransferId();
-  const std::string rid = t.request_id;
-  const InstanceAddress source = pushed->source;
-  auto done = [&r, pc, rid, target, source, tid](const LegResult& dr) {
-    if (dr.answered && dr.status == 200) {
-      pc->ok.store(true);
-    } else {
-      spdlog::warn("request {}: the first round of its move to {} failed ({}); the move goes on "
-                   "without it", rid, target.url, Describe(dr));
-      // The source may hold the context for a target that will never come: let it go now.
-      r.AbortTransfer(source, Role::kPrefill, tid, rid);
-    }
-    pc->done.store(true);
-  };
-  if (!SendThenReadOnWorker(r, OpenLeg(r, t, target, Role::kDecode), t.path, rid,
-                            pushed->DecodeBody(t, tid, /*first_round=*/true), done)) {
-    return false;
-  }
-  StartPushedMovePrefill(r, t, *pushed, tid);
+  const int64_t resumed = LaunchRounds(r, t, rounds, st.ledger, target, *pc, pc);
+  if (resumed < 0) return false;
   spdlog::info("request {}: moving it from {} to {} ({}): pushing its context ({} output "
-               "token(s)) there while it goes on", t.request_id, st.answering.url, target.url,
-               why, pushed->resumed);
+               "token(s), {} sequence(s)) there while it goes on", t.request_id,
+               st.answering.url, target.url, why, resumed, rounds.size());
   st.precopy = std::move(pc);
+  return true;
+}
+
+bool RequestFlow::NextRound(FlowServices& r, StreamState& st) {
+  Transfer& t = *st.t;
+  PreCopy& pc = *st.precopy;
+  if (r.stopping() || st.ledger.broken() || !pc.lease) return false;
+  const std::vector<PushedMove> rounds = PlanFirstRounds(*t.client, st.ledger, st.answering);
+  if (rounds.empty()) return false;
+  const int64_t before = pc.round_tokens;
+  const int64_t resumed =
+      LaunchRounds(r, t, rounds, st.ledger, pc.lease->address(), pc, st.precopy);
+  if (resumed < 0) return false;
+  spdlog::info("request {}: another round of its move: {} output token(s) streamed since the "
+                "last began", t.request_id, st.ledger.tokens() - before);
   return true;
 }
 
@@ -266,8 +271,8 @@ bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st, bool push_all)
   // After an ok first round the target holds the context but the blocks filled since:
   // computing those (a few tokens, up to a block more) is faster than another round trip
   // through the source's engine (docs/benchmarks/continuation.md).
-  const bool moved =
-      ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease), push_all);
+  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease),
+                                    push_all, pc->rounds);
   if (pc->for_move) AnswerAsk(st, from, moved);
   return moved;
 }
@@ -282,7 +287,8 @@ bool ContinuableFailure(const LegResult& r) {
 }
 
 bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
-                                 bool offered, std::optional<InstanceLease> first, bool push) {
+                                 bool offered, std::optional<InstanceLease> first, bool push,
+                                 int rounds) {
   Transfer& t = *st.t;
   if (!t.continuable || t.continuations_left <= 0 || r.stopping() || st.ledger.broken()) {
     return false;
@@ -290,8 +296,9 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
   const std::string failed_url = st.answering.url;
-  const std::optional<PushedMove> pushed =
-      push ? PlanPushedMove(r, t, st.ledger, st.answering, offered) : std::nullopt;
+  const std::optional<PushedMove> pushed = push && MayPush(r, t, offered)
+                                               ? PlanWholePush(*t.client, st.ledger, st.answering)
+                                               : std::nullopt;
   std::vector<std::string> exclude = ExcludedFor(t, st);
   st.failed_urls.push_back(failed_url);
   st.precopy.reset();  // the stream switches now, or stays for good
@@ -309,7 +316,7 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     if (pushed) {
       // D's leg first (its PUSH_TARGET is what the source's short prefill waits for), then P's.
       tid = r.ids().TransferId();
-      d_body = pushed->DecodeBody(t, tid);
+      d_body = pushed->DecodeBody(*t.client, tid);
       leg->SendAhead("POST", t.path, t.request_id, d_body, /*sse=*/true);
       StartPushedMovePrefill(r, t, *pushed, tid);
     }
@@ -317,7 +324,8 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     if (status == 200) {
       const std::string how =
           pushed  ? " with the context's KV pushed from " + failed_url
-          : !push ? " with the context's KV pushed from " + failed_url + " in a first round"
+          : !push ? " with the context's KV pushed from " + failed_url + " in " +
+                        std::to_string(rounds) + " round(s) while it went on"
                   : "";
       spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}{}",
                    t.request_id, RoleName(t.d_role), failed_url,

@@ -257,15 +257,21 @@ struct RequestFlow::StreamState {
 
 /// A pushed move's first round (docs/reliability.md, *Migration*): the target took the
 /// context's KV so far (prompt + the output streamed) from the answering instance (a P/D pair
-/// of one token, not relayed) into its prefix cache, while the stream went on there. `done` and `ok`
-/// are set by the worker that read the target's answer; the rest is the relaying thread's.
+/// of one token per sequence — n > 1: one per choice with output — not relayed) into its prefix
+/// cache, while the stream went on there. `pending` and `failed` are set by the workers that read
+/// the target's answers; the rest is the relaying thread's.
 struct RequestFlow::PreCopy {
-  std::atomic<bool> done{false};
-  std::atomic<bool> ok{false};         ///< the target answered 200: it holds the context
+  std::atomic<int> pending{0};         ///< rounds whose answer is not in yet
+  std::atomic<bool> failed{false};     ///< a round's answer was not a 200 (or it never started)
+  bool done() const { return pending.load() == 0; }
+  bool ok() const { return !failed.load(); }  ///< the target holds every sequence's context
   std::optional<InstanceLease> lease;  ///< the target, held until the switch
   std::string why;                     ///< the offer's or the ask's reason
   bool for_move = false;               ///< an operator's ask waits for the switch
-  int64_t start_ns = 0;                ///< steady ns it began
+  int64_t start_ns = 0;                ///< steady ns the move began
+  int64_t round_tokens = 0;            ///< the ledger's output tokens when this round began
+  int64_t sequences = 1;               ///< sequences this round moves (n > 1: choices)
+  int rounds = 0;                      ///< rounds started (StreamMove::kMaxRounds at most)
 };
 
 /// A new leg of `t` to `addr` (the router's LegRegistry); with tracing on it carries the

@@ -3,6 +3,7 @@
 #include <httplib.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -379,7 +380,15 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   if (!RelayEvents(r, st, sink, events, &sig)) return false;
   // A pushed move whose first round ended switches when StreamMove says (right after an event
   // of the old stream went out, or after a silence).
-  if (st.precopy && st.precopy->done.load()) st.mover.OnFirstRoundEnded(st.precopy->ok.load());
+  if (st.precopy && st.precopy->done()) {
+    const PreCopy& pc = *st.precopy;
+    const int64_t tail =
+        (st.ledger.tokens() - pc.round_tokens) / std::max<int64_t>(1, pc.sequences);
+    if (st.mover.OnRoundEnded(pc.ok(), tail) == StreamMove::Step::kStartNextRound &&
+        !NextRound(r, st)) {
+      st.mover.OnNextRoundNotStarted();
+    }
+  }
   const StreamMove::Step step = st.mover.OnRelayRound(
       took_events, NowNs() - st.last_data_ns, st.held.empty() && !st.terminal_sent && !finished);
   if (step != StreamMove::Step::kNothing &&

@@ -113,9 +113,11 @@ class RequestFlow {
   /// `first`: the instance to try first (a pushed move's target, which holds its first round);
   /// `push`: an offered stream may move with its KV pushed by the offering instance
   /// (--migration-transfer push); false after a first round, whose target computes the rest.
+  /// `rounds`: the pushed move's rounds that ran before (for its log line).
   static bool ContinueStream(FlowServices& r, StreamState& st, const std::string& why,
                              bool offered = false,
-                             std::optional<InstanceLease> first = std::nullopt, bool push = true);
+                             std::optional<InstanceLease> first = std::nullopt, bool push = true,
+                             int rounds = 0);
   /// Pump's step: an operator asked to move this stream (st.move): moves it (MoveOffered) and
   /// answers the ask once it moved or could not.
   static void AnswerMove(FlowServices& r, StreamState& st);
@@ -135,6 +137,9 @@ class RequestFlow {
   /// stream switches to its target, which computes the rest (the blocks filled since the first
   /// round) over the context it holds — or, `push_all` (that round failed), takes it all pushed
   /// (ContinueStream) — and an operator's ask is answered.
+  /// A pushed move's round ended ok with a long tail (StreamMove::kStartNextRound): starts
+  /// another round to the same target from the stream's output now. False when none started.
+  static bool NextRound(FlowServices& r, StreamState& st);
   static bool FinishPreCopy(FlowServices& r, StreamState& st, bool push_all);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while

@@ -84,4 +84,21 @@ int64_t ResumeLedger::tokens() const {
   return n;
 }
 
+std::vector<int64_t> ResumeLedger::OpenChoicesWithOutput() const {
+  std::vector<int64_t> out;
+  for (const auto& [index, c] : choices_) {
+    if (!c.finished && !c.token_ids.empty()) out.push_back(index);
+  }
+  return out;
+}
+
+ResumeLedger ResumeLedger::OneChoice(int64_t index) const {
+  ResumeLedger one;
+  one.seed_ = seed_;
+  one.broken_ = broken_;
+  const auto it = choices_.find(index);
+  if (it != choices_.end()) one.choices_[0] = it->second;
+  return one;
+}
+
 }  // namespace kvpush::router

@@ -42,6 +42,11 @@ class ResumeLedger {
 
   /// Output tokens relayed over all choices.
   int64_t tokens() const;
+  /// The indices of the choices not finished that have relayed output, ascending.
+  std::vector<int64_t> OpenChoicesWithOutput() const;
+  /// The ledger of choice `index` alone, as choice 0 (its tokens, text bytes, finish), with the
+  /// same seed; the usage chunk not relayed. Empty (no choice) when `index` has no entry.
+  ResumeLedger OneChoice(int64_t index) const;
   /// The seed the instance sampled with (its comments' `seed`; the client's, or the one it drew
   /// for an unseeded request), once a comment named one.
   std::optional<int64_t> seed() const { return seed_; }

@@ -7,6 +7,7 @@ StreamMove::Step StreamMove::OnMoveWanted(bool pushable) {
   if (!pushable) return Step::kContinueNow;
   state_ = State::kFirstRound;
   round_ok_ = false;
+  rounds_ = 1;
   return Step::kStartFirstRound;
 }
 
@@ -15,10 +16,21 @@ StreamMove::Step StreamMove::OnFirstRoundNotStarted() {
   return Step::kContinueNow;
 }
 
-void StreamMove::OnFirstRoundEnded(bool ok) {
+StreamMove::Step StreamMove::OnRoundEnded(bool ok, int64_t tail_tokens) {
+  if (state_ != State::kFirstRound) return Step::kNothing;
+  round_ok_ = ok;
+  if (ok && tail_tokens >= kNextRoundTokens && rounds_ < kMaxRounds) {
+    ++rounds_;
+    return Step::kStartNextRound;
+  }
+  state_ = State::kReady;
+  return Step::kNothing;
+}
+
+void StreamMove::OnNextRoundNotStarted() {
   if (state_ != State::kFirstRound) return;
   state_ = State::kReady;
-  round_ok_ = ok;
+  round_ok_ = true;  // the round before it ended ok: the target holds the context up to there
 }
 
 StreamMove::Step StreamMove::OnRelayRound(bool took_events, int64_t silence_ns,
@@ -34,6 +46,7 @@ StreamMove::Step StreamMove::OnRelayRound(bool took_events, int64_t silence_ns,
 void StreamMove::Reset() {
   state_ = State::kIdle;
   round_ok_ = false;
+  rounds_ = 0;
 }
 
 }  // namespace kvpush::router

@@ -338,7 +338,7 @@ def pushed_move_check(label, before, after, router, raw, prompt_tokens):
           "nothing (%s)" % (label, got, prompt_tokens, streamed, recomputed))
     # Two rounds: the first while the stream went on, and none failed.
     check(log_has(router, "pushing its context") and
-          not log_has(router, "the first round of its move"),
+          not log_has(router, "first round of its move to"),
           "%s: the move's first round pushed the context while the stream went on" % label)
 
 
@@ -418,6 +418,29 @@ def moved_cases(router, colo, d1, d2, cl):
     check(late is None or late[0] in (200, 409),
           "a move asked 2 tokens before the end: moved or 409 not_moved, never an error (%s)" % (
               late and late[0]))
+    # n = 2, seeded: each choice's context (prompt + its own output) is a sequence of its own,
+    # pushed in a first round of its own; the switch continues both choices on the target.
+    two = {"prompt": "tell me a story", "max_tokens": 90, "temperature": 0.9, "seed": 4, "n": 2,
+           "ignore_eos": True, "logprobs": 1, "stream": True}
+    _, ref = post(colo.port, "/v1/completions", two)
+    _, tok = post(colo.port, "/tokenize", {"prompt": two["prompt"]})
+    prompt_tokens = json.loads(tok)["count"]
+    before = kv_counters([d1, d2], reset=True)
+    status, raw, victim = stream_and_fail(
+        router.port, "/v1/completions", two, [d1, d2],
+        lambda _i: post(router.port, "/admin/migrate", {"request_id": "move-me-n2"}),
+        {"x-request-id": "move-me-n2"}, after_events=70)
+    after = kv_counters([d1, d2])
+    got = sum(after[u][0] - before[u][0] for u in after)
+    recomputed = sum(after[u][1] - before[u][1] for u in after)
+    streamed = sum(len(v) for v in per_choice([d for d, _ in parse_events(raw)
+                                               if d is not None]).values())
+    check(victim and status == 200 and same_stream(raw, ref),
+          "n = 2, moved mid-stream: both choices equal the colocated run (%d)" % status)
+    check(got > 2 * prompt_tokens and got < 2 * prompt_tokens + streamed and recomputed == 0
+          and log_has(router, "2 sequence(s)"),
+          "n = 2, moved mid-stream: the new D took both choices' contexts as pushed KV in two "
+          "first rounds (%d of 2 x %d + %d), recomputed nothing" % (got, prompt_tokens, streamed))
     # The source, or the target, dies while the first round pushes the context: a dead source
     # is a crash (continued as such), a dead target leaves the stream on its source.
     _, ref = post(colo.port, "/v1/completions", dict(chat_free(chat)))

@@ -6,15 +6,16 @@ import http.client
 import json
 import random
 import signal
+import threading
 import time
 
 from kvpush_harness import body_for, log, send, tail
 
 
 class FaultDriver:
-    """Needs from the class it is mixed into: a (arguments), P, D, pd, instances, pool, netns,
+    """Needs from the class it is mixed into: a (arguments), P, D, pd, colo, instances, pool, netns,
     router, fault_flag, faults (counts), counts_lock, streams_in_flight (request ids),
-    traffic_done (threading.Event), watchdog_ms, count(), violation()."""
+    traffic_done (threading.Event), watchdog_ms, count(), violation(), judge()."""
 
     def restart(self, inst):
         inst.kill()
@@ -123,11 +124,77 @@ class FaultDriver:
         if r.status not in (200, 404, 409, 504):
             self.violation("POST /admin/migrate %s: %d %s" % (rid, r.status, body[:300]))
 
+    LONG_STREAM_TOKENS = 160
+
+    def fault_migrate_long(self, kind):
+        """A long seeded stream of its own, moved mid-stream by POST /admin/migrate (issue 24);
+        `migrate_broken`: every transfer post of both Ds fails (SIGUSR1 ... SIGUSR2) from just
+        before the ask until it is answered, so the source's WRITEs of the move fail: the stream
+        must stay, or move with its context pushed again or computed, and its tokens equal
+        colocated — or it ends in an explicit error."""
+        broken = kind == "migrate_broken" and self.fault_flag
+        # A prompt that leaves room for the long answer in the model's 512-token context.
+        fits = [i for i, e in enumerate(self.pool)
+                if len(e["prompt"]) + self.LONG_STREAM_TOKENS <= 480]
+        entry = self.frng.choice(fits)
+        body = body_for(self.pool[entry], True)
+        body.update({"max_tokens": self.LONG_STREAM_TOKENS, "temperature": 0.8, "top_p": 0.95,
+                     "seed": self.frng.randrange(1 << 30)})
+        mode = self.frng.choice(self.a.modes.split(","))
+        ref = send(self.colo.host, self.colo.port, dict(body, stream=False))
+        if ref["kind"] != "ok":
+            self.violation("colocated reference of a long stream failed: %s %s" % (
+                ref["kind"], ref["error"]))
+            return
+        rid = "chaos-move-%016x" % self.frng.getrandbits(64)
+        at = self.frng.randrange(8, 60)
+        asked = {}
+
+        def ask():
+            if broken:
+                for d in self.D:
+                    d.proc.send_signal(signal.SIGUSR1)
+            try:
+                c = http.client.HTTPConnection(self.router.host, self.router.port, timeout=40)
+                c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
+                          {"Content-Type": "application/json"})
+                r = c.getresponse()
+                asked["status"], asked["body"] = r.status, r.read().decode("utf-8", "replace")
+                c.close()
+            except (OSError, http.client.HTTPException) as e:
+                asked["status"], asked["body"] = 0, str(e)
+            finally:
+                if broken:
+                    for d in self.D:
+                        d.proc.send_signal(signal.SIGUSR2)
+
+        asker = threading.Thread(target=ask)
+
+        def on_event(n):
+            if n == at:
+                asker.start()
+
+        r = send(self.router.host, self.router.port, body,
+                 headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
+        if asker.is_alive() or asker.ident is not None:
+            asker.join()
+        status = asked.get("status")
+        what = "long stream %s (%s, moved after %d events%s)" % (
+            rid, mode, at, ", Ds' posts failing" if broken else "")
+        self.count(self.faults, "long stream moved%s: POST /admin/migrate -> %s, answer %s" % (
+            " while the Ds' transfer posts fail" if broken else "", status, r["kind"]))
+        log("fault: %s: POST /admin/migrate -> %s %s; answer %s" % (
+            what, status, (asked.get("body") or "")[:160], r["kind"]))
+        if status is not None and status not in (200, 404, 409, 504):
+            self.violation("POST /admin/migrate %s: %s %s" % (rid, status, asked.get("body")))
+        self.judge(what, r, ref["ids"], entry)
+
     FAULTS = {
         "kill_restart_P": fault_kill_restart, "kill_restart_D": fault_kill_restart,
         "sigstop": fault_sigstop, "sigstop_P": fault_sigstop, "sigstop_D": fault_sigstop,
         "restart_stopped_P": fault_restart_stopped, "orphan_leases": fault_orphan_leases,
         "broken_P": fault_broken, "link_cut": fault_link_cut, "migrate": fault_migrate,
+        "migrate_long": fault_migrate_long, "migrate_broken": fault_migrate_long,
     }
 
     def fault_loop(self):

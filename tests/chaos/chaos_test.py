@@ -18,7 +18,10 @@ concurrency C while a fault driver, at random:
   * restarts a P and stops it as soon as it is healthy, before the Ds handshake with its new
     incarnation (legs naming it must not queue behind the handshake; issue 26),
   * moves a stream in flight to the other D (POST /admin/migrate on the router, issue 24): the
-    move answers 200 (moved), 404 (the stream just ended) or 409 (not moved: it stays),
+    move answers 200 (moved), 404 (the stream just ended) or 409 (not moved: it stays); and
+    starts a long stream of its own (the pool's are 4-16 tokens, mostly over before a move's
+    first round is) and moves it mid-stream (`migrate_long`; `migrate_broken`, not drawn by
+    default: the same while every transfer post of both Ds fails, docs/reliability.md),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -236,17 +239,21 @@ class Chaos(FaultDriver):
 
     def check(self, i, req, r):
         mode = req["mode"] + (" stream" if req["stream"] else "")
-        kind = r["kind"]
-        ref = self.ref[req["entry"]]
         what = "request %d (entry %d, %s%s)" % (i, req["entry"], mode,
                                                  ", id %s" % r["id"] if r.get("id") else "")
+        self.judge(what, r, self.ref[req["entry"]], req["entry"])
+
+    def judge(self, what, r, ref, entry):
+        """Counts answer `r` (kvpush_harness.send's) against colocated tokens `ref`: identical,
+        or an explicit error; anything else is a violation (probed with pool `entry`)."""
+        kind = r["kind"]
         if kind == "ok":
             if r["ids"] == ref:
                 self.count(self.outcomes, "200 tokens identical to colocated")
             else:
                 self.count(self.outcomes, "200 WRONG TOKENS")
                 self.violation("%s: HTTP 200 with tokens %s, colocated %s; %s" % (
-                    what, r["ids"], ref, self.probe(req["entry"])))
+                    what, r["ids"], ref, self.probe(entry)))
         elif kind == "http_error":
             if r.get("error_in_200"):
                 self.count(self.outcomes, "200 with an error body")
@@ -546,8 +553,9 @@ def main():
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--faults",
                     default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P,"
-                            "restart_stopped_P,migrate",
-                    help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
+                            "restart_stopped_P,migrate,migrate_long",
+                    help="fault kinds the driver draws from (also sigstop_P, sigstop_D, "
+                         "migrate_broken)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--keep-logs", action="store_true")

@@ -239,8 +239,10 @@ def body_for(entry, stream):
     return b
 
 
-def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=None):
-    """Posts /v1/completions. Returns dict(kind, status, ids, error).
+def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=None,
+         on_event=None):
+    """Posts /v1/completions. Returns dict(kind, status, ids, error). `on_event(n)`, streamed
+    only: called after the n-th data event with choice data was read (n = 1, 2, ...).
 
     kind: ok (200, complete), http_error, sse_error, truncated (stream ended without [DONE] and
     without an error event), transport (no HTTP answer), timeout, aborted (by us)."""
@@ -317,6 +319,8 @@ def send(host, port, body, headers=None, timeout=REQUEST_TIMEOUT_S, abort_after=
                 res["ids"].extend(j["choices"][0].get("token_ids") or [])
             except (KeyError, IndexError, TypeError):
                 pass
+            if on_event is not None:
+                on_event(events)
             if t_abort is not None and events >= 1:
                 c.close()
                 res["kind"] = "aborted"

@@ -27,7 +27,9 @@ StreamMove In(State s, bool ok = true) {
   StreamMove m;
   if (s == State::kIdle) return m;
   EXPECT_EQ(m.OnMoveWanted(true), Step::kStartFirstRound);
-  if (s == State::kReady) m.OnFirstRoundEnded(ok);
+  if (s == State::kReady) {
+    EXPECT_EQ(m.OnRoundEnded(ok, 0), Step::kNothing);
+  }
   EXPECT_EQ(m.state(), s);
   return m;
 }
@@ -61,25 +63,77 @@ TEST(StreamMove, AMoveWantedStartsAFirstRoundOrContinuesAtOnceButNeverTwoAtATime
   EXPECT_FALSE(m.moving());
 }
 
-// The first round's end moves kFirstRound to kReady only; a late report after a reset (the
-// stream switched for another reason) changes nothing.
+// A round's end with a short tail moves kFirstRound to kReady only; a late report after a
+// reset (the stream switched for another reason) changes nothing.
 TEST(StreamMove, TheFirstRoundsEndCountsOnlyWhileItRuns) {
   for (bool ok : {true, false}) {
     StreamMove m = In(State::kFirstRound);
-    m.OnFirstRoundEnded(ok);
+    EXPECT_EQ(m.OnRoundEnded(ok, 0), Step::kNothing);
     EXPECT_EQ(m.state(), State::kReady);
-    m.OnFirstRoundEnded(!ok);  // a second report is ignored
+    EXPECT_EQ(m.OnRoundEnded(!ok, 99), Step::kNothing);  // a second report is ignored
     EXPECT_EQ(m.OnRelayRound(true, 0, true),
               ok ? Step::kSwitchComputingTail : Step::kSwitchPushingAll);
   }
   StreamMove idle;
-  idle.OnFirstRoundEnded(true);
+  EXPECT_EQ(idle.OnRoundEnded(true, 99), Step::kNothing);
   EXPECT_EQ(idle.state(), State::kIdle);
   StreamMove reset = In(State::kFirstRound);
   reset.Reset();
-  reset.OnFirstRoundEnded(true);
+  EXPECT_EQ(reset.OnRoundEnded(true, 99), Step::kNothing);
   EXPECT_EQ(reset.state(), State::kIdle);
   EXPECT_EQ(reset.OnRelayRound(true, 0, true), Step::kNothing);
+}
+
+// A round that ended ok with a tail of a block or more is followed by another (from the output
+// now), up to kMaxRounds in all; a failed round, a short tail or the last round allowed ends
+// the rounds (kReady). A next round that cannot start leaves the move ready to switch,
+// computing the tail (the round before it ended ok).
+TEST(StreamMove, ALongTailAfterAnOkRoundStartsAnotherRoundUpToTheLimit) {
+  const int64_t block = StreamMove::kNextRoundTokens;
+  struct Case {
+    const char* what;
+    int rounds_before;  // ok rounds with a long tail before the one that ends
+    bool ok;
+    int64_t tail;
+    Step step;
+    State to;
+  };
+  const Case cases[] = {
+      {"first, ok, short tail", 0, true, block - 1, Step::kNothing, State::kReady},
+      {"first, ok, a block's tail", 0, true, block, Step::kStartNextRound, State::kFirstRound},
+      {"first, failed, long tail", 0, false, 5 * block, Step::kNothing, State::kReady},
+      {"second, ok, long tail", 1, true, 5 * block, Step::kStartNextRound, State::kFirstRound},
+      {"last allowed, ok, long tail", StreamMove::kMaxRounds - 1, true, 5 * block,
+       Step::kNothing, State::kReady},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    StreamMove m = In(State::kFirstRound);
+    for (int i = 0; i < c.rounds_before; ++i) {
+      ASSERT_EQ(m.OnRoundEnded(true, 2 * block), Step::kStartNextRound);
+    }
+    EXPECT_EQ(m.OnRoundEnded(c.ok, c.tail), c.step);
+    EXPECT_EQ(m.state(), c.to);
+    if (c.to == State::kReady) {
+      EXPECT_EQ(m.OnRelayRound(true, 0, true),
+                c.ok ? Step::kSwitchComputingTail : Step::kSwitchPushingAll);
+    } else {
+      EXPECT_EQ(m.OnRelayRound(true, 0, true), Step::kNothing);  // no switch mid-round
+    }
+  }
+  StreamMove m = In(State::kFirstRound);
+  ASSERT_EQ(m.OnRoundEnded(true, block), Step::kStartNextRound);
+  m.OnNextRoundNotStarted();
+  EXPECT_EQ(m.state(), State::kReady);
+  EXPECT_EQ(m.OnRelayRound(true, 0, true), Step::kSwitchComputingTail);
+  // A move after a reset counts its rounds afresh.
+  StreamMove again = In(State::kFirstRound);
+  for (int i = 1; i < StreamMove::kMaxRounds; ++i) {
+    ASSERT_EQ(again.OnRoundEnded(true, block), Step::kStartNextRound);
+  }
+  again.Reset();
+  ASSERT_EQ(again.OnMoveWanted(true), Step::kStartFirstRound);
+  EXPECT_EQ(again.OnRoundEnded(true, block), Step::kStartNextRound);
 }
 
 // When the stream switches: only once the first round ended, only when a switch is possible,
@@ -126,7 +180,7 @@ TEST(StreamMove, OneMoveAfterAnother) {
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(m.OnMoveWanted(true), Step::kStartFirstRound);
     EXPECT_EQ(m.OnRelayRound(true, 0, true), Step::kNothing);
-    m.OnFirstRoundEnded(i == 0);
+    EXPECT_EQ(m.OnRoundEnded(i == 0, 0), Step::kNothing);
     EXPECT_EQ(m.OnRelayRound(false, 0, true), Step::kNothing);
     EXPECT_EQ(m.OnRelayRound(true, 0, true),
               i == 0 ? Step::kSwitchComputingTail : Step::kSwitchPushingAll);

@@ -455,6 +455,13 @@ void Agent::WatchdogLoop() {
       }
     });
     for (uint64_t token : expired) backend_->Abort(token);
+    std::vector<std::pair<uint32_t, PendingAck>> due = DueAcksLocked(now, &next);
+    if (!due.empty()) {
+      lock.Unlock();  // PostAck may report a refusal at once (OnAckPosted takes mu_)
+      for (auto& [id, ack] : due) PostAck(id, std::move(ack));
+      lock.Lock();
+      continue;  // look again: a post refused at once has set its next retry
+    }
     if (next == TimePoint::max()) {
       watchdog_idle_ = true;
       watchdog_cv_.Wait(lock);

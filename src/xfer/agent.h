@@ -289,12 +289,23 @@ class Agent final : private BackendSink {
   /// Settles an eager post once both the backend's report and the target's ack are in.
   void SettleEagerLocked(Transfer& t) REQUIRES(mu_);
   /// An ack this agent (as a target) still has to get out: posted again when the transport
-  /// refused it (agent_eager.cc).
+  /// refused it, at once a few times, then by the watchdog thread with a backoff until it goes
+  /// out, the peer is dropped or kAckRetryFor passed (agent_eager.cc). The sender's WRITE is
+  /// done only once an ack arrives, and its stall deadline moves on while other posts to this
+  /// agent complete: an ack given up too early would leave it in progress for good.
   struct PendingAck {
     std::shared_ptr<BackendPeer> peer;
     std::vector<uint8_t> frame;
     int attempts = 0;
+    TimePoint retry_at{};    ///< when the watchdog posts it again ({}: not waiting for a retry)
+    TimePoint give_up_at{};  ///< no retry after this (its first post + kAckRetryFor)
   };
+  /// How long a refused ack is tried again.
+  static constexpr std::chrono::seconds kAckRetryFor{60};
+  /// The watchdog's part: the acks whose retry is due at `now` (marked as no longer waiting;
+  /// the watchdog posts them with mu_ released); the earliest retry still to come lowers `*next`.
+  std::vector<std::pair<uint32_t, PendingAck>> DueAcksLocked(TimePoint now, TimePoint* next)
+      REQUIRES(mu_);
   /// Acks are posted with this index in their token (no transfer slot has it) and the ack's id
   /// in the sequence half.
   static constexpr uint32_t kAckTokenIndex = 0xffffffffu;

@@ -3,6 +3,7 @@
 // region after checking every range, queues the notification, and acknowledges; the initiator's
 // transfer is done once the backend reported the frame sent and the ack came.
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <optional>
 
@@ -12,9 +13,18 @@
 namespace kvpush::xfer {
 namespace {
 
-/// How often an ack whose post failed is posted again before it is given up (a transport that
-/// refuses it for good breaks the connection, and the sender then drops the peer and settles).
-constexpr int kAckAttempts = 8;
+/// How often an ack whose post failed is posted again at once; after that the watchdog thread
+/// posts it again with a backoff (AckBackoff) until kAckRetryFor passed. A transport that
+/// refuses it for good breaks the connection, and the sender then drops this peer and settles.
+constexpr int kAckImmediateAttempts = 3;
+
+/// The wait before retry number `attempts` (> kAckImmediateAttempts) of a refused ack: 1 ms,
+/// doubling, at most 100 ms.
+std::chrono::milliseconds AckBackoff(int attempts) {
+  const int doublings = std::min(attempts - kAckImmediateAttempts, 7);
+  return std::min(std::chrono::milliseconds(1) * (1 << std::max(doublings, 0)),
+                  std::chrono::milliseconds(100));
+}
 
 }  // namespace
 
@@ -114,7 +124,8 @@ void Agent::OnEagerWrite(std::span<const uint8_t> frame) {
     }
   }
   PendingAck ack{std::move(reply_to),
-                 EncodeEagerAck(options_.name, options_.incarnation, w->token, code), 0};
+                 EncodeEagerAck(options_.name, options_.incarnation, w->token, code), 0,
+                 TimePoint{}, SteadyClock::now() + kAckRetryFor};
   uint32_t id = 0;
   {
     MutexLock lock(mu_);
@@ -147,14 +158,37 @@ void Agent::OnAckPosted(uint32_t id, Status status) {
     if (it == pending_acks_.end()) return;
     // The sender's transfer is done, or settled, only once an ack arrives: a post the transport
     // refused is tried again (a broken connection ends it: the sender drops this peer).
-    if (status.ok() || ++it->second.attempts >= kAckAttempts ||
-        status.code() == StatusCode::kPeerGone) {
+    PendingAck& a = it->second;
+    const TimePoint now = SteadyClock::now();
+    if (status.ok() || status.code() == StatusCode::kPeerGone || now >= a.give_up_at) {
       pending_acks_.erase(it);
       return;
     }
-    again = it->second;
+    if (++a.attempts >= kAckImmediateAttempts) {
+      // Refused again and again (a transport out of resources, a link that flaps): the
+      // watchdog thread tries it again later (DueAcksLocked).
+      a.retry_at = now + AckBackoff(a.attempts);
+      watchdog_cv_.NotifyAll();
+      return;
+    }
+    again = a;
   }
   PostAck(id, std::move(*again));
+}
+
+std::vector<std::pair<uint32_t, Agent::PendingAck>> Agent::DueAcksLocked(TimePoint now,
+                                                                         TimePoint* next) {
+  std::vector<std::pair<uint32_t, PendingAck>> due;
+  for (auto& [id, a] : pending_acks_) {
+    if (a.retry_at == TimePoint{}) continue;
+    if (a.retry_at <= now) {
+      a.retry_at = TimePoint{};
+      due.emplace_back(id, a);
+    } else {
+      *next = std::min(*next, a.retry_at);
+    }
+  }
+  return due;
 }
 
 void Agent::OnEagerAck(std::span<const uint8_t> frame) {

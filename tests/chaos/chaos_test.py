@@ -20,8 +20,9 @@ concurrency C while a fault driver, at random:
   * moves a stream in flight to the other D (POST /admin/migrate on the router, issue 24): the
     move answers 200 (moved), 404 (the stream just ended) or 409 (not moved: it stays); and
     starts a long stream of its own (the pool's are 4-16 tokens, mostly over before a move's
-    first round is) and moves it mid-stream (`migrate_long`; `migrate_broken`, not drawn by
-    default: the same while every transfer post of both Ds fails, docs/reliability.md),
+    first round is) and moves it mid-stream (`migrate_long`), also while every transfer post of
+    both Ds fails (`migrate_broken`: the source's WRITEs of the move fail, and so do the Ds'
+    own posts — acks, PUSH_TARGETs, READs — for other requests),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -553,9 +554,8 @@ def main():
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--faults",
                     default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P,"
-                            "restart_stopped_P,migrate,migrate_long",
-                    help="fault kinds the driver draws from (also sigstop_P, sigstop_D, "
-                         "migrate_broken)")
+                            "restart_stopped_P,migrate,migrate_long,migrate_broken",
+                    help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")
     ap.add_argument("--keep-logs", action="store_true")

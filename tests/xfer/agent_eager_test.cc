@@ -11,6 +11,7 @@
 
 #include "xfer/agent.h"
 #include "xfer/backend_factory.h"
+#include "xfer/fault_backend.h"
 
 namespace kvpush::xfer {
 namespace {
@@ -25,9 +26,15 @@ constexpr uint64_t kRegion = 4u << 20;
 
 class AgentEagerTest : public ::testing::TestWithParam<std::string> {
  protected:
-  void SetUp() override {
+  void SetUp() override { Connect(nullptr); }
+
+  /// A new initiator and target (the target's transport behind `faults` when given), each with a
+  /// region, that loaded each other's metadata.
+  void Connect(std::shared_ptr<FaultControls> faults) {
+    target_.reset();
+    init_.reset();
     init_ = Make("prefill", milliseconds(10000));
-    target_ = Make("decode", milliseconds(10000));
+    target_ = Make("decode", milliseconds(10000), std::move(faults));
     if (init_ == nullptr || target_ == nullptr) GTEST_SKIP() << GetParam() << " unavailable here";
     ASSERT_GT(init_->backend_caps().eager_write_max_bytes, 0u) << GetParam();
     src_ = init_->AllocateRegion(kRegion, MemoryType::kHost).value();
@@ -41,9 +48,11 @@ class AgentEagerTest : public ::testing::TestWithParam<std::string> {
     }
   }
 
-  std::unique_ptr<Agent> Make(const std::string& name, milliseconds stall) {
+  std::unique_ptr<Agent> Make(const std::string& name, milliseconds stall,
+                              std::shared_ptr<FaultControls> faults = nullptr) {
     auto b = MakeBackend(GetParam());
     if (!b.ok()) return nullptr;
+    if (faults != nullptr) b = MakeFaultBackend(std::move(b).value(), faults);
     AgentOptions o;
     o.name = name;
     o.stall_timeout = stall;
@@ -150,6 +159,27 @@ TEST_P(AgentEagerTest, NothingLandsFromAPeerTheTargetDropped) {
   std::this_thread::sleep_for(milliseconds(300));
   EXPECT_TRUE(target_->TakeNotifications().empty());
   EXPECT_TRUE(TargetUntouched());
+}
+
+// The target's ack cannot get out for a while (every post of its transport is refused: a broken
+// but alive peer, as the chaos test makes one): the data and the notification landed, and the
+// sender's WRITE stays in progress — never done without the ack — until the target's transport
+// takes posts again, when the ack, tried again with a backoff, goes out and the WRITE is done.
+// (Acks used to be given up after a few immediate retries: the WRITE then stayed in progress for
+// good, its stall deadline moved on by the peer's other completions, and P's blocks with it.)
+TEST_P(AgentEagerTest, AnAckTheTargetCannotPostForAWhileGoesOutOnceItCan) {
+  auto faults = std::make_shared<FaultControls>();
+  Connect(faults);
+  faults->SetBroken(true);
+  auto t = Write(4, 1024, {9});
+  ASSERT_TRUE(init_->Post(t).ok());
+  ASSERT_EQ(target_->WaitNotifications(1, In(milliseconds(10000))).size(), 1u);
+  EXPECT_TRUE(Landed(4, 1024));
+  std::this_thread::sleep_for(milliseconds(400));  // many retries refused meanwhile
+  EXPECT_EQ(init_->GetStatus(t)->state, TransferState::kInProgress);
+  faults->SetBroken(false);
+  auto st = init_->Wait(t, In(milliseconds(3000))).value();
+  EXPECT_EQ(st.state, TransferState::kDone) << st.error.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(NetworkBackends, AgentEagerTest,

@@ -30,11 +30,11 @@ class AgentEagerTest : public ::testing::TestWithParam<std::string> {
 
   /// A new initiator and target (the target's transport behind `faults` when given), each with a
   /// region, that loaded each other's metadata.
-  void Connect(std::shared_ptr<FaultControls> faults) {
+  void Connect(const std::shared_ptr<FaultControls>& faults) {
     target_.reset();
     init_.reset();
     init_ = Make("prefill", milliseconds(10000));
-    target_ = Make("decode", milliseconds(10000), std::move(faults));
+    target_ = Make("decode", milliseconds(10000), faults);
     if (init_ == nullptr || target_ == nullptr) GTEST_SKIP() << GetParam() << " unavailable here";
     ASSERT_GT(init_->backend_caps().eager_write_max_bytes, 0u) << GetParam();
     src_ = init_->AllocateRegion(kRegion, MemoryType::kHost).value();
@@ -49,7 +49,7 @@ class AgentEagerTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<Agent> Make(const std::string& name, milliseconds stall,
-                              std::shared_ptr<FaultControls> faults = nullptr) {
+                              const std::shared_ptr<FaultControls>& faults = nullptr) {
     auto b = MakeBackend(GetParam());
     if (!b.ok()) return nullptr;
     if (faults != nullptr) b = MakeFaultBackend(std::move(b).value(), faults);

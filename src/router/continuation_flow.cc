@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/drain.h"
+#include "common/json_parse.h"
 #include "pd/legs.h"
 #include "router/decode_stream.h"
 #include "router/flow_services.h"
@@ -381,6 +382,103 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
     exclude.push_back(addr.url);
   }
   return failed;
+}
+
+}  // namespace kvpush::router
+
+namespace kvpush::router {
+
+namespace {
+
+/// A whole answer a draining instance handed back: its 503 kHandBackCode with `kvpush_resume`.
+bool HandedBack(const LegResult& r) {
+  return r.answered && r.status == 503 && r.body.find(kHandBackCode) != std::string::npos &&
+         r.body.find("\"kvpush_resume\"") != std::string::npos;
+}
+
+/// The continuation body of a handed-back whole answer: the client's request (ContinuationBody's)
+/// with the hand-back's `kvpush_resume` and, when the request named none, its seed; `*tokens`:
+/// the output tokens handed back. "" when the hand-back or the client's body cannot be read.
+std::string WholeContinuationBody(const RequestFlow::Transfer& t, const LegResult& handed,
+                                  int64_t* tokens) {
+  const json answer = ParseJson(handed.body);
+  if (!answer.is_object() || !answer.contains("kvpush_resume")) return {};
+  const json& choices = answer["kvpush_resume"].value("choices", json::array());
+  for (const json& c : choices.is_array() ? choices : json::array()) {
+    const auto ids = c.find("token_ids");
+    if (ids != c.end() && ids->is_array()) *tokens += static_cast<int64_t>(ids->size());
+  }
+  std::optional<ClientBody> parsed;
+  const ClientBody* client = t.client.get();
+  if (client == nullptr) {
+    Result<ClientBody> c = ParseClientBody(t.client_text);
+    if (!c.ok() || !c->doc.is_object()) return {};
+    parsed = std::move(*c);
+    client = &*parsed;
+  }
+  json leg = t.client ? client->Shell() : client->doc;
+  leg["kvpush_resume"] = answer["kvpush_resume"];
+  const auto seed = leg.find("seed");
+  if ((seed == leg.end() || seed->is_null()) && answer.contains("kvpush_seed")) {
+    leg["seed"] = answer["kvpush_seed"];
+  }
+  return ComposeLegBody(leg, *client);
+}
+
+}  // namespace
+
+LegResult RequestFlow::FinishWhole(Transfer& t, InstanceLease& d_lease, LegResult dr) {
+  while (t.continuable && !router_.stopping()) {
+    if (HandedBack(dr)) {
+      dr = ContinueWhole(t, d_lease, dr);
+    } else if (ContinuableFailure(dr)) {
+      dr = ResendWhole(t, d_lease, std::move(dr));
+      if (!HandedBack(dr)) break;
+    } else {
+      break;
+    }
+  }
+  return dr;
+}
+
+LegResult RequestFlow::ContinueWhole(Transfer& t, InstanceLease& d_lease,
+                                     const LegResult& handed) {
+  FlowServices& r = router_;
+  const InstanceAddress from = d_lease.address();
+  int64_t tokens = 0;
+  std::string body = WholeContinuationBody(t, handed, &tokens);
+  if (body.empty()) {
+    spdlog::warn("request {}: {} instance {} handed back a whole answer the router cannot read; "
+                 "sending the request again whole", t.request_id, RoleName(t.d_role), from.url);
+    body = ContinuationBody(t, nullptr);
+  }
+  t.ForgetPrefill();  // P's part is moot: the continuation computes the context itself
+  AbortPrefill(r, t);
+  std::optional<InstanceLease> lease;
+  if (t.continuations_left > 0) lease = r.pool().Acquire(t.d_role, Excluded(t, from.url));
+  // With no other instance, the one that handed it back finishes it (bounded by its drain
+  // timeout): it admits the continuation while draining and does not hand it back again.
+  const InstanceAddress to = lease ? lease->address() : from;
+  std::shared_ptr<Leg> leg = OpenLeg(r, t, to, t.d_role);
+  if (!lease) leg->set_migration_source();
+  if (lease) --t.continuations_left;
+  spdlog::warn("request {}: {} instance {} began draining and handed back the answer so far "
+               "({} token(s)); continuing it on {}", t.request_id, RoleName(t.d_role), from.url,
+               tokens, lease ? to.url : "the same instance (no other took it)");
+  r.CountContinuation(t.d_role, FlowServices::ContinuationKind::kWholeResumed);
+  LegResult out = leg->Post(t.path, t.request_id, body);
+  if (lease) {
+    d_lease.Release();
+    d_lease = std::move(*lease);
+  }
+  if (out.answered && out.status == 400 && out.body.find("kvpush_resume") != std::string::npos) {
+    // The new instance could not take the answer so far (a router or instance bug): it answers
+    // the whole request itself, from the start (the same seed: the same answer).
+    spdlog::error("request {}: {} refused the handed-back answer ({}); sending it the request "
+                  "whole", t.request_id, to.url, Describe(out));
+    out = OpenLeg(r, t, to, t.d_role)->Post(t.path, t.request_id, ContinuationBody(t, nullptr));
+  }
+  return out;
 }
 
 }  // namespace kvpush::router

@@ -62,6 +62,7 @@ class FlowServices {
     kStream,  ///< "stream": mid-stream, resumed; the new instance computed the context
     kWhole,   ///< "whole": a whole answer sent again
     kPushed,  ///< "stream_pushed": resumed with the context's KV pushed by the offering instance
+    kWholeResumed,  ///< "whole_resumed": a whole answer a draining instance handed back, resumed
   };
   /// A request continued on another instance after the one of role `failed` failed or offered
   /// it.

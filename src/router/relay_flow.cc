@@ -117,7 +117,7 @@ void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::stri
   FlowServices& r = router_;
   t->timeline.Mark(RouterPhase::kDecodeLegWritten);  // unless D's leg was sent ahead (push)
   LegResult dr = t->d_leg->Post(t->path, t->request_id, d_body);
-  if (ContinuableFailure(dr) && t->continuable) dr = ResendWhole(*t, d_lease, std::move(dr));
+  dr = FinishWhole(*t, d_lease, std::move(dr));
   if (t->echo_logprobs && dr.answered && dr.status == 200) {
     // P's answer (its prompt_echo) follows the KV that D already has.
     t->WaitPrefillDone(std::chrono::milliseconds(t->d_leg->io_timeout_ms()));

@@ -26,8 +26,9 @@ std::shared_ptr<Leg> OpenLeg(FlowServices& r, const RequestFlow::Transfer& t,
                              const InstanceAddress& addr, Role role) {
   std::shared_ptr<Leg> leg = r.legs().NewLeg(addr, role);
   if (t.trace) leg->set_traceparent(http::FormatTraceparent(*t.trace));
-  // The answering leg of a continuable stream reports what it delivered (ResumeLedger).
-  if (t.continuable && t.stream && role != Role::kPrefill) leg->set_resume_info();
+  // The answering leg of a continuable request reports what it delivered (ResumeLedger; a whole
+  // answer is handed back when its instance begins draining: RequestFlow::FinishWhole).
+  if (t.continuable && role != Role::kPrefill) leg->set_resume_info();
   return leg;
 }
 

@@ -146,6 +146,15 @@ class RequestFlow {
   /// continuations are left; returns the last leg's result (`failed` when none could be
   /// tried). `d_lease` becomes the answering instance's lease.
   LegResult ResendWhole(Transfer& t, InstanceLease& d_lease, LegResult failed);
+  /// A whole answer's D (or colocated) answer `dr`, continued while it is a hand-back (a
+  /// draining instance's 503 kHandBackCode: ContinueWhole) or a continuable failure
+  /// (ResendWhole), within --migration-limit. continuation_flow.cc.
+  LegResult FinishWhole(Transfer& t, InstanceLease& d_lease, LegResult dr);
+  /// Continues a handed-back whole answer (`handed`: its kvpush_resume and kvpush_seed) on
+  /// another healthy instance of the role — or, with none, on the instance that handed it back,
+  /// which then finishes it (it admits it while draining: x-kvpush-migration-source). The new
+  /// answer includes the handed-back output (docs/reliability.md, *Continuation*).
+  LegResult ContinueWhole(Transfer& t, InstanceLease& d_lease, const LegResult& handed);
   /// D's leg failed before its answer was committed: the client gets D's error, P aborts.
   void DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegResult& dr,
                     httplib::Response& res);

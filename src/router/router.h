@@ -55,7 +55,7 @@ struct RouterCounters {
   /// one answering them failed with part of the answer already sent (docs/reliability.md,
   /// "Continuation"): [0] streams (resumed after the last relayed token), [1] whole answers
   /// (sent again; nothing had reached the client).
-  int64_t continuations[3][3] = {};  ///< [role][ContinuationKind]
+  int64_t continuations[3][4] = {};  ///< [role][ContinuationKind]
   /// Decode choices by DecodeReason (prefix_hit, rendezvous, least_outstanding), plus [3]:
   /// requests whose prompt the router could not hash (no tokenizer answer or block size).
   int64_t decode_choices[4] = {0, 0, 0, 0};

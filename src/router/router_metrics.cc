@@ -125,12 +125,13 @@ std::string Router::RenderMetrics() const {
         "disconnected, cut by its drain timeout) or offered the stream (drain, POST "
         "/admin/migrate): kind=stream resumed after the last token the client got, "
         "kind=stream_pushed the same with the context's KV pushed by the offering instance, "
-        "kind=whole sent again (--migration-limit)."};
+        "kind=whole sent again, kind=whole_resumed a whole answer a draining instance handed "
+        "back, resumed after what it had generated (--migration-limit)."};
     w.Family(cont);
     // The instance that failed is the answering one: D, or the colocated instance.
     const Role answering = colo ? Role::kColocated : Role::kDecode;
-    const char* kinds[] = {"stream", "whole", "stream_pushed"};
-    for (int k = 0; k < 3; ++k) {
+    const char* kinds[] = {"stream", "whole", "stream_pushed", "whole_resumed"};
+    for (int k = 0; k < 4; ++k) {
       w.Sample(cont.name, c.continuations[RoleIndex(answering)][k],
                {{"failed", RoleName(answering)}, {"kind", kinds[k]}});
     }

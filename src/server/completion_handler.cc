@@ -115,16 +115,67 @@ std::shared_ptr<CompletionState> Admit(const CompletionContext& c, ApiKind kind,
 /// A continuation's choice `k` (OpenAiRequest::resume): its start was streamed already (no role
 /// or echo again), its text count continues, and one that ended there counts as finished here
 /// with its tokens in usage.
-void PrimeResumed(const ResumedChoice& rc, size_t prompt_tokens, CompletionState& st, size_t k) {
+void PrimeResumed(const ResumedChoice& rc, size_t prompt_tokens, bool whole, CompletionState& st,
+                  size_t k) {
   st.role_sent[k] = true;
   st.echo_sent[k] = !rc.token_ids.empty();
   st.text_bytes[k] = rc.text_bytes;
-  if (!rc.finished) return;
   ChoiceResult& c = st.choices[k];
-  c.finish = FinishReason::kStop;
+  if (whole) {
+    // A whole answer: what the instance that handed it back generated leads this one's.
+    c.text = rc.text;
+    for (size_t i = 0; i < rc.token_ids.size(); ++i) {
+      TokenOutput t;
+      t.id = rc.token_ids[i];
+      if (i < rc.logprobs.size()) {
+        t.logprob = rc.logprobs[i].logprob;
+        t.top_logprobs = rc.logprobs[i].top;
+      }
+      c.tokens.push_back(std::move(t));
+    }
+  }
+  if (!rc.finished) return;
+  c.finish = !whole || rc.finish_reason == "stop" ? FinishReason::kStop : FinishReason::kLength;
+  c.stop_reason = rc.stop_reason;
+  c.stop_token_id = rc.stop_token_id;
   c.prompt_tokens = static_cast<int32_t>(prompt_tokens);
   c.completion_tokens = static_cast<int32_t>(rc.token_ids.size());
   ++st.num_finished;
+}
+
+/// The answer so far of a whole answer handed back (CompletionState::handback): HTTP 503
+/// kHandBackCode with `kvpush_resume` {whole, choices: [{index, token_ids, text_bytes, text,
+/// finished, logprobs?, finish_reason?, stop_reason?, stop_token_id?}]} and `kvpush_seed`.
+void ReplyHandBack(const CompletionState& st, httplib::Response& res) {
+  nlohmann::json choices = nlohmann::json::array();
+  for (size_t k = 0; k < st.choices.size(); ++k) {
+    const ChoiceResult& c = st.choices[k];
+    std::vector<int32_t> ids;
+    nlohmann::json logprobs = nlohmann::json::array();
+    for (const TokenOutput& t : c.tokens) {
+      ids.push_back(t.id);
+      nlohmann::json top = nlohmann::json::array();
+      for (const auto& [id, lp] : t.top_logprobs) top.push_back({id, lp});
+      logprobs.push_back({t.logprob, std::move(top)});
+    }
+    nlohmann::json e = {{"index", k},          {"token_ids", ids},
+                        {"text_bytes", c.text.size()}, {"text", c.text},
+                        {"finished", c.finish != FinishReason::kNone}};
+    if (st.meta.logprobs) e["logprobs"] = std::move(logprobs);
+    if (c.finish != FinishReason::kNone) {
+      e["finish_reason"] = FinishReasonString(c.finish);
+      e["stop_reason"] = c.stop_reason.empty() ? nlohmann::json(nullptr) : nlohmann::json(c.stop_reason);
+      e["stop_token_id"] = c.stop_token_id;
+    }
+    choices.push_back(std::move(e));
+  }
+  nlohmann::json body = nlohmann::json::parse(
+      http::ApiError{503, kHandBackMessage, "server_error", "", kHandBackCode}.ToJson());
+  body["kvpush_resume"] = {{"whole", true}, {"choices", std::move(choices)}};
+  body["kvpush_seed"] = st.seed;
+  res.status = 503;
+  res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                  "application/json");
 }
 
 /// Step "submit": one engine request per choice (prompt-major, n per prompt). A D leg's choices
@@ -202,7 +253,9 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
   st.echo_sent.assign(st.handles.size(), false);
   st.text_bytes.assign(st.handles.size(), 0);
   for (size_t k = 0; k < st.choices.size(); ++k) {
-    if (resumed[k] != nullptr) PrimeResumed(*resumed[k], p.prompts[k / n].size(), st, k);
+    if (resumed[k] != nullptr) {
+      PrimeResumed(*resumed[k], p.prompts[k / n].size(), r.resume_whole, st, k);
+    }
   }
   st.echo = std::move(p.echo);
   st.prompt_echo = std::move(p.prompt_echo);
@@ -214,6 +267,10 @@ std::optional<http::ApiError> Submit(const CompletionContext& c, PreparedRequest
 void RespondJson(const CompletionContext& c, const PreparedRequest& p, CompletionState& st,
                  httplib::Response& res) {
   while (!st.all_finished()) {
+    if (st.handback && c.state.draining.load() && !c.state.cut.load()) {
+      AbortUnfinished(c.engine, st);
+      return ReplyHandBack(st, res);
+    }
     if (c.state.stopping.load() || c.state.cut.load()) {
       AbortUnfinished(c.engine, st);
       return http::ReplyError(
@@ -392,14 +449,20 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   auto prepared = PrepareCompletion(kind, req.body, prepare);
   if (auto* e = std::get_if<http::ApiError>(&prepared)) return http::ReplyError(res, *e);
   PreparedRequest& p = std::get<PreparedRequest>(prepared);
-  if (st->migration_while_draining && (p.kv.role != Role::kProducer || p.request.resume.empty())) {
+  if (st->migration_while_draining && !p.request.resume_whole &&
+      (p.kv.role != Role::kProducer || p.request.resume.empty())) {
     return http::ReplyError(res, Draining());
   }
   st->meta.logprobs = p.request.logprobs >= 0;
   st->meta.token_ids = p.request.return_token_ids;
   // A continuation whose client already got the usage chunk does not get it again.
   st->include_usage = p.request.include_usage && !p.request.resume_usage_sent;
-  st->resume_info = p.request.stream && req.get_header_value("x-kvpush-resume-info") == "1";
+  const bool resume_info = req.get_header_value("x-kvpush-resume-info") == "1";
+  st->resume_info = p.request.stream && resume_info;
+  // A whole answer is handed back on a drain unless it came to a draining instance (handed
+  // back to it already: it finishes here) or carries prompt logprobs (echo: not in the hand-back).
+  st->handback = !p.request.stream && resume_info && !st->migration_while_draining &&
+                 p.kv.role != Role::kProducer && !p.echo_logprobs;
   if (auto e = PassPdGate(c, p)) return http::ReplyError(res, *e);
   if (auto e = Submit(c, p, *st)) return http::ReplyError(res, *e);
   if (!p.request.stream) return RespondJson(c, p, *st, res);

@@ -51,6 +51,13 @@ std::optional<http::ApiError> CheckSamplingIds(const OpenAiRequest& r, int32_t v
   for (int32_t tid : r.stop_token_ids) {
     if (tid >= vocab) return OutsideVocabulary("stop_token_ids", tid, vocab);
   }
+  for (const ResumedChoice& rc : r.resume) {
+    for (const ResumedLogprob& lp : rc.logprobs) {
+      for (const auto& [tid, logprob] : lp.top) {
+        if (tid >= vocab) return OutsideVocabulary("kvpush_resume", tid, vocab);
+      }
+    }
+  }
   return std::nullopt;
 }
 

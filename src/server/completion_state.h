@@ -63,6 +63,9 @@ struct CompletionState {
   /// Admitted while draining because it named itself a migration's P leg (header
   /// kMigrationSourceHeader); refused once parsed unless it is one.
   bool migration_while_draining = false;
+  /// A whole answer whose router asked for `x-kvpush-resume-info: 1`: when this instance begins
+  /// draining, the answer so far is handed back (kHandBackCode) instead of waited for.
+  bool handback = false;
   /// The request's seed (the client's, or the one this instance drew): the resume comments
   /// carry it, so that a continuation of an unseeded request samples as this run would.
   uint64_t seed = 0;

@@ -94,6 +94,60 @@ std::optional<http::ApiError> GetIds(const json& arr, const std::string& field,
   return std::nullopt;
 }
 
+/// A whole answer's choice (`kvpush_resume.whole`): `text` of text_bytes bytes, `logprobs` (one
+/// [logprob, [[id, logprob], ...]] per token id, at most 20 alternatives) and, when finished,
+/// `finish_reason` ("stop" or "length"), `stop_reason` (a string or null) and `stop_token_id`.
+std::optional<http::ApiError> ParseWholeChoice(const json& c, const std::string& cf,
+                                               ResumedChoice& rc) {
+  auto bad = [&](const std::string& what, const std::string& field) {
+    return http::ApiError::Invalid("'" + cf + "." + field + "' " + what, cf + "." + field);
+  };
+  const auto text = c.find("text");
+  if (text != c.end() && !text->is_string()) return WrongType(cf + ".text", "a string", *text);
+  if (text != c.end()) rc.text = text->get<std::string>();
+  if (static_cast<int64_t>(rc.text.size()) != rc.text_bytes) {
+    return bad("has " + std::to_string(rc.text.size()) + " bytes, not text_bytes", "text");
+  }
+  const auto lps = c.find("logprobs");
+  if (lps != c.end() && !lps->is_null()) {
+    if (!lps->is_array() || lps->size() != rc.token_ids.size()) {
+      return bad("must hold one entry per token id", "logprobs");
+    }
+    for (const json& e : *lps) {
+      if (!e.is_array() || e.size() != 2 || !e[0].is_number() || !e[1].is_array() ||
+          e[1].size() > 20) {
+        return bad("entries must be [logprob, [[id, logprob], ...]]", "logprobs");
+      }
+      ResumedLogprob lp{static_cast<float>(e[0].get<double>()), {}};
+      for (const json& alt : e[1]) {
+        if (!alt.is_array() || alt.size() != 2 || !alt[0].is_number_unsigned() ||
+            alt[0].get<uint64_t>() > 0x7fffffffull || !alt[1].is_number()) {
+          return bad("alternatives must be [token id, logprob]", "logprobs");
+        }
+        lp.top.emplace_back(alt[0].get<int32_t>(), static_cast<float>(alt[1].get<double>()));
+      }
+      rc.logprobs.push_back(std::move(lp));
+    }
+  }
+  if (!rc.finished) return std::nullopt;
+  rc.finish_reason = c.value("finish_reason", std::string());
+  if (rc.finish_reason != "stop" && rc.finish_reason != "length") {
+    return bad("must be \"stop\" or \"length\" for a finished choice", "finish_reason");
+  }
+  const auto reason = c.find("stop_reason");
+  if (reason != c.end() && !reason->is_null() && !reason->is_string()) {
+    return WrongType(cf + ".stop_reason", "a string or null", *reason);
+  }
+  if (reason != c.end() && reason->is_string()) rc.stop_reason = reason->get<std::string>();
+  std::optional<int64_t> v;
+  if (auto e = GetInt(c, "stop_token_id", -1, 0x7fffffff, v)) {
+    e->param = cf + ".stop_token_id";
+    return e;
+  }
+  rc.stop_token_id = static_cast<int32_t>(v.value_or(-1));
+  return std::nullopt;
+}
+
 /// `kvpush_resume` (OpenAiRequest::resume); call after prompts, n, stream and
 /// kv_transfer_params are parsed.
 std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
@@ -109,7 +163,15 @@ std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
     const auto f = kv.is_object() ? kv.find(name) : kv.end();
     return kv.is_object() && f != kv.end() && f->is_boolean() && f->get<bool>();
   };
-  if (!r.stream && !flag("do_remote_decode") && !flag("do_remote_prefill")) {
+  if (auto e = GetBool(*it, "whole", r.resume_whole)) {
+    e->param = field + ".whole";
+    return e;
+  }
+  if (r.resume_whole && r.stream) {
+    return http::ApiError::Invalid("'kvpush_resume.whole' continues a whole answer: 'stream' "
+                                   "must be false", field + ".whole");
+  }
+  if (!r.stream && !r.resume_whole && !flag("do_remote_decode") && !flag("do_remote_prefill")) {
     return http::ApiError::Invalid("'kvpush_resume' continues a stream: 'stream' must be true",
                                    field);
   }
@@ -151,6 +213,9 @@ std::optional<http::ApiError> ParseResume(const json& body, OpenAiRequest& r) {
     if (auto e = GetBool(c, "finished", rc.finished)) {
       e->param = cf + ".finished";
       return e;
+    }
+    if (r.resume_whole) {
+      if (auto e = ParseWholeChoice(c, cf, rc)) return e;
     }
     r.resume.push_back(std::move(rc));
   }

@@ -32,13 +32,28 @@ struct PromptInput {
 std::optional<http::ApiError> ParseChatTemplateOptions(const nlohmann::json& body,
                                                        ChatTemplateOptions& out);
 
+/// The logprobs of one resumed token of a whole answer handed back: the token's own and the top
+/// alternatives as (id, logprob), descending; natural log.
+struct ResumedLogprob {
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>> top;
+};
+
 /// One choice of a continuation (kvpush extension `kvpush_resume`, docs/reliability.md,
-/// "Continuation"): what an earlier instance streamed of it before it failed.
+/// "Continuation"): what an earlier instance streamed of it before it failed — or, for a whole
+/// answer an instance handed back when it began draining (`kvpush_resume.whole`), what it had
+/// generated, which the continuation's answer then includes.
 struct ResumedChoice {
   int32_t index = 0;               ///< the choice's `index` in the stream
   std::vector<int32_t> token_ids;  ///< its output tokens the client already received
   int64_t text_bytes = 0;          ///< bytes of text the client received for them
   bool finished = false;           ///< its finish_reason was received: nothing left to generate
+  // Whole answers only:
+  std::string text;                      ///< the text its tokens emitted (text_bytes bytes)
+  std::vector<ResumedLogprob> logprobs;  ///< one per token id when the request has logprobs
+  std::string finish_reason;             ///< finished: "stop" or "length"
+  std::string stop_reason;               ///< finished by this stop string ("" for none)
+  int32_t stop_token_id = -1;            ///< finished by this stop_token_ids entry (-1: none)
 };
 
 /// A validated request. Field semantics follow the OpenAI API and vLLM's extensions
@@ -84,6 +99,10 @@ struct OpenAiRequest {
   /// `kvpush_resume.usage_sent`: the client already got the usage chunk (include_usage); only
   /// `data: [DONE]` is left to send.
   bool resume_usage_sent = false;
+  /// `kvpush_resume.whole`: the continuation of a whole (not streamed) answer that a draining
+  /// instance handed back; its choices carry text, logprobs and finish, and the answer is the
+  /// whole one (resumed output + new). Requires stream false.
+  bool resume_whole = false;
 };
 
 /// Most choices per prompt (`n`).

@@ -26,6 +26,7 @@ import argparse
 import http.client
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -579,36 +580,79 @@ def crash_cases(args, logdir):
         cl.restart(d1)
         router_sees(router, d1.url, True)
         router_sees(router, d2.url, True)
-        # Not streamed: the answer is sent again whole.
+        # Not streamed: SIGKILL — the answer is sent again whole; SIGTERM — the draining D hands
+        # the answer so far back and the router continues it on the other D (kind
+        # whole_resumed), the whole answer including what the first D generated.
         whole = dict(body, stream=False)
         whole.pop("stream_options")
-        _, ref_json = post(colo.port, "/v1/completions", whole)
-        hd = {"Content-Type": "application/json"}
-        c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
-        c.request("POST", "/v1/completions", json.dumps(whole), hd)
-        victim = None
-        t_end = time.time() + 10
-        while victim is None and time.time() < t_end:
-            for inst in (d1, d2):
-                if running(inst) > 0:
-                    victim = inst
-                    inst.kill()
-                    break
-            time.sleep(0.05)
-        r = c.getresponse()
-        got = r.read().decode()
-        a, b = json.loads(got) if r.status == 200 else {}, json.loads(ref_json)
-        for j in (a, b):
-            j.pop("id", None)
-            j.pop("created", None)
-        check(victim is not None and r.status == 200 and a == b,
-              "not streamed, SIGKILL of its D mid-answer: the answer equals the colocated run "
-              "(%d)" % r.status)
-        if victim:
-            cl.restart(victim)
+        chat_whole = {"messages": [{"role": "user", "content": "tell me a story"}],
+                      "max_tokens": 250, "temperature": 0.8, "seed": 3, "n": 2,
+                      "logprobs": True, "top_logprobs": 2, "ignore_eos": True}
+        term = lambda inst: inst.proc.send_signal(signal.SIGTERM)  # noqa: E731
+        for label, path, req, mode, fail in [
+                ("not streamed, SIGKILL of its D mid-answer", "/v1/completions", whole, "push",
+                 lambda inst: inst.kill()),
+                ("not streamed, SIGTERM of its D mid-answer", "/v1/completions", whole, "push",
+                 term),
+                ("pull, not streamed, SIGTERM of its D mid-answer", "/v1/completions", whole,
+                 "pull", term),
+                ("chat, n = 2, logprobs, not streamed, SIGTERM of its D mid-answer",
+                 "/v1/chat/completions", chat_whole, "push", term)]:
+            before = router.metrics().get("kvpush_router_continuations_total", 0.0)
+            status, a, b, victim = whole_and_fail(router, colo, path, req, (d1, d2), fail,
+                                                  {"x-kvpush-mode": mode})
+            check(victim is not None and status == 200 and a == b,
+                  "%s: the answer equals the colocated run (%d)" % (label, status))
+            if "SIGTERM" in label:
+                n = router.metrics().get("kvpush_router_continuations_total", 0.0)
+                handed = handed_back_tokens(router)
+                check(n == before + 1 and handed and handed[-1] > 0,
+                      "%s: the draining D handed the answer back mid-answer (%s token(s)) and the "
+                      "router continued it (%s continuation(s))" % (
+                          label, handed[-1] if handed else None, n - before))
+            if victim:
+                victim.proc.wait(timeout=30)
+                cl.restart(victim)
+                router_sees(router, victim.url, True)
     finally:
         h.stop_all(cl.procs)
     colocated_mode(args, logdir, model, body, ref)
+
+
+def handed_back_tokens(router):
+    """The token counts of the hand-backs the router logged, in order."""
+    with open(router.incarnations[-1]["log"], errors="replace") as f:
+        return [int(m) for m in re.findall(r"handed back the answer so far \((\d+) token",
+                                           f.read())]
+
+
+def whole_and_fail(router, colo, path, body, serving, fail, headers=None):
+    """Sends the whole (not streamed) `body` through the router; once one of `serving` runs it
+    and had time to generate some tokens (0.3 s), applies `fail` to it. Returns (status, answer,
+    colocated answer, failed instance), the answers without id and created."""
+    _, ref_json = post(colo.port, path, body)
+    c = http.client.HTTPConnection("127.0.0.1", router.port, timeout=120)
+    hd = {"Content-Type": "application/json"}
+    hd.update(headers or {})
+    c.request("POST", path, json.dumps(body), hd)
+    victim = None
+    t_end = time.time() + 10
+    while victim is None and time.time() < t_end:
+        for inst in serving:
+            if running(inst) > 0:
+                victim = inst
+                time.sleep(0.3)
+                fail(inst)
+                break
+        time.sleep(0.02)
+    r = c.getresponse()
+    got = r.read().decode()
+    c.close()
+    a, b = json.loads(got) if r.status == 200 else {}, json.loads(ref_json)
+    for j in (a, b):
+        j.pop("id", None)
+        j.pop("created", None)
+    return r.status, a, b, victim
 
 
 def colocated_mode(args, logdir, model, body, ref):
@@ -624,6 +668,17 @@ def colocated_mode(args, logdir, model, body, ref):
                                               lambda inst: inst.kill())
         check(victim and status == 200 and same_stream(raw, ref),
               "router --colocated, SIGKILL mid-stream: the stream equals the uninterrupted run")
+        cl.restart(victim)
+        router_sees(router, victim.url, True)
+        # A whole answer on a colocated instance that begins draining: handed back, continued.
+        whole = dict(body, stream=False)
+        whole.pop("stream_options", None)
+        status, a, b, victim = whole_and_fail(router, c1, "/v1/completions", whole, [c1, c2],
+                                              lambda inst: inst.proc.send_signal(signal.SIGTERM))
+        handed = handed_back_tokens(router)
+        check(victim and status == 200 and a == b and handed and handed[-1] > 0,
+              "router --colocated, not streamed, SIGTERM mid-answer: handed back (%s token(s)), "
+              "the answer equals the uninterrupted run (%d)" % (handed and handed[-1], status))
     finally:
         h.stop_all(cl.procs)
 

@@ -195,6 +195,47 @@ TEST_F(RouterMoveTest, AMoveWhoseFirstRoundFailsPushesTheWholeContextAtTheSwitch
             static_cast<int64_t>(sw.body["kvpush_resume"]["choices"][0]["token_ids"].size()) + 1);
 }
 
+// A whole answer whose D began draining: D hands the answer so far back (503
+// draining_handback, kvpush_resume whole); the router continues it on the other D — that
+// kvpush_resume, the request's seed — and the client gets the other D's answer. With no other D
+// the one that handed it back finishes it (x-kvpush-migration-source: it admits the
+// continuation while draining).
+class RouterHandBackTest : public RouterTest {
+ protected:
+  void Run(int decodes) {
+    StartRouter(1, decodes);
+    for (auto& d : d_) d->hand_back = true;
+    auto r = Post(json{{"prompt", "x"}, {"max_tokens", 10}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_NE(r->body.find("ABC"), std::string::npos) << r->body;
+    std::vector<Received> legs;
+    for (auto& d : d_) {
+      for (const Received& x : d->received()) legs.push_back(x);
+    }
+    std::sort(legs.begin(), legs.end(),
+              [](const Received& a, const Received& b) { return a.arrived_ns < b.arrived_ns; });
+    ASSERT_EQ(legs.size(), 2u);
+    EXPECT_TRUE(legs[0].resume_info);
+    EXPECT_FALSE(legs[0].body.contains("kvpush_resume"));
+    const json& cont = legs[1].body;
+    ASSERT_TRUE(cont.contains("kvpush_resume")) << cont;
+    EXPECT_EQ(cont["kvpush_resume"]["whole"], true);
+    EXPECT_EQ(cont["kvpush_resume"]["choices"][0]["text"], "t0t1");
+    EXPECT_EQ(cont["kvpush_resume"]["choices"][0]["token_ids"], json({100, 101}));
+    EXPECT_EQ(cont["seed"], legs[0].body["seed"]);  // the router's seed, on both legs
+    EXPECT_EQ(cont["max_tokens"], 10);
+    EXPECT_EQ(cont.value("stream", false), false);
+    EXPECT_EQ(legs[1].migration_source, decodes == 1);
+    EXPECT_NE(Metrics().find("kvpush_router_continuations_total{failed=\"decode\",kind="
+                             "\"whole_resumed\"} 1"),
+              std::string::npos);
+  }
+};
+
+TEST_F(RouterHandBackTest, AWholeAnswerHandedBackGoesOnOnTheOtherDecode) { Run(2); }
+TEST_F(RouterHandBackTest, WithNoOtherDecodeTheOneThatHandedItBackFinishesIt) { Run(1); }
+
 // Output without a resume comment (an instance that writes none) is never continued past: the
 // client gets the error event, never text twice.
 TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {

@@ -176,6 +176,10 @@ class FakeInstance {
   std::atomic<bool> resume_comments{false};
   /// D: refuse (400) a migration's first-round leg (kvpush_resume, answered whole).
   std::atomic<bool> refuse_first_round{false};
+  /// D: answer a whole (not streamed) request that asks for resume info and is no continuation
+  /// as a draining kvpush instance does: 503 draining_handback with the answer so far (tokens
+  /// 100, 101, text "t0t1") as kvpush_resume (whole) and kvpush_seed 7.
+  std::atomic<bool> hand_back{false};
   // Observations.
   std::atomic<int64_t> answered_ns{0};    ///< P: when it answered
   std::atomic<int> decode_answers{0};     ///< D: answers begun (after delay_ms)
@@ -244,6 +248,17 @@ class FakeInstance {
       res.status = 400;
       res.set_content(
           R"({"error":{"message":"no first round","type":"invalid_request_error","param":null,"code":null}})",
+          "application/json");
+      return;
+    }
+    if (hand_back.load() && r.resume_info && r.body.is_object() &&
+        !r.body.value("stream", false) && !r.body.contains("kvpush_resume")) {
+      res.status = 503;
+      res.set_content(
+          R"({"error":{"message":"draining: handed back","type":"server_error","param":null,)"
+          R"("code":"draining_handback"},"kvpush_resume":{"whole":true,"choices":[{"index":0,)"
+          R"("token_ids":[100,101],"text_bytes":4,"text":"t0t1","finished":false}]},)"
+          R"("kvpush_seed":7})",
           "application/json");
       return;
     }

@@ -269,5 +269,68 @@ TEST(OpenAiRequestTest, ResumeOfAStream) {
   }
 }
 
+// kvpush_resume.whole (a whole answer a draining instance handed back, the router's
+// continuation of it): text, logprobs and finish per choice; refusals name the member.
+TEST(OpenAiRequestTest, ResumeOfAWholeAnswer) {
+  const OpenAiRequest r = MustParse(
+      ApiKind::kCompletion,
+      R"({"prompt":"a","n":2,"logprobs":1,"kvpush_resume":{"whole":true,"choices":[
+          {"index":0,"token_ids":[4,5],"text_bytes":3,"text":"a b","finished":false,
+           "logprobs":[[-0.5,[[4,-0.5]]],[-1.25,[[7,-0.75]]]]},
+          {"index":1,"token_ids":[6],"text_bytes":1,"text":"c","finished":true,
+           "logprobs":[[-2,[[6,-2]]]],"finish_reason":"stop","stop_reason":"x",
+           "stop_token_id":-1}]}})");
+  EXPECT_TRUE(r.resume_whole);
+  ASSERT_EQ(r.resume.size(), 2u);
+  EXPECT_EQ(r.resume[0].text, "a b");
+  ASSERT_EQ(r.resume[0].logprobs.size(), 2u);
+  EXPECT_FLOAT_EQ(r.resume[0].logprobs[1].logprob, -1.25f);
+  ASSERT_EQ(r.resume[0].logprobs[1].top.size(), 1u);
+  EXPECT_EQ(r.resume[0].logprobs[1].top[0].first, 7);
+  EXPECT_FLOAT_EQ(r.resume[0].logprobs[1].top[0].second, -0.75f);
+  EXPECT_EQ(r.resume[1].finish_reason, "stop");
+  EXPECT_EQ(r.resume[1].stop_reason, "x");
+  EXPECT_EQ(r.resume[1].stop_token_id, -1);
+  const OpenAiRequest length = MustParse(
+      ApiKind::kChat, R"({"messages":[{"role":"user","content":"hi"}],"kvpush_resume":{
+          "whole":true,"choices":[{"index":0,"token_ids":[4],"text_bytes":0,"finished":true,
+          "finish_reason":"length","stop_reason":null}]}})");
+  EXPECT_EQ(length.resume[0].finish_reason, "length");
+  EXPECT_EQ(length.resume[0].stop_reason, "");
+  struct Bad {
+    const char* body;
+    const char* param;
+  };
+  const Bad bad[] = {
+      {R"({"prompt":"a","stream":true,"kvpush_resume":{"whole":true,"choices":[]}})",
+       "kvpush_resume.whole"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":1,"choices":[]}})", "kvpush_resume.whole"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"text_bytes":2,
+          "text":"abc"}]}})",
+       "kvpush_resume.choices.text"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"text":7}]}})",
+       "kvpush_resume.choices.text"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"token_ids":[1],
+          "logprobs":[]}]}})",
+       "kvpush_resume.choices.logprobs"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"token_ids":[1],
+          "logprobs":[[-1,[[-3,-1]]]]}]}})",
+       "kvpush_resume.choices.logprobs"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"token_ids":[1],
+          "logprobs":[[-1]]}]}})",
+       "kvpush_resume.choices.logprobs"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"finished":true}]}})",
+       "kvpush_resume.choices.finish_reason"},
+      {R"({"prompt":"a","kvpush_resume":{"whole":true,"choices":[{"index":0,"finished":true,
+          "finish_reason":"stop","stop_reason":3}]}})",
+       "kvpush_resume.choices.stop_reason"},
+  };
+  for (const Bad& b : bad) {
+    const http::ApiError e = MustFail(ApiKind::kCompletion, b.body);
+    EXPECT_EQ(e.http_status, 400) << b.body;
+    EXPECT_EQ(e.param, b.param) << b.body;
+  }
+}
+
 }  // namespace
 }  // namespace kvpush::server

@@ -384,10 +384,6 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
   return failed;
 }
 
-}  // namespace kvpush::router
-
-namespace kvpush::router {
-
 namespace {
 
 /// A whole answer a draining instance handed back: its 503 kHandBackCode with `kvpush_resume`.

@@ -52,12 +52,13 @@ class AgentEagerTest : public ::testing::TestWithParam<std::string> {
                               const std::shared_ptr<FaultControls>& faults = nullptr) {
     auto b = MakeBackend(GetParam());
     if (!b.ok()) return nullptr;
-    if (faults != nullptr) b = MakeFaultBackend(std::move(b).value(), faults);
+    std::unique_ptr<Backend> backend = std::move(b).value();
+    if (faults != nullptr) backend = MakeFaultBackend(std::move(backend), faults);
     AgentOptions o;
     o.name = name;
     o.stall_timeout = stall;
     o.eager_write_max_bytes = 256 * 1024;
-    return Agent::Create(o, std::move(b).value()).value();
+    return Agent::Create(o, std::move(backend)).value();
   }
 
   // A WRITE of `pieces` scattered pieces of `piece` bytes (local piece i -> remote slot 3i+1)

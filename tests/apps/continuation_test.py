@@ -442,6 +442,20 @@ def moved_cases(router, colo, d1, d2, cl):
           and log_has(router, "2 sequence(s)"),
           "n = 2, moved mid-stream: the new D took both choices' contexts as pushed KV in two "
           "first rounds (%d of 2 x %d + %d), recomputed nothing" % (got, prompt_tokens, streamed))
+    # Not streamed, the chat with a stop string that ends it after the hand-back (the text the
+    # first D held back is the continuation's to emit), penalties and top logprobs.
+    whole_chat = dict(chat, stream=False)
+    status, a, b, victim = whole_and_fail(router, colo, "/v1/chat/completions", whole_chat,
+                                          (d1, d2),
+                                          lambda inst: inst.proc.send_signal(signal.SIGTERM))
+    handed = handed_back_tokens(router)
+    check(victim and status == 200 and a == b and handed and handed[-1] > 0,
+          "chat with a stop string, not streamed, SIGTERM mid-answer: handed back (%s token(s)), "
+          "the answer equals the colocated run (%d)" % (handed and handed[-1], status))
+    if victim:
+        victim.proc.wait(timeout=30)
+        cl.restart(victim)
+        router_sees(router, victim.url, True)
     # The source, or the target, dies while the first round pushes the context: a dead source
     # is a crash (continued as such), a dead target leaves the stream on its source.
     _, ref = post(colo.port, "/v1/completions", dict(chat_free(chat)))

@@ -364,7 +364,9 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
   FlowServices& r = router_;
   if (!t.continuable || r.stopping()) return failed;
   const std::string body = ContinuationBody(t, nullptr);
-  std::vector<std::string> exclude = Excluded(t, t.d_addr.url);
+  // The instance that failed it (the answering one: t.d_addr, or where it was continued).
+  std::vector<std::string> exclude = Excluded(t, d_lease.address().url);
+  if (t.d_addr.url != d_lease.address().url) exclude.push_back(t.d_addr.url);
   t.ForgetPrefill();
   AbortPrefill(r, t);
   while (t.continuations_left > 0 && !r.stopping() &&

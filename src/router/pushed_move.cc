@@ -50,6 +50,12 @@ std::string PushedMove::DecodeBody(const ClientBody& client, const std::string& 
     d.erase("stream_options");
     d.erase("max_completion_tokens");
     d["max_tokens"] = resumed + 1;
+    // min_tokens may not exceed max_tokens on a D leg: clamped as P clamps its own (the binding
+    // compares min_tokens > resumed, which the clamp keeps).
+    const auto min = d.find("min_tokens");
+    if (min != d.end() && min->is_number_integer() && min->get<int64_t>() > resumed + 1) {
+      *min = resumed + 1;
+    }
   }
   return ComposeLegBody(d, client);
 }

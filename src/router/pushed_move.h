@@ -34,8 +34,8 @@ struct PushedMove {
   /// counts the resumed output: one token more).
   std::string PrefillBody(const ClientBody& client, const std::string& tid) const;
   /// D's leg for `tid`: streamed as the client asked (the switch), or — `first_round` — one
-  /// token answered whole, which only fills the target's prefix cache (P's token ends it at
-  /// once; the router does not relay it). Both legs carry the same sampling parameters, so the
+  /// token answered whole (max_tokens = resumed + 1, min_tokens clamped to it), which only fills
+  /// the target's prefix cache (P's token ends it at once; the router does not relay it). Both legs carry the same sampling parameters, so the
   /// target's first-token binding matches the source's.
   std::string DecodeBody(const ClientBody& client, const std::string& tid,
                          bool first_round = false) const;

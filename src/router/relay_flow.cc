@@ -91,25 +91,27 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
                                httplib::Response& res) {
   FlowServices& r = router_;
   const std::string role = RoleName(t.d_role);
+  // The instance that answered `dr`: d_addr unless the answer was continued on another one.
+  const InstanceAddress d_addr = d_lease.address();
   if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
   if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
   const bool retry = RefusedUnstarted(dr) && t.retries_left > 0;
   if (dr.answered && RefusedUnstarted(dr)) d_lease.MarkDraining();
   if (t.mode == TransferMode::kColocated || t.local_prefill) {
-    spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, t.d_addr.url, Describe(dr));
+    spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, d_addr.url, Describe(dr));
   } else {
     spdlog::warn("request {}: decode leg to {} {}; aborting transfer {} on {}", t.request_id,
-                 t.d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
+                 d_addr.url, Describe(dr), t.transfer_id, t.p_addr.url);
   }
   AbortPrefill(r, t);
   if (retry) {  // nothing written: Handle retries (or writes refused_reply)
-    t.retry_url = t.d_addr.url;
+    t.retry_url = d_addr.url;
     t.retry_role = t.d_role;
-    t.refused_reply = LegFailureReply(r, t.d_role, t.d_addr, dr);
+    t.refused_reply = LegFailureReply(r, t.d_role, d_addr, dr);
     return;
   }
   r.CountRequest(t.mode, false);
-  LegFailureReply(r, t.d_role, t.d_addr, dr).WriteTo(res);
+  LegFailureReply(r, t.d_role, d_addr, dr).WriteTo(res);
 }
 
 void RequestFlow::AnswerJson(const std::shared_ptr<Transfer>& t, const std::string& d_body,

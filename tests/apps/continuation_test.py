@@ -442,6 +442,22 @@ def moved_cases(router, colo, d1, d2, cl):
           and log_has(router, "2 sequence(s)"),
           "n = 2, moved mid-stream: the new D took both choices' contexts as pushed KV in two "
           "first rounds (%d of 2 x %d + %d), recomputed nothing" % (got, prompt_tokens, streamed))
+    # min_tokens above what was streamed at the move: the first round's one-token D leg clamps
+    # it (a D leg refuses min_tokens > max_tokens), so the stream still moves with its KV.
+    mt = {"prompt": "tell me a story", "max_tokens": 120, "min_tokens": 100, "temperature": 0.8,
+          "seed": 17, "logprobs": 1, "stream": True}  # logprobs: an event per token
+    _, ref = post(colo.port, "/v1/completions", mt)
+    before = kv_counters([d1, d2], reset=True)
+    status, raw, victim = stream_and_fail(
+        router.port, "/v1/completions", mt, [d1, d2],
+        lambda _i: post(router.port, "/admin/migrate", {"request_id": "move-me-min"}),
+        {"x-request-id": "move-me-min"}, after_events=30)
+    after = kv_counters([d1, d2])
+    got = sum(after[u][0] - before[u][0] for u in after)
+    check(victim and status == 200 and same_stream(raw, ref) and got > prompt_tokens and
+          not log_has(router, "min_tokens must be"),
+          "min_tokens 100, moved after 30 tokens: equals the colocated run, KV pushed (%d "
+          "tokens; victim %s, status %d)" % (got, victim and victim.name, status))
     # Not streamed, the chat with a stop string that ends it after the hand-back (the text the
     # first D held back is the continuation's to emit), penalties and top logprobs.
     whole_chat = dict(chat, stream=False)

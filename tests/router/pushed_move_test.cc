@@ -107,6 +107,25 @@ TEST(PushedMove, EachOpenChoiceWithOutputIsItsOwnSequence) {
   EXPECT_FALSE(PlanWholePush(c, l, Source()).has_value());
 }
 
+// min_tokens above a first round's one-token max_tokens is clamped on its D leg (a D leg
+// refuses min_tokens > max_tokens; P clamps its own), and only there: the switch's leg keeps
+// the client's. Found by a break-it pass: such a stream moved by recompute.
+TEST(PushedMove, AFirstRoundClampsMinTokensToItsOneToken) {
+  const ClientBody c = Client(R"({"prompt":"a","stream":true,"max_tokens":400,"min_tokens":100})");
+  const std::vector<PushedMove> rounds =
+      PlanFirstRounds(c, Ledger({Comment(0, {5, 6, 7, 8}, 4)}), Source());
+  ASSERT_EQ(rounds.size(), 1u);
+  const json first = json::parse(rounds[0].DecodeBody(c, "t", /*first_round=*/true));
+  EXPECT_EQ(first["max_tokens"], 5);
+  EXPECT_EQ(first["min_tokens"], 5);
+  EXPECT_EQ(json::parse(rounds[0].DecodeBody(c, "t"))["min_tokens"], 100);
+  EXPECT_EQ(json::parse(rounds[0].PrefillBody(c, "t"))["min_tokens"], 100);  // P clamps itself
+  const ClientBody low = Client(R"({"prompt":"a","stream":true,"min_tokens":2})");
+  EXPECT_EQ(json::parse(PlanFirstRounds(low, Ledger({Comment(0, {5, 6, 7, 8}, 4)}), Source())[0]
+                            .DecodeBody(low, "t", true))["min_tokens"],
+            2);
+}
+
 // Nothing to push: no output yet, only finished choices, a malformed n, a choice the request
 // does not have.
 TEST(PushedMove, NothingToPushPlansNoRound) {

@@ -92,7 +92,7 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   FlowServices& r = router_;
   const std::string role = RoleName(t.d_role);
   // The instance that answered `dr`: d_addr unless the answer was continued on another one.
-  const InstanceAddress d_addr = d_lease.address();
+  const InstanceAddress& d_addr = d_lease.address();
   if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
   if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
   const bool retry = RefusedUnstarted(dr) && t.retries_left > 0;

@@ -343,6 +343,20 @@ def pushed_move_check(label, before, after, router, raw, prompt_tokens):
           "%s: the move's first round pushed the context while the stream went on" % label)
 
 
+def move_stream(router, ds, body, rid, after_events):
+    """Streams completion `body` (x-request-id `rid`) through the router and asks POST
+    /admin/migrate after `after_events` events, the Ds' prefix caches emptied first. Returns
+    (status, raw stream, the D it ran on, tokens the Ds took as pushed KV, KV-load recomputes)."""
+    before = kv_counters(ds, reset=True)
+    status, raw, victim = stream_and_fail(
+        router.port, "/v1/completions", body, list(ds),
+        lambda _i: post(router.port, "/admin/migrate", {"request_id": rid}),
+        {"x-request-id": rid}, after_events=after_events)
+    after = kv_counters(ds)
+    return (status, raw, victim, sum(after[u][0] - before[u][0] for u in after),
+            sum(after[u][1] - before[u][1] for u in after))
+
+
 def same_stream(raw, ref_raw):
     a = per_choice([d for d, _ in parse_events(raw) if d is not None])
     b = per_choice([d for d, _ in parse_events(ref_raw) if d is not None])
@@ -426,14 +440,7 @@ def moved_cases(router, colo, d1, d2, cl):
     _, ref = post(colo.port, "/v1/completions", two)
     _, tok = post(colo.port, "/tokenize", {"prompt": two["prompt"]})
     prompt_tokens = json.loads(tok)["count"]
-    before = kv_counters([d1, d2], reset=True)
-    status, raw, victim = stream_and_fail(
-        router.port, "/v1/completions", two, [d1, d2],
-        lambda _i: post(router.port, "/admin/migrate", {"request_id": "move-me-n2"}),
-        {"x-request-id": "move-me-n2"}, after_events=70)
-    after = kv_counters([d1, d2])
-    got = sum(after[u][0] - before[u][0] for u in after)
-    recomputed = sum(after[u][1] - before[u][1] for u in after)
+    status, raw, victim, got, recomputed = move_stream(router, (d1, d2), two, "move-me-n2", 70)
     streamed = sum(len(v) for v in per_choice([d for d, _ in parse_events(raw)
                                                if d is not None]).values())
     check(victim and status == 200 and same_stream(raw, ref),
@@ -447,15 +454,9 @@ def moved_cases(router, colo, d1, d2, cl):
     mt = {"prompt": "tell me a story", "max_tokens": 120, "min_tokens": 100, "temperature": 0.8,
           "seed": 17, "logprobs": 1, "stream": True}  # logprobs: an event per token
     _, ref = post(colo.port, "/v1/completions", mt)
-    before = kv_counters([d1, d2], reset=True)
-    status, raw, victim = stream_and_fail(
-        router.port, "/v1/completions", mt, [d1, d2],
-        lambda _i: post(router.port, "/admin/migrate", {"request_id": "move-me-min"}),
-        {"x-request-id": "move-me-min"}, after_events=30)
-    after = kv_counters([d1, d2])
-    got = sum(after[u][0] - before[u][0] for u in after)
+    status, raw, victim, got, recomputed = move_stream(router, (d1, d2), mt, "move-me-min", 30)
     check(victim and status == 200 and same_stream(raw, ref) and got > prompt_tokens and
-          not log_has(router, "min_tokens must be"),
+          recomputed == 0 and not log_has(router, "min_tokens must be"),
           "min_tokens 100, moved after 30 tokens: equals the colocated run, KV pushed (%d "
           "tokens; victim %s, status %d)" % (got, victim and victim.name, status))
     # Not streamed, the chat with a stop string that ends it after the hand-back (the text the

@@ -172,7 +172,7 @@ void ReplyHandBack(const CompletionState& st, httplib::Response& res) {
   nlohmann::json body = nlohmann::json::parse(
       http::ApiError{503, kHandBackMessage, "server_error", "", kHandBackCode}.ToJson());
   body["kvpush_resume"] = {{"whole", true}, {"choices", std::move(choices)}};
-  body["kvpush_seed"] = st.seed;
+  body["kvpush_seed"] = static_cast<int64_t>(st.seed);  // as the resume comments: a valid `seed`
   res.status = 503;
   res.set_content(body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
                   "application/json");

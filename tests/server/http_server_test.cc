@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <thread>
 
 #include "fake_model.h"
 #include "server_test_util.h"
@@ -482,6 +483,56 @@ TEST_F(HttpServerTest, OverloadGets503) {
 
 namespace kvpush::testing {
 namespace {
+
+// A whole answer whose router asked for resume info (x-kvpush-resume-info: 1) is handed back
+// when the server begins draining: 503 draining_handback with the answer so far and the seed as
+// a valid `seed` (the bits of a negative one kept: a seed drawn at random is any uint64, and the
+// continuation's `seed` takes int64). The continuation of it (kvpush_resume whole, admitted
+// while draining with x-kvpush-migration-source) answers the whole uninterrupted answer.
+TEST_F(HttpServerTest, ADrainingServerHandsAWholeAnswerBackAndItsContinuationFinishesIt) {
+  const json req = json::parse(R"({"prompt":"the cat","max_tokens":40,"temperature":1.0,
+      "seed":-5,"logprobs":2,"ignore_eos":true})");
+  const auto [ref_status, ref_body] = server_->Post("/v1/completions", req.dump());
+  ASSERT_EQ(ref_status, 200) << ref_body;
+  probe_->step_delay_us = 5000;  // 40 tokens: about 200 ms
+  const int64_t steps_before = probe_->steps.load();
+  std::pair<int, std::string> handed;
+  std::thread client([&] {
+    handed = server_->Post("/v1/completions", req.dump(), {{"x-kvpush-resume-info", "1"}});
+  });
+  ASSERT_TRUE(WaitUntil([&] { return probe_->steps.load() > steps_before + 10; },
+                        std::chrono::seconds(5),
+                        std::chrono::milliseconds(1)));
+  server_->http->BeginDrain();
+  client.join();
+  probe_->step_delay_us = 0;
+  ASSERT_EQ(handed.first, 503) << handed.second;
+  const json back = json::parse(handed.second);
+  EXPECT_EQ(back["error"]["code"], "draining_handback");
+  EXPECT_FALSE(back["kvpush_seed"].is_number_unsigned()) << back["kvpush_seed"];
+  EXPECT_EQ(back["kvpush_seed"].get<int64_t>(), -5);
+  const json& resume = back["kvpush_resume"];
+  EXPECT_EQ(resume["whole"], true);
+  ASSERT_EQ(resume["choices"].size(), 1u);
+  const json& c = resume["choices"][0];
+  EXPECT_GT(c["token_ids"].size(), 0u);
+  EXPECT_LT(c["token_ids"].size(), 40u);
+  EXPECT_EQ(c["logprobs"].size(), c["token_ids"].size());
+  EXPECT_EQ(c["text"].get<std::string>().size(), c["text_bytes"].get<size_t>());
+  json cont = req;
+  cont["kvpush_resume"] = resume;
+  cont["seed"] = back["kvpush_seed"];
+  const auto [status, body] =
+      server_->Post("/v1/completions", cont.dump(), {{"x-kvpush-migration-source", "1"}});
+  ASSERT_EQ(status, 200) << body;
+  json a = json::parse(body);
+  json b = json::parse(ref_body);
+  for (json* j : {&a, &b}) {
+    j->erase("id");
+    j->erase("created");
+  }
+  EXPECT_EQ(a, b);
+}
 
 TEST_F(HttpServerTest, SecondServerOnTheSamePortFailsToStart) {
   server::ServerOptions so;

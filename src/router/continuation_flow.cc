@@ -30,21 +30,28 @@ using nlohmann::json;
 namespace {
 
 /// The body of a continuation: the client's request as a colocated instance takes it (P/D: the
-/// parsed body with the router's seed; colocated: the client's bytes), plus `kvpush_resume`
-/// when a stream is resumed. "" when the colocated body cannot be parsed (it was forwarded
+/// parsed body with the router's seed; colocated: the client's bytes), plus `add` applied to it
+/// (null: sent again as it is). "" when the colocated body cannot be parsed (it was forwarded
 /// as-is: the instance refused it, nothing to continue).
-std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger* ledger) {
+std::string ResumedBody(const RequestFlow::Transfer& t, const std::function<void(json&)>& add) {
   if (t.client) {
     json leg = t.client->Shell();
-    if (ledger != nullptr) AddResume(leg, *ledger);
+    if (add) add(leg);
     return ComposeLegBody(leg, *t.client);
   }
-  if (ledger == nullptr) return t.client_text;
+  if (!add) return t.client_text;
   Result<ClientBody> parsed = ParseClientBody(t.client_text);
   if (!parsed.ok() || !parsed->doc.is_object()) return {};
   json leg = parsed->doc;
-  AddResume(leg, *ledger);
+  add(leg);
   return ComposeLegBody(leg, *parsed);
+}
+
+/// A stream's continuation body (`kvpush_resume` = what the client got), or — null `ledger` —
+/// the request sent again whole (ResumedBody).
+std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger* ledger) {
+  if (ledger == nullptr) return ResumedBody(t, nullptr);
+  return ResumedBody(t, [ledger](json& leg) { AddResume(leg, *ledger); });
 }
 
 /// Writes `body` on `leg` (POST `path`) on this thread and reads the answer on a worker, which
@@ -199,21 +206,21 @@ bool StartFirstRound(FlowServices& r, const RequestFlow::Transfer& t, const Push
 /// start marks `pc` failed.
 int64_t LaunchRounds(FlowServices& r, const RequestFlow::Transfer& t,
                      const std::vector<PushedMove>& rounds, const ResumeLedger& ledger,
-                     const InstanceAddress& target, RequestFlow::PreCopy& pc,
-                     const std::shared_ptr<RequestFlow::PreCopy>& shared) {
-  pc.round_tokens = ledger.tokens();
-  ++pc.rounds;
-  pc.sequences = static_cast<int64_t>(rounds.size());
-  pc.pending.store(static_cast<int>(rounds.size()));
+                     const InstanceAddress& target,
+                     const std::shared_ptr<RequestFlow::PreCopy>& pc) {
+  pc->round_tokens = ledger.tokens();
+  ++pc->rounds;
+  pc->sequences = static_cast<int64_t>(rounds.size());
+  pc->pending.store(static_cast<int>(rounds.size()));
   int64_t resumed = 0;
   for (const PushedMove& m : rounds) {
-    if (!StartFirstRound(r, t, m, target, shared)) {
+    if (!StartFirstRound(r, t, m, target, pc)) {
       if (&m == &rounds.front()) {
-        pc.pending.store(0);  // nothing under way
+        pc->pending.store(0);  // nothing under way
         return -1;
       }
-      pc.failed.store(true);
-      pc.pending.fetch_sub(1);
+      pc->failed.store(true);
+      pc->pending.fetch_sub(1);
       continue;
     }
     resumed += m.resumed;
@@ -240,7 +247,7 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   pc->why = why;
   pc->for_move = for_move;
   pc->start_ns = NowNs();
-  const int64_t resumed = LaunchRounds(r, t, rounds, st.ledger, target, *pc, pc);
+  const int64_t resumed = LaunchRounds(r, t, rounds, st.ledger, target, pc);
   if (resumed < 0) return false;
   spdlog::info("request {}: moving it from {} to {} ({}): pushing its context ({} output "
                "token(s), {} sequence(s)) there while it goes on", t.request_id,
@@ -257,7 +264,7 @@ bool RequestFlow::NextRound(FlowServices& r, StreamState& st) {
   if (rounds.empty()) return false;
   const int64_t before = pc.round_tokens;
   const int64_t resumed =
-      LaunchRounds(r, t, rounds, st.ledger, pc.lease->address(), pc, st.precopy);
+      LaunchRounds(r, t, rounds, st.ledger, pc.lease->address(), st.precopy);
   if (resumed < 0) return false;
   spdlog::info("request {}: another round of its move: {} output token(s) streamed since the "
                 "last began", t.request_id, st.ledger.tokens() - before);
@@ -394,33 +401,24 @@ bool HandedBack(const LegResult& r) {
          r.body.find("\"kvpush_resume\"") != std::string::npos;
 }
 
-/// The continuation body of a handed-back whole answer: the client's request (ContinuationBody's)
-/// with the hand-back's `kvpush_resume` and, when the request named none, its seed; `*tokens`:
-/// the output tokens handed back. "" when the hand-back or the client's body cannot be read.
+/// The continuation body of a handed-back whole answer: the client's request (ResumedBody) with
+/// the hand-back's `kvpush_resume` and `kvpush_seed` (AddResume); `*tokens`: the output tokens
+/// handed back. "" when the hand-back or the client's body cannot be read.
 std::string WholeContinuationBody(const RequestFlow::Transfer& t, const LegResult& handed,
                                   int64_t* tokens) {
   const json answer = ParseJson(handed.body);
   if (!answer.is_object() || !answer.contains("kvpush_resume")) return {};
-  const json& choices = answer["kvpush_resume"].value("choices", json::array());
+  const json& resume = answer["kvpush_resume"];
+  const json& choices = resume.value("choices", json::array());
   for (const json& c : choices.is_array() ? choices : json::array()) {
     const auto ids = c.find("token_ids");
     if (ids != c.end() && ids->is_array()) *tokens += static_cast<int64_t>(ids->size());
   }
-  std::optional<ClientBody> parsed;
-  const ClientBody* client = t.client.get();
-  if (client == nullptr) {
-    Result<ClientBody> c = ParseClientBody(t.client_text);
-    if (!c.ok() || !c->doc.is_object()) return {};
-    parsed = std::move(*c);
-    client = &*parsed;
-  }
-  json leg = t.client ? client->Shell() : client->doc;
-  leg["kvpush_resume"] = answer["kvpush_resume"];
-  const auto seed = leg.find("seed");
-  if ((seed == leg.end() || seed->is_null()) && answer.contains("kvpush_seed")) {
-    leg["seed"] = answer["kvpush_seed"];
-  }
-  return ComposeLegBody(leg, *client);
+  const auto seed = answer.find("kvpush_seed");
+  const std::optional<int64_t> s = seed != answer.end() && seed->is_number_integer()
+                                       ? std::optional<int64_t>(seed->get<int64_t>())
+                                       : std::nullopt;
+  return ResumedBody(t, [&](json& leg) { AddResume(leg, resume, s); });
 }
 
 }  // namespace

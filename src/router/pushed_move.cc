@@ -30,10 +30,14 @@ PushedMove MakeMove(const ClientBody& client, const ResumeLedger& ledger,
 
 }  // namespace
 
+void AddResume(json& leg, const json& resume, std::optional<int64_t> seed) {
+  leg["kvpush_resume"] = resume;
+  const auto own = leg.find("seed");
+  if ((own == leg.end() || own->is_null()) && seed) leg["seed"] = *seed;
+}
+
 void AddResume(json& leg, const ResumeLedger& ledger) {
-  leg["kvpush_resume"] = ledger.ToJson();
-  const auto seed = leg.find("seed");
-  if ((seed == leg.end() || seed->is_null()) && ledger.seed()) leg["seed"] = *ledger.seed();
+  AddResume(leg, ledger.ToJson(), ledger.seed());
 }
 
 std::string PushedMove::PrefillBody(const ClientBody& client, const std::string& tid) const {

@@ -20,6 +20,8 @@ namespace kvpush::router {
 /// and the seed the failed (or offering) instance sampled with when the body names none
 /// (--colocated forwards the client's body without one).
 void AddResume(nlohmann::json& leg, const ResumeLedger& ledger);
+/// The same from parts: `kvpush_resume` = `resume`, and `seed` when the body names none.
+void AddResume(nlohmann::json& leg, const nlohmann::json& resume, std::optional<int64_t> seed);
 
 /// One sequence's context moved by push: the continuation of one choice (prompt + its resumed
 /// output, `resumed` tokens) as a push P/D pair whose P leg goes to `source` (it finds the

@@ -133,13 +133,13 @@ class RequestFlow {
   /// pushed one or no target is free.
   static bool StartPreCopy(FlowServices& r, StreamState& st, const std::string& why,
                            bool for_move);
-  /// Pump's step, when StreamMove says so: the first round of a pushed move ended and the
-  /// stream switches to its target, which computes the rest (the blocks filled since the first
-  /// round) over the context it holds — or, `push_all` (that round failed), takes it all pushed
-  /// (ContinueStream) — and an operator's ask is answered.
   /// A pushed move's round ended ok with a long tail (StreamMove::kStartNextRound): starts
   /// another round to the same target from the stream's output now. False when none started.
   static bool NextRound(FlowServices& r, StreamState& st);
+  /// Pump's step, when StreamMove says so: the last round of a pushed move ended and the
+  /// stream switches to its target, which computes the rest (the blocks filled since that
+  /// round) over the context it holds — or, `push_all` (that round failed), takes it all pushed
+  /// (ContinueStream) — and an operator's ask is answered.
   static bool FinishPreCopy(FlowServices& r, StreamState& st, bool push_all);
   /// A whole (non-streamed) answer whose instance failed mid-answer (ContinuableFailure): sent
   /// again, as a colocated request of the same seed, to other instances of the role while

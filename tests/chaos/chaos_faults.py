@@ -176,7 +176,7 @@ class FaultDriver:
 
         r = send(self.router.host, self.router.port, body,
                  headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
-        if asker.is_alive() or asker.ident is not None:
+        if asker.ident is not None:  # started
             asker.join()
         status = asked.get("status")
         what = "long stream %s (%s, moved after %d events%s)" % (

@@ -55,8 +55,16 @@ std::string BodylessErrorMessage(const Request& req, int status) {
 /// The current request of this connection thread (see CurrentAccessNote).
 thread_local AccessNote t_note;
 thread_local std::chrono::steady_clock::time_point t_start;
-/// The status of the last response the calling request thread wrote (0: none yet).
-thread_local int t_last_status = 0;
+/// True once the calling request thread answered a request the library itself could not read
+/// whole (its own bodyless 400, 413, 414 or 431): what follows in the buffer is not known to
+/// start a request, so the connection closes (RFC 9112 §9.3). A handler's own 4xx (an API
+/// error with a body) is well framed and keeps the connection.
+thread_local bool t_unframed = false;
+
+/// True for the statuses cpp-httplib answers on its own when it could not read a request whole.
+bool IsFramingStatus(int status) {
+  return status == 400 || status == 413 || status == 414 || status == 431;
+}
 
 bool IsOpenPath(const std::string& path) {
   for (std::string_view open : kOpenPaths) {
@@ -191,6 +199,11 @@ void FrontDoor::InstallErrorAnswers() {
   // Errors without a body (unknown path -> 404, 413, httplib's own 400s) get an OpenAI body.
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    if (IsFramingStatus(res.status)) {
+      // Say so: a client that reused the connection would otherwise lose its next request.
+      t_unframed = true;
+      res.set_header("Connection", "close");
+    }
     ReplyError(res, ApiError{res.status, BodylessErrorMessage(req, res.status),
                              res.status >= 500 ? "server_error" : "invalid_request_error", "",
                              res.status == 404 ? "not_found" : ""});
@@ -209,7 +222,6 @@ void FrontDoor::InstallErrorAnswers() {
   s.set_logger([this](const Request& req, const Response& res) {
     if (hook_) hook_(req, res);
     LogAccess(req, res);
-    t_last_status = res.status;
     // A request cpp-httplib refuses before routing (a malformed one) has no start of its own.
     t_start = {};
     t_note = AccessNote{};
@@ -299,7 +311,7 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   const int write_timeout_s = options_.write_timeout_s > 0 ? options_.write_timeout_s : 5;
   bool closed = false;
   bool ok = false;
-  t_last_status = 0;
+  t_unframed = false;
   {
     ConnectionStream stream(*conn, options_.connections.header_timeout_s, write_timeout_s);
     SSL* ssl = conn->ssl();
@@ -311,9 +323,9 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   // After an answer to a request the library could not read whole (malformed, body too large,
   // URI or headers too long), what is left in the buffer is not known to start a request:
   // reading it as one would answer bytes of the last request's body (RFC 9112 §9.3 closes).
-  const bool unframed = t_last_status == 400 || t_last_status == 413 || t_last_status == 414 ||
-                        t_last_status == 431;
-  loop_->Return(std::move(conn), ok && !closed && !unframed && !stopping_.load());
+  // An API error a handler answered (a 400 with its body) keeps the connection: closing it
+  // unannounced lost the next request of a client that reused it (the router's pool).
+  loop_->Return(std::move(conn), ok && !closed && !t_unframed && !stopping_.load());
 }
 
 void FrontDoor::Stop() {

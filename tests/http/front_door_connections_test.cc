@@ -301,9 +301,39 @@ TEST(FrontDoorConnections, NoRequestIsReadFromAnUnframedBody) {
     const std::string answer = Receive(fd, 3000, SIZE_MAX, &closed);
     EXPECT_TRUE(closed) << c.request;
     EXPECT_EQ(answer.rfind(c.status, 0), 0u) << answer;
+    EXPECT_NE(answer.find("Connection: close\r\n"), std::string::npos) << "announced: " << answer;
     EXPECT_EQ(answer.find("HTTP/1.1", 1), std::string::npos) << "one answer only: " << answer;
     ::close(fd);
   }
+}
+
+// A handler's own 400 (an API error, well framed) keeps the connection: the next request on it
+// is answered. It used to close unannounced, and a client that reused the connection at once
+// (the router's pool) lost its next request ("connection closed before the answer").
+TEST(FrontDoorConnections, AnApiErrorKeepsTheConnection) {
+  FrontDoor door(Small());
+  AddRoutes(door);
+  door.Post("/bad", [](const Request&, Response& res) {
+    res.status = 400;
+    res.set_content(R"({"error":{"message":"no"}})", "application/json");
+  });
+  ASSERT_TRUE(door.Start().ok());
+  const int fd = Connect(door.port());
+  Send(fd, "POST /bad HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}");
+  // Read until the first answer's body is in, then ask again on the same connection.
+  std::string answer;
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  while (answer.find("{\"error\"") == std::string::npos && Clock::now() < deadline) {
+    answer += Receive(fd, 100);
+  }
+  EXPECT_EQ(answer.rfind("HTTP/1.1 400 ", 0), 0u) << answer;
+  EXPECT_EQ(answer.find("Connection: close"), std::string::npos) << answer;
+  Send(fd, "GET /a HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  bool closed = false;
+  const std::string next = Receive(fd, 3000, SIZE_MAX, &closed);
+  EXPECT_EQ(next.rfind("HTTP/1.1 200 ", 0), 0u) << next;
+  EXPECT_NE(next.find("\r\n\r\nA"), std::string::npos) << next;
+  ::close(fd);
 }
 
 // Stop closes idle connections at once and lets a request in flight finish.

@@ -19,7 +19,7 @@ Models: written once per type with kvpush's generator (`kvpush gen-model --arch 
 1024 --layers 8 --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 --dtype T`, seed 1).
 Prompt: deterministic pseudo-random token ids in [300, 32000) (no BOS).
 
-  npm ci --prefix bench/llamacpp      # once (node_modules is git-ignored)
+  npm install --prefix bench/llamacpp      # once (node_modules is git-ignored)
   ninja -C build kvpush_model_greedy_bench
   bench/model_vs_llamacpp.py --types q8_0,q4_k --prompts 128 --threads 1,2 --reps 5
 Writes --json (default build/bench-results/model-vs-llamacpp.json). Figures: docs/benchmarks/model.md.
@@ -81,7 +81,7 @@ def main():
                                               "kvpush_model_greedy_bench")
     mjs = os.path.join(ROOT, "bench", "llamacpp", "greedy.mjs")
     if not os.path.exists(os.path.join(ROOT, "bench", "llamacpp", "node_modules")):
-        sys.exit("run `npm ci --prefix bench/llamacpp` first")
+        sys.exit("run `npm install --prefix bench/llamacpp` first")
     os.makedirs(args.models_dir, exist_ok=True)
     os.makedirs(os.path.dirname(args.json), exist_ok=True)
     print(f"load average at start: {loadavg()}  (cores: {os.cpu_count()})")

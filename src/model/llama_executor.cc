@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "model/attention_kernels.h"
+
 namespace kvpush {
 
 namespace {
@@ -34,6 +36,18 @@ LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& o
   if (options.threads > 1) {
     pool_ = std::make_unique<WorkerPool>(options.threads);
     gemm_.set_pool(pool_.get());
+  }
+  namespace gi = gemm_internal;
+  attn_scores_ = gi::AttnScoresScalar;
+  attn_values_ = gi::AttnValuesScalar;
+  __builtin_cpu_init();
+  if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx512f")) {
+    attn_scores_ = gi::AttnScoresAvx512;
+    attn_values_ = gi::AttnValuesAvx512;
+  } else if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx2") &&
+             __builtin_cpu_supports("fma")) {
+    attn_scores_ = gi::AttnScoresAvx2;
+    attn_values_ = gi::AttnValuesAvx2;
   }
 }
 
@@ -163,34 +177,28 @@ void LlamaExecutor::AttentionHead(int32_t layer, const SequenceChunk& ch, int32_
   const float inv_sqrt = 1.0f / std::sqrt(static_cast<float>(hd));
   const float* q = q_.data() + row * qdim + h * hd;
   // Scores over positions [0, pos], block by block through the block table.
-  float max = -INFINITY;
   for (int32_t p = 0; p <= pos; p += bs) {
     const float* kb =
         kv.chunk_f32(layer, KvKind::kKey, ch.block_table[static_cast<size_t>(p / bs)]);
     const int32_t n = std::min(bs, pos + 1 - p);
-    for (int32_t s = 0; s < n; ++s) {
-      const float sc = Dot(q, kb + (s * nkv + kvh) * hd, hd) * inv_sqrt;
-      scores[p + s] = sc;
-      max = std::max(max, sc);
-    }
+    attn_scores_(q, kb + kvh * hd, nkv * hd, n, hd, inv_sqrt, scores + p);
   }
+  float max = -INFINITY;
+  for (int32_t p = 0; p <= pos; ++p) max = std::max(max, scores[p]);
   float sum = 0.0f;
   for (int32_t p = 0; p <= pos; ++p) {
     scores[p] = std::exp(scores[p] - max);
     sum += scores[p];
   }
   const float inv_sum = 1.0f / sum;
+  for (int32_t p = 0; p <= pos; ++p) scores[p] *= inv_sum;
   float* out = att_.data() + row * qdim + h * hd;
   std::fill(out, out + hd, 0.0f);
   for (int32_t p = 0; p <= pos; p += bs) {
     const float* vb =
         kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
     const int32_t n = std::min(bs, pos + 1 - p);
-    for (int32_t s = 0; s < n; ++s) {
-      const float a = scores[p + s] * inv_sum;
-      const float* v = vb + (s * nkv + kvh) * hd;
-      for (int64_t d = 0; d < hd; ++d) out[d] += a * v[d];
-    }
+    attn_values_(scores + p, vb + kvh * hd, nkv * hd, n, hd, out);
   }
 }
 

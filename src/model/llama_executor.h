@@ -93,6 +93,11 @@ class LlamaExecutor final : public Executor {
   std::vector<float> rope_cos_, rope_sin_;  ///< per step: [tokens, rope_dim / 2]
   std::unique_ptr<WorkerPool> pool_;        ///< null with threads = 1
   InvariantGemm gemm_;
+  /// Attention's inner loops (model/attention_kernels.h): the best ISA, or the scalar reference
+  /// with GemmBackend::kFixedOrderScalar. Every version gives the same bits.
+  void (*attn_scores_)(const float*, const float*, int64_t, int64_t, int64_t, float,
+                       float*) = nullptr;
+  void (*attn_values_)(const float*, const float*, int64_t, int64_t, int64_t, float*) = nullptr;
   // Scratch, [tokens, width] row-major.
   std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_;
   std::vector<float> scores_;  ///< attention scores: scores_parts_ equal slices, one per thread

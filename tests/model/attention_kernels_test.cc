@@ -1,0 +1,96 @@
+// The attention inner loops (model/attention_kernels.h): the AVX-512, AVX2 and scalar versions give
+// identical bits (whichever the CPU has) for head sizes with and without a 16-value tail, strided
+// rows and any count of positions; and the scalar version is the documented canonical sequence.
+#include "model/attention_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <vector>
+
+namespace kvpush::gemm_internal {
+namespace {
+
+std::vector<float> Random(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> nd;
+  std::vector<float> v(n);
+  for (float& f : v) f = nd(rng);
+  return v;
+}
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+struct Isa {
+  const char* name;
+  bool available;
+  AttnScoresFn scores;
+  AttnValuesFn values;
+};
+
+std::vector<Isa> Isas() {
+  __builtin_cpu_init();
+  return {
+      {"avx512", __builtin_cpu_supports("avx512f") != 0, AttnScoresAvx512, AttnValuesAvx512},
+      {"avx2", __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0,
+       AttnScoresAvx2, AttnValuesAvx2},
+  };
+}
+
+TEST(AttentionKernelsTest, ScalarScoresAreTheCanonicalSixteenLaneDot) {
+  const int64_t hd = 40;  // two full chunks of 16 and a tail of 8
+  const auto q = Random(hd, 1), k = Random(hd, 2);
+  float acc[16] = {};
+  for (int64_t i = 0; i < hd; ++i) acc[i % 16] = std::fma(q[i], k[i], acc[i % 16]);
+  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+  const float want = (acc[0] + acc[1]) * 0.125f;
+  float got = 0.0f;
+  AttnScoresScalar(q.data(), k.data(), hd, 1, hd, 0.125f, &got);
+  EXPECT_TRUE(SameBits({got}, {want})) << got << " vs " << want;
+}
+
+TEST(AttentionKernelsTest, ScalarValuesAccumulatePositionsInOrder) {
+  const int64_t hd = 5, n = 3, stride = 7;
+  const auto a = Random(n, 3), v = Random(n * stride, 4);
+  std::vector<float> out(hd, 0.25f), want(hd, 0.25f);
+  for (int64_t s = 0; s < n; ++s) {
+    for (int64_t d = 0; d < hd; ++d) want[d] = std::fma(a[s], v[s * stride + d], want[d]);
+  }
+  AttnValuesScalar(a.data(), v.data(), stride, n, hd, out.data());
+  EXPECT_TRUE(SameBits(out, want));
+}
+
+TEST(AttentionKernelsTest, EveryIsaGivesTheScalarBits) {
+  int checked = 0;
+  for (const Isa& isa : Isas()) {
+    if (!isa.available) continue;
+    for (int64_t hd : {8, 12, 16, 40, 64, 80, 96, 128, 136, 256}) {
+      for (int64_t n : {1, 3, 4, 7, 16, 33}) {
+        const int64_t stride = hd * 3 + 5;  // KV heads interleaved in a cache block
+        const auto q = Random(hd, static_cast<uint32_t>(hd * 100 + n));
+        const auto k = Random(n * stride, static_cast<uint32_t>(hd * 7 + n));
+        const auto a = Random(n, static_cast<uint32_t>(n * 13 + hd));
+        std::vector<float> s_ref(n), s_got(n);
+        AttnScoresScalar(q.data(), k.data(), stride, n, hd, 0.125f, s_ref.data());
+        isa.scores(q.data(), k.data(), stride, n, hd, 0.125f, s_got.data());
+        EXPECT_TRUE(SameBits(s_ref, s_got)) << isa.name << " scores, hd " << hd << " n " << n;
+        std::vector<float> o_ref = Random(hd, 9), o_got = o_ref;
+        AttnValuesScalar(a.data(), k.data(), stride, n, hd, o_ref.data());
+        isa.values(a.data(), k.data(), stride, n, hd, o_got.data());
+        EXPECT_TRUE(SameBits(o_ref, o_got)) << isa.name << " values, hd " << hd << " n " << n;
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2+FMA";
+}
+
+}  // namespace
+}  // namespace kvpush::gemm_internal

@@ -8,6 +8,7 @@
 
 #include "model/gemm_kernels.h"
 #include "model/int8_gemm.h"
+#include "model/quant.h"
 #include "model/worker_pool.h"
 
 extern "C" char* openblas_get_corename(void);
@@ -64,7 +65,7 @@ std::string InvariantGemm::name() const {
   std::string q = "; q8_0/q4_k/q6_k dequantized f32";
   if (quant_ == QuantMath::kInt8) {
     q = q8_isa_ == 2   ? "; q8_0/q4_k/q6_k int8 avx512-vnni"
-        : q8_isa_ == 1 ? "; q8_0 int8 avx2, q4_k/q6_k int8 scalar"
+        : q8_isa_ == 1 ? "; q8_0/q4_k/q6_k int8 avx2"
                        : "; q8_0/q4_k/q6_k int8 scalar";
   }
   return GemmName() + q;
@@ -102,9 +103,13 @@ gemm_internal::Q8GemmFn InvariantGemm::Int8Kernel(GgmlType type) const {
     case GgmlType::kQ8_0:
       return q8_isa_ == 2 ? gi::Q8GemmAvx512Vnni : q8_isa_ == 1 ? gi::Q8GemmAvx2 : gi::Q8GemmScalar;
     case GgmlType::kQ4_K:
-      return q8_isa_ == 2 ? gi::Q4KGemmAvx512Vnni : gi::Q4KGemmScalar;
+      return q8_isa_ == 2   ? gi::Q4KGemmAvx512Vnni
+             : q8_isa_ == 1 ? gi::Q4KGemmAvx2
+                            : gi::Q4KGemmScalar;
     case GgmlType::kQ6_K:
-      return q8_isa_ == 2 ? gi::Q6KGemmAvx512Vnni : gi::Q6KGemmScalar;
+      return q8_isa_ == 2   ? gi::Q6KGemmAvx512Vnni
+             : q8_isa_ == 1 ? gi::Q6KGemmAvx2
+                            : gi::Q6KGemmScalar;
     default:
       return nullptr;
   }
@@ -120,7 +125,11 @@ void InvariantGemm::Run(const float* x, int64_t rows, const WeightMatrix& w, flo
   if (rows <= 0) return;
   const int64_t n = w.rows();
   const gemm_internal::Q8GemmFn int8 = Int8Kernel(w.type());
-  if (int8 != nullptr) q8_->Quantize(x, rows, w.cols());
+  if (int8 != nullptr) {
+    // The K-quants pair with activations quantized per 256-value super-block (model/int8_gemm.h).
+    const bool k_quant = w.type() == GgmlType::kQ4_K || w.type() == GgmlType::kQ6_K;
+    q8_->Quantize(x, rows, w.cols(), k_quant ? kQkK : kQ8BlockValues);
+  }
   // Parts are contiguous column ranges (multiples of 8 columns); every element is computed in
   // its canonical order whichever part it falls in, so the split changes no bit. OpenBLAS
   // threads itself (and its padding buffers are shared), so kOpenBlasTiles stays one part.

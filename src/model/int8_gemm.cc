@@ -71,20 +71,24 @@ bool CpuHasAvx2FmaF16c() {
   return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
-void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k) {
+void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k, int64_t block) {
   rows_ = rows;
   k_ = k;
-  const int64_t nb = k / kQ8BlockValues;
+  block_ = block;
+  const int64_t nb = k / block;
   if (static_cast<int64_t>(q_.size()) < rows * k) q_.resize(static_cast<size_t>(rows * k));
   if (static_cast<int64_t>(d_.size()) < rows * nb) d_.resize(static_cast<size_t>(rows * nb));
+  if (static_cast<int64_t>(sums_.size()) < rows * k / 16) {
+    sums_.resize(static_cast<size_t>(rows * k / 16));
+  }
   for (int64_t i = 0; i < rows * nb; ++i) {
-    const float* xb = x + i * kQ8BlockValues;
+    const float* xb = x + i * block;
     float amax = 0.0f;
-    for (int t = 0; t < kQ8BlockValues; ++t) amax = std::max(amax, std::fabs(xb[t]));
+    for (int64_t t = 0; t < block; ++t) amax = std::max(amax, std::fabs(xb[t]));
     const float d = amax / 127.0f;
     const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int8_t* qb = q_.data() + i * kQ8BlockValues;
-    for (int t = 0; t < kQ8BlockValues; ++t) {
+    int8_t* qb = q_.data() + i * block;
+    for (int64_t t = 0; t < block; ++t) {
       // lrint rounds to nearest even in the default rounding mode. The clamp guards
       // x * id = 127.00001 and non-finite activations (a NaN or an infinite x gives an unspecified
       // long, never undefined behaviour; such rows give garbage logits on every path).
@@ -92,6 +96,11 @@ void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k) {
       qb[t] = static_cast<int8_t>(r);
     }
     d_[static_cast<size_t>(i)] = d;
+  }
+  for (int64_t g = 0; g < rows * k / 16; ++g) {
+    int sum = 0;
+    for (int t = 0; t < 16; ++t) sum += q_[static_cast<size_t>(g * 16 + t)];
+    sums_[static_cast<size_t>(g)] = static_cast<int16_t>(sum);
   }
 }
 
@@ -125,28 +134,32 @@ void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n
 
 void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
                    int64_t ldy) {
-  const int64_t nb = x.k() / kQ8BlockValues;
+  const int64_t nsb = x.k() / kQkK;
   for (int64_t m = 0; m < x.rows(); ++m) {
     for (int64_t n = 0; n < n_rows; ++n) {
       float acc[16] = {};
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + (b / 8) * kQ4KBlockBytes;
-        uint8_t code[32];
-        int sc = 0, mn = 0;
-        Q4KSub(blk, static_cast<int>(b % 8), code, &sc, &mn);
-        const float dx = x.d(m)[b];
-        const float s1 = (HalfToFloat(U16(blk)) * static_cast<float>(sc)) * dx;
-        const float s2 = (HalfToFloat(U16(blk + 2)) * static_cast<float>(mn)) * dx;
-        const int8_t* xb = x.q(m) + b * kQ8BlockValues;
-        for (int j = 0; j < 8; ++j) {
-          int32_t p = 0, msum = 0;
-          for (int t = 4 * j; t < 4 * j + 4; ++t) {
-            p += int32_t{code[t]} * int32_t{xb[t]};
-            msum += xb[t];
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + sb * kQ4KBlockBytes;
+        uint8_t code[256];
+        int sc[8], mn[8];
+        for (int j = 0; j < 8; ++j) Q4KSub(blk, j, code + 32 * j, &sc[j], &mn[j]);
+        const int8_t* qx = x.q(m) + sb * kQkK;
+        const int16_t* sums = x.sums(m) + sb * 16;
+        const float dx = x.d(m)[sb];
+        const float s1 = HalfToFloat(U16(blk)) * dx, s2 = HalfToFloat(U16(blk + 2)) * dx;
+        for (int lane = 0; lane < 16; ++lane) {
+          int32_t isum = 0;
+          for (int u = 0; u < 4; ++u) {
+            int32_t p = 0;
+            for (int t = 0; t < 4; ++t) {
+              const int v = 64 * u + 4 * lane + t;
+              p += int32_t{code[v]} * int32_t{qx[v]};
+            }
+            isum += sc[2 * u + lane / 8] * p;
           }
-          float& lane = acc[8 * (b & 1) + j];
-          lane = std::fma(s1, static_cast<float>(p), lane);
-          lane = std::fma(-s2, static_cast<float>(msum), lane);
+          const int32_t msum = lane < 8 ? mn[lane] * (sums[2 * lane] + sums[2 * lane + 1]) : 0;
+          acc[lane] = std::fma(s1, static_cast<float>(isum), acc[lane]);
+          acc[lane] = std::fma(-s2, static_cast<float>(msum), acc[lane]);
         }
       }
       y[m * ldy + n] = Tree(acc);
@@ -156,25 +169,30 @@ void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
 
 void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
                    int64_t ldy) {
-  const int64_t nb = x.k() / kQ8BlockValues;
+  const int64_t nsb = x.k() / kQkK;
   for (int64_t m = 0; m < x.rows(); ++m) {
     for (int64_t n = 0; n < n_rows; ++n) {
       float acc[16] = {};
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + (b / 8) * kQ6KBlockBytes;
-        uint8_t code[32];
-        Q6KSub(blk, static_cast<int>(b % 8), code);
-        const float d = HalfToFloat(U16(blk + 208));
+      for (int64_t sb = 0; sb < nsb; ++sb) {
+        const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + sb * kQ6KBlockBytes;
+        uint8_t code[256];
+        for (int j = 0; j < 8; ++j) Q6KSub(blk, j, code + 32 * j);
         const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
-        const float dx = x.d(m)[b];
-        const int8_t* xb = x.q(m) + b * kQ8BlockValues;
-        for (int j = 0; j < 8; ++j) {
-          int32_t p = 0;
-          for (int t = 4 * j; t < 4 * j + 4; ++t) p += (int32_t{code[t]} - 32) * int32_t{xb[t]};
-          const int64_t scale_index = 2 * (b % 8) + j / 4;  // 16-value sub-block of the lane
-          const float s = (d * static_cast<float>(sc[scale_index])) * dx;
-          float& lane = acc[8 * (b & 1) + j];
-          lane = std::fma(s, static_cast<float>(p), lane);
+        const int8_t* qx = x.q(m) + sb * kQkK;
+        const int16_t* sums = x.sums(m) + sb * 16;
+        const float s = HalfToFloat(U16(blk + 208)) * x.d(m)[sb];
+        for (int lane = 0; lane < 16; ++lane) {
+          int32_t isum = 0;
+          for (int u = 0; u < 4; ++u) {
+            int32_t p = 0;
+            for (int t = 0; t < 4; ++t) {
+              const int v = 64 * u + 4 * lane + t;
+              p += int32_t{code[v]} * int32_t{qx[v]};
+            }
+            isum += int32_t{sc[4 * u + lane / 4]} * p;
+          }
+          isum -= 32 * int32_t{sc[lane]} * sums[lane];
+          acc[lane] = std::fma(s, static_cast<float>(isum), acc[lane]);
         }
       }
       y[m * ldy + n] = Tree(acc);

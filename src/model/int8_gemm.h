@@ -17,15 +17,22 @@
 // then acc_i += acc_{i+8}, acc_i += acc_{i+4}, acc_i += acc_{i+2}, y = acc_0 + acc_1 (the same
 // tree as the f32 kernels, gemm_kernels.h).
 //
-// Q4_K and Q6_K (formats in model/quant.h) use the same activations, blocks of 32 and lanes; block
-// b is sub-block j = b mod 8 of super-block b / 8 (fp16 d, and dmin for Q4_K), and only the lane
-// update differs (M_j = sum_{t<4} qx[32b + 4j + t], lane = 8 (b mod 2) + j):
-//   Q4_K (code q in 0..15, 6-bit sc and m of sub-block j):
-//     s1 = (d * sc) * dx_b, s2 = (dmin * m) * dx_b,  P_j = sum_{t<4} q * qx,
-//     acc = fma(s1, float(P_j), acc);  acc = fma(-s2, float(M_j), acc)
-//   Q6_K (code c in 0..63, int8 scales sc[16] of the super-block):
-//     s = (d * sc[2 (b mod 8) + j / 4]) * dx_b,  P_j = sum_{t<4} (c - 32) * qx,
-//     acc = fma(s, float(P_j), acc)
+// Q4_K and Q6_K (formats in model/quant.h) pair with activations quantized per super-block of 256
+// values instead (as ggml pairs its K-quants with Q8_K; the idea, not its code): the same formula
+// with amax over the 256 values, one f32 scale dx per super-block, and S_g = the sum of the 16
+// quantized values of group g (g = 0..15). Within a super-block everything is integer (exact,
+// so any grouping of the additions gives the same sums), and only the super-block's total enters
+// the f32 lanes. With v = 64 u + 4 L + t (u = 0..3, lane L = 0..15, t = 0..3) the value index in
+// the super-block and code(v) its unsigned code:
+//   Q4_K (code 0..15; sub-block j = v / 32 with 6-bit scale sc_j and min m_j; fp16 d, dmin):
+//     I_L = sum_u sc_{2u + L/8} * sum_t code(v) * qx(v),   M_L = L < 8 ? m_L * (S_2L + S_2L+1) : 0
+//     acc_L = fma(d * dx, float(I_L), acc_L);  acc_L = fma(-(dmin * dx), float(M_L), acc_L)
+//   Q6_K (code 0..63 standing for code - 32; int8 scale sc_g per 16 values; fp16 d):
+//     I_L = sum_u sc_{4u + L/4} * sum_t code(v) * qx(v)  -  32 * sc_L * S_L
+//     acc_L = fma(d * dx, float(I_L), acc_L)
+// over super-blocks in increasing order, then the same tree. (|I_L| < 2^25: the conversion may
+// round above 2^24, identically in every kernel. The products d * dx are f32.) Every kernel
+// (AVX-512 VNNI: maddubs then dpwssd; AVX2: maddubs then madd) computes these integers exactly.
 #pragma once
 
 #include <cstddef>
@@ -44,24 +51,30 @@ bool CpuHasAvx512Vnni();
 /// needs.
 bool CpuHasAvx2FmaF16c();
 
-/// Rows of X quantized per 32-value block (see the file comment). k must be a multiple of 32.
-/// Not thread-safe while Quantize runs; concurrent const use is safe.
+/// Rows of X quantized per block of `block` values (32 for Q8_0, 256 for the K-quants; see the
+/// file comment). k must be a multiple of the block. Not thread-safe while Quantize runs;
+/// concurrent const use is safe.
 class Q8Rows {
  public:
-  /// Quantizes X [rows, k] (row stride k). Reuses its buffers (no allocation once grown).
-  void Quantize(const float* x, int64_t rows, int64_t k);
+  /// Quantizes X [rows, k] (row stride k) in blocks of `block` (32 or 256) values, and sums each
+  /// 16 quantized values. Reuses its buffers (no allocation once grown).
+  void Quantize(const float* x, int64_t rows, int64_t k, int64_t block = 32);
 
   int64_t rows() const { return rows_; }
   int64_t k() const { return k_; }
+  int64_t block() const { return block_; }
   /// The k int8 values of row m.
   const int8_t* q(int64_t m) const { return q_.data() + m * k_; }
-  /// The k / 32 f32 block scales of row m.
-  const float* d(int64_t m) const { return d_.data() + m * (k_ / 32); }
+  /// The k / block() f32 block scales of row m.
+  const float* d(int64_t m) const { return d_.data() + m * (k_ / block_); }
+  /// The k / 16 sums of 16 consecutive int8 values of row m (S_g of the file comment).
+  const int16_t* sums(int64_t m) const { return sums_.data() + m * (k_ / 16); }
 
  private:
-  int64_t rows_ = 0, k_ = 0;
+  int64_t rows_ = 0, k_ = 0, block_ = 32;
   std::vector<int8_t> q_;
   std::vector<float> d_;
+  std::vector<int16_t> sums_;
 };
 
 // Every kernel has the signature Q8GemmFn (declared in model/gemm.h): every row of `x` against W
@@ -79,8 +92,9 @@ void Q8GemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_r
 void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
                       int64_t ldy);
 
-/// Q4_K / Q6_K weights (x.k() a multiple of 256), same signature as Q8GemmFn: the scalar
-/// reference and the AVX-512 VNNI kernels (same CPU requirements as Q8GemmAvx512Vnni).
+/// Q4_K / Q6_K weights (x.k() a multiple of 256, x quantized with block 256), same signature as
+/// Q8GemmFn: the scalar reference, the AVX-512 VNNI kernels (same CPU requirements as
+/// Q8GemmAvx512Vnni) and the AVX2 ones (same as Q8GemmAvx2).
 void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
                    int64_t ldy);
 void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
@@ -89,5 +103,9 @@ void Q4KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int6
                        float* y, int64_t ldy);
 void Q6KGemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows,
                        float* y, int64_t ldy);
+void Q4KGemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                 int64_t ldy);
+void Q6KGemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                 int64_t ldy);
 
 }  // namespace kvpush::gemm_internal

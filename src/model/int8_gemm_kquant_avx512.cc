@@ -1,9 +1,10 @@
-// AVX-512 VNNI kernels of the Q4_K and Q6_K integer GEMMs (model/int8_gemm.h: the canonical lane
-// updates). Compiled with the flags of int8_gemm_avx512.cc and only called after the same CPUID
-// check. One 512-bit vector holds two blocks of 32 (lanes 0..7 block b, 8..15 block b + 1); a
-// super-block of 256 is four such pairs, so there is never a tail. The codes are unsigned (Q4_K
-// 0..15, Q6_K 0..63) and the activations signed, as vpdpbusd takes them; Q6_K's offset of 32 enters
-// as a starting value of -32 * (sum of the lane's 4 activations), Q4_K's min as its own FMA.
+// AVX-512 VNNI kernels of the Q4_K and Q6_K integer GEMMs (model/int8_gemm.h: the canonical
+// super-block sums). Compiled with the flags of int8_gemm_avx512.cc and only called after the same
+// CPUID check. One 512-bit vector holds 64 consecutive values of a super-block (its part u = 0..3):
+// vpmaddubsw multiplies the unsigned codes by the signed activations into 32 int16 pair sums, and
+// vpdpwssd multiplies those by the scales (int16, one per value pair) into the 16 int32 lanes, so
+// a super-block costs two instructions per 64 values and row pair; its lanes enter the f32
+// accumulators once.
 #include <immintrin.h>
 
 #include <cstring>
@@ -30,19 +31,6 @@ inline float Half(const uint8_t* p) {
   return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(p[0] | (p[1] << 8))));
 }
 
-/// [p[0] x 8, p[1] x 8].
-inline __m512 Pair(const float* p) {
-  const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m128 v = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
-}
-
-/// [p[0] x 4, p[1] x 4, p[2] x 4, p[3] x 4].
-inline __m512 Quad(const float* p) {
-  const __m512i idx = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_loadu_ps(p)));
-}
-
 /// Asks for the `bytes` bytes at `p` (a block of the next tile's rows: decode streams W, and its
 /// rows are short, so the hardware prefetchers alone leave it latency-bound). Never faults.
 inline void Prefetch(const uint8_t* p, int64_t bytes) {
@@ -55,20 +43,25 @@ inline __m512i Load64(const void* p) {
   return _mm512_loadu_si512(p);
 }
 
-/// A Q4_K super-block's d * sc_j and dmin * m_j (j = 0..7; 6-bit fields unpacked four at a time
-/// from the 12 scale bytes, as model/quant.h describes them), each product rounded to f32.
-inline void Q4KScales(const uint8_t* blk, float* ds, float* dm) {
+/// Index vectors for vpermw: int16 lane h of part u takes scale entry `first(u) + h / width`.
+template <int kWidth, int kPerPart>
+inline __m512i ScaleIndex(int u) {
+  alignas(64) int16_t idx[32];
+  for (int h = 0; h < 32; ++h) idx[h] = static_cast<int16_t>(kPerPart * u + h / kWidth);
+  return _mm512_load_si512(idx);
+}
+
+/// A Q4_K super-block's eight 6-bit scales and mins (model/quant.h), as int16 in the low 128 bits
+/// (scales) and as int32 (mins).
+inline void Q4KScales(const uint8_t* blk, __m512i* sc16, __m256i* mn32) {
   uint32_t u[3];
   std::memcpy(u, blk + 4, 12);
   const uint32_t sc_lo = u[0] & 0x3f3f3f3fu, m_lo = u[1] & 0x3f3f3f3fu;
   const uint32_t sc_hi = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
   const uint32_t m_hi = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-  const __m256 sc = _mm256_cvtepi32_ps(
-      _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo))));
-  const __m256 mn = _mm256_cvtepi32_ps(
-      _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo))));
-  _mm256_store_ps(ds, _mm256_mul_ps(_mm256_set1_ps(Half(blk)), sc));
-  _mm256_store_ps(dm, _mm256_mul_ps(_mm256_set1_ps(Half(blk + 2)), mn));
+  *sc16 = _mm512_castsi128_si512(
+      _mm_cvtepu8_epi16(_mm_set_epi32(0, 0, static_cast<int>(sc_hi), static_cast<int>(sc_lo))));
+  *mn32 = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
 }
 
 /// Q4_K: R rows of X (from row m) against C rows of W.
@@ -76,45 +69,66 @@ template <int R, int C>
 inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y,
                     int64_t ldy) {
   const int64_t nsb = x.k() / kQkK;
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i ones = _mm512_set1_epi8(1);
+  // The f32 lanes live in memory: they change once per super-block, while the R x C integer sums
+  // need the registers.
+  alignas(64) float acc[R][C][16] = {};
   const __m256i low4 = _mm256_set1_epi8(15);
+  const __m512i ones16 = _mm512_set1_epi16(1);
+  const __m512i idx[4] = {ScaleIndex<16, 2>(0), ScaleIndex<16, 2>(1), ScaleIndex<16, 2>(2),
+                          ScaleIndex<16, 2>(3)};
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    alignas(32) float ds[C][8], dm[C][8];
+    __m512i isum[R][C];
+    __m512i sc16[C];
+    __m256i mn32[C];
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
       if constexpr (R == 1) Prefetch(blk + C * row_bytes, kQ4KBlockBytes);
-      Q4KScales(blk, ds[c], dm[c]);
+      Q4KScales(blk, &sc16[c], &mn32[c]);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) isum[r][c] = _mm512_setzero_si512();
     }
-    for (int i = 0; i < 4; ++i) {
-      const int64_t b = sb * 8 + 2 * i;
+#pragma GCC unroll 16
+    for (int u = 0; u < 4; ++u) {
       __m512i qx[R];
-      __m512 dx[R], msum[R];
-      for (int r = 0; r < R; ++r) {
-        qx[r] = Load64(x.q(m + r) + b * 32);
-        dx[r] = Pair(x.d(m + r) + b);
-        msum[r] = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ones, qx[r]));
-      }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) qx[r] = Load64(x.q(m + r) + sb * kQkK + 64 * u);
       for (int c = 0; c < C; ++c) {
         const uint8_t* qs =
-            w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes + 16 + 32 * i;
+            w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes + 16 + 32 * u;
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
         const __m512i code = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
                                                 _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1);
-        const __m512 s1 = Pair(ds[c] + 2 * i), s2 = Pair(dm[c] + 2 * i);
+        const __m512i scw = _mm512_permutexvar_epi16(idx[u], sc16[c]);
+#pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-          const __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), code, qx[r]);
-          acc[r][c] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx[r]), _mm512_cvtepi32_ps(p), acc[r][c]);
-          acc[r][c] = _mm512_fnmadd_ps(_mm512_mul_ps(s2, dx[r]), msum[r], acc[r][c]);
+          isum[r][c] = _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(code, qx[r]), scw);
         }
       }
     }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float dx = x.d(m + r)[sb];
+      // Sums of the eight 32-value sub-blocks (pairs of 16-value sums), as int32.
+      const __m256i s32 = _mm512_castsi512_si256(_mm512_madd_epi16(
+          _mm512_castsi256_si512(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums(m + r) + sb * 16))),
+          ones16));
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
+        const __m512 s1 = _mm512_set1_ps(Half(blk) * dx), s2 = _mm512_set1_ps(Half(blk + 2) * dx);
+        const __m512i msum = _mm512_zextsi256_si512(_mm256_mullo_epi32(mn32[c], s32));
+        __m512 a = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(isum[r][c]), _mm512_load_ps(acc[r][c]));
+        a = _mm512_fnmadd_ps(s2, _mm512_cvtepi32_ps(msum), a);
+        _mm512_store_ps(acc[r][c], a);
+      }
+    }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(_mm512_load_ps(acc[r][c]));
 }
 
 /// Q6_K: R rows of X (from row m) against C rows of W.
@@ -122,25 +136,37 @@ template <int R, int C>
 inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y,
                     int64_t ldy) {
   const int64_t nsb = x.k() / kQkK;
-  __m512 acc[R][C];
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
-  const __m512i k32 = _mm512_set1_epi8(32), low4 = _mm512_set1_epi8(15);
-  const __m512i low2 = _mm512_set1_epi8(3);
+  // The f32 lanes live in memory: they change once per super-block, while the R x C integer sums
+  // need the registers.
+  alignas(64) float acc[R][C][16] = {};
+  const __m512i low4 = _mm512_set1_epi8(15), low2 = _mm512_set1_epi8(3);
+  const __m512i idx[4] = {ScaleIndex<8, 4>(0), ScaleIndex<8, 4>(1), ScaleIndex<8, 4>(2),
+                          ScaleIndex<8, 4>(3)};
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    alignas(64) float dsc[C][16];
+    __m512i isum[R][C];
+    __m512i sc16[C];
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
       if constexpr (R == 1) Prefetch(blk + C * row_bytes, kQ6KBlockBytes);
-      const __m512i sc =
-          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
-      _mm512_store_ps(dsc[c],
-                      _mm512_mul_ps(_mm512_set1_ps(Half(blk + 208)), _mm512_cvtepi32_ps(sc)));
+      const __m256i s =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
+      sc16[c] = _mm512_castsi256_si512(s);
+// -32 sc_L S_L starts lane L (the codes' offset of 32, model/int8_gemm.h).
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) {
+        const __m512i sums = _mm512_cvtepi16_epi32(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums(m + r) + sb * 16)));
+        isum[r][c] = _mm512_sub_epi32(
+            _mm512_setzero_si512(),
+            _mm512_slli_epi32(_mm512_mullo_epi32(_mm512_cvtepi16_epi32(s), sums), 5));
+      }
     }
+#pragma GCC unroll 16
     for (int h = 0; h < 2; ++h) {
-      // Codes of blocks 4h, 4h + 1 (pair 0) and 4h + 2, 4h + 3 (pair 1) of each W row.
+      // Codes of values 128 h .. 128 h + 63 (part u = 2 h) and 128 h + 64 .. 128 h + 127 (u = 2 h +
+      // 1).
       __m512i code[2][C];
-#pragma GCC unroll 8
       for (int c = 0; c < C; ++c) {
         const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
         const __m512i ql = Load64(blk + 64 * h);
@@ -153,30 +179,38 @@ inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
             _mm512_and_si512(_mm512_srli_epi16(ql, 4), low4),
             _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh2, 4), low2), 4));
       }
+#pragma GCC unroll 16
       for (int p = 0; p < 2; ++p) {
-        const int64_t b = sb * 8 + 4 * h + 2 * p;
-        __m512i qx[R], neg[R];
-        __m512 dx[R];
-        for (int r = 0; r < R; ++r) {
-          qx[r] = Load64(x.q(m + r) + b * 32);
-          dx[r] = Pair(x.d(m + r) + b);
-          neg[r] = _mm512_sub_epi32(_mm512_setzero_si512(),
-                                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), k32, qx[r]));
-        }
-#pragma GCC unroll 8
+        const int u = 2 * h + p;
+        __m512i qx[R];
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) qx[r] = Load64(x.q(m + r) + sb * kQkK + 64 * u);
         for (int c = 0; c < C; ++c) {
-          const __m512 s = Quad(dsc[c] + 2 * (b % 8));
+          const __m512i scw = _mm512_permutexvar_epi16(idx[u], sc16[c]);
+#pragma GCC unroll 16
           for (int r = 0; r < R; ++r) {
-            const __m512i dot = _mm512_dpbusd_epi32(neg[r], code[p][c], qx[r]);
-            acc[r][c] =
-                _mm512_fmadd_ps(_mm512_mul_ps(s, dx[r]), _mm512_cvtepi32_ps(dot), acc[r][c]);
+            isum[r][c] =
+                _mm512_dpwssd_epi32(isum[r][c], _mm512_maddubs_epi16(code[p][c], qx[r]), scw);
           }
         }
       }
     }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+      const float dx = x.d(m + r)[sb];
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
+        _mm512_store_ps(acc[r][c],
+                        _mm512_fmadd_ps(_mm512_set1_ps(Half(blk + 208) * dx),
+                                        _mm512_cvtepi32_ps(isum[r][c]), _mm512_load_ps(acc[r][c])));
+      }
+    }
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(_mm512_load_ps(acc[r][c]));
 }
 
 /// Column groups of 64 outer, rows inner (as Q8GemmAvx512Vnni); 4 x 4 tiles, single rows in 1 x 8.

@@ -159,7 +159,7 @@ TEST(Int8GemmTest, CloseToTheFloatPath) {
 
 struct KQuantCase {
   GgmlType type;
-  gemm_internal::Q8GemmFn scalar, avx512;
+  gemm_internal::Q8GemmFn scalar, avx512, avx2;
   double max_rel_err;  ///< vs the f32 path (which has the same weights)
 };
 
@@ -169,17 +169,25 @@ TEST_P(Int8KQuantTest, KernelAgreesBitwiseRowInvariantAndCloseToFloatPath) {
   const KQuantCase& c = GetParam();
   __builtin_cpu_init();
   const bool vnni = gemm_internal::CpuHasAvx512Vnni();
+  const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();
   const int64_t k = 512, n = 45, max_rows = 11;
   const WeightMatrix w = RandomW(c.type, n, k, 11);
   const std::vector<float> x = RandomX(max_rows, k, 12);
   gemm_internal::Q8Rows q;
-  q.Quantize(x.data(), max_rows, k);
+  q.Quantize(x.data(), max_rows, k, 256);
   std::vector<float> ref(static_cast<size_t>(max_rows * n)), got(ref.size());
   c.scalar(q, w.row_data(0), w.row_bytes(), n, ref.data(), n);
   if (vnni) {
     c.avx512(q, w.row_data(0), w.row_bytes(), n, got.data(), n);
     EXPECT_EQ(got, ref) << "avx512 vnni vs scalar";
   }
+  if (avx2) {
+    c.avx2(q, w.row_data(0), w.row_bytes(), n, got.data(), n);
+    EXPECT_EQ(got, ref) << "avx2 vs scalar";
+  }
+  InvariantGemm scalar_backend(GemmBackend::kFixedOrderScalar);
+  scalar_backend.Run(x.data(), max_rows, w, got.data());
+  EXPECT_EQ(got, ref) << "InvariantGemm's scalar backend vs the scalar kernel";
   InvariantGemm gemm;
   for (int64_t rows = 1; rows <= max_rows; ++rows) {
     for (int64_t first : {int64_t{0}, max_rows - rows}) {
@@ -205,9 +213,11 @@ TEST_P(Int8KQuantTest, KernelAgreesBitwiseRowInvariantAndCloseToFloatPath) {
 
 INSTANTIATE_TEST_SUITE_P(Types, Int8KQuantTest,
                          ::testing::Values(KQuantCase{GgmlType::kQ4_K, gemm_internal::Q4KGemmScalar,
-                                                      gemm_internal::Q4KGemmAvx512Vnni, 1e-2},
+                                                      gemm_internal::Q4KGemmAvx512Vnni,
+                                                      gemm_internal::Q4KGemmAvx2, 1e-2},
                                            KQuantCase{GgmlType::kQ6_K, gemm_internal::Q6KGemmScalar,
-                                                      gemm_internal::Q6KGemmAvx512Vnni, 1e-2}),
+                                                      gemm_internal::Q6KGemmAvx512Vnni,
+                                                      gemm_internal::Q6KGemmAvx2, 1e-2}),
                          [](const auto& p) {
                            return GgmlTypeName(static_cast<uint32_t>(p.param.type));
                          });

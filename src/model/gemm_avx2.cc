@@ -21,20 +21,26 @@ inline float Reduce(__m256 lo, __m256 hi) {
 template <int R, int C>
 inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
   __m256 lo[R][C], hi[R][C];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) lo[r][c] = hi[r][c] = _mm256_setzero_ps();
   const int64_t k_main = k & ~int64_t{15};
   auto step = [&](const float* const* xs, const float* const* ws) {
     __m256 xl[R], xh[R], wl[C], wh[C];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       xl[r] = _mm256_loadu_ps(xs[r]);
       xh[r] = _mm256_loadu_ps(xs[r] + 8);
     }
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       wl[c] = _mm256_loadu_ps(ws[c]);
       wh[c] = _mm256_loadu_ps(ws[c] + 8);
     }
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
         lo[r][c] = _mm256_fmadd_ps(xl[r], wl[c], lo[r][c]);
         hi[r][c] = _mm256_fmadd_ps(xh[r], wh[c], hi[r][c]);
@@ -43,21 +49,29 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
   const float* xs[R];
   const float* ws[C];
   for (int64_t kk = 0; kk < k_main; kk += 16) {
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xs[r] = x + r * k + kk;
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) ws[c] = w + c * k + kk;
     step(xs, ws);
   }
   if (k_main < k) {  // zero-padded tail, same as masked loads
     alignas(32) float xt[R][16], wt[C][16];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
       for (int j = 0; j < 16; ++j) xt[r][j] = k_main + j < k ? x[r * k + k_main + j] : 0.0f;
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
       for (int j = 0; j < 16; ++j) wt[c][j] = k_main + j < k ? w[c * k + k_main + j] : 0.0f;
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xs[r] = xt[r];
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) ws[c] = wt[c];
     step(xs, ws);
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(lo[r][c], hi[r][c]);
 }
 

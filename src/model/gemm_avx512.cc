@@ -30,25 +30,37 @@ inline float Reduce(__m512 v) {
 template <int R, int C>
 inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
   __m512 acc[R][C];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   const int64_t k_main = k & ~int64_t{15};
   for (int64_t kk = 0; kk < k_main; kk += 16) {
     __m512 xv[R], wv[C];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * k + kk);
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * k + kk);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv[r], wv[c], acc[r][c]);
   }
   if (k_main < k) {
     const __mmask16 mask = static_cast<__mmask16>((1u << (k - k_main)) - 1u);
     __m512 xv[R], wv[C];
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * k + k_main);
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(mask, w + c * k + k_main);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(xv[r], wv[c], acc[r][c]);
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
 }
 
@@ -112,6 +124,7 @@ inline __m512 LoadW(StoredType type, const uint8_t* row, int64_t kk) {
 template <int C>
 inline void Q8Block(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y) {
   __m512 acc[C];
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; kk += 32) {
     const __m512 x0 = _mm512_loadu_ps(x + kk), x1 = _mm512_loadu_ps(x + kk + 16);
@@ -128,6 +141,7 @@ inline void Q8Block(const float* x, int64_t k, const uint8_t* w, size_t row_byte
       acc[c] = _mm512_fmadd_ps(x1, w1, acc[c]);
     }
   }
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
 }
 
@@ -140,14 +154,16 @@ inline void StoredBlock(StoredType type, const float* x, int64_t k, const uint8_
     return;
   }
   __m512 acc[C];
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; kk += 16) {
     const __m512 xv = _mm512_loadu_ps(x + kk);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       acc[c] = _mm512_fmadd_ps(xv, LoadW(type, w + c * row_bytes, kk), acc[c]);
     }
   }
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
 }
 

@@ -32,13 +32,14 @@ template <int C>
 inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y) {
   const int64_t nb = x.k() / 32;
   __m256 acc[C][2];
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) acc[c][0] = acc[c][1] = _mm256_setzero_ps();
   const __m256i ones = _mm256_set1_epi16(1);
   const int8_t* xq = x.q(m);
   const float* xd = x.d(m);
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i qx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + b * 32));
-#pragma GCC unroll 4
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + b * kBlockBytes;
       const __m256i qw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
@@ -48,6 +49,7 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
       acc[c][b & 1] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(p), acc[c][b & 1]);
     }
   }
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c][0], acc[c][1]);
 }
 

@@ -41,7 +41,8 @@ inline uint16_t HalfAt(const uint8_t* p) {
 /// [p[0] x 8, p[1] x 8].
 inline __m512 Pair(const float* p) {
   const __m512i idx = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const __m128 v = _mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(p)));
+  // p is 4-byte aligned only: an unaligned 8-byte load (movq).
+  const __m128 v = _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i_u*>(p)));
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
@@ -53,6 +54,7 @@ inline void Step(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
   const __m512i bias = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512i ux[R];
   __m512 dx[R];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
     const int8_t* q = x.q(m + r) + b * 32;
     if constexpr (kPair) {
@@ -64,7 +66,7 @@ inline void Step(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
       dx[r] = _mm512_set1_ps(x.d(m + r)[b]);
     }
   }
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int c = 0; c < C; ++c) {
     const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + b * kBlockBytes;
     if constexpr (R == 1) {  // decode streams W: ask for the next tile's blocks now
@@ -84,6 +86,7 @@ inline void Step(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
     }
     const __m512i neg = _mm512_sub_epi32(_mm512_setzero_si512(),
                                          _mm512_dpbusd_epi32(_mm512_setzero_si512(), bias, wq));
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(neg, ux[r], wq));
       const __m512 s = _mm512_mul_ps(dw, dx[r]);
@@ -102,12 +105,16 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
                  int64_t ldy) {
   const int64_t nb = x.k() / 32;
   __m512 acc[R][C];
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) acc[r][c] = _mm512_setzero_ps();
   int64_t b = 0;
   for (; b + 1 < nb; b += 2) Step<R, C, true>(x, m, w, row_bytes, b, acc);
   if (b < nb) Step<R, C, false>(x, m, w, row_bytes, b, acc);
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
+#pragma GCC unroll 16
     for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
 }
 

@@ -93,6 +93,7 @@ inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
       __m512i qx[R];
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) qx[r] = Load64(x.q(m + r) + sb * kQkK + 64 * u);
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
         const uint8_t* qs =
             w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes + 16 + 32 * u;
@@ -167,6 +168,7 @@ inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
       // Codes of values 128 h .. 128 h + 63 (part u = 2 h) and 128 h + 64 .. 128 h + 127 (u = 2 h +
       // 1).
       __m512i code[2][C];
+#pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
         const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
         const __m512i ql = Load64(blk + 64 * h);
@@ -185,6 +187,7 @@ inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
         __m512i qx[R];
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) qx[r] = Load64(x.q(m + r) + sb * kQkK + 64 * u);
+#pragma GCC unroll 16
         for (int c = 0; c < C; ++c) {
           const __m512i scw = _mm512_permutexvar_epi16(idx[u], sc16[c]);
 #pragma GCC unroll 16

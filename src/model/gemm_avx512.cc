@@ -145,26 +145,46 @@ inline void Q8Block(const float* x, int64_t k, const uint8_t* w, size_t row_byte
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
 }
 
-/// One row of X against C rows of a stored-type W (k a multiple of 16): the canonical order.
-template <int C>
-inline void StoredBlock(StoredType type, const float* x, int64_t k, const uint8_t* w,
-                        size_t row_bytes, float* y) {
-  if (type == StoredType::kQ8_0) {
-    Q8Block<C>(x, k, w, row_bytes, y);
-    return;
-  }
+/// One row of X against C rows of an F16 / BF16 W (k a multiple of 16): the canonical order. The
+/// type is a template argument (no switch per load); the next tile's rows are prefetched (decode
+/// streams W).
+template <int C, StoredType kType>
+inline void HalfBlock(const float* x, int64_t k, const uint8_t* w, size_t row_bytes, float* y) {
   __m512 acc[C];
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) acc[c] = _mm512_setzero_ps();
   for (int64_t kk = 0; kk < k; kk += 16) {
+    if (C > 1 && kk % 32 == 0) {
+#pragma GCC unroll 16
+      for (int c = 0; c < C; ++c) {
+        _mm_prefetch(reinterpret_cast<const char*>(w + (c + C) * row_bytes + 2 * kk), _MM_HINT_T0);
+      }
+    }
     const __m512 xv = _mm512_loadu_ps(x + kk);
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
-      acc[c] = _mm512_fmadd_ps(xv, LoadW(type, w + c * row_bytes, kk), acc[c]);
+      acc[c] = _mm512_fmadd_ps(xv, LoadW(kType, w + c * row_bytes, kk), acc[c]);
     }
   }
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c]);
+}
+
+/// One row of X against C rows of a stored-type W (k a multiple of 16): the canonical order.
+template <int C>
+inline void StoredBlock(StoredType type, const float* x, int64_t k, const uint8_t* w,
+                        size_t row_bytes, float* y) {
+  switch (type) {
+    case StoredType::kQ8_0:
+      Q8Block<C>(x, k, w, row_bytes, y);
+      return;
+    case StoredType::kF16:
+      HalfBlock<C, StoredType::kF16>(x, k, w, row_bytes, y);
+      return;
+    case StoredType::kBF16:
+      HalfBlock<C, StoredType::kBF16>(x, k, w, row_bytes, y);
+      return;
+  }
 }
 
 }  // namespace

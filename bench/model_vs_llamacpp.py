@@ -16,7 +16,8 @@ and the ratio kvpush / llama.cpp (> 1: kvpush is faster), and compares the greed
 (/proc/loadavg) is printed before and after every configuration.
 
 Models: written once per type with kvpush's generator (`kvpush gen-model --arch llama3 --dim
-1024 --layers 8 --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 --dtype T`, seed 1).
+1024 --layers 8 --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 --dtype T`, seed 1; with
+--dim 2048: 32 heads, 8 KV heads, hidden 5632).
 Prompt: deterministic pseudo-random token ids in [300, 32000) (no BOS).
 
   npm install --prefix bench/llamacpp      # once (node_modules is git-ignored)
@@ -34,8 +35,14 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SHAPE = ["--arch", "llama3", "--dim", "1024", "--layers", "8", "--heads", "16",
-         "--kv-heads", "4", "--hidden-dim", "2816", "--vocab", "32000"]
+# --dim picks the model: 1024 (the issue's, ~122M parameters) or 2048 (~420M: 8 layers, 32 x 64
+# heads, 8 KV heads, hidden 5632 as TinyLlama's).
+SHAPES = {
+    1024: ["--arch", "llama3", "--dim", "1024", "--layers", "8", "--heads", "16",
+           "--kv-heads", "4", "--hidden-dim", "2816", "--vocab", "32000"],
+    2048: ["--arch", "llama3", "--dim", "2048", "--layers", "8", "--heads", "32",
+           "--kv-heads", "8", "--hidden-dim", "5632", "--vocab", "32000"],
+}
 
 
 def loadavg():
@@ -64,6 +71,7 @@ def main():
     ap.add_argument("--prompts", default="128")
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dim", type=int, default=1024, choices=sorted(SHAPES))
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--kvpush-bench", default="",
@@ -91,9 +99,9 @@ def main():
           f"{'ratio':>6} | {'decode tok/s kv':>15} {'llama':>8} {'ratio':>6} | "
           f"{'greedy agree':>12} | load before/after")
     for dtype in args.types.split(","):
-        model = os.path.join(args.models_dir, f"llama3-1024-{dtype}.gguf")
+        model = os.path.join(args.models_dir, f"llama3-{args.dim}-{dtype}.gguf")
         if not os.path.exists(model):
-            subprocess.run([bench, "--gen", model, "--dtype", dtype] + SHAPE, check=True)
+            subprocess.run([bench, "--gen", model, "--dtype", dtype] + SHAPES[args.dim], check=True)
         for plen in [int(p) for p in args.prompts.split(",")]:
             rng = random.Random(plen)
             prompt_file = os.path.join(args.models_dir, f"prompt-{plen}.txt")
@@ -104,7 +112,7 @@ def main():
                 results.append(row)
                 print_row(row)
     with open(args.json, "w") as f:
-        json.dump({"shape": SHAPE, "decode": args.decode, "reps": args.reps,
+        json.dump({"shape": SHAPES[args.dim], "decode": args.decode, "reps": args.reps,
                    "results": results}, f, indent=1)
     print(f"load average at end: {loadavg()}; JSON: {args.json}")
 

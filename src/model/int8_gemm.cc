@@ -71,6 +71,31 @@ bool CpuHasAvx2FmaF16c() {
   return f16c && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+void QuantizeBlocksScalar(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                          int16_t* sums) {
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * block;
+    float amax = 0.0f;
+    for (int64_t t = 0; t < block; ++t) amax = std::max(amax, std::fabs(xb[t]));
+    const float di = amax / 127.0f;
+    const float id = di != 0.0f ? 1.0f / di : 0.0f;
+    int8_t* qb = q + i * block;
+    for (int64_t t = 0; t < block; ++t) {
+      // lrint rounds to nearest even in the default rounding mode. The clamp guards
+      // x * id = 127.00001 and non-finite activations (a NaN or an infinite x gives an unspecified
+      // long, never undefined behaviour; such rows give garbage logits on every path).
+      const long r = std::clamp(std::lrint(xb[t] * id), -127L, 127L);  // NOLINT(google-runtime-int)
+      qb[t] = static_cast<int8_t>(r);
+    }
+    d[i] = di;
+  }
+  for (int64_t g = 0; g < blocks * block / 16; ++g) {
+    int sum = 0;
+    for (int t = 0; t < 16; ++t) sum += q[g * 16 + t];
+    sums[g] = static_cast<int16_t>(sum);
+  }
+}
+
 void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k, int64_t block) {
   rows_ = rows;
   k_ = k;
@@ -81,27 +106,11 @@ void Q8Rows::Quantize(const float* x, int64_t rows, int64_t k, int64_t block) {
   if (static_cast<int64_t>(sums_.size()) < rows * k / 16) {
     sums_.resize(static_cast<size_t>(rows * k / 16));
   }
-  for (int64_t i = 0; i < rows * nb; ++i) {
-    const float* xb = x + i * block;
-    float amax = 0.0f;
-    for (int64_t t = 0; t < block; ++t) amax = std::max(amax, std::fabs(xb[t]));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    int8_t* qb = q_.data() + i * block;
-    for (int64_t t = 0; t < block; ++t) {
-      // lrint rounds to nearest even in the default rounding mode. The clamp guards
-      // x * id = 127.00001 and non-finite activations (a NaN or an infinite x gives an unspecified
-      // long, never undefined behaviour; such rows give garbage logits on every path).
-      const long r = std::clamp(std::lrint(xb[t] * id), -127L, 127L);  // NOLINT(google-runtime-int)
-      qb[t] = static_cast<int8_t>(r);
-    }
-    d_[static_cast<size_t>(i)] = d;
-  }
-  for (int64_t g = 0; g < rows * k / 16; ++g) {
-    int sum = 0;
-    for (int t = 0; t < 16; ++t) sum += q_[static_cast<size_t>(g * 16 + t)];
-    sums_[static_cast<size_t>(g)] = static_cast<int16_t>(sum);
-  }
+  // Every version gives the same bytes (model_int8_gemm_test); the widest the CPU has runs.
+  static const QuantizeBlocksFn kQuantize = CpuHasAvx512Vnni()    ? QuantizeBlocksAvx512
+                                            : CpuHasAvx2FmaF16c() ? QuantizeBlocksAvx2
+                                                                  : QuantizeBlocksScalar;
+  kQuantize(x, rows * nb, block, q_.data(), d_.data(), sums_.data());
 }
 
 void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,

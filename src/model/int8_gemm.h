@@ -77,6 +77,19 @@ class Q8Rows {
   std::vector<int16_t> sums_;
 };
 
+/// Quantizes `blocks` consecutive blocks of `block` (32 or 256) values of x as the file comment
+/// says: q [blocks * block], d [blocks], and sums [blocks * block / 16] (each 16 consecutive q).
+/// The scalar reference and the AVX2 / AVX-512 versions (call those only when CpuHasAvx2FmaF16c /
+/// CpuHasAvx512Vnni) give the same bytes. Pure; thread-safe.
+using QuantizeBlocksFn = void (*)(const float* x, int64_t blocks, int64_t block, int8_t* q,
+                                  float* d, int16_t* sums);
+void QuantizeBlocksScalar(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                          int16_t* sums);
+void QuantizeBlocksAvx2(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                        int16_t* sums);
+void QuantizeBlocksAvx512(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                          int16_t* sums);
+
 // Every kernel has the signature Q8GemmFn (declared in model/gemm.h): every row of `x` against W
 // rows [0, n_rows) in the kernel's stored type (`row_bytes` per row), written to Y[m, n] at
 // y[m * ldy + n]. Thread-safety: pure functions of their arguments.

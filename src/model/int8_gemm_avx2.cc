@@ -68,4 +68,45 @@ void Q8GemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_r
   }
 }
 
+void QuantizeBlocksAvx2(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                        int16_t* sums) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256i lo = _mm256_set1_epi32(-127), hi = _mm256_set1_epi32(127);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * block;
+    __m256 m = _mm256_setzero_ps();
+    for (int64_t t = 0; t < block; t += 8) {
+      m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + t), abs_mask), m);  // NaN skipped
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+    const float amax = _mm_cvtss_f32(m4);
+    const float di = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(di != 0.0f ? 1.0f / di : 0.0f);
+    for (int64_t t = 0; t < block; t += 32) {
+      __m256i v[4];
+      for (int j = 0; j < 4; ++j) {
+        // cvtps2dq rounds to nearest even (the default MXCSR mode), as lrint; then the clamp.
+        v[j] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + t + 8 * j), id));
+        v[j] = _mm256_min_epi32(_mm256_max_epi32(v[j], lo), hi);
+      }
+      // packs interleave 128-bit halves; the permutation restores the value order.
+      const __m256i b = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3])),
+          order);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + i * block + t), b);
+      for (int g = 0; g < 2; ++g) {
+        const __m256i s = _mm256_add_epi32(v[2 * g], v[2 * g + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        sums[(i * block + t) / 16 + g] = static_cast<int16_t>(_mm_cvtsi128_si32(s4));
+      }
+    }
+    d[i] = di;
+  }
+}
+
 }  // namespace kvpush::gemm_internal

@@ -154,4 +154,31 @@ void Q8GemmAvx512Vnni(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64
   }
 }
 
+void QuantizeBlocksAvx512(const float* x, int64_t blocks, int64_t block, int8_t* q, float* d,
+                          int16_t* sums) {
+  const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int64_t i = 0; i < blocks; ++i) {
+    const float* xb = x + i * block;
+    __m512 m = _mm512_setzero_ps();
+    for (int64_t t = 0; t < block; t += 16) {
+      // |x| first: maxps returns its second operand for a NaN, so a NaN is skipped as std::max
+      // skips it in the scalar reference.
+      m = _mm512_max_ps(_mm512_and_ps(_mm512_loadu_ps(xb + t), abs_mask), m);
+    }
+    // The largest |x| (max is exact in any order; a NaN makes this block garbage on every path).
+    const float amax = _mm512_reduce_max_ps(m);
+    const float di = amax / 127.0f;
+    const __m512 id = _mm512_set1_ps(di != 0.0f ? 1.0f / di : 0.0f);
+    for (int64_t t = 0; t < block; t += 16) {
+      // cvtps2dq rounds to nearest even (the default MXCSR mode), as lrint; then the clamp.
+      __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(xb + t), id));
+      v = _mm512_min_epi32(_mm512_max_epi32(v, lo), hi);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i * block + t), _mm512_cvtepi32_epi8(v));
+      sums[(i * block + t) / 16] = static_cast<int16_t>(_mm512_reduce_add_epi32(v));
+    }
+    d[i] = di;
+  }
+}
+
 }  // namespace kvpush::gemm_internal

@@ -80,11 +80,14 @@ inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
     __m512i isum[R][C];
     __m512i sc16[C];
     __m256i mn32[C];
+    __m512 dv[C], dmv[C];  // d and dmin, broadcast
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
       if constexpr (R == 1) Prefetch(blk + C * row_bytes, kQ4KBlockBytes);
       Q4KScales(blk, &sc16[c], &mn32[c]);
+      dv[c] = _mm512_set1_ps(Half(blk));
+      dmv[c] = _mm512_set1_ps(Half(blk + 2));
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) isum[r][c] = _mm512_setzero_si512();
     }
@@ -109,7 +112,7 @@ inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const float dx = x.d(m + r)[sb];
+      const __m512 dx = _mm512_set1_ps(x.d(m + r)[sb]);
       // Sums of the eight 32-value sub-blocks (pairs of 16-value sums), as int32.
       const __m256i s32 = _mm512_castsi512_si256(_mm512_madd_epi16(
           _mm512_castsi256_si512(
@@ -117,8 +120,7 @@ inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
           ones16));
 #pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
-        const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
-        const __m512 s1 = _mm512_set1_ps(Half(blk) * dx), s2 = _mm512_set1_ps(Half(blk + 2) * dx);
+        const __m512 s1 = _mm512_mul_ps(dv[c], dx), s2 = _mm512_mul_ps(dmv[c], dx);
         const __m512i msum = _mm512_zextsi256_si512(_mm256_mullo_epi32(mn32[c], s32));
         __m512 a = _mm512_fmadd_ps(s1, _mm512_cvtepi32_ps(isum[r][c]), _mm512_load_ps(acc[r][c]));
         a = _mm512_fnmadd_ps(s2, _mm512_cvtepi32_ps(msum), a);
@@ -146,10 +148,12 @@ inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
   for (int64_t sb = 0; sb < nsb; ++sb) {
     __m512i isum[R][C];
     __m512i sc16[C];
+    __m512 dv[C];  // d, broadcast
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c) {
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
       if constexpr (R == 1) Prefetch(blk + C * row_bytes, kQ6KBlockBytes);
+      dv[c] = _mm512_set1_ps(Half(blk + 208));
       const __m256i s =
           _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 192)));
       sc16[c] = _mm512_castsi256_si512(s);
@@ -200,13 +204,12 @@ inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const float dx = x.d(m + r)[sb];
+      const __m512 dx = _mm512_set1_ps(x.d(m + r)[sb]);
 #pragma GCC unroll 16
       for (int c = 0; c < C; ++c) {
-        const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
         _mm512_store_ps(acc[r][c],
-                        _mm512_fmadd_ps(_mm512_set1_ps(Half(blk + 208) * dx),
-                                        _mm512_cvtepi32_ps(isum[r][c]), _mm512_load_ps(acc[r][c])));
+                        _mm512_fmadd_ps(_mm512_mul_ps(dv[c], dx), _mm512_cvtepi32_ps(isum[r][c]),
+                                        _mm512_load_ps(acc[r][c])));
       }
     }
   }

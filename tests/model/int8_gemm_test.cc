@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <random>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "model/dtype.h"
@@ -79,6 +80,39 @@ TEST(Int8GemmTest, NonFiniteActivationsGiveCodesInRange) {
   for (int t = 0; t < 64; ++t) {
     EXPECT_GE(q.q(0)[t], -127) << t;
     EXPECT_LE(q.q(0)[t], 127) << t;
+  }
+}
+
+// The activation quantizers: the AVX-512 and AVX2 versions give the scalar reference's bytes for
+// blocks of 32 and 256, with ties, zero blocks, values at the clamp and a NaN among them.
+TEST(Int8GemmTest, QuantizersAgreeBytewiseWithTheScalarReference) {
+  const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();
+  const bool vnni = gemm_internal::CpuHasAvx512Vnni();
+  for (int64_t block : {32, 256}) {
+    const int64_t blocks = 6;
+    std::vector<float> x = RandomX(1, blocks * block, static_cast<uint32_t>(block));
+    x[static_cast<size_t>(block) + 1] = 127.0f;  // block 1: d = 1, so the next ones are ties
+    x[static_cast<size_t>(block) + 2] = 2.5f;
+    x[static_cast<size_t>(block) + 3] = -3.5f;
+    x[static_cast<size_t>(2 * block) + 5] = std::nanf("");  // block 2: garbage, but the same
+    using Out = std::tuple<std::vector<int8_t>, std::vector<float>, std::vector<int16_t>>;
+    auto run = [&](gemm_internal::QuantizeBlocksFn fn) {
+      Out o{std::vector<int8_t>(static_cast<size_t>(blocks * block)),
+            std::vector<float>(static_cast<size_t>(blocks)),
+            std::vector<int16_t>(static_cast<size_t>(blocks * block / 16))};
+      fn(x.data(), blocks, block, std::get<0>(o).data(), std::get<1>(o).data(),
+         std::get<2>(o).data());
+      return o;
+    };
+    const Out ref = run(gemm_internal::QuantizeBlocksScalar);
+    EXPECT_EQ(std::get<0>(ref)[static_cast<size_t>(block) + 2], 2);  // ties to even
+    EXPECT_EQ(std::get<0>(ref)[static_cast<size_t>(block) + 3], -4);
+    if (avx2) {
+      EXPECT_EQ(run(gemm_internal::QuantizeBlocksAvx2), ref) << "avx2, block " << block;
+    }
+    if (vnni) {
+      EXPECT_EQ(run(gemm_internal::QuantizeBlocksAvx512), ref) << "avx512, block " << block;
+    }
   }
 }
 

@@ -6,8 +6,9 @@
 #include "model/attention_kernels.h"
 
 #if defined(__GNUC__) && !defined(__clang__)
-// GCC 12's masked-load intrinsics read an undefined source vector (a false positive).
+// GCC 12's masked-load and shuffle intrinsics read an undefined source vector (a false positive).
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace kvpush::gemm_internal {
@@ -64,11 +65,64 @@ inline void ValuesAvx512(const float* a, const float* v, int64_t stride, int64_t
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, o[c]);
 }
 
+/// Sixteen positions at once: the same accumulators as ScoresAvx512, then the canonical tree of
+/// all sixteen done together (each stage adds exactly the lanes the tree adds, two positions per
+/// instruction: lanes i + (i + 8), + 4, + 2, + 1), the result back in position order.
+inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64_t hd,
+                           float scale, float* scores) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t main = hd & ~int64_t{15};
+  for (int64_t i = 0; i < main; i += 16) {
+    const __m512 qv = _mm512_loadu_ps(q + i);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      acc[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + r * stride + i), acc[r]);
+    }
+  }
+  if (main < hd) {
+    const __mmask16 m = Head(hd - main);
+    const __m512 qv = _mm512_maskz_loadu_ps(m, q + main);
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+      acc[r] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + r * stride + main), acc[r]);
+    }
+  }
+  // + 8: a_j = [position 2j's 8 sums, position 2j + 1's].
+  __m512 a[8];
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    a[j] = _mm512_add_ps(_mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0x44),
+                         _mm512_shuffle_f32x4(acc[2 * j], acc[2 * j + 1], 0xee));
+  }
+  // + 4: b_j = one position per 128-bit lane (positions 4j .. 4j + 3).
+  __m512 b[4];
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    b[j] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * j], a[2 * j + 1], 0xdd));
+  }
+  // + 2: in 128-bit lane L, c_j = [position L + 8j's 2 sums, position L + 8j + 4's].
+  __m512 c[2];
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
+    c[j] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xee));
+  }
+  // + 1: lane 4L + j holds position L + 4j.
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
+                                 _mm512_shuffle_ps(c[0], c[1], 0xdd));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  _mm512_storeu_ps(scores, _mm512_mul_ps(_mm512_permutexvar_ps(order, d), _mm512_set1_ps(scale)));
+}
+
 }  // namespace
 
 void AttnScoresAvx512(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores) {
   int64_t s = 0;
+  for (; s + 16 <= n; s += 16) Scores16Avx512(q, k + s * stride, stride, hd, scale, scores + s);
   for (; s + 4 <= n; s += 4) ScoresAvx512<4>(q, k + s * stride, stride, hd, scale, scores + s);
   for (; s < n; ++s) ScoresAvx512<1>(q, k + s * stride, stride, hd, scale, scores + s);
 }

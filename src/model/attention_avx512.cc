@@ -68,8 +68,8 @@ inline void ValuesAvx512(const float* a, const float* v, int64_t stride, int64_t
 /// Sixteen positions at once: the same accumulators as ScoresAvx512, then the canonical tree of
 /// all sixteen done together (each stage adds exactly the lanes the tree adds, two positions per
 /// instruction: lanes i + (i + 8), + 4, + 2, + 1), the result back in position order.
-inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64_t hd,
-                           float scale, float* scores) {
+inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64_t hd, float scale,
+                           float* scores) {
   __m512 acc[16];
 #pragma GCC unroll 16
   for (int r = 0; r < 16; ++r) acc[r] = _mm512_setzero_ps();
@@ -111,8 +111,8 @@ inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64
                          _mm512_shuffle_ps(b[2 * j], b[2 * j + 1], 0xee));
   }
   // + 1: lane 4L + j holds position L + 4j.
-  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88),
-                                 _mm512_shuffle_ps(c[0], c[1], 0xdd));
+  const __m512 d =
+      _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xdd));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   _mm512_storeu_ps(scores, _mm512_mul_ps(_mm512_permutexvar_ps(order, d), _mm512_set1_ps(scale)));
 }

@@ -193,8 +193,10 @@ void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k
                       size_t row_bytes, int64_t n_rows, float* y, int64_t ldy) {
   for (int64_t m = 0; m < m_rows; ++m) {
     int64_t n = 0;
-    for (; n + 8 <= n_rows; n += 8) {
-      StoredBlock<8>(type, x + m * k, k, w + n * row_bytes, row_bytes, y + m * ldy + n);
+    // Four rows of W in flight (with the next four prefetched): eight streams read the F16
+    // rows of a dim-2048 model 10 % slower (33.8 vs 37.4 tok/s decode, 1 thread).
+    for (; n + 4 <= n_rows; n += 4) {
+      StoredBlock<4>(type, x + m * k, k, w + n * row_bytes, row_bytes, y + m * ldy + n);
     }
     for (; n < n_rows; ++n) {
       StoredBlock<1>(type, x + m * k, k, w + n * row_bytes, row_bytes, y + m * ldy + n);

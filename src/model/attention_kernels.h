@@ -1,5 +1,6 @@
-// The two inner loops of one attention head (internal to llama_executor.cc), with a scalar, an
-// AVX2+FMA and an AVX-512 version that give the same bits (the executor's P/D bit-identity and
+// The two inner loops of one attention head (internal to llama_executor.cc), with a scalar
+// (attention_kernels.cc), an AVX2+FMA (gemm_avx2.cc) and an AVX-512 (gemm_avx512.cc) version that
+// give the same bits (the executor's P/D bit-identity and
 // batch invariance rest on it).
 //
 // The canonical arithmetic:
@@ -33,7 +34,7 @@ void AttnScoresAvx2(const float* q, const float* k, int64_t stride, int64_t n, i
                     float scale, float* scores);
 void AttnValuesAvx2(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
                     float* out);
-/// Call only when the CPU has AVX512F.
+/// Call only when the CPU has AVX512F and AVX512DQ.
 void AttnScoresAvx512(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores);
 void AttnValuesAvx512(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,

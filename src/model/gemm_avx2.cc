@@ -1,7 +1,9 @@
-// AVX2+FMA kernel of the fixed-order GEMM (see gemm_kernels.h): the 16 lanes are two __m256
-// (lanes 0-7 and 8-15). Compiled with -mavx2 -mfma and only called after a CPUID check.
+// AVX2+FMA kernel of the fixed-order GEMM (see gemm_kernels.h), and attention's inner loops with
+// the same dot product (attention_kernels.h): the 16 lanes are two __m256 (lanes 0-7 and 8-15).
+// Compiled with -mavx2 -mfma and only called after a CPUID check.
 #include <immintrin.h>
 
+#include "model/attention_kernels.h"
 #include "model/gemm_kernels.h"
 
 namespace kvpush::gemm_internal {
@@ -95,6 +97,51 @@ void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t
       for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
     }
   }
+}
+
+void AttnScoresAvx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
+                    float scale, float* scores) {
+  const int64_t main = hd & ~int64_t{15};
+  alignas(32) float qt[16] = {}, kt[16] = {};
+  for (int64_t i = main; i < hd; ++i) qt[i - main] = q[i];
+  for (int64_t s = 0; s < n; ++s) {
+    const float* ks = k + s * stride;
+    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+    for (int64_t i = 0; i < main; i += 16) {
+      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(ks + i), lo);
+      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(ks + i + 8), hi);
+    }
+    if (main < hd) {
+      for (int64_t i = main; i < hd; ++i) kt[i - main] = ks[i];
+      lo = _mm256_fmadd_ps(_mm256_load_ps(qt), _mm256_load_ps(kt), lo);
+      hi = _mm256_fmadd_ps(_mm256_load_ps(qt + 8), _mm256_load_ps(kt + 8), hi);
+    }
+    scores[s] = Reduce(lo, hi) * scale;
+  }
+}
+
+void AttnValuesAvx2(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
+                    float* out) {
+  int64_t d = 0;
+  for (; d + 32 <= hd; d += 32) {
+    __m256 o[4];
+    for (int c = 0; c < 4; ++c) o[c] = _mm256_loadu_ps(out + d + 8 * c);
+    for (int64_t s = 0; s < n; ++s) {
+      const __m256 as = _mm256_set1_ps(a[s]);
+      for (int c = 0; c < 4; ++c) {
+        o[c] = _mm256_fmadd_ps(as, _mm256_loadu_ps(v + s * stride + d + 8 * c), o[c]);
+      }
+    }
+    for (int c = 0; c < 4; ++c) _mm256_storeu_ps(out + d + 8 * c, o[c]);
+  }
+  for (; d + 8 <= hd; d += 8) {
+    __m256 o = _mm256_loadu_ps(out + d);
+    for (int64_t s = 0; s < n; ++s) {
+      o = _mm256_fmadd_ps(_mm256_set1_ps(a[s]), _mm256_loadu_ps(v + s * stride + d), o);
+    }
+    _mm256_storeu_ps(out + d, o);
+  }
+  AttnValuesScalar(a, v + d, stride, n, hd - d, out + d);
 }
 
 }  // namespace kvpush::gemm_internal

@@ -40,6 +40,17 @@ void Q4KSub(const uint8_t* blk, int j, uint8_t* code, int* sc, int* m) {
   for (int t = 0; t < 32; ++t) code[t] = (j & 1) != 0 ? qs[t] >> 4 : qs[t] & 15;
 }
 
+/// sum_t code(v) * qx(v) over the 4 values v = 64 u + 4 lane + t of a super-block (the
+/// K-quants' integer part of lane `lane` in part `u`, model/int8_gemm.h).
+int32_t PartDot(const uint8_t* code, const int8_t* qx, int u, int lane) {
+  int32_t p = 0;
+  for (int t = 0; t < 4; ++t) {
+    const int v = 64 * u + 4 * lane + t;
+    p += int32_t{code[v]} * int32_t{qx[v]};
+  }
+  return p;
+}
+
 /// Codes (0..63) of the 32 values of sub-block j of a Q6_K super-block.
 void Q6KSub(const uint8_t* blk, int j, uint8_t* code) {
   const uint8_t* ql = blk + 64 * (j / 4);
@@ -158,14 +169,7 @@ void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
         const float s1 = HalfToFloat(U16(blk)) * dx, s2 = HalfToFloat(U16(blk + 2)) * dx;
         for (int lane = 0; lane < 16; ++lane) {
           int32_t isum = 0;
-          for (int u = 0; u < 4; ++u) {
-            int32_t p = 0;
-            for (int t = 0; t < 4; ++t) {
-              const int v = 64 * u + 4 * lane + t;
-              p += int32_t{code[v]} * int32_t{qx[v]};
-            }
-            isum += sc[2 * u + lane / 8] * p;
-          }
+          for (int u = 0; u < 4; ++u) isum += sc[2 * u + lane / 8] * PartDot(code, qx, u, lane);
           const int32_t msum = lane < 8 ? mn[lane] * (sums[2 * lane] + sums[2 * lane + 1]) : 0;
           acc[lane] = std::fma(s1, static_cast<float>(isum), acc[lane]);
           acc[lane] = std::fma(-s2, static_cast<float>(msum), acc[lane]);
@@ -193,12 +197,7 @@ void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
         for (int lane = 0; lane < 16; ++lane) {
           int32_t isum = 0;
           for (int u = 0; u < 4; ++u) {
-            int32_t p = 0;
-            for (int t = 0; t < 4; ++t) {
-              const int v = 64 * u + 4 * lane + t;
-              p += int32_t{code[v]} * int32_t{qx[v]};
-            }
-            isum += int32_t{sc[4 * u + lane / 4]} * p;
+            isum += int32_t{sc[4 * u + lane / 4]} * PartDot(code, qx, u, lane);
           }
           isum -= 32 * int32_t{sc[lane]} * sums[lane];
           acc[lane] = std::fma(s, static_cast<float>(isum), acc[lane]);

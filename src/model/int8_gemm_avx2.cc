@@ -1,13 +1,22 @@
-// AVX2 kernel of the Q8_0 integer GEMM (model/int8_gemm.h). Compiled with -mavx2 -mfma -mf16c and
-// only called after a CPUID check.
+// AVX2 kernels of the integer GEMMs (model/int8_gemm.h) and the activation quantizer. Compiled with
+// -mavx2 -mfma -mf16c and only called after a CPUID check.
 //
-// One 256-bit vector holds one block. maddubs multiplies unsigned by signed bytes, so it gets
+// Q4_K / Q6_K (the canonical super-block sums): the 16 lanes are two __m256i / __m256 (lanes 0..7
+// = the first 32 values of a 64-value part, 8..15 the last 32). vpmaddubsw multiplies the
+// unsigned codes by the signed activations into int16 pair sums (Q4_K at most 2 * 15 * 127, Q6_K
+// 2 * 63 * 127: no saturation) and vpmaddwd multiplies them by the scale of their values, adding
+// pairs into the int32 lanes, exactly.
+//
+// Q8_0: one 256-bit vector holds one block. maddubs multiplies unsigned by signed bytes, so it gets
 // |qw| and qx with qw's sign (sign_epi8); its int16 pair sums (<= 2 * 127 * 128) cannot saturate,
 // and madd with ones gives lane j = sum of values 4j .. 4j + 3, exactly. Even blocks accumulate in
 // one vector (canonical lanes 0..7), odd blocks in another (lanes 8..15).
 #include <immintrin.h>
 
+#include <cstring>
+
 #include "model/int8_gemm.h"
+#include "model/quant.h"
 
 namespace kvpush::gemm_internal {
 
@@ -51,6 +60,151 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
   }
 #pragma GCC unroll 16
   for (int c = 0; c < C; ++c) y[c] = Reduce(acc[c][0], acc[c][1]);
+}
+
+inline __m256i Load32(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+/// [a x 8, b x 8] as int16.
+inline __m256i Scales16(int a, int b) {
+  return _mm256_set_m128i(_mm_set1_epi16(static_cast<int16_t>(b)),
+                          _mm_set1_epi16(static_cast<int16_t>(a)));
+}
+
+/// A Q4_K super-block's 6-bit scales and mins (model/quant.h).
+inline void Q4KScales(const uint8_t* blk, int* sc, int* mn) {
+  const uint8_t* s = blk + 4;
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    mn[j] = s[j + 4] & 63;
+    sc[j + 4] = (s[j + 8] & 15) | ((s[j] >> 6) << 4);
+    mn[j + 4] = (s[j + 8] >> 4) | ((s[j + 4] >> 6) << 4);
+  }
+}
+
+/// Q4_K: row m of X against C rows of W.
+template <int C>
+inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y) {
+  const int64_t nsb = x.k() / kQkK;
+  __m256 lo[C], hi[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const int8_t* qx = x.q(m) + sb * kQkK;
+    const float dx = x.d(m)[sb];
+    const __m256i s32 = _mm256_madd_epi16(Load32(x.sums(m) + sb * 16), ones16);
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
+      int sc[8], mn[8];
+      Q4KScales(blk, sc, mn);
+      __m256i ilo = _mm256_setzero_si256(), ihi = _mm256_setzero_si256();
+#pragma GCC unroll 16
+      for (int u = 0; u < 4; ++u) {
+        const __m256i v = Load32(blk + 16 + 32 * u);
+        const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), Load32(qx + 64 * u));
+        const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
+                                                 Load32(qx + 64 * u + 32));
+        ilo = _mm256_add_epi32(
+            ilo, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * u]))));
+        ihi = _mm256_add_epi32(
+            ihi, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * u + 1]))));
+      }
+      const __m256i msum = _mm256_mullo_epi32(
+          _mm256_setr_epi32(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]), s32);
+      const __m256 s1 = _mm256_set1_ps(Half(blk) * dx), s2 = _mm256_set1_ps(Half(blk + 2) * dx);
+      lo[c] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(ilo), lo[c]);
+      lo[c] = _mm256_fnmadd_ps(s2, _mm256_cvtepi32_ps(msum), lo[c]);
+      hi[c] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(ihi), hi[c]);
+      hi[c] = _mm256_fnmadd_ps(s2, _mm256_setzero_ps(), hi[c]);  // M_L = 0 for lanes 8..15
+    }
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) y[c] = Reduce(lo[c], hi[c]);
+}
+
+/// Q6_K: row m of X against C rows of W.
+template <int C>
+inline void Q6KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y) {
+  const int64_t nsb = x.k() / kQkK;
+  __m256 lo[C], hi[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_ps();
+  const __m256i low4 = _mm256_set1_epi8(15), low2 = _mm256_set1_epi8(3);
+  for (int64_t sb = 0; sb < nsb; ++sb) {
+    const int8_t* qx = x.q(m) + sb * kQkK;
+    const float dx = x.d(m)[sb];
+    const int16_t* sums = x.sums(m) + sb * 16;
+    const __m256i sums_lo =
+        _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sums)));
+    const __m256i sums_hi =
+        _mm256_cvtepi16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + 8)));
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) {
+      const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ6KBlockBytes;
+      const auto* sc = reinterpret_cast<const int8_t*>(blk + 192);
+      const __m256i sc_lo =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc)));
+      const __m256i sc_hi =
+          _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8)));
+      // -32 sc_L S_L starts lane L (the codes' offset of 32).
+      __m256i ilo = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                     _mm256_slli_epi32(_mm256_mullo_epi32(sc_lo, sums_lo), 5));
+      __m256i ihi = _mm256_sub_epi32(_mm256_setzero_si256(),
+                                     _mm256_slli_epi32(_mm256_mullo_epi32(sc_hi, sums_hi), 5));
+#pragma GCC unroll 16
+      for (int h = 0; h < 2; ++h) {
+        const __m256i ql0 = Load32(blk + 64 * h), ql1 = Load32(blk + 64 * h + 32);
+        const __m256i qh = Load32(blk + 128 + 32 * h);
+#pragma GCC unroll 16
+        for (int p = 0; p < 2; ++p) {
+          const int u = 2 * h + p;
+          // Parts 2p and 2p + 1 of the half: low (p = 0) or high (p = 1) nibbles of ql[0..31]
+          // and ql[32..63], with qh's bits 4p + 0..1 and 4p + 2..3.
+          const __m256i n0 = _mm256_and_si256(p == 0 ? ql0 : _mm256_srli_epi16(ql0, 4), low4);
+          const __m256i n1 = _mm256_and_si256(p == 0 ? ql1 : _mm256_srli_epi16(ql1, 4), low4);
+          const __m256i h0 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * p), low2);
+          const __m256i h1 = _mm256_and_si256(_mm256_srli_epi16(qh, 4 * p + 2), low2);
+          const __m256i c0 = _mm256_or_si256(n0, _mm256_slli_epi16(h0, 4));
+          const __m256i c1 = _mm256_or_si256(n1, _mm256_slli_epi16(h1, 4));
+          const __m256i p0 = _mm256_maddubs_epi16(c0, Load32(qx + 64 * u));
+          const __m256i p1 = _mm256_maddubs_epi16(c1, Load32(qx + 64 * u + 32));
+          ilo = _mm256_add_epi32(ilo, _mm256_madd_epi16(p0, Scales16(sc[4 * u], sc[4 * u + 1])));
+          ihi =
+              _mm256_add_epi32(ihi, _mm256_madd_epi16(p1, Scales16(sc[4 * u + 2], sc[4 * u + 3])));
+        }
+      }
+      const __m256 s = _mm256_set1_ps(Half(blk + 208) * dx);
+      lo[c] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(ilo), lo[c]);
+      hi[c] = _mm256_fmadd_ps(s, _mm256_cvtepi32_ps(ihi), hi[c]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) y[c] = Reduce(lo[c], hi[c]);
+}
+
+template <bool kQ4K>
+void Drive(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+           int64_t ldy) {
+  for (int64_t m = 0; m < x.rows(); ++m) {
+    int64_t n = 0;
+    for (; n + 4 <= n_rows; n += 4) {
+      if constexpr (kQ4K) {
+        Q4KTile<4>(x, m, w + static_cast<size_t>(n) * row_bytes, row_bytes, y + m * ldy + n);
+      } else {
+        Q6KTile<4>(x, m, w + static_cast<size_t>(n) * row_bytes, row_bytes, y + m * ldy + n);
+      }
+    }
+    for (; n < n_rows; ++n) {
+      if constexpr (kQ4K) {
+        Q4KTile<1>(x, m, w + static_cast<size_t>(n) * row_bytes, row_bytes, y + m * ldy + n);
+      } else {
+        Q6KTile<1>(x, m, w + static_cast<size_t>(n) * row_bytes, row_bytes, y + m * ldy + n);
+      }
+    }
+  }
 }
 
 }  // namespace
@@ -107,6 +261,16 @@ void QuantizeBlocksAvx2(const float* x, int64_t blocks, int64_t block, int8_t* q
     }
     d[i] = di;
   }
+}
+
+void Q4KGemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                 int64_t ldy) {
+  Drive<true>(x, w, row_bytes, n_rows, y, ldy);
+}
+
+void Q6KGemmAvx2(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n_rows, float* y,
+                 int64_t ldy) {
+  Drive<false>(x, w, row_bytes, n_rows, y, ldy);
 }
 
 }  // namespace kvpush::gemm_internal

@@ -41,7 +41,8 @@ LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& o
   attn_scores_ = gi::AttnScoresScalar;
   attn_values_ = gi::AttnValuesScalar;
   __builtin_cpu_init();
-  if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx512f")) {
+  if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512dq")) {
     attn_scores_ = gi::AttnScoresAvx512;
     attn_values_ = gi::AttnValuesAvx512;
   } else if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx2") &&

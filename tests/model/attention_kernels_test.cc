@@ -36,7 +36,8 @@ struct Isa {
 std::vector<Isa> Isas() {
   __builtin_cpu_init();
   return {
-      {"avx512", __builtin_cpu_supports("avx512f") != 0, AttnScoresAvx512, AttnValuesAvx512},
+      {"avx512", __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0,
+       AttnScoresAvx512, AttnValuesAvx512},
       {"avx2", __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0,
        AttnScoresAvx2, AttnValuesAvx2},
   };

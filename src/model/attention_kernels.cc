@@ -26,4 +26,14 @@ void AttnValuesScalar(const float* a, const float* v, int64_t stride, int64_t n,
   }
 }
 
+void AttnValuesGroupScalar(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                           int64_t n, int64_t hd, float* const* out) {
+  for (int64_t g = 0; g < heads; ++g) AttnValuesScalar(a[g], v, stride, n, hd, out[g]);
+}
+
+void AttnValuesGroupAvx2(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                         int64_t n, int64_t hd, float* const* out) {
+  for (int64_t g = 0; g < heads; ++g) AttnValuesAvx2(a[g], v, stride, n, hd, out[g]);
+}
+
 }  // namespace kvpush::gemm_internal

@@ -25,19 +25,32 @@ using AttnScoresFn = void (*)(const float* q, const float* k, int64_t stride, in
 using AttnValuesFn = void (*)(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
                               float* out);
 
+/// AttnValuesFn for `heads` heads that read the same V rows: out[g][d] = fma(a[g][s],
+/// v[s * stride + d], out[g][d]) for s in order, each head exactly as AttnValuesFn computes it
+/// (a GQA group: the heads' FMA chains run side by side). Thread-safe on distinct `out`.
+using AttnValuesGroupFn = void (*)(const float* const* a, int64_t heads, const float* v,
+                                   int64_t stride, int64_t n, int64_t hd, float* const* out);
+
 void AttnScoresScalar(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores);
 void AttnValuesScalar(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
                       float* out);
+void AttnValuesGroupScalar(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                           int64_t n, int64_t hd, float* const* out);
 /// Call only when the CPU has AVX2 and FMA.
 void AttnScoresAvx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                     float scale, float* scores);
 void AttnValuesAvx2(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
                     float* out);
+/// One AttnValuesAvx2 per head (call only when the CPU has AVX2 and FMA).
+void AttnValuesGroupAvx2(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                         int64_t n, int64_t hd, float* const* out);
 /// Call only when the CPU has AVX512F and AVX512DQ.
 void AttnScoresAvx512(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores);
 void AttnValuesAvx512(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,
                       float* out);
+void AttnValuesGroupAvx512(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                           int64_t n, int64_t hd, float* const* out);
 
 }  // namespace kvpush::gemm_internal

@@ -231,6 +231,32 @@ inline void ValuesAvx512(const float* a, const float* v, int64_t stride, int64_t
   for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + 16 * c, o[c]);
 }
 
+/// Four heads' out[c0 .. c0 + 16 C) over all n positions: each V vector loaded once, 4 C chains.
+template <int C>
+inline void Values4Avx512(const float* const* a, const float* v, int64_t stride, int64_t n,
+                          float* const* out, int64_t d) {
+  __m512 o[4][C];
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) o[g][c] = _mm512_loadu_ps(out[g] + d + 16 * c);
+  for (int64_t s = 0; s < n; ++s) {
+    __m512 vv[C];
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) vv[c] = _mm512_loadu_ps(v + s * stride + d + 16 * c);
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      const __m512 as = _mm512_set1_ps(a[g][s]);
+#pragma GCC unroll 4
+      for (int c = 0; c < C; ++c) o[g][c] = _mm512_fmadd_ps(as, vv[c], o[g][c]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int g = 0; g < 4; ++g)
+#pragma GCC unroll 4
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out[g] + d + 16 * c, o[g][c]);
+}
+
 /// Sixteen positions at once: the same accumulators as ScoresAvx512, then the canonical tree of
 /// all sixteen done together (each stage adds exactly the lanes the tree adds, two positions per
 /// instruction: lanes i + (i + 8), + 4, + 2, + 1), the result back in position order.
@@ -335,6 +361,17 @@ void AttnValuesAvx512(const float* a, const float* v, int64_t stride, int64_t n,
     }
     _mm512_mask_storeu_ps(out + d, m, o);
   }
+}
+
+void AttnValuesGroupAvx512(const float* const* a, int64_t heads, const float* v, int64_t stride,
+                           int64_t n, int64_t hd, float* const* out) {
+  int64_t g = 0;
+  for (; g + 4 <= heads && hd % 16 == 0; g += 4) {
+    int64_t d = 0;
+    for (; d + 64 <= hd; d += 64) Values4Avx512<4>(a + g, v, stride, n, out + g, d);
+    for (; d < hd; d += 16) Values4Avx512<1>(a + g, v, stride, n, out + g, d);
+  }
+  for (; g < heads; ++g) AttnValuesAvx512(a[g], v, stride, n, hd, out[g]);
 }
 
 }  // namespace kvpush::gemm_internal

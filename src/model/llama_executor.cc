@@ -1,6 +1,7 @@
 #include "model/llama_executor.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -39,16 +40,16 @@ LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& o
   }
   namespace gi = gemm_internal;
   attn_scores_ = gi::AttnScoresScalar;
-  attn_values_ = gi::AttnValuesScalar;
+  attn_values_group_ = gi::AttnValuesGroupScalar;
   __builtin_cpu_init();
   if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx512f") &&
       __builtin_cpu_supports("avx512dq")) {
     attn_scores_ = gi::AttnScoresAvx512;
-    attn_values_ = gi::AttnValuesAvx512;
+    attn_values_group_ = gi::AttnValuesGroupAvx512;
   } else if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx2") &&
              __builtin_cpu_supports("fma")) {
     attn_scores_ = gi::AttnScoresAvx2;
-    attn_values_ = gi::AttnValuesAvx2;
+    attn_values_group_ = gi::AttnValuesGroupAvx2;
   }
 }
 
@@ -149,7 +150,8 @@ void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batc
       rows.emplace_back(&ch, ch.start_pos + static_cast<int32_t>(t));
     }
   }
-  const int64_t heads = weights_.config.num_heads;
+  // One item per (token, KV head): the query heads that share a KV head run together.
+  const int64_t heads = weights_.config.num_kv_heads;
   const int64_t items = static_cast<int64_t>(rows.size()) * heads;
   const int parts =
       pool_ != nullptr ? static_cast<int>(std::min<int64_t>(pool_->threads(), items)) : 1;
@@ -160,7 +162,7 @@ void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batc
     float* scores = scores_.data() + static_cast<size_t>(p) * stride;
     for (int64_t i = p; i < items; i += parts) {
       const auto& [ch, pos] = rows[static_cast<size_t>(i / heads)];
-      AttentionHead(layer, *ch, pos, i / heads, i % heads, kv, scores);
+      AttentionGroup(layer, *ch, pos, i / heads, i % heads, kv, scores);
     }
   };
   if (parts <= 1) {
@@ -170,8 +172,8 @@ void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batc
   }
 }
 
-void LlamaExecutor::AttentionHead(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row,
-                                  int64_t h, const KvCache& kv, float* scores) {
+void LlamaExecutor::AttentionWeights(int32_t layer, const SequenceChunk& ch, int32_t pos,
+                                     int64_t row, int64_t h, const KvCache& kv, float* weights) {
   const ModelConfig& c = weights_.config;
   const int64_t hd = c.head_dim, nkv = c.num_kv_heads, qdim = int64_t{c.num_heads} * hd;
   const int64_t kvh = h / (c.num_heads / c.num_kv_heads);
@@ -183,24 +185,44 @@ void LlamaExecutor::AttentionHead(int32_t layer, const SequenceChunk& ch, int32_
     const float* kb =
         kv.chunk_f32(layer, KvKind::kKey, ch.block_table[static_cast<size_t>(p / bs)]);
     const int32_t n = std::min(bs, pos + 1 - p);
-    attn_scores_(q, kb + kvh * hd, nkv * hd, n, hd, inv_sqrt, scores + p);
+    attn_scores_(q, kb + kvh * hd, nkv * hd, n, hd, inv_sqrt, weights + p);
   }
   float max = -INFINITY;
-  for (int32_t p = 0; p <= pos; ++p) max = std::max(max, scores[p]);
+  for (int32_t p = 0; p <= pos; ++p) max = std::max(max, weights[p]);
   float sum = 0.0f;
   for (int32_t p = 0; p <= pos; ++p) {
-    scores[p] = std::exp(scores[p] - max);
-    sum += scores[p];
+    weights[p] = std::exp(weights[p] - max);
+    sum += weights[p];
   }
   const float inv_sum = 1.0f / sum;
-  for (int32_t p = 0; p <= pos; ++p) scores[p] *= inv_sum;
-  float* out = att_.data() + row * qdim + h * hd;
-  std::fill(out, out + hd, 0.0f);
-  for (int32_t p = 0; p <= pos; p += bs) {
-    const float* vb =
-        kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
-    const int32_t n = std::min(bs, pos + 1 - p);
-    attn_values_(scores + p, vb + kvh * hd, nkv * hd, n, hd, out);
+  for (int32_t p = 0; p <= pos; ++p) weights[p] *= inv_sum;
+}
+
+void LlamaExecutor::AttentionGroup(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row,
+                                   int64_t kvh, const KvCache& kv, float* scores) {
+  const ModelConfig& c = weights_.config;
+  const int64_t hd = c.head_dim, nkv = c.num_kv_heads, qdim = int64_t{c.num_heads} * hd;
+  const int64_t group = c.num_heads / c.num_kv_heads;
+  const int32_t bs = kv.layout().block_size;
+  std::array<const float*, kMaxGroup> a{};
+  std::array<float*, kMaxGroup> out{};
+  for (int64_t g0 = 0; g0 < group; g0 += kMaxGroup) {
+    const int64_t heads = std::min<int64_t>(kMaxGroup, group - g0);
+    for (int64_t g = 0; g < heads; ++g) {
+      const int64_t h = kvh * group + g0 + g;
+      float* weights = scores + g * (pos + 1);
+      AttentionWeights(layer, ch, pos, row, h, kv, weights);
+      out[static_cast<size_t>(g)] = att_.data() + row * qdim + h * hd;
+      std::fill(out[static_cast<size_t>(g)], out[static_cast<size_t>(g)] + hd, 0.0f);
+    }
+    // The heads share the V rows: their accumulations run side by side, each in position order.
+    for (int32_t p = 0; p <= pos; p += bs) {
+      const float* vb =
+          kv.chunk_f32(layer, KvKind::kValue, ch.block_table[static_cast<size_t>(p / bs)]);
+      const int32_t n = std::min(bs, pos + 1 - p);
+      for (int64_t g = 0; g < heads; ++g) a[static_cast<size_t>(g)] = scores + g * (pos + 1) + p;
+      attn_values_group_(a.data(), heads, vb + kvh * hd, nkv * hd, n, hd, out.data());
+    }
   }
 }
 
@@ -329,7 +351,7 @@ Status LlamaExecutor::Execute(std::span<const SequenceChunk> batch, KvCache& kv,
     max_pos = std::max<int64_t>(max_pos, ch.start_pos + static_cast<int64_t>(ch.tokens.size()) - 1);
   }
   scores_parts_ = pool_ != nullptr ? pool_->threads() : 1;
-  grow(scores_, static_cast<int64_t>(max_pos + 1) * scores_parts_);
+  grow(scores_, static_cast<int64_t>(max_pos + 1) * kMaxGroup * scores_parts_);
   Embed(batch);
 
   for (int32_t l = 0; l < c.num_layers; ++l) {

@@ -82,9 +82,14 @@ class LlamaExecutor final : public Executor {
   void StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
   /// Attention of every (token, head) of the step, split over the pool's threads.
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
-  /// Head h of the token at `pos` (row `row` of q_ / att_); `scores` holds pos + 1 floats.
-  void AttentionHead(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row, int64_t h,
-                     const KvCache& kv, float* scores);
+  /// Softmax weights of head h of the token at `pos` (row `row` of q_) over positions
+  /// [0, pos], into `weights` (pos + 1 floats).
+  void AttentionWeights(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row, int64_t h,
+                        const KvCache& kv, float* weights);
+  /// The query heads of KV head `kvh` of the token at `pos` (row `row` of q_ / att_), at most
+  /// kMaxGroup at a time; `scores` holds kMaxGroup * (pos + 1) floats.
+  void AttentionGroup(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row, int64_t kvh,
+                      const KvCache& kv, float* scores);
   /// x_ += SwiGLU FFN of RMSNorm(x_) * ffn_norm.
   void FeedForward(const LlamaLayerWeights& w, int64_t n_tok);
 
@@ -97,7 +102,10 @@ class LlamaExecutor final : public Executor {
   /// with GemmBackend::kFixedOrderScalar. Every version gives the same bits.
   void (*attn_scores_)(const float*, const float*, int64_t, int64_t, int64_t, float,
                        float*) = nullptr;
-  void (*attn_values_)(const float*, const float*, int64_t, int64_t, int64_t, float*) = nullptr;
+  void (*attn_values_group_)(const float* const*, int64_t, const float*, int64_t, int64_t, int64_t,
+                             float* const*) = nullptr;
+  /// Query heads of one KV head whose attention runs together (more are done in turns).
+  static constexpr int64_t kMaxGroup = 8;
   // Scratch, [tokens, width] row-major.
   std::vector<float> x_, xn_, q_, k_, v_, att_, gate_, up_;
   std::vector<float> scores_;  ///< attention scores: scores_parts_ equal slices, one per thread

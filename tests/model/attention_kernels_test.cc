@@ -31,15 +31,16 @@ struct Isa {
   bool available;
   AttnScoresFn scores;
   AttnValuesFn values;
+  AttnValuesGroupFn group;
 };
 
 std::vector<Isa> Isas() {
   __builtin_cpu_init();
   return {
       {"avx512", __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0,
-       AttnScoresAvx512, AttnValuesAvx512},
+       AttnScoresAvx512, AttnValuesAvx512, AttnValuesGroupAvx512},
       {"avx2", __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0,
-       AttnScoresAvx2, AttnValuesAvx2},
+       AttnScoresAvx2, AttnValuesAvx2, AttnValuesGroupAvx2},
   };
 }
 
@@ -86,6 +87,38 @@ TEST(AttentionKernelsTest, EveryIsaGivesTheScalarBits) {
         AttnValuesScalar(a.data(), k.data(), stride, n, hd, o_ref.data());
         isa.values(a.data(), k.data(), stride, n, hd, o_got.data());
         EXPECT_TRUE(SameBits(o_ref, o_got)) << isa.name << " values, hd " << hd << " n " << n;
+        ++checked;
+      }
+    }
+  }
+  if (checked == 0) GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2+FMA";
+}
+
+// A GQA group's heads run side by side, each with exactly AttnValuesScalar's bits (1..8 heads:
+// the 4-head blocks and the rest one by one).
+TEST(AttentionKernelsTest, GroupedValuesGiveEachHeadsScalarBits) {
+  int checked = 0;
+  for (const Isa& isa : Isas()) {
+    if (!isa.available) continue;
+    for (int64_t hd : {8, 64, 80, 128}) {
+      for (int64_t heads = 1; heads <= 8; ++heads) {
+        const int64_t n = 21, stride = hd * 2 + 3;
+        const auto v = Random(n * stride, static_cast<uint32_t>(hd + heads));
+        std::vector<std::vector<float>> a(heads), ref(heads), got(heads);
+        std::vector<const float*> ap(heads);
+        std::vector<float*> gp(heads);
+        for (int64_t g = 0; g < heads; ++g) {
+          a[g] = Random(n, static_cast<uint32_t>(100 * g + hd));
+          ref[g] = got[g] = Random(hd, static_cast<uint32_t>(7 * g + 1));
+          AttnValuesScalar(a[g].data(), v.data(), stride, n, hd, ref[g].data());
+          ap[g] = a[g].data();
+          gp[g] = got[g].data();
+        }
+        isa.group(ap.data(), heads, v.data(), stride, n, hd, gp.data());
+        for (int64_t g = 0; g < heads; ++g) {
+          EXPECT_TRUE(SameBits(got[g], ref[g]))
+              << isa.name << " hd " << hd << " heads " << heads << " head " << g;
+        }
         ++checked;
       }
     }

@@ -3,19 +3,13 @@
 
 #include <cmath>
 
+#include "model/gemm_kernels.h"
+
 namespace kvpush::gemm_internal {
 
 void AttnScoresScalar(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores) {
-  for (int64_t s = 0; s < n; ++s) {
-    const float* ks = k + s * stride;
-    float acc[16] = {};
-    for (int64_t i = 0; i < hd; ++i) acc[i % 16] = std::fma(q[i], ks[i], acc[i % 16]);
-    for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-    for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-    for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-    scores[s] = (acc[0] + acc[1]) * scale;
-  }
+  for (int64_t s = 0; s < n; ++s) scores[s] = CanonicalDot(q, k + s * stride, hd) * scale;
 }
 
 void AttnValuesScalar(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,

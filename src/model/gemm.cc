@@ -17,20 +17,29 @@ namespace kvpush {
 
 namespace gemm_internal {
 
+float CanonicalDot(const float* a, const float* b, int64_t k) {
+  float acc[16] = {};
+  for (int64_t kk = 0; kk < k; ++kk) acc[kk & 15] = std::fma(a[kk], b[kk], acc[kk & 15]);
+  // Lanes past a k tail receive fma(0, 0, acc) = acc + 0 in the vector kernels.
+  for (int64_t kk = k; (kk & 15) != 0; ++kk) acc[kk & 15] = std::fma(0.0f, 0.0f, acc[kk & 15]);
+  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+  return acc[0] + acc[1];
+}
+
+int FixedOrderIsa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq")) return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+  return 0;
+}
+
 void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
                 int64_t ldy) {
   for (int64_t m = 0; m < m_rows; ++m) {
     for (int64_t n = 0; n < n_rows; ++n) {
-      const float* a = x + m * k;
-      const float* b = w + n * k;
-      float acc[16] = {};
-      for (int64_t kk = 0; kk < k; ++kk) acc[kk & 15] = std::fma(a[kk], b[kk], acc[kk & 15]);
-      // Lanes past a k tail receive fma(0, 0, acc) = acc + 0 in the vector kernels.
-      for (int64_t kk = k; (kk & 15) != 0; ++kk) acc[kk & 15] = std::fma(0.0f, 0.0f, acc[kk & 15]);
-      for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-      for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-      for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-      y[m * ldy + n] = acc[0] + acc[1];
+      y[m * ldy + n] = CanonicalDot(x + m * k, w + n * k, k);
     }
   }
 }
@@ -39,15 +48,7 @@ void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64
 
 InvariantGemm::InvariantGemm(GemmBackend backend, QuantMath quant)
     : backend_(backend), quant_(quant), q8_(std::make_unique<gemm_internal::Q8Rows>()) {
-  __builtin_cpu_init();
-  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  if (backend_ == GemmBackend::kFixedOrder) {
-    if (__builtin_cpu_supports("avx512f")) {
-      isa_ = 2;
-    } else if (avx2) {
-      isa_ = 1;
-    }
-  }
+  if (backend_ == GemmBackend::kFixedOrder) isa_ = gemm_internal::FixedOrderIsa();
   if (backend_ != GemmBackend::kFixedOrderScalar) {
     if (gemm_internal::CpuHasAvx512Vnni()) {
       q8_isa_ = 2;

@@ -20,8 +20,9 @@ inline float Reduce(__m256 lo, __m256 hi) {
   return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+/// R rows of X against C rows of W (row stride `ldw`: k for a matrix, larger for attention's keys).
 template <int R, int C>
-inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
+inline void Block(const float* x, int64_t k, const float* w, int64_t ldw, float* y, int64_t ldy) {
   __m256 lo[R][C], hi[R][C];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -54,7 +55,7 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xs[r] = x + r * k + kk;
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) ws[c] = w + c * k + kk;
+    for (int c = 0; c < C; ++c) ws[c] = w + c * ldw + kk;
     step(xs, ws);
   }
   if (k_main < k) {  // zero-padded tail, same as masked loads
@@ -64,7 +65,7 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
       for (int j = 0; j < 16; ++j) xt[r][j] = k_main + j < k ? x[r * k + k_main + j] : 0.0f;
 #pragma GCC unroll 16
     for (int c = 0; c < C; ++c)
-      for (int j = 0; j < 16; ++j) wt[c][j] = k_main + j < k ? w[c * k + k_main + j] : 0.0f;
+      for (int j = 0; j < 16; ++j) wt[c][j] = k_main + j < k ? w[c * ldw + k_main + j] : 0.0f;
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xs[r] = xt[r];
 #pragma GCC unroll 16
@@ -78,10 +79,11 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 }
 
 template <int R>
-inline void Row(const float* x, int64_t k, const float* w, int64_t n_rows, float* y, int64_t ldy) {
+inline void Row(const float* x, int64_t k, const float* w, int64_t ldw, int64_t n_rows, float* y,
+                int64_t ldy) {
   int64_t n = 0;
-  for (; n + 2 <= n_rows; n += 2) Block<R, 2>(x, k, w + n * k, y + n, ldy);
-  for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * k, y + n, ldy);
+  for (; n + 2 <= n_rows; n += 2) Block<R, 2>(x, k, w + n * ldw, ldw, y + n, ldy);
+  for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * ldw, ldw, y + n, ldy);
 }
 
 }  // namespace
@@ -93,31 +95,17 @@ void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t
     for (int64_t n0 = 0; n0 < n_rows; n0 += 64) {
       const int64_t nn = n0 + 64 < n_rows ? 64 : n_rows - n0;
       int64_t m = m0;
-      for (; m + 2 <= m1; m += 2) Row<2>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
-      for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
+      for (; m + 2 <= m1; m += 2) Row<2>(x + m * k, k, w + n0 * k, k, nn, y + m * ldy + n0, ldy);
+      for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, k, nn, y + m * ldy + n0, ldy);
     }
   }
 }
 
 void AttnScoresAvx2(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                     float scale, float* scores) {
-  const int64_t main = hd & ~int64_t{15};
-  alignas(32) float qt[16] = {}, kt[16] = {};
-  for (int64_t i = main; i < hd; ++i) qt[i - main] = q[i];
-  for (int64_t s = 0; s < n; ++s) {
-    const float* ks = k + s * stride;
-    __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-    for (int64_t i = 0; i < main; i += 16) {
-      lo = _mm256_fmadd_ps(_mm256_loadu_ps(q + i), _mm256_loadu_ps(ks + i), lo);
-      hi = _mm256_fmadd_ps(_mm256_loadu_ps(q + i + 8), _mm256_loadu_ps(ks + i + 8), hi);
-    }
-    if (main < hd) {
-      for (int64_t i = main; i < hd; ++i) kt[i - main] = ks[i];
-      lo = _mm256_fmadd_ps(_mm256_load_ps(qt), _mm256_load_ps(kt), lo);
-      hi = _mm256_fmadd_ps(_mm256_load_ps(qt + 8), _mm256_load_ps(kt + 8), hi);
-    }
-    scores[s] = Reduce(lo, hi) * scale;
-  }
+  // The GEMM's dot products (one row of X against n key rows), then the scale.
+  Row<1>(q, hd, k, stride, n, scores, n);
+  for (int64_t s = 0; s < n; ++s) scores[s] *= scale;
 }
 
 void AttnValuesAvx2(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,

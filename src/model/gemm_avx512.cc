@@ -31,7 +31,7 @@ inline float Reduce(__m512 v) {
 
 /// R rows x C columns block; `k_main` = k rounded down to 16, tails from padded buffers.
 template <int R, int C>
-inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t ldy) {
+inline void Block(const float* x, int64_t k, const float* w, int64_t ldw, float* y, int64_t ldy) {
   __m512 acc[R][C];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r)
@@ -43,7 +43,7 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xv[r] = _mm512_loadu_ps(x + r * k + kk);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * k + kk);
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_loadu_ps(w + c * ldw + kk);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
@@ -55,7 +55,7 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) xv[r] = _mm512_maskz_loadu_ps(mask, x + r * k + k_main);
 #pragma GCC unroll 16
-    for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(mask, w + c * k + k_main);
+    for (int c = 0; c < C; ++c) wv[c] = _mm512_maskz_loadu_ps(mask, w + c * ldw + k_main);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r)
 #pragma GCC unroll 16
@@ -68,14 +68,15 @@ inline void Block(const float* x, int64_t k, const float* w, float* y, int64_t l
 }
 
 template <int R>
-inline void Row(const float* x, int64_t k, const float* w, int64_t n_rows, float* y, int64_t ldy) {
+inline void Row(const float* x, int64_t k, const float* w, int64_t ldw, int64_t n_rows, float* y,
+                int64_t ldy) {
   int64_t n = 0;
   // A single row (decode) streams W: eight rows of W in flight per step.
   if constexpr (R == 1) {
-    for (; n + 8 <= n_rows; n += 8) Block<1, 8>(x, k, w + n * k, y + n, ldy);
+    for (; n + 8 <= n_rows; n += 8) Block<1, 8>(x, k, w + n * ldw, ldw, y + n, ldy);
   }
-  for (; n + 4 <= n_rows; n += 4) Block<R, 4>(x, k, w + n * k, y + n, ldy);
-  for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * k, y + n, ldy);
+  for (; n + 4 <= n_rows; n += 4) Block<R, 4>(x, k, w + n * ldw, ldw, y + n, ldy);
+  for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * ldw, ldw, y + n, ldy);
 }
 
 /// binary16 -> binary32, exact (same bits as quant.cc's conversion, NaN payloads included).
@@ -195,29 +196,6 @@ inline __mmask16 Head(int64_t n) {
   return static_cast<__mmask16>((1u << n) - 1u);
 }
 
-/// Scores of R consecutive positions (independent accumulators: the FMAs of one position form a
-/// chain, R of them hide its latency).
-template <int R>
-inline void ScoresAvx512(const float* q, const float* k, int64_t stride, int64_t hd, float scale,
-                         float* scores) {
-  __m512 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
-  const int64_t main = hd & ~int64_t{15};
-  for (int64_t i = 0; i < main; i += 16) {
-    const __m512 qv = _mm512_loadu_ps(q + i);
-    for (int r = 0; r < R; ++r)
-      acc[r] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(k + r * stride + i), acc[r]);
-  }
-  if (main < hd) {
-    const __mmask16 m = Head(hd - main);
-    const __m512 qv = _mm512_maskz_loadu_ps(m, q + main);
-    for (int r = 0; r < R; ++r) {
-      acc[r] = _mm512_fmadd_ps(qv, _mm512_maskz_loadu_ps(m, k + r * stride + main), acc[r]);
-    }
-  }
-  for (int r = 0; r < R; ++r) scores[r] = Reduce(acc[r]) * scale;
-}
-
 /// out[c0 .. c0 + 16 C) over all n positions, C vectors in registers.
 template <int C>
 inline void ValuesAvx512(const float* a, const float* v, int64_t stride, int64_t n, float* out) {
@@ -257,7 +235,7 @@ inline void Values4Avx512(const float* const* a, const float* v, int64_t stride,
     for (int c = 0; c < C; ++c) _mm512_storeu_ps(out[g] + d + 16 * c, o[g][c]);
 }
 
-/// Sixteen positions at once: the same accumulators as ScoresAvx512, then the canonical tree of
+/// Sixteen positions at once: the same accumulators as Block, then the canonical tree of
 /// all sixteen done together (each stage adds exactly the lanes the tree adds, two positions per
 /// instruction: lanes i + (i + 8), + 4, + 2, + 1), the result back in position order.
 inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64_t hd, float scale,
@@ -334,8 +312,8 @@ void GemmAvx512(const float* x, int64_t m_rows, int64_t k, const float* w, int64
     for (int64_t n0 = 0; n0 < n_rows; n0 += 64) {
       const int64_t nn = n0 + 64 < n_rows ? 64 : n_rows - n0;
       int64_t m = m0;
-      for (; m + 4 <= m1; m += 4) Row<4>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
-      for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, nn, y + m * ldy + n0, ldy);
+      for (; m + 4 <= m1; m += 4) Row<4>(x + m * k, k, w + n0 * k, k, nn, y + m * ldy + n0, ldy);
+      for (; m < m1; ++m) Row<1>(x + m * k, k, w + n0 * k, k, nn, y + m * ldy + n0, ldy);
     }
   }
 }
@@ -344,8 +322,9 @@ void AttnScoresAvx512(const float* q, const float* k, int64_t stride, int64_t n,
                       float scale, float* scores) {
   int64_t s = 0;
   for (; s + 16 <= n; s += 16) Scores16Avx512(q, k + s * stride, stride, hd, scale, scores + s);
-  for (; s + 4 <= n; s += 4) ScoresAvx512<4>(q, k + s * stride, stride, hd, scale, scores + s);
-  for (; s < n; ++s) ScoresAvx512<1>(q, k + s * stride, stride, hd, scale, scores + s);
+  // The rest: the GEMM's dot products (one row of X against the key rows), then the scale.
+  Row<1>(q, hd, k + s * stride, stride, n - s, scores + s, n - s);
+  for (; s < n; ++s) scores[s] *= scale;
 }
 
 void AttnValuesAvx512(const float* a, const float* v, int64_t stride, int64_t n, int64_t hd,

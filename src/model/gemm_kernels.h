@@ -16,6 +16,14 @@ namespace kvpush::gemm_internal {
 using GemmFn = void (*)(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows,
                         float* y, int64_t ldy);
 
+/// The canonical dot product of a[0, k) and b[0, k) above, one element at a time (the scalar
+/// reference every vector kernel matches; also attention's scores).
+float CanonicalDot(const float* a, const float* b, int64_t k);
+
+/// 2 when the CPU has AVX512F and AVX512DQ (the AVX-512 kernels' flags), 1 with AVX2 and FMA, else
+/// 0: which fixed-order kernels (GEMM and attention) may run.
+int FixedOrderIsa();
+
 void GemmScalar(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
                 int64_t ldy);
 void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,

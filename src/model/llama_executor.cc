@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstring>
 
-#include "model/attention_kernels.h"
+#include "model/gemm_kernels.h"
 
 namespace kvpush {
 
@@ -41,13 +41,11 @@ LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& o
   namespace gi = gemm_internal;
   attn_scores_ = gi::AttnScoresScalar;
   attn_values_group_ = gi::AttnValuesGroupScalar;
-  __builtin_cpu_init();
-  if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512dq")) {
+  const int isa = options.gemm == GemmBackend::kFixedOrderScalar ? 0 : gi::FixedOrderIsa();
+  if (isa == 2) {
     attn_scores_ = gi::AttnScoresAvx512;
     attn_values_group_ = gi::AttnValuesGroupAvx512;
-  } else if (options.gemm != GemmBackend::kFixedOrderScalar && __builtin_cpu_supports("avx2") &&
-             __builtin_cpu_supports("fma")) {
+  } else if (isa == 1) {
     attn_scores_ = gi::AttnScoresAvx2;
     attn_values_group_ = gi::AttnValuesGroupAvx2;
   }
@@ -141,8 +139,8 @@ Status LlamaExecutor::Validate(std::span<const SequenceChunk> batch, const KvCac
 }
 
 void LlamaExecutor::Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv) {
-  // (token, head) items are independent and each is computed alone in a fixed order, so they are
-  // split over the pool's threads without changing a bit.
+  // (token, KV head) items are independent and each is computed alone in a fixed order, so they
+  // are split over the pool's threads without changing a bit.
   std::vector<std::pair<const SequenceChunk*, int32_t>>& rows = attn_rows_;
   rows.clear();
   for (const SequenceChunk& ch : batch) {

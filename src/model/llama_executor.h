@@ -36,6 +36,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/attention_kernels.h"
 #include "model/executor.h"
 #include "model/gemm.h"
 #include "model/llama_weights.h"
@@ -80,7 +81,7 @@ class LlamaExecutor final : public Executor {
   void Project(const LlamaLayerWeights& w, int64_t n_tok);
   /// Copies k_ and v_ into each row's cache slot of `layer`.
   void StoreKv(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
-  /// Attention of every (token, head) of the step, split over the pool's threads.
+  /// Attention of every (token, KV head) of the step, split over the pool's threads.
   void Attention(int32_t layer, std::span<const SequenceChunk> batch, KvCache& kv);
   /// Softmax weights of head h of the token at `pos` (row `row` of q_) over positions
   /// [0, pos], into `weights` (pos + 1 floats).
@@ -100,10 +101,8 @@ class LlamaExecutor final : public Executor {
   InvariantGemm gemm_;
   /// Attention's inner loops (model/attention_kernels.h): the best ISA, or the scalar reference
   /// with GemmBackend::kFixedOrderScalar. Every version gives the same bits.
-  void (*attn_scores_)(const float*, const float*, int64_t, int64_t, int64_t, float,
-                       float*) = nullptr;
-  void (*attn_values_group_)(const float* const*, int64_t, const float*, int64_t, int64_t, int64_t,
-                             float* const*) = nullptr;
+  gemm_internal::AttnScoresFn attn_scores_ = nullptr;
+  gemm_internal::AttnValuesGroupFn attn_values_group_ = nullptr;
   /// Query heads of one KV head whose attention runs together (more are done in turns).
   static constexpr int64_t kMaxGroup = 8;
   // Scratch, [tokens, width] row-major.

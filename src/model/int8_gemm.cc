@@ -157,7 +157,7 @@ void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
   const int64_t nsb = x.k() / kQkK;
   for (int64_t m = 0; m < x.rows(); ++m) {
     for (int64_t n = 0; n < n_rows; ++n) {
-      float acc[16] = {};
+      float acc = 0.0f;
       for (int64_t sb = 0; sb < nsb; ++sb) {
         const uint8_t* blk = w + static_cast<size_t>(n) * row_bytes + sb * kQ4KBlockBytes;
         uint8_t code[256];
@@ -167,15 +167,13 @@ void Q4KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
         const int16_t* sums = x.sums(m) + sb * 16;
         const float dx = x.d(m)[sb];
         const float s1 = HalfToFloat(U16(blk)) * dx, s2 = HalfToFloat(U16(blk + 2)) * dx;
-        for (int lane = 0; lane < 16; ++lane) {
-          int32_t isum = 0;
-          for (int u = 0; u < 4; ++u) isum += sc[2 * u + lane / 8] * PartDot(code, qx, u, lane);
-          const int32_t msum = lane < 8 ? mn[lane] * (sums[2 * lane] + sums[2 * lane + 1]) : 0;
-          acc[lane] = std::fma(s1, static_cast<float>(isum), acc[lane]);
-          acc[lane] = std::fma(-s2, static_cast<float>(msum), acc[lane]);
-        }
+        int32_t isum = 0, msum = 0;
+        for (int v = 0; v < kQkK; ++v) isum += sc[v / 32] * int32_t{code[v]} * int32_t{qx[v]};
+        for (int j = 0; j < 8; ++j) msum += mn[j] * (sums[2 * j] + sums[2 * j + 1]);
+        acc = std::fma(s1, static_cast<float>(isum), acc);
+        acc = std::fma(-s2, static_cast<float>(msum), acc);
       }
-      y[m * ldy + n] = Tree(acc);
+      y[m * ldy + n] = acc;
     }
   }
 }

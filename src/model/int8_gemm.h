@@ -21,18 +21,23 @@
 // values instead (as ggml pairs its K-quants with Q8_K; the idea, not its code): the same formula
 // with amax over the 256 values, one f32 scale dx per super-block, and S_g = the sum of the 16
 // quantized values of group g (g = 0..15). Within a super-block everything is integer (exact,
-// so any grouping of the additions gives the same sums), and only the super-block's total enters
-// the f32 lanes. With v = 64 u + 4 L + t (u = 0..3, lane L = 0..15, t = 0..3) the value index in
-// the super-block and code(v) its unsigned code:
-//   Q4_K (code 0..15; sub-block j = v / 32 with 6-bit scale sc_j and min m_j; fp16 d, dmin):
-//     I_L = sum_u sc_{2u + L/8} * sum_t code(v) * qx(v),   M_L = L < 8 ? m_L * (S_2L + S_2L+1) : 0
-//     acc_L = fma(d * dx, float(I_L), acc_L);  acc_L = fma(-(dmin * dx), float(M_L), acc_L)
-//   Q6_K (code 0..63 standing for code - 32; int8 scale sc_g per 16 values; fp16 d):
+// so any grouping of the additions gives the same sums). With code(v) the unsigned code of value
+// v = 0..255 of the super-block:
+//   Q4_K (code 0..15; sub-block j = v / 32 with 6-bit scale sc_j and min m_j; fp16 d, dmin): one
+//   f32 accumulator acc = +0 per output element, and per super-block in increasing order
+//     I = sum_v sc_{v/32} * code(v) * qx(v),   M = sum_j m_j * (S_2j + S_2j+1)
+//     acc = fma(d * dx, float(I), acc);  acc = fma(-(dmin * dx), float(M), acc);  y = acc
+//   (|I| <= 256 * 63 * 15 * 127 < 2^25: the conversion may round above 2^24, identically in every
+//   kernel; |M| < 2^21 is exact.) No lanes and no tree: a kernel may sum the integers in any
+//   order, so a tile of 4 X rows by 4 W rows keeps one f32 lane per element (model/
+//   int8_gemm_avx512.cc), which is what makes the prefill tile cheap.
+//   Q6_K (code 0..63 standing for code - 32; int8 scale sc_g per 16 values; fp16 d): 16 f32 lane
+//   accumulators; with v = 64 u + 4 L + t (u = 0..3, lane L = 0..15, t = 0..3),
 //     I_L = sum_u sc_{4u + L/4} * sum_t code(v) * qx(v)  -  32 * sc_L * S_L
 //     acc_L = fma(d * dx, float(I_L), acc_L)
-// over super-blocks in increasing order, then the same tree. (|I_L| < 2^25: the conversion may
-// round above 2^24, identically in every kernel. The products d * dx are f32.) Every kernel
-// (AVX-512 VNNI: maddubs then dpwssd; AVX2: maddubs then madd) computes these integers exactly.
+//   over super-blocks in increasing order, then the same tree as Q8_0 (|I_L| < 2^25).
+// The products d * dx are f32. Every kernel (AVX-512 VNNI: maddubs then dpwssd; AVX2: maddubs then
+// madd) computes these integers exactly.
 #pragma once
 
 #include <cstddef>

@@ -13,6 +13,7 @@
 // one vector (canonical lanes 0..7), odd blocks in another (lanes 8..15).
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "model/int8_gemm.h"
@@ -83,13 +84,18 @@ inline void Q4KScales(const uint8_t* blk, int* sc, int* mn) {
   }
 }
 
-/// Q4_K: row m of X against C rows of W.
+/// The sum of the 8 int32 lanes (exact; any order).
+inline int32_t SumLanes(__m256i v) {
+  const __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  const __m128i s2 = _mm_add_epi32(s4, _mm_unpackhi_epi64(s4, s4));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s2, _mm_shuffle_epi32(s2, 1)));
+}
+
+/// Q4_K: row m of X against C rows of W (the super-block totals I and M, model/int8_gemm.h).
 template <int C>
 inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes, float* y) {
   const int64_t nsb = x.k() / kQkK;
-  __m256 lo[C], hi[C];
-#pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) lo[c] = hi[c] = _mm256_setzero_ps();
+  float acc[C] = {};
   const __m256i low4 = _mm256_set1_epi8(15), ones16 = _mm256_set1_epi16(1);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const int8_t* qx = x.q(m) + sb * kQkK;
@@ -100,29 +106,27 @@ inline void Q4KTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_byt
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
       int sc[8], mn[8];
       Q4KScales(blk, sc, mn);
-      __m256i ilo = _mm256_setzero_si256(), ihi = _mm256_setzero_si256();
+      __m256i isum = _mm256_setzero_si256();
 #pragma GCC unroll 16
       for (int u = 0; u < 4; ++u) {
         const __m256i v = Load32(blk + 16 + 32 * u);
         const __m256i plo = _mm256_maddubs_epi16(_mm256_and_si256(v, low4), Load32(qx + 64 * u));
         const __m256i phi = _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low4),
                                                  Load32(qx + 64 * u + 32));
-        ilo = _mm256_add_epi32(
-            ilo, _mm256_madd_epi16(plo, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * u]))));
-        ihi = _mm256_add_epi32(
-            ihi, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * u + 1]))));
+        isum = _mm256_add_epi32(isum, _mm256_madd_epi16(plo, _mm256_set1_epi16(
+                                                                 static_cast<int16_t>(sc[2 * u]))));
+        isum = _mm256_add_epi32(
+            isum, _mm256_madd_epi16(phi, _mm256_set1_epi16(static_cast<int16_t>(sc[2 * u + 1]))));
       }
       const __m256i msum = _mm256_mullo_epi32(
           _mm256_setr_epi32(mn[0], mn[1], mn[2], mn[3], mn[4], mn[5], mn[6], mn[7]), s32);
-      const __m256 s1 = _mm256_set1_ps(Half(blk) * dx), s2 = _mm256_set1_ps(Half(blk + 2) * dx);
-      lo[c] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(ilo), lo[c]);
-      lo[c] = _mm256_fnmadd_ps(s2, _mm256_cvtepi32_ps(msum), lo[c]);
-      hi[c] = _mm256_fmadd_ps(s1, _mm256_cvtepi32_ps(ihi), hi[c]);
-      hi[c] = _mm256_fnmadd_ps(s2, _mm256_setzero_ps(), hi[c]);  // M_L = 0 for lanes 8..15
+      const float s1 = Half(blk) * dx, s2 = Half(blk + 2) * dx;
+      acc[c] = std::fma(s1, static_cast<float>(SumLanes(isum)), acc[c]);
+      acc[c] = std::fma(-s2, static_cast<float>(SumLanes(msum)), acc[c]);
     }
   }
 #pragma GCC unroll 16
-  for (int c = 0; c < C; ++c) y[c] = Reduce(lo[c], hi[c]);
+  for (int c = 0; c < C; ++c) y[c] = acc[c];
 }
 
 /// Q6_K: row m of X against C rows of W.

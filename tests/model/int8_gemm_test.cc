@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <random>
 #include <span>
+#include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "model/dtype.h"
@@ -197,14 +199,27 @@ struct KQuantCase {
   double max_rel_err;  ///< vs the f32 path (which has the same weights)
 };
 
+/// Scalar, AVX2 and AVX-512 kernels, row invariance and the distance to the float path, for one
+/// shape.
+void CheckKQuantKernel(const KQuantCase& c, int64_t k, int64_t n);
+
 class Int8KQuantTest : public ::testing::TestWithParam<KQuantCase> {};
 
 TEST_P(Int8KQuantTest, KernelAgreesBitwiseRowInvariantAndCloseToFloatPath) {
   const KQuantCase& c = GetParam();
   __builtin_cpu_init();
+  // k = 2816 and n = 150: the prefill kernels' W groups (40 rows of 11 super-blocks on AVX-512)
+  // split the columns, with a last partial quad.
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{512, 45}, {2816, 150}}) {
+    SCOPED_TRACE("k " + std::to_string(k) + ", n " + std::to_string(n));
+    CheckKQuantKernel(c, k, n);
+  }
+}
+
+void CheckKQuantKernel(const KQuantCase& c, int64_t k, int64_t n) {
   const bool vnni = gemm_internal::CpuHasAvx512Vnni();
   const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();
-  const int64_t k = 512, n = 45, max_rows = 11;
+  const int64_t max_rows = 11;
   const WeightMatrix w = RandomW(c.type, n, k, 11);
   const std::vector<float> x = RandomX(max_rows, k, 12);
   gemm_internal::Q8Rows q;

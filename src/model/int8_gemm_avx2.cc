@@ -1,11 +1,11 @@
 // AVX2 kernels of the integer GEMMs (model/int8_gemm.h) and the activation quantizer. Compiled with
 // -mavx2 -mfma -mf16c and only called after a CPUID check.
 //
-// Q4_K / Q6_K (the canonical super-block sums): the 16 lanes are two __m256i / __m256 (lanes 0..7
-// = the first 32 values of a 64-value part, 8..15 the last 32). vpmaddubsw multiplies the
-// unsigned codes by the signed activations into int16 pair sums (Q4_K at most 2 * 15 * 127, Q6_K
-// 2 * 63 * 127: no saturation) and vpmaddwd multiplies them by the scale of their values, adding
-// pairs into the int32 lanes, exactly.
+// Q4_K / Q6_K (the canonical super-block sums): vpmaddubsw multiplies the unsigned codes by the
+// signed activations into int16 pair sums (Q4_K at most 2 * 15 * 127, Q6_K 2 * 63 * 127: no
+// saturation) and vpmaddwd multiplies them by the scale of their values, adding pairs into int32
+// lanes, exactly. Q6_K's 16 canonical lanes are two __m256i / __m256 (lanes 0..7 = the first 32
+// values of a 64-value part, 8..15 the last 32); Q4_K needs only their totals I and M.
 //
 // Q8_0: one 256-bit vector holds one block. maddubs multiplies unsigned by signed bytes, so it gets
 // |qw| and qx with qw's sign (sign_epi8); its int16 pair sums (<= 2 * 127 * 128) cannot saturate,

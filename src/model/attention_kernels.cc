@@ -1,11 +1,42 @@
 // Scalar reference of the attention inner loops (model/attention_kernels.h).
 #include "model/attention_kernels.h"
 
+#include <algorithm>
+#include <bit>
 #include <cmath>
 
 #include "model/gemm_kernels.h"
 
 namespace kvpush::gemm_internal {
+
+float CanonicalExp(float x) {
+  if (std::isnan(x)) return x;
+  x = x < kExpMin ? kExpMin : x;
+  const float n = std::nearbyint(x * kExpLog2e);  // the default rounding: nearest even
+  float r = std::fma(n, -kExpLn2Hi, x);
+  r = std::fma(n, -kExpLn2Lo, r);
+  float p = kExpP[5];
+  for (int i = 4; i >= 0; --i) p = std::fma(p, r, kExpP[i]);
+  const float y = std::fma(p, r * r, r) + 1.0f;
+  // n is in [-126, 0]: 2^n is a normal float.
+  const auto bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return y * std::bit_cast<float>(bits);
+}
+
+void AttnSoftmaxScalar(float* w, int64_t n) {
+  float max = w[0];
+  for (int64_t s = 1; s < n; ++s) max = std::max(max, w[s]);
+  float acc[16] = {};
+  for (int64_t s = 0; s < n; ++s) {
+    w[s] = CanonicalExp(w[s] - max);
+    acc[s % 16] += w[s];
+  }
+  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+  const float inv_sum = 1.0f / (acc[0] + acc[1]);
+  for (int64_t s = 0; s < n; ++s) w[s] *= inv_sum;
+}
 
 void AttnScoresScalar(const float* q, const float* k, int64_t stride, int64_t n, int64_t hd,
                       float scale, float* scores) {

@@ -3,6 +3,8 @@
 // Compiled with -mavx2 -mfma and only called after a CPUID check.
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "model/attention_kernels.h"
 #include "model/gemm_kernels.h"
 
@@ -86,7 +88,52 @@ inline void Row(const float* x, int64_t k, const float* w, int64_t ldw, int64_t 
   for (; n < n_rows; ++n) Block<R, 1>(x, k, w + n * ldw, ldw, y + n, ldy);
 }
 
+/// CanonicalExp (attention_kernels.h) in 8 lanes, step for step.
+inline __m256 Exp8(__m256 x) {
+  x = _mm256_max_ps(_mm256_set1_ps(kExpMin), x);  // kExpMin > x ? kExpMin : x, a NaN kept
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kExpLog2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Hi), x);
+  r = _mm256_fmadd_ps(n, _mm256_set1_ps(-kExpLn2Lo), r);
+  __m256 p = _mm256_set1_ps(kExpP[5]);
+  for (int i = 4; i >= 0; --i) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kExpP[i]));
+  const __m256 y =
+      _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+}
+
 }  // namespace
+
+void AttnSoftmaxAvx2(float* w, int64_t n) {
+  float max = w[0];
+  for (int64_t s = 1; s < n; ++s) max = std::max(max, w[s]);
+  const __m256 mv = _mm256_set1_ps(max);
+  // Lanes 0..7 and 8..15 of the canonical sum; whole groups of 16, then the tail one by one.
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  int64_t s = 0;
+  for (; s + 16 <= n; s += 16) {
+    const __m256 e0 = Exp8(_mm256_sub_ps(_mm256_loadu_ps(w + s), mv));
+    const __m256 e1 = Exp8(_mm256_sub_ps(_mm256_loadu_ps(w + s + 8), mv));
+    _mm256_storeu_ps(w + s, e0);
+    _mm256_storeu_ps(w + s + 8, e1);
+    lo = _mm256_add_ps(lo, e0);
+    hi = _mm256_add_ps(hi, e1);
+  }
+  alignas(32) float acc[16];
+  _mm256_store_ps(acc, lo);
+  _mm256_store_ps(acc + 8, hi);
+  for (int64_t t = s; t < n; ++t) {
+    w[t] = CanonicalExp(w[t] - max);
+    acc[t - s] += w[t];
+  }
+  const __m256 inv_sum = _mm256_set1_ps(1.0f / Reduce(_mm256_load_ps(acc), _mm256_load_ps(acc + 8)));
+  for (s = 0; s + 8 <= n; s += 8) {
+    _mm256_storeu_ps(w + s, _mm256_mul_ps(_mm256_loadu_ps(w + s), inv_sum));
+  }
+  for (; s < n; ++s) w[s] *= _mm256_cvtss_f32(inv_sum);
+}
 
 void GemmAvx2(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows, float* y,
               int64_t ldy) {

@@ -287,7 +287,52 @@ inline void Scores16Avx512(const float* q, const float* k, int64_t stride, int64
   _mm512_storeu_ps(scores, _mm512_mul_ps(_mm512_permutexvar_ps(order, d), _mm512_set1_ps(scale)));
 }
 
+/// CanonicalExp (attention_kernels.h) in 16 lanes, step for step.
+inline __m512 Exp16(__m512 x) {
+  x = _mm512_max_ps(_mm512_set1_ps(kExpMin), x);  // kExpMin > x ? kExpMin : x, a NaN kept
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kExpLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Hi), x);
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(-kExpLn2Lo), r);
+  __m512 p = _mm512_set1_ps(kExpP[5]);
+  for (int i = 4; i >= 0; --i) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kExpP[i]));
+  const __m512 y =
+      _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r), _mm512_set1_ps(1.0f));
+  const __m512i bits =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(bits));
+}
+
 }  // namespace
+
+void AttnSoftmaxAvx512(float* w, int64_t n) {
+  // max(x, m) keeps m when x is a NaN, as std::max(m, x) does in the scalar reference.
+  __m512 mv = _mm512_set1_ps(w[0]);
+  int64_t s = 0;
+  for (; s + 16 <= n; s += 16) mv = _mm512_max_ps(_mm512_loadu_ps(w + s), mv);
+  if (s < n) mv = _mm512_mask_max_ps(mv, Head(n - s), _mm512_maskz_loadu_ps(Head(n - s), w + s), mv);
+  const __m512 max = _mm512_set1_ps(_mm512_reduce_max_ps(mv));
+  __m512 acc = _mm512_setzero_ps();
+  for (s = 0; s + 16 <= n; s += 16) {
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_loadu_ps(w + s), max));
+    _mm512_storeu_ps(w + s, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  if (s < n) {
+    const __mmask16 m = Head(n - s);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, w + s), max));
+    _mm512_mask_storeu_ps(w + s, m, e);
+    acc = _mm512_mask_add_ps(acc, m, acc, e);
+  }
+  const __m512 inv_sum = _mm512_set1_ps(1.0f / Reduce(acc));
+  for (s = 0; s + 16 <= n; s += 16) {
+    _mm512_storeu_ps(w + s, _mm512_mul_ps(_mm512_loadu_ps(w + s), inv_sum));
+  }
+  if (s < n) {
+    const __mmask16 m = Head(n - s);
+    _mm512_mask_storeu_ps(w + s, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + s), inv_sum));
+  }
+}
 
 void GemmStoredAvx512(StoredType type, const float* x, int64_t m_rows, int64_t k, const uint8_t* w,
                       size_t row_bytes, int64_t n_rows, float* y, int64_t ldy) {

@@ -41,13 +41,16 @@ LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& o
   namespace gi = gemm_internal;
   attn_scores_ = gi::AttnScoresScalar;
   attn_values_group_ = gi::AttnValuesGroupScalar;
+  attn_softmax_ = gi::AttnSoftmaxScalar;
   const int isa = options.gemm == GemmBackend::kFixedOrderScalar ? 0 : gi::FixedOrderIsa();
   if (isa == 2) {
     attn_scores_ = gi::AttnScoresAvx512;
     attn_values_group_ = gi::AttnValuesGroupAvx512;
+    attn_softmax_ = gi::AttnSoftmaxAvx512;
   } else if (isa == 1) {
     attn_scores_ = gi::AttnScoresAvx2;
     attn_values_group_ = gi::AttnValuesGroupAvx2;
+    attn_softmax_ = gi::AttnSoftmaxAvx2;
   }
 }
 
@@ -185,15 +188,7 @@ void LlamaExecutor::AttentionWeights(int32_t layer, const SequenceChunk& ch, int
     const int32_t n = std::min(bs, pos + 1 - p);
     attn_scores_(q, kb + kvh * hd, nkv * hd, n, hd, inv_sqrt, weights + p);
   }
-  float max = -INFINITY;
-  for (int32_t p = 0; p <= pos; ++p) max = std::max(max, weights[p]);
-  float sum = 0.0f;
-  for (int32_t p = 0; p <= pos; ++p) {
-    weights[p] = std::exp(weights[p] - max);
-    sum += weights[p];
-  }
-  const float inv_sum = 1.0f / sum;
-  for (int32_t p = 0; p <= pos; ++p) weights[p] *= inv_sum;
+  attn_softmax_(weights, pos + 1);
 }
 
 void LlamaExecutor::AttentionGroup(int32_t layer, const SequenceChunk& ch, int32_t pos, int64_t row,

@@ -103,6 +103,7 @@ class LlamaExecutor final : public Executor {
   /// with GemmBackend::kFixedOrderScalar. Every version gives the same bits.
   gemm_internal::AttnScoresFn attn_scores_ = nullptr;
   gemm_internal::AttnValuesGroupFn attn_values_group_ = nullptr;
+  gemm_internal::AttnSoftmaxFn attn_softmax_ = nullptr;
   /// Query heads of one KV head whose attention runs together (more are done in turns).
   static constexpr int64_t kMaxGroup = 8;
   // Scratch, [tokens, width] row-major.

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -32,15 +33,16 @@ struct Isa {
   AttnScoresFn scores;
   AttnValuesFn values;
   AttnValuesGroupFn group;
+  AttnSoftmaxFn softmax;
 };
 
 std::vector<Isa> Isas() {
   __builtin_cpu_init();
   return {
       {"avx512", __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512dq") != 0,
-       AttnScoresAvx512, AttnValuesAvx512, AttnValuesGroupAvx512},
+       AttnScoresAvx512, AttnValuesAvx512, AttnValuesGroupAvx512, AttnSoftmaxAvx512},
       {"avx2", __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0,
-       AttnScoresAvx2, AttnValuesAvx2, AttnValuesGroupAvx2},
+       AttnScoresAvx2, AttnValuesAvx2, AttnValuesGroupAvx2, AttnSoftmaxAvx2},
   };
 }
 
@@ -124,6 +126,59 @@ TEST(AttentionKernelsTest, GroupedValuesGiveEachHeadsScalarBits) {
     }
   }
   if (checked == 0) GTEST_SKIP() << "this CPU has neither AVX-512F nor AVX2+FMA";
+}
+
+// CanonicalExp is within 2 ulp of e^x (double) over [-87, 0], exact at 0, and clamps below.
+TEST(AttentionKernelsTest, CanonicalExpIsCloseToExp) {
+  int max_ulp = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -87.0f * static_cast<float>(i) / 200000.0f;
+    const float got = CanonicalExp(x);
+    const auto want = static_cast<float>(std::exp(static_cast<double>(x)));
+    int32_t a = 0, b = 0;
+    std::memcpy(&a, &got, 4);
+    std::memcpy(&b, &want, 4);
+    max_ulp = std::max(max_ulp, std::abs(a - b));
+  }
+  EXPECT_LE(max_ulp, 2);
+  EXPECT_EQ(CanonicalExp(0.0f), 1.0f);
+  EXPECT_EQ(CanonicalExp(-1000.0f), CanonicalExp(-87.0f));
+  EXPECT_TRUE(std::isnan(CanonicalExp(NAN)));
+}
+
+// The scalar softmax is the canonical order: 16 lane sums of CanonicalExp, the tree, one
+// reciprocal; every ISA gives its bits for every length (whole and partial groups of 16).
+TEST(AttentionKernelsTest, SoftmaxIsCanonicalOnEveryIsa) {
+  for (int64_t n : {1, 2, 7, 15, 16, 17, 31, 32, 33, 100, 513}) {
+    auto w = Random(static_cast<size_t>(n), static_cast<uint32_t>(n));
+    for (float& f : w) f *= 4.0f;
+    std::vector<float> ref = w;
+    AttnSoftmaxScalar(ref.data(), n);
+    float max = w[0];
+    for (float f : w) max = std::max(max, f);
+    float acc[16] = {};
+    std::vector<float> e(w.size());
+    for (int64_t s = 0; s < n; ++s) {
+      e[static_cast<size_t>(s)] = CanonicalExp(w[static_cast<size_t>(s)] - max);
+      acc[s % 16] += e[static_cast<size_t>(s)];
+    }
+    for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+    for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+    for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+    const float inv = 1.0f / (acc[0] + acc[1]);
+    double total = 0;
+    for (int64_t s = 0; s < n; ++s) {
+      ASSERT_EQ(ref[static_cast<size_t>(s)], e[static_cast<size_t>(s)] * inv) << "n " << n;
+      total += ref[static_cast<size_t>(s)];
+    }
+    EXPECT_NEAR(total, 1.0, 1e-5);
+    for (const Isa& isa : Isas()) {
+      if (!isa.available) continue;
+      std::vector<float> got = w;
+      isa.softmax(got.data(), n);
+      EXPECT_TRUE(SameBits(ref, got)) << isa.name << " softmax, n " << n;
+    }
+  }
 }
 
 }  // namespace

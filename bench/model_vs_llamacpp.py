@@ -15,6 +15,12 @@ and the ratio kvpush / llama.cpp (> 1: kvpush is faster), and compares the greed
 (first position where they differ, and the share of equal positions). The load average
 (/proc/loadavg) is printed before and after every configuration.
 
+With --serve, a third engine 'kvpush-serve' is `kvpush serve MODEL --threads N
+--no-enable-prefix-caching` (one server per configuration, one untimed request first) answering
+one streamed /v1/completions request at a time (prompt as token ids, temperature 0, ignore_eos,
+max_tokens decode + 1, return_token_ids), timed by the client: prefill = time to the first
+streamed token, decode = the rest. Its figures include HTTP, the engine loop and detokenization.
+
 Models: written once per type with kvpush's generator (`kvpush gen-model --arch llama3 --dim
 1024 --layers 8 --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 --dtype T`, seed 1; with
 --dim 2048: 32 heads, 8 KV heads, hidden 5632).
@@ -26,9 +32,11 @@ Prompt: deterministic pseudo-random token ids in [300, 32000) (no BOS).
 Writes --json (default build/bench-results/model-vs-llamacpp.json). Figures: docs/benchmarks/model.md.
 """
 import argparse
+import http.client
 import json
 import os
 import random
+import socket
 import statistics
 import subprocess
 import sys
@@ -80,6 +88,10 @@ def main():
     ap.add_argument("--float-path", action="store_true",
                     help="also run kvpush with --quant-math f32 (the float path) as a third "
                          "engine, 'kvpush-f32'")
+    ap.add_argument("--serve", action="store_true",
+                    help="also time `kvpush serve` end to end as a third engine, 'kvpush-serve'")
+    ap.add_argument("--kvpush", default="",
+                    help="the kvpush binary for --serve (default: BUILD_DIR/apps/kvpush)")
     ap.add_argument("--models-dir", default=os.path.join(ROOT, "build", "bench-results", "models"))
     ap.add_argument("--json", default=os.path.join(ROOT, "build", "bench-results",
                                                    "model-vs-llamacpp.json"))
@@ -117,12 +129,72 @@ def main():
     print(f"load average at end: {loadavg()}; JSON: {args.json}")
 
 
+class Server:
+    """`kvpush serve` on a free loopback port, one streamed greedy request at a time."""
+
+    def __init__(self, kvpush, model, threads):
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            self.port = sk.getsockname()[1]
+        self.proc = subprocess.Popen(
+            [kvpush, "serve", model, "--port", str(self.port), "--threads", str(threads),
+             "--no-enable-prefix-caching"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
+                c.request("GET", "/health")
+                if c.getresponse().status == 200:
+                    return
+            except OSError:
+                time.sleep(0.1)
+        self.close()
+        raise RuntimeError("kvpush serve did not become healthy in 60 s")
+
+    def generate(self, ids, decode):
+        """One request; returns {prefill_s, decode_s, tokens} like the greedy benches."""
+        body = json.dumps({"prompt": ids, "max_tokens": decode + 1, "temperature": 0,
+                           "ignore_eos": True, "stream": True, "return_token_ids": True})
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=600)
+        t0 = time.perf_counter()
+        c.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+        resp = c.getresponse()
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {resp.read()[:300]!r}")
+        tokens, t_first, t_last = [], None, None
+        for line in resp:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            got = json.loads(line[6:])["choices"][0].get("token_ids") or []
+            if got:
+                t_last = time.perf_counter()
+                t_first = t_first or t_last
+                tokens += got
+        c.close()
+        return {"prefill_s": t_first - t0, "decode_s": t_last - t_first, "tokens": tokens}
+
+    def close(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
 def run_config(bench, mjs, model, prompt_file, dtype, plen, thr, args):
     common = ["--model", model, "--prompt-file", prompt_file, "--decode", str(args.decode),
               "--threads", str(thr)]
     cmds = {"kvpush": [bench] + common, "llama.cpp": ["node", mjs] + common}
     if args.float_path:
         cmds["kvpush-f32"] = [bench] + common + ["--quant-math", "f32"]
+    server = None
+    if args.serve:
+        with open(prompt_file) as f:
+            ids = [int(t) for t in f.read().split()]
+        server = Server(args.kvpush or os.path.join(args.build_dir, "apps", "kvpush"), model, thr)
+        server.generate(ids, args.decode)  # untimed, as the others' warm-up generation
+        cmds["kvpush-serve"] = lambda: server.generate(ids, args.decode)
     runs = {eng: [] for eng in cmds}
     errors = {}
     load_before = loadavg()
@@ -131,12 +203,20 @@ def run_config(bench, mjs, model, prompt_file, dtype, plen, thr, args):
         for eng in order:
             if eng in errors:
                 continue
-            out, err = run_json(cmds[eng])
+            if callable(cmds[eng]):
+                try:
+                    out, err = cmds[eng](), None
+                except (OSError, RuntimeError, ValueError) as e:
+                    out, err = None, str(e)
+            else:
+                out, err = run_json(cmds[eng])
             if out is None:
                 errors[eng] = err
                 continue
             runs[eng].append(out)
         time.sleep(0.2)
+    if server:
+        server.close()
     row = {"type": dtype, "prompt_len": plen, "threads": thr, "load_before": load_before,
            "load_after": loadavg(), "errors": errors}
     for eng, rs in runs.items():
@@ -180,6 +260,12 @@ def print_row(r):
               f"({f['prefill_tok_s'] / l['prefill_tok_s']:.2f}x), decode {f['decode_tok_s']:.1f} "
               f"({f['decode_tok_s'] / l['decode_tok_s']:.2f}x), greedy agree {first}/"
               f"{len(f['tokens'])}")
+    if "kvpush-serve" in r and l:
+        v = r["kvpush-serve"]
+        same = "same tokens" if k and v["tokens"] == k["tokens"] else "TOKENS DIFFER"
+        print(f"      kvpush serve: prefill {v['prefill_tok_s']:.1f} "
+              f"({v['prefill_tok_s'] / l['prefill_tok_s']:.2f}x), decode {v['decode_tok_s']:.1f} "
+              f"({v['decode_tok_s'] / l['decode_tok_s']:.2f}x), {same} as the executor's")
     for eng, err in r["errors"].items():
         print(f"      {eng} failed: {err.splitlines()[-1] if err else '?'}")
 

@@ -32,6 +32,7 @@
 #include "engine/engine.h"
 #include "model/model.h"
 #include "model/sim_executor.h"
+#include "model/worker_pool.h"
 #include "server/http_server.h"
 #include "xfer/backend_factory.h"
 
@@ -141,6 +142,7 @@ Result<LoadedModel> LoadServeModel(const ServeOptions& o) {
   mo.tokenizer_path = o.tokenizer;
   mo.blas_threads = o.blas_threads;
   mo.threads = o.threads;
+  KVP_ASSIGN_OR_RETURN(mo.cpus, ResolveThreadsBind(o.threads_bind, o.threads));
   return LoadModel(mo);
 }
 
@@ -490,6 +492,11 @@ void RegisterServeCommand(CLI::App& app) {
                   "rows; every value keeps its summation order, so logits and KV are the same at "
                   "any count (P and D may differ; docs/model.md, Threading)")
       ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  cmd->add_option("--threads-bind", opts->threads_bind,
+                  "CPUs of the --threads executor threads, as vLLM's VLLM_CPU_OMP_THREADS_BIND: "
+                  "auto (with 2 or more threads, the first N CPUs this process may use, when "
+                  "there are N), nobind, or a list of N CPUs such as 0-1 or 2,5")
       ->capture_default_str();
   cmd->add_option("--xfer-fault-plan", opts->xfer_fault_plan,
                   "Testing only: inject KV transfer failures and delays (fault backend), e.g. "

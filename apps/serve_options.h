@@ -32,6 +32,7 @@ struct ServeOptions {
   std::string log_format = "text";  ///< --log-format text|json
   int blas_threads = 1;
   int threads = 1;  ///< --threads: the executor's GEMM and attention threads
+  std::string threads_bind = "auto";  ///< --threads-bind (ResolveThreadsBind, model/worker_pool.h)
   EngineConfig engine;
   bool enable_prefix_caching = true;  ///< --[no-]enable-prefix-caching
   bool enable_prompt_tokens_details = false;

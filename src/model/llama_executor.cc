@@ -35,7 +35,7 @@ inline void RmsNorm(const float* x, const float* w, int64_t n, float eps, float*
 LlamaExecutor::LlamaExecutor(LlamaWeights weights, const LlamaExecutorOptions& options)
     : weights_(std::move(weights)), gemm_(options.gemm, options.quant_math) {
   if (options.threads > 1) {
-    pool_ = std::make_unique<WorkerPool>(options.threads);
+    pool_ = std::make_unique<WorkerPool>(options.threads, options.cpus);
     gemm_.set_pool(pool_.get());
   }
   namespace gi = gemm_internal;

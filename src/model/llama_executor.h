@@ -52,6 +52,8 @@ struct LlamaExecutorOptions {
   /// Threads for the linear layers (the calling thread included; 1 = no workers): each GEMM's
   /// output columns are split over them. Logits are bit-identical for every value.
   int32_t threads = 1;
+  /// Empty, or one CPU per thread to bind them to (ResolveThreadsBind, model/worker_pool.h).
+  std::vector<int> cpus;
 };
 
 class LlamaExecutor final : public Executor {

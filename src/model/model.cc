@@ -32,6 +32,7 @@ Result<LoadedModel> Finish(LlamaWeights weights, std::unique_ptr<Tokenizer> toke
   eo.gemm = options.gemm;
   eo.quant_math = options.quant_math;
   eo.threads = options.threads;
+  eo.cpus = options.cpus;
   KVP_ASSIGN_OR_RETURN(auto executor, LlamaExecutor::Create(std::move(weights), eo));
   LoadedModel m;
   m.config = executor->config();

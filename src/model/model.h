@@ -5,6 +5,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "model/executor.h"
@@ -21,6 +22,7 @@ struct ModelLoadOptions {
   GemmBackend gemm = GemmBackend::kFixedOrder;  ///< linear-layer kernel (model/gemm.h)
   QuantMath quant_math = QuantMath::kInt8;      ///< Q8_0 / Q4_K / Q6_K arithmetic (model/gemm.h)
   int32_t threads = 1;  ///< executor GEMM threads, caller included (LlamaExecutorOptions::threads)
+  std::vector<int> cpus;  ///< empty, or one CPU per thread to bind (LlamaExecutorOptions::cpus)
 };
 
 struct LoadedModel {

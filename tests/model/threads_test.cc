@@ -4,6 +4,7 @@
 // weight type, through both the integer (default) and the float path of the quantized types.
 // A single row (decode of one sequence) is covered too: sequence 0 has a 1-token prompt.
 #include <gtest/gtest.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <map>
@@ -15,6 +16,7 @@
 #include "model/gemm.h"
 #include "model/model.h"
 #include "model/random_model.h"
+#include "model/worker_pool.h"
 #include "model_test_util.h"
 
 namespace kvpush {
@@ -127,6 +129,47 @@ TEST(ThreadsTest, RefusesThreadCountBelowOne) {
   lo.threads = 0;
   EXPECT_EQ(LoadModelFromGgufBytes(ModelBytes("f32"), lo).status().code(),
             StatusCode::kInvalidArgument);
+}
+
+// --threads-bind: auto binds only when every thread gets a CPU of its own; lists are exact.
+TEST(ThreadsBindTest, ResolvesSpecs) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) allowed.push_back(c);
+  }
+  const int n = static_cast<int>(allowed.size());
+  EXPECT_TRUE(ResolveThreadsBind("nobind", 2)->empty());
+  EXPECT_TRUE(ResolveThreadsBind("auto", 1)->empty());
+  EXPECT_TRUE(ResolveThreadsBind("auto", n + 1)->empty());
+  if (n >= 2) {
+    EXPECT_EQ(*ResolveThreadsBind("auto", 2), std::vector<int>(allowed.begin(), allowed.begin() + 2));
+  }
+  const std::string first = std::to_string(allowed[0]);
+  EXPECT_EQ(*ResolveThreadsBind(first, 1), std::vector<int>{allowed[0]});
+  if (n >= 2) {
+    const std::string list = first + "," + std::to_string(allowed[1]);
+    EXPECT_EQ(*ResolveThreadsBind(list, 2), (std::vector<int>{allowed[0], allowed[1]}));
+  }
+  for (const char* bad : {"", "x", "0-", "-1", "1-0", "0,,1", "0 ", "99999"}) {
+    EXPECT_EQ(ResolveThreadsBind(bad, 1).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(ResolveThreadsBind(first + "," + first, 2).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(ResolveThreadsBind(first, 2).status().code(), StatusCode::kInvalidArgument);
+}
+
+// Bound pools run each part on its thread's CPU (the caller's on cpus[0]) and give the same logits.
+TEST(ThreadsBindTest, BoundPoolRunsOnItsCpus) {
+  const auto cpus = ResolveThreadsBind("auto", 2);
+  ASSERT_TRUE(cpus.ok());
+  if (cpus->empty()) GTEST_SKIP() << "this process may use fewer than 2 CPUs";
+  WorkerPool pool(2, *cpus);
+  std::vector<int> ran(2, -1);
+  pool.Run(2, [&](int part) { ran[static_cast<size_t>(part)] = sched_getcpu(); });
+  EXPECT_EQ(ran, *cpus);
 }
 
 }  // namespace

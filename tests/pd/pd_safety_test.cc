@@ -7,6 +7,9 @@
 #include <httplib.h>
 #include <signal.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -94,6 +97,13 @@ TEST_F(PdSafety, LeaseExpiresWhileTheRequestWaitsInDecodesQueue) {
   Proc* router = Router(p, d, "pull");
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({router}));
 
+  // Enough long requests ahead of the P/D one to keep D's only slot busy past P's lease (2.5 s)
+  // with a margin, whatever this build's decode speed: one is timed first.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(Send(d->host, d->port, Prompt(899, 8, 2000)).status, 200);
+  const double one_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int n_busy = std::max(3, static_cast<int>(std::ceil(4.0 / one_s)));
   uint32_t seed = 500;
   for (const char* mode : {"pull-vllm", "pull-fast"}) {
     SCOPED_TRACE(mode);
@@ -102,8 +112,8 @@ TEST_F(PdSafety, LeaseExpiresWhileTheRequestWaitsInDecodesQueue) {
     ASSERT_EQ(ref.status, 200) << ref.raw;
     const double recomputes0 = Metric(d->host, d->port, "kvpush_kv_load_recomputes_total");
 
-    std::vector<std::thread> busy;  // three long requests keep D's only slot busy for ~3 s
-    for (int i = 0; i < 3; ++i) {
+    std::vector<std::thread> busy;  // n_busy long requests keep D's only slot busy for ~4 s
+    for (int i = 0; i < n_busy; ++i) {
       busy.emplace_back([&, i] { (void)Send(d->host, d->port, Prompt(900 + i, 8, 2000)); });
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(150));

@@ -146,6 +146,11 @@ struct RequestFlow::Transfer {
   PrefillOutcome prefill GUARDED_BY(mu) = PrefillOutcome::kRunning;
   Reply prefill_failure GUARDED_BY(mu);      ///< kFailed, kRefusedUnstarted: the client's answer
   bool prefill_done GUARDED_BY(mu) = false;  ///< P's leg is over, whatever its outcome
+  /// Push: P's leg runs on a worker (StartPushPrefill), which calls MarkPrefillDone at its end.
+  bool prefill_in_background GUARDED_BY(mu) = false;
+  /// The request ended while that leg still ran: the outcome its records (spans, timeline) are
+  /// written with once the leg is over (DeferRecords, MarkPrefillDone).
+  std::optional<bool> deferred_records GUARDED_BY(mu);
   std::optional<PromptEcho> prompt_echo
       GUARDED_BY(mu);  ///< P's answer's prompt_echo (echo_logprobs only)
 
@@ -184,13 +189,31 @@ struct RequestFlow::Transfer {
     if (prefill == PrefillOutcome::kRunning) prefill = PrefillOutcome::kSettled;
     if (echo) prompt_echo = std::move(echo);
   }
-  /// P's leg is over (settled, failed or closed by the router): wakes WaitPrefillDone.
-  void MarkPrefillDone() {
+  /// P's leg is over (settled, failed or closed by the router): wakes WaitPrefillDone. Returns
+  /// the outcome of a request whose records wait for this (DeferRecords), which the caller
+  /// writes.
+  std::optional<bool> MarkPrefillDone() {
+    std::optional<bool> records;
     {
       MutexLock lock(mu);
       prefill_done = true;
+      records.swap(deferred_records);
     }
     prefill_cv.NotifyAll();
+    return records;
+  }
+  /// At the request's end: when its P leg still runs in the background, keeps `ok` for
+  /// MarkPrefillDone and returns true (the records wait, so the prefill leg's span and P's
+  /// answer time are in them); else false (write them now).
+  bool DeferRecords(bool ok) {
+    MutexLock lock(mu);
+    if (!prefill_in_background || prefill_done) return false;
+    deferred_records = ok;
+    return true;
+  }
+  void SetPrefillInBackground(bool on) {
+    MutexLock lock(mu);
+    prefill_in_background = on;
   }
   /// Waits until MarkPrefillDone, at most `timeout`; returns whether it came.
   bool WaitPrefillDone(std::chrono::milliseconds timeout) {

@@ -39,15 +39,17 @@ bool RequestFlow::StartPushPrefill(std::shared_ptr<Transfer> t, InstanceLease le
   }
   // std::function needs a copyable callable: the move-only lease travels in a shared_ptr.
   auto held = std::make_shared<InstanceLease>(std::move(lease));
+  t->SetPrefillInBackground(true);
   const bool queued = r.workers().Submit([&r, t, held, sent]() mutable {
     RunPushPrefill(r, *t, *held, *sent ? **sent : t->p_leg->ReadAnswer());
-    t->MarkPrefillDone();
+    if (const std::optional<bool> ok = t->MarkPrefillDone()) WriteRecords(r, *t, *ok);
     // Legs and leases point into the router: let go of them before Stop() may return.
     t.reset();
     held->Release();
     r.legs().EndBackground();
   });
   if (!queued) {
+    t->SetPrefillInBackground(false);
     t->p_leg->Stop();  // written but never read: close it, P aborts
     r.legs().EndBackground();
   }

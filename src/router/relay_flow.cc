@@ -225,6 +225,10 @@ void RequestFlow::RecordTimeline(FlowServices& r, Transfer& t, bool ok) {
     const int64_t e2e = t.timeline.at(RouterPhase::kDone) - t.timeline.at(RouterPhase::kReceived);
     r.RecordLatency(t.mode, ClientLatency::kE2e, static_cast<double>(e2e) * 1e-9);
   }
+  if (!t.DeferRecords(ok)) WriteRecords(r, t, ok);
+}
+
+void RequestFlow::WriteRecords(FlowServices& r, Transfer& t, bool ok) {
   if (t.trace && r.tracer() != nullptr) RecordSpans(*r.tracer(), t, ok);
   if (t.mode == TransferMode::kColocated || t.local_prefill) return;
   r.RecordTimeline(t.timeline.ToJson(t.request_id, t.transfer_id,

@@ -179,6 +179,10 @@ class RequestFlow {
   /// Marks `t` done now and records its e2e latency when `ok`; adds its router timeline to the
   /// router's log (P/D transfers only).
   static void RecordTimeline(FlowServices& r, Transfer& t, bool ok);
+  /// The request's spans (tracing on) and its timeline record; RecordTimeline calls it at the
+  /// request's end, or, when a push request's P leg is still running then, that leg's worker
+  /// when the leg is over (Transfer::DeferRecords).
+  static void WriteRecords(FlowServices& r, Transfer& t, bool ok);
   /// Tracing: the router's span of `t` (continuing the client's traceparent) and its phases.
   static void RecordSpans(http::Tracer& tracer, const Transfer& t, bool ok);
   /// A data event of `st` was relayed: its TTFT (the first) or ITL observation.

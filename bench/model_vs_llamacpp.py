@@ -21,7 +21,7 @@ one streamed /v1/completions request at a time (prompt as token ids, temperature
 max_tokens decode + 1, return_token_ids), timed by the client: prefill = time to the first
 streamed token, decode = the rest. Its figures include HTTP, the engine loop and detokenization.
 
-Models: written once per type with kvpush's generator (`kvpush gen-model --arch llama3 --dim
+Models: written once per type with kvpush's generator (`kvpush gen-model --arch llama3 (or --arch) --dim
 1024 --layers 8 --heads 16 --kv-heads 4 --hidden-dim 2816 --vocab 32000 --dtype T`, seed 1; with
 --dim 2048: 32 heads, 8 KV heads, hidden 5632).
 Prompt: deterministic pseudo-random token ids in [300, 32000) (no BOS).
@@ -80,6 +80,9 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dim", type=int, default=1024, choices=sorted(SHAPES))
+    ap.add_argument("--arch", default="llama3", choices=["llama3", "qwen2", "qwen3"],
+                    help="the architecture written (qwen2: Q/K/V biases; qwen3: q/k norms); "
+                         "the shape is --dim's")
     ap.add_argument("--decode", type=int, default=48)
     ap.add_argument("--build-dir", default=os.path.join(ROOT, "build"))
     ap.add_argument("--kvpush-bench", default="",
@@ -111,9 +114,10 @@ def main():
           f"{'ratio':>6} | {'decode tok/s kv':>15} {'llama':>8} {'ratio':>6} | "
           f"{'greedy agree':>12} | load before/after")
     for dtype in args.types.split(","):
-        model = os.path.join(args.models_dir, f"llama3-{args.dim}-{dtype}.gguf")
+        model = os.path.join(args.models_dir, f"{args.arch}-{args.dim}-{dtype}.gguf")
         if not os.path.exists(model):
-            subprocess.run([bench, "--gen", model, "--dtype", dtype] + SHAPES[args.dim], check=True)
+            shape = [args.arch if a == "llama3" else a for a in SHAPES[args.dim]]
+            subprocess.run([bench, "--gen", model, "--dtype", dtype] + shape, check=True)
         for plen in [int(p) for p in args.prompts.split(",")]:
             rng = random.Random(plen)
             prompt_file = os.path.join(args.models_dir, f"prompt-{plen}.txt")
@@ -124,7 +128,7 @@ def main():
                 results.append(row)
                 print_row(row)
     with open(args.json, "w") as f:
-        json.dump({"shape": SHAPES[args.dim], "decode": args.decode, "reps": args.reps,
+        json.dump({"arch": args.arch, "shape": SHAPES[args.dim], "decode": args.decode, "reps": args.reps,
                    "results": results}, f, indent=1)
     print(f"load average at end: {loadavg()}; JSON: {args.json}")
 

@@ -121,7 +121,10 @@ TEST_F(EtcdTest, RegistrationFollowsHealthAndLeaves) {
   healthy.store(true);
   ASSERT_TRUE(WaitUntil([&] { return Keys().size() == 1; }, seconds(5)));
   EXPECT_NE(Keys()[0].lease, lease);
-  EXPECT_EQ((*reg)->state().registrations, 2);
+  // The key is visible in etcd as soon as it is written; the registration counts itself after
+  // its Put returns, so the count may trail the key by a moment.
+  EXPECT_TRUE(WaitUntil([&] { return (*reg)->state().registrations == 2; }, seconds(2)))
+      << "registrations " << (*reg)->state().registrations;
   // Leave: key deleted and lease revoked at once.
   const int64_t lease2 = Keys()[0].lease;
   (*reg)->Leave();

@@ -493,7 +493,9 @@ inline void Tile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
     for (int c = 0; c < C; ++c) y[r * ldy + c] = Reduce(acc[r][c]);
 }
 
-enum class Kind { kQ8_0, kQ4K, kQ6K };
+/// The kernels that keep 16 canonical lanes per element (Q4_K has its own tiles: Q4KQuadTile,
+/// Q4KRowTile8, Q4KRowOne).
+enum class Kind { kQ8_0, kQ6K };
 
 /// R rows of X (from row m) against C rows of W in the stored type `kKind`.
 template <Kind kKind, int R, int C>
@@ -502,12 +504,11 @@ inline void KindTile(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_by
   if constexpr (kKind == Kind::kQ8_0) {
     Tile<R, C>(x, m, w, row_bytes, y, ldy);
   } else {
-    static_assert(kKind == Kind::kQ6K, "Q4_K has its own tiles (Q4KQuadTile, Q4KRowTile)");
     Q6KTile<R, C>(x, m, w, row_bytes, y, ldy);
   }
 }
 
-/// Every kernel's order of tiles: column groups of 64 outer, rows inner, so that a group of W rows
+/// The Q8_0 and Q6_K kernels' order of tiles: column groups of 64 outer, rows inner, so that a group of W rows
 /// (~70 KiB at k = 1024) stays in L2 while every row of X passes it; 4 x 4 tiles, and single rows
 /// (decode) in 1 x 8 tiles.
 template <Kind kKind>

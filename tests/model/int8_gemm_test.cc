@@ -260,6 +260,35 @@ void CheckKQuantKernel(const KQuantCase& c, int64_t k, int64_t n) {
   EXPECT_GT(diff, 0.0);
 }
 
+// Q4_K's prefill and decode kernels over shapes at their edges: W rows around the 4-row quads,
+// the 8-row decode tiles and the per-thread W groups (k 4096: 6 quads of 16 super-blocks, 24 W
+// rows, a group), 1..9 X rows (the 4-row groups and their remainders).
+TEST(Int8GemmTest, Q4KKernelsAgreeBitwiseOverEdgeShapes) {
+  const bool vnni = gemm_internal::CpuHasAvx512Vnni();
+  const bool avx2 = gemm_internal::CpuHasAvx2FmaF16c();
+  if (!vnni && !avx2) GTEST_SKIP() << "this CPU has neither AVX-512 VNNI nor AVX2+FMA+F16C";
+  for (const int64_t k : {256, 4096}) {
+    for (const int64_t n : {1, 3, 4, 5, 7, 8, 9, 15, 16, 17, 33}) {
+      const WeightMatrix w = RandomW(GgmlType::kQ4_K, n, k, static_cast<uint32_t>(n * 31 + k));
+      for (int64_t rows = 1; rows <= 9; ++rows) {
+        const std::vector<float> x = RandomX(rows, k, static_cast<uint32_t>(rows * 7 + n));
+        gemm_internal::Q8Rows q;
+        q.Quantize(x.data(), rows, k, 256);
+        std::vector<float> ref(static_cast<size_t>(rows * n)), got(ref.size());
+        gemm_internal::Q4KGemmScalar(q, w.row_data(0), w.row_bytes(), n, ref.data(), n);
+        if (vnni) {
+          gemm_internal::Q4KGemmAvx512Vnni(q, w.row_data(0), w.row_bytes(), n, got.data(), n);
+          ASSERT_EQ(got, ref) << "avx512, k " << k << ", n " << n << ", rows " << rows;
+        }
+        if (avx2) {
+          gemm_internal::Q4KGemmAvx2(q, w.row_data(0), w.row_bytes(), n, got.data(), n);
+          ASSERT_EQ(got, ref) << "avx2, k " << k << ", n " << n << ", rows " << rows;
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Types, Int8KQuantTest,
                          ::testing::Values(KQuantCase{GgmlType::kQ4_K, gemm_internal::Q4KGemmScalar,
                                                       gemm_internal::Q4KGemmAvx512Vnni,

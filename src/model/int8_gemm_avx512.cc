@@ -81,6 +81,21 @@ inline void Q4KScales(const uint8_t* blk, __m512i* sc16, __m256i* mn32) {
   *mn32 = _mm256_cvtepu8_epi32(_mm_set_epi32(0, 0, static_cast<int>(m_hi), static_cast<int>(m_lo)));
 }
 
+/// The 64 codes of Q4_K part u from its 32 bytes `qs`: the 32 low nibbles, then the 32 high.
+inline __m512i Q4KCodes(const uint8_t* qs) {
+  const __m256i low4 = _mm256_set1_epi8(15);
+  const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
+                            _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1);
+}
+
+/// A super-block's eight 32-value sums (S_2j + S_2j+1) from its sixteen 16-value sums, as int32.
+inline __m256i PairSums(const int16_t* sums) {
+  const __m512i s =
+      _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sums)));
+  return _mm512_castsi512_si256(_mm512_madd_epi16(s, _mm512_set1_epi16(1)));
+}
+
 /// The exact sums of 16 int32 vectors v[i] in lane i of one vector (i = 4 r + c): pairs by
 /// unpack, then 128-bit lanes by shuffle_i32x4.
 inline __m512i TransposeSum16(const __m512i (&v)[16]) {
@@ -108,24 +123,17 @@ inline __m512i TransposeSum16(const __m512i (&v)[16]) {
 inline float Q4KRowOne(const Q8Rows& x, int64_t m, const uint8_t* w) {
   const int64_t nsb = x.k() / kQkK;
   float acc = 0.0f;
-  const __m256i low4 = _mm256_set1_epi8(15);
-  const __m512i ones16 = _mm512_set1_epi16(1);
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = w + sb * kQ4KBlockBytes;
     const float dx = x.d(m)[sb];
-    const __m256i s32 = _mm512_castsi512_si256(_mm512_madd_epi16(
-        _mm512_castsi256_si512(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums(m) + sb * 16))),
-        ones16));
+    const __m256i s32 = PairSums(x.sums(m) + sb * 16);
     __m512i sc16;
     __m256i mn32;
     Q4KScales(blk, &sc16, &mn32);
     __m512i isum = _mm512_setzero_si512();
     for (int u = 0; u < 4; ++u) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * u));
-      const __m512i code = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
-                                              _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1);
-      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(code, Load64(x.q(m) + sb * kQkK + 64 * u)),
+      const __m512i qx = Load64(x.q(m) + sb * kQkK + 64 * u);
+      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(Q4KCodes(blk + 16 + 32 * u), qx),
                                  _mm512_permutexvar_epi16(ScaleIndex<16, 2>(u), sc16));
     }
     const int32_t itotal = _mm512_reduce_add_epi32(isum);
@@ -143,18 +151,13 @@ inline float Q4KRowOne(const Q8Rows& x, int64_t m, const uint8_t* w) {
 inline void Q4KRowTile8(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
                         float* y) {
   const int64_t nsb = x.k() / kQkK;
-  const __m256i low4 = _mm256_set1_epi8(15);
-  const __m512i ones16 = _mm512_set1_epi16(1);
   const __m512i idx[4] = {ScaleIndex<16, 2>(0), ScaleIndex<16, 2>(1), ScaleIndex<16, 2>(2),
                           ScaleIndex<16, 2>(3)};
   // [d_0, dmin_0, d_1, ...] -> [d_0 .. d_7, dmin_0 .. dmin_7]
   const __m512i split = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
-    const __m256i s32 = _mm512_castsi512_si256(_mm512_madd_epi16(
-        _mm512_castsi256_si512(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.sums(m) + sb * 16))),
-        ones16));
+    const __m256i s32 = PairSums(x.sums(m) + sb * 16);
     __m512i qx[4];
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) qx[u] = Load64(x.q(m) + sb * kQkK + 64 * u);
@@ -171,9 +174,7 @@ inline void Q4KRowTile8(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row
       __m512i isum = _mm512_setzero_si512();
 #pragma GCC unroll 4
       for (int u = 0; u < 4; ++u) {
-        const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * u));
-        const __m512i code = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(q, low4)),
-                                                _mm256_and_si256(_mm256_srli_epi16(q, 4), low4), 1);
+        const __m512i code = Q4KCodes(blk + 16 + 32 * u);
         isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(code, qx[u]),
                                    _mm512_permutexvar_epi16(idx[u], sc16));
       }
@@ -207,7 +208,6 @@ struct alignas(64) Q4KQuad {
 
 /// Unpacks super-block sb of rows row[0..nc) (nc = 1..4) into q.
 inline void UnpackQ4KQuad(const uint8_t* const* row, int nc, int64_t sb, Q4KQuad* q) {
-  const __m256i low4 = _mm256_set1_epi8(15);
   alignas(64) int16_t mins[4][8] = {};
   for (int c = 0; c < 4; ++c) {
     if (c >= nc) {
@@ -229,10 +229,7 @@ inline void UnpackQ4KQuad(const uint8_t* const* row, int nc, int64_t sb, Q4KQuad
     q->dmin[c] = Half(blk + 2);
 #pragma GCC unroll 4
     for (int u = 0; u < 4; ++u) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16 + 32 * u));
-      _mm512_store_si512(q->part[u][c].code,
-                         _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low4)),
-                                            _mm256_and_si256(_mm256_srli_epi16(v, 4), low4), 1));
+      _mm512_store_si512(q->part[u][c].code, Q4KCodes(blk + 16 + 32 * u));
       _mm512_store_si512(q->part[u][c].scw, _mm512_permutexvar_epi16(ScaleIndex<16, 2>(u), sc16));
     }
   }

@@ -70,8 +70,8 @@ Result<std::vector<int>> ResolveThreadsBind(const std::string& spec, int threads
     at = comma + 1;
   }
   if (static_cast<int>(cpus.size()) != threads) {
-    return bad("names " + std::to_string(cpus.size()) + " CPUs for " + std::to_string(threads) +
-               " threads");
+    return bad("names " + std::to_string(cpus.size()) + (cpus.size() == 1 ? " CPU" : " CPUs") +
+               " for " + std::to_string(threads) + (threads == 1 ? " thread" : " threads"));
   }
   if (std::set<int>(cpus.begin(), cpus.end()).size() != cpus.size()) return bad("a CPU repeats");
   for (int c : cpus) {

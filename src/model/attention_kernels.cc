@@ -31,10 +31,7 @@ void AttnSoftmaxScalar(float* w, int64_t n) {
     w[s] = CanonicalExp(w[s] - max);
     acc[s % 16] += w[s];
   }
-  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-  const float inv_sum = 1.0f / (acc[0] + acc[1]);
+  const float inv_sum = 1.0f / CanonicalTree(acc);
   for (int64_t s = 0; s < n; ++s) w[s] *= inv_sum;
 }
 

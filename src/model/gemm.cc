@@ -17,15 +17,19 @@ namespace kvpush {
 
 namespace gemm_internal {
 
+float CanonicalTree(float* acc) {
+  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
+  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
+  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
+  return acc[0] + acc[1];
+}
+
 float CanonicalDot(const float* a, const float* b, int64_t k) {
   float acc[16] = {};
   for (int64_t kk = 0; kk < k; ++kk) acc[kk & 15] = std::fma(a[kk], b[kk], acc[kk & 15]);
   // Lanes past a k tail receive fma(0, 0, acc) = acc + 0 in the vector kernels.
   for (int64_t kk = k; (kk & 15) != 0; ++kk) acc[kk & 15] = std::fma(0.0f, 0.0f, acc[kk & 15]);
-  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-  return acc[0] + acc[1];
+  return CanonicalTree(acc);
 }
 
 int FixedOrderIsa() {

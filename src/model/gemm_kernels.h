@@ -16,6 +16,11 @@ namespace kvpush::gemm_internal {
 using GemmFn = void (*)(const float* x, int64_t m_rows, int64_t k, const float* w, int64_t n_rows,
                         float* y, int64_t ldy);
 
+/// The canonical tree above over 16 lane accumulators (acc is overwritten): acc[i] += acc[i + 8],
+/// += acc[i + 4], += acc[i + 2], then acc[0] + acc[1]. The scalar form of every kernel's reduction
+/// (the GEMM, the Q8_0 / Q6_K integer GEMMs and the attention softmax's sum).
+float CanonicalTree(float* acc);
+
 /// The canonical dot product of a[0, k) and b[0, k) above, one element at a time (the scalar
 /// reference every vector kernel matches; also attention's scores).
 float CanonicalDot(const float* a, const float* b, int64_t k);

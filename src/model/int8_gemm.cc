@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "model/dtype.h"
+#include "model/gemm_kernels.h"
 #include "model/quant.h"
 
 namespace kvpush::gemm_internal {
@@ -16,14 +17,6 @@ namespace {
 
 uint16_t U16(const uint8_t* p) {
   return static_cast<uint16_t>(p[0] | (p[1] << 8));
-}
-
-/// The canonical tree over 16 lanes.
-float Tree(float* acc) {
-  for (int i = 0; i < 8; ++i) acc[i] += acc[i + 8];
-  for (int i = 0; i < 4; ++i) acc[i] += acc[i + 4];
-  for (int i = 0; i < 2; ++i) acc[i] += acc[i + 2];
-  return acc[0] + acc[1];
 }
 
 /// Codes (0..15) of the 32 values of sub-block j of a Q4_K super-block, and its scale and min.
@@ -147,7 +140,7 @@ void Q8GemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t n
           lane = std::fma(s, static_cast<float>(p), lane);
         }
       }
-      y[m * ldy + n] = Tree(acc);
+      y[m * ldy + n] = CanonicalTree(acc);
     }
   }
 }
@@ -201,7 +194,7 @@ void Q6KGemmScalar(const Q8Rows& x, const uint8_t* w, size_t row_bytes, int64_t 
           acc[lane] = std::fma(s, static_cast<float>(isum), acc[lane]);
         }
       }
-      y[m * ldy + n] = Tree(acc);
+      y[m * ldy + n] = CanonicalTree(acc);
     }
   }
 }

@@ -118,6 +118,29 @@ inline __m512i TransposeSum16(const __m512i (&v)[16]) {
                           _mm512_shuffle_i32x4(c01, c23, _MM_SHUFFLE(3, 1, 3, 1)));
 }
 
+/// One W row's Q4_K super-block `blk` against one X row's 64-value parts qx[0..3]: the 16 int32
+/// lanes whose total is I (*isum) and the 8 whose total is M (*mprod; `s32` = PairSums).
+inline void Q4KRowLanes(const uint8_t* blk, const __m512i (&qx)[4], __m256i s32, __m512i* isum,
+                        __m256i* mprod) {
+  __m512i sc16;
+  __m256i mn32;
+  Q4KScales(blk, &sc16, &mn32);
+  __m512i acc = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u) {
+    acc = _mm512_dpwssd_epi32(acc, _mm512_maddubs_epi16(Q4KCodes(blk + 16 + 32 * u), qx[u]),
+                              _mm512_permutexvar_epi16(ScaleIndex<16, 2>(u), sc16));
+  }
+  *isum = acc;
+  *mprod = _mm256_mullo_epi32(mn32, s32);
+}
+
+/// The 64-value parts of super-block sb of X row m.
+inline void LoadParts(const Q8Rows& x, int64_t m, int64_t sb, __m512i (&qx)[4]) {
+#pragma GCC unroll 4
+  for (int u = 0; u < 4; ++u) qx[u] = Load64(x.q(m) + sb * kQkK + 64 * u);
+}
+
 /// Row m of X against one W row (the columns past the last multiple of 8 in decode): the totals
 /// I and M of model/int8_gemm.h per super-block, reduced in the lanes.
 inline float Q4KRowOne(const Q8Rows& x, int64_t m, const uint8_t* w) {
@@ -126,19 +149,12 @@ inline float Q4KRowOne(const Q8Rows& x, int64_t m, const uint8_t* w) {
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const uint8_t* blk = w + sb * kQ4KBlockBytes;
     const float dx = x.d(m)[sb];
-    const __m256i s32 = PairSums(x.sums(m) + sb * 16);
-    __m512i sc16;
-    __m256i mn32;
-    Q4KScales(blk, &sc16, &mn32);
-    __m512i isum = _mm512_setzero_si512();
-    for (int u = 0; u < 4; ++u) {
-      const __m512i qx = Load64(x.q(m) + sb * kQkK + 64 * u);
-      isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(Q4KCodes(blk + 16 + 32 * u), qx),
-                                 _mm512_permutexvar_epi16(ScaleIndex<16, 2>(u), sc16));
-    }
+    __m512i qx[4], isum;
+    __m256i mprod;
+    LoadParts(x, m, sb, qx);
+    Q4KRowLanes(blk, qx, PairSums(x.sums(m) + sb * 16), &isum, &mprod);
     const int32_t itotal = _mm512_reduce_add_epi32(isum);
-    const int32_t mtotal =
-        _mm512_reduce_add_epi32(_mm512_zextsi256_si512(_mm256_mullo_epi32(mn32, s32)));
+    const int32_t mtotal = _mm512_reduce_add_epi32(_mm512_zextsi256_si512(mprod));
     acc = std::fma(Half(blk) * dx, static_cast<float>(itotal), acc);
     acc = std::fma(-(Half(blk + 2) * dx), static_cast<float>(mtotal), acc);
   }
@@ -151,16 +167,13 @@ inline float Q4KRowOne(const Q8Rows& x, int64_t m, const uint8_t* w) {
 inline void Q4KRowTile8(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row_bytes,
                         float* y) {
   const int64_t nsb = x.k() / kQkK;
-  const __m512i idx[4] = {ScaleIndex<16, 2>(0), ScaleIndex<16, 2>(1), ScaleIndex<16, 2>(2),
-                          ScaleIndex<16, 2>(3)};
   // [d_0, dmin_0, d_1, ...] -> [d_0 .. d_7, dmin_0 .. dmin_7]
   const __m512i split = _mm512_set_epi32(15, 13, 11, 9, 7, 5, 3, 1, 14, 12, 10, 8, 6, 4, 2, 0);
   __m256 acc = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < nsb; ++sb) {
     const __m256i s32 = PairSums(x.sums(m) + sb * 16);
     __m512i qx[4];
-#pragma GCC unroll 4
-    for (int u = 0; u < 4; ++u) qx[u] = Load64(x.q(m) + sb * kQkK + 64 * u);
+    LoadParts(x, m, sb, qx);
     __m512i v[16];
     alignas(32) uint32_t dd[8];
 #pragma GCC unroll 8
@@ -168,18 +181,9 @@ inline void Q4KRowTile8(const Q8Rows& x, int64_t m, const uint8_t* w, size_t row
       const uint8_t* blk = w + static_cast<size_t>(c) * row_bytes + sb * kQ4KBlockBytes;
       Prefetch(blk + 8 * row_bytes, kQ4KBlockBytes);
       std::memcpy(&dd[c], blk, 4);
-      __m512i sc16;
-      __m256i mn32;
-      Q4KScales(blk, &sc16, &mn32);
-      __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 4
-      for (int u = 0; u < 4; ++u) {
-        const __m512i code = Q4KCodes(blk + 16 + 32 * u);
-        isum = _mm512_dpwssd_epi32(isum, _mm512_maddubs_epi16(code, qx[u]),
-                                   _mm512_permutexvar_epi16(idx[u], sc16));
-      }
-      v[c] = isum;
-      v[8 + c] = _mm512_zextsi256_si512(_mm256_mullo_epi32(mn32, s32));
+      __m256i mprod;
+      Q4KRowLanes(blk, qx, s32, &v[c], &mprod);
+      v[8 + c] = _mm512_zextsi256_si512(mprod);
     }
     const __m512 totals = _mm512_cvtepi32_ps(TransposeSum16(v));
     const __m512 s = _mm512_mul_ps(

@@ -174,6 +174,7 @@ Status BlockListAssembly::Add(uint32_t offset, std::span<const int32_t> ids) {
     have_[offset + k] = 1;
   }
   received_ += static_cast<uint32_t>(ids.size());
+  while (prefix_ < have_.size() && have_[prefix_] != 0) ++prefix_;
   return Status::Ok();
 }
 

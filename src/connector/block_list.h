@@ -44,6 +44,8 @@ std::vector<std::pair<uint32_t, uint32_t>> SplitBlockList(std::span<const int32_
 bool HasDuplicateBlocks(std::span<const int32_t> ids);
 
 /// Collects the parts of one block list of `total` ids, in any order. Memory: 5 bytes per id.
+/// The ids of the list's longest received prefix are usable before the list is complete (a push
+/// target D announces in parts as its pool frees blocks: docs/pd_protocol.md §3).
 class BlockListAssembly {
  public:
   BlockListAssembly() = default;
@@ -54,13 +56,24 @@ class BlockListAssembly {
   uint32_t total() const { return static_cast<uint32_t>(ids_.size()); }
   uint32_t received() const { return received_; }
   bool complete() const { return received_ == total(); }
+  /// True when id `i` (< total()) was received.
+  bool Has(uint32_t i) const { return have_[i] != 0; }
+  /// Ids [0, prefix()) were all received (the longest such prefix).
+  uint32_t prefix() const { return prefix_; }
+  /// The list's slots: id i is valid for i < prefix() (and wherever a part was added).
+  std::span<const int32_t> ids() const { return ids_; }
   /// The whole list once complete (empties the assembly).
-  std::vector<int32_t> Take() { return std::exchange(ids_, {}); }
+  std::vector<int32_t> Take() {
+    prefix_ = received_ = 0;
+    have_.clear();
+    return std::exchange(ids_, {});
+  }
 
  private:
   std::vector<int32_t> ids_;
   std::vector<uint8_t> have_;
   uint32_t received_ = 0;
+  uint32_t prefix_ = 0;
 };
 
 }  // namespace kvpush::connector

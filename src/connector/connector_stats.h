@@ -11,6 +11,9 @@ struct ConnectorStats {
   int64_t handshakes = 0;
   int64_t push_targets_sent = 0;
   int64_t push_targets_received = 0;
+  /// D, push: PUSH_TARGETs started with part of their blocks, the rest announced as the pool
+  /// freed them (a reservation in parts).
+  int64_t push_targets_partial = 0;
   int64_t writes_posted = 0;  ///< layer WRITE transfers
   int64_t bytes_written = 0;
   int64_t kv_ready_sent = 0;

@@ -187,6 +187,7 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
                                      "failure_policy",
                                      "pull_profile",
                                      "layerwise",
+                                     "partial_targets",
                                      "engine_id",
                                      "verify_checksums",
                                      "layerwise_min_bytes",
@@ -240,6 +241,12 @@ Result<KvTransferConfig> KvTransferConfig::Parse(std::string_view text, std::str
       if (!x["layerwise"].is_boolean()) return InvalidArgument("layerwise must be a boolean");
       c.layerwise = x["layerwise"].get<bool>();
     }
+    if (x.contains("partial_targets")) {
+      if (!x["partial_targets"].is_boolean()) {
+        return InvalidArgument("partial_targets must be a boolean");
+      }
+      c.partial_targets = x["partial_targets"].get<bool>();
+    }
     KVP_ASSIGN_OR_RETURN(c.layerwise_min_bytes,
                          Bytes(x, "layerwise_min_bytes", 40, c.layerwise_min_bytes));
     KVP_ASSIGN_OR_RETURN(c.eager_write_max_bytes,
@@ -286,6 +293,7 @@ std::string KvTransferConfig::ToString() const {
          " failure_policy=" + (failure_policy == FailurePolicy::kRecompute ? "recompute" : "fail") +
          " pull_profile=" + std::string(pd::PullProfileName(pull_profile)) +
          " layerwise=" + (layerwise ? "true" : "false") +
+         " partial_targets=" + (partial_targets ? "true" : "false") +
          " layerwise_min_bytes=" + std::to_string(layerwise_min_bytes) +
          " eager_write_max_bytes=" + std::to_string(eager_write_max_bytes) +
          " block_list_part_bytes=" + std::to_string(block_list_part_bytes) +

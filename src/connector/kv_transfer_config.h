@@ -48,6 +48,11 @@ struct KvTransferConfig {
   /// Push: post each layer's WRITE as soon as that layer is computed (true) or everything after
   /// the prefill (false; for measurements).
   bool layerwise = true;
+  /// Decode, push: a request whose blocks the pool cannot hold at once (other requests hold
+  /// them) starts its transfer with what is free and announces the rest as blocks free
+  /// (Scheduler, docs/pd_protocol.md §3 *A target in parts*); false: it waits in the queue until
+  /// the pool holds its whole prompt.
+  bool partial_targets = true;
   /// Decode: verify every received block against the XXH3 digest P sends (kv/block_checksum.h)
   /// before using it. P always computes the digest; `false` only skips D's check (measurements).
   bool verify_checksums = true;

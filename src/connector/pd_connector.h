@@ -159,6 +159,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   KvMatch GetNumMatchedTokens(const Sequence& seq, int32_t num_local_computed) override;
   void OnBlocksAllocated(const Sequence& seq, std::span<const BlockId> blocks,
                          int32_t num_external_tokens) override;
+  bool AcceptsPartialBlocks(const Sequence& seq) const override;
+  void OnBlocksExtended(const Sequence& seq, std::span<const BlockId> added) override;
   LayerObserver* BeginStep(std::span<const SequenceChunk> batch) override;
   bool OnRequestFinished(const Sequence& seq, std::span<const BlockId> blocks,
                          RequestOutput& out) override;

@@ -101,6 +101,23 @@ void PdConnector::OnBlocksAllocated(const Sequence& seq, std::span<const BlockId
   Push(std::move(ev));
 }
 
+bool PdConnector::AcceptsPartialBlocks(const Sequence& seq) const {
+  // Push only: P writes what the target covers as it comes. A pull READ is posted once, after
+  // P's prefill, into blocks that must all exist then.
+  const pd::KvTransferParams& p = seq.request.kv_transfer;
+  return options_.config.partial_targets && p.role == pd::KvTransferParams::Role::kConsumer &&
+         p.mode == pd::KvTransferParams::Mode::kPush;
+}
+
+void PdConnector::OnBlocksExtended(const Sequence& seq, std::span<const BlockId> added) {
+  if (consumers_engine_.count(seq.seq_id) == 0) return;  // its load did not start here
+  ConsumerBlocksEvent ev;
+  ev.seq_id = seq.seq_id;
+  ev.transfer_id = seq.request.kv_transfer.transfer_id;
+  ev.blocks.assign(added.begin(), added.end());
+  Push(std::move(ev));
+}
+
 LayerObserver* PdConnector::BeginStep(std::span<const SequenceChunk> batch) {
   // vLLM's NixlConnector posts the READ from the engine (worker) thread in start_load_kv, right
   // before the next forward pass; the vllm profile does the same once P pinned the lease.

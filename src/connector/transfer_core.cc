@@ -127,6 +127,7 @@ std::string_view TransferCore::RequestIdOf(const EngineEvent& ev) const {
     return s == producer_by_seq_.end() ? std::string_view() : RequestIdOf(s->second);
   }
   if (const auto* e = std::get_if<ConsumerAbortEvent>(&ev)) return RequestIdOf(e->transfer_id);
+  if (const auto* e = std::get_if<ConsumerBlocksEvent>(&ev)) return RequestIdOf(e->transfer_id);
   if (const auto* e = std::get_if<ReadPostedEvent>(&ev)) return RequestIdOf(e->transfer_id);
   if (const auto* e = std::get_if<AbortTransferEvent>(&ev)) return RequestIdOf(e->transfer_id);
   return {};  // steps and layers (several requests: OnLayer names each), status answers
@@ -142,6 +143,7 @@ void TransferCore::HandleEvent(EngineEvent ev) {
     void operator()(LayerEvent& e) const { core.OnLayer(e.layer); }
     void operator()(ProducerDoneEvent& e) const { core.OnProducerDone(e); }
     void operator()(ConsumerStartEvent& e) const { core.OnConsumerStart(e); }
+    void operator()(ConsumerBlocksEvent& e) const { core.OnConsumerBlocks(e); }
     void operator()(ReadPostedEvent& e) const { core.OnReadPosted(e); }
     void operator()(ConsumerNotNeededEvent& e) const {
       core.OnNotNeededOrRejected(e.params, false);
@@ -366,8 +368,9 @@ void TransferCore::ExpireTimers(TimePoint now) {
   for (const auto& tid : expired) {
     Producer& p = producers_.at(tid);
     LogRequestScope scope(p.request_id);
-    spdlog::warn("kv connector: lease of transfer {} expired after {} ms; blocks freed", tid,
-                 config_.lease.count());
+    spdlog::warn("kv connector: lease of transfer {} expired after {} ms{}; blocks freed", tid,
+                 config_.lease.count(),
+                 p.targeted() ? " waiting for the rest of the push target" : "");
     ++stats_.leases_expired;
     DropProducer(p, DeadlineExceeded("lease expired"), p.targeted());
   }

@@ -254,7 +254,14 @@ class TransferCore {
     /// only one its WRITEs may go over (WriteTarget).
     uint64_t target_connection = 0;
     uint32_t first_block = 0;
-    std::vector<BlockId> dst;
+    /// Push: D's target blocks for block-table entries [first_block, first_block +
+    /// target.total()), as its parts arrived: D may announce them over time, as its pool frees
+    /// blocks (docs/pd_protocol.md §3, *A target in parts*). Entries before covered() are
+    /// written as they are computed; KV_READY waits for the whole list.
+    BlockListAssembly target;
+    /// Push: the decode blocks the target named so far (indexed by block id; a block named twice
+    /// is refused, whichever parts name it).
+    std::vector<bool> target_named;
     bool cancel_ack_due = false;  ///< kDropping: answer CANCEL_ACK once no WRITE can land
     bool fail_due = false;        ///< kDropping: send TRANSFER_FAILED once no WRITE can land
     Status failure;
@@ -274,6 +281,8 @@ class TransferCore {
     std::optional<std::pair<std::string, PdMessage>> early_pin;
     HandoffRecord timeline;
     bool targeted() const { return mode == pd::KvTransferParams::Mode::kPush && !peer.empty(); }
+    /// Push: block-table entries [0, covered()) have a target block on D (or are D's local hit).
+    int32_t covered() const { return static_cast<int32_t>(first_block + target.prefix()); }
   };
   struct Consumer {
     int64_t seq_id = 0;
@@ -293,6 +302,10 @@ class TransferCore {
     /// Blocks [first_block, first_block + num_blocks) of the block table receive remote KV.
     uint32_t first_block = 0;
     uint32_t num_blocks = 0;
+    /// Push: target blocks [0, announced) were sent to P. Less than num_blocks while the engine
+    /// reserves the rest as its pool frees blocks (ConsumerBlocksEvent); `blocks` holds the
+    /// table so far.
+    uint32_t announced = 0;
     pd::PullProfile profile = pd::PullProfile::kVllm;
     bool take_first_token = false;  ///< pull: P's first token is appended (no recompute)
     uint64_t first_token_binding = 0;  ///< of this request; P's token must have the same
@@ -331,15 +344,15 @@ class TransferCore {
     Status cancel_reason;
     HandoffRecord timeline;
   };
-  /// A PUSH_TARGET whose request has not arrived yet, or (partial()) the parts of one received
-  /// so far (`msg` then holds the first part's header, no ids).
+  /// The parts of a PUSH_TARGET received before its prefill request (`msg` holds the first
+  /// part's header, no ids); attached, whole or not, when the request arrives.
   struct PendingTarget {
     std::string peer;
     PdMessage msg;
     TimePoint expiry;
-    BlockListAssembly parts;  ///< total() == 0: `msg` is the whole target
+    BlockListAssembly parts;
     uint64_t connection = 0;  ///< it arrived over (kMixedConnections: parts over several)
-    bool partial() const { return parts.total() != 0; }
+    bool partial() const { return !parts.complete(); }
   };
   /// PendingTarget::connection of a target whose parts came over different connections: no
   /// connection matches it, so it is never written (WriteTarget).
@@ -407,13 +420,28 @@ class TransferCore {
   void OnProducerMessage(const std::string& peer, PdMessage& m);
   void OnProducerCancel(const std::string& peer, const PdMessage& m);
   void OnPushTarget(const std::string& peer, PdMessage& m);
-  /// Adds a part of a target sent in several (pending until complete; at most the lease).
-  /// True when `m` now holds the whole target; false while parts are missing or when the part
-  /// was refused (TRANSFER_FAILED sent, the parts dropped).
-  /// `connection`: in, the one this part arrived over; out, when whole, the one every part
-  /// arrived over (kMixedConnections when they differ).
-  bool AddTargetPart(const std::string& peer, PdMessage& m, uint64_t* connection);
-  void AttachTarget(Producer& p, const std::string& peer, PdMessage& m, uint64_t connection);
+  /// Adds a part of a target whose prefill request has not arrived (pending for at most the
+  /// lease), or refuses it (TRANSFER_FAILED sent, the parts dropped).
+  void AddPendingPart(const std::string& peer, PdMessage& m, uint64_t connection);
+  /// Why target part `m` cannot belong to the target whose first part had header `first`, or
+  /// "" when it can (same prompt, block range, list length).
+  static std::string PartMismatch(const PdMessage& first, const PdMessage& m);
+  /// Attaches the target whose header is `header` and whose parts so far are `parts` (they
+  /// arrived over `connection`), or refuses it (TRANSFER_FAILED): the prompt must be the one
+  /// computed here, the range the prompt's uncached blocks, every block in D's pool and named
+  /// once. Writes what is computed and covered.
+  void AttachTarget(Producer& p, const std::string& peer, const PdMessage& header,
+                    BlockListAssembly parts, uint64_t connection);
+  /// A further part of `p`'s attached target: validated as AttachTarget does, then what it
+  /// covers is written once computed. A malformed part drops the transfer (TRANSFER_FAILED once
+  /// no WRITE can land); a part from another instance is refused to it alone.
+  void ExtendTarget(Producer& p, const std::string& peer, const PdMessage& m, uint64_t connection);
+  /// Checks the ids [from, target.total()) received so far in `p`'s target (range, named once)
+  /// and marks them named. Returns why not ("" when fine).
+  std::string NameTargetBlocks(Producer& p, const PeerView& peer, uint32_t from, uint32_t count);
+  /// Writes what the target covers now (all at once after the prefill, layer by layer during
+  /// it) and advances. False when p was dropped (it may be gone).
+  bool PostCovered(Producer& p);
   /// Post what is computed and not sent yet. False when the producer was dropped meanwhile
   /// (it may have been erased: the caller must not touch it any more).
   bool TryPostAll(Producer& p);
@@ -428,12 +456,13 @@ class TransferCore {
   /// complete) waited for it: those bytes for this and every later layer, plus what the earlier
   /// layers left unsent. Pure.
   uint64_t DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const;
-  /// Over layers [0, layers): the prompt's blocks each of them has not sent yet, summed (a
-  /// block counts once per layer). Pure.
-  size_t UnsentBlocks(const Producer& p, int32_t layers) const;
-  /// After the prefill: ONE WRITE of every chunk not sent yet, all layers, whose notification is
-  /// KV_READY when no other WRITE of the transfer is in flight (then the transfer needs no
-  /// message of its own). Same return as TryPostAll.
+  /// Over layers [0, layers): the blocks before table entry `upto` each of them has not sent
+  /// yet, summed (a block counts once per layer). Pure.
+  size_t UnsentBlocks(const Producer& p, int32_t layers, int32_t upto) const;
+  /// After the prefill: ONE WRITE of every chunk the target covers and was not sent yet, all
+  /// layers, whose notification is KV_READY when that completes the target and no other WRITE of
+  /// the transfer is in flight (then the transfer needs no message of its own). Same return as
+  /// TryPostAll.
   bool PostRest(Producer& p);
   PdMessage KvReadyMessage(const Producer& p) const;
   /// The peer a WRITE of `p`'s blocks [.., upto) goes to; drops `p` (then nullopt; p may be
@@ -465,6 +494,10 @@ class TransferCore {
 
   // consumer.cc
   void OnConsumerStart(ConsumerStartEvent& ev);
+  /// Push: more of a target's blocks were reserved; their parts go to P now.
+  void OnConsumerBlocks(ConsumerBlocksEvent& ev);
+  /// Push: sends the PUSH_TARGET parts of target entries [announced, what `blocks` holds).
+  void AnnounceTargetBlocks(Consumer& c, PdMessage& m);
   void OnReadPosted(ReadPostedEvent& ev);
   void SendConsumerRequest(Consumer& c);
   /// The PUSH_TARGET parts (push) or the PIN (pull) of `c`, whose header `m` holds.

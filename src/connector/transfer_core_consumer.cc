@@ -169,18 +169,9 @@ void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
     m.num_prompt_tokens = static_cast<uint32_t>(con.n);
     // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
     m.prompt_hash = con.prompt_hash;
-    const std::span<const BlockId> target(con.blocks.data() + con.first_block, con.num_blocks);
-    // A list longer than one notification goes in parts, each a whole PUSH_TARGET
-    // (block_list.h); P attaches the target once it has every part.
-    const auto parts = SplitBlockList(target, config_.block_list_part_bytes, kMaxPartBlocks);
-    spdlog::debug("kv connector: push target {} sent to '{}' ({} blocks from {}, {} parts)",
-                  con.tid, con.peer, con.num_blocks, m.first_block, parts.size());
-    for (const auto& [offset, count] : parts) {
-      m.part_offset = offset;
-      m.block_ids.assign(target.begin() + offset, target.begin() + offset + count);
-      SendMessage(con.peer, m);
-    }
+    AnnounceTargetBlocks(con, m);
     ++stats_.push_targets_sent;
+    if (con.announced < con.num_blocks) ++stats_.push_targets_partial;
     return;
   }
   // Pull: read only what P confirms it still holds (DESIGN.md §3 pull step 3).
@@ -189,6 +180,51 @@ void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
                 con.peer, con.num_blocks, m.first_block);
   SendMessage(con.peer, m);
   ++stats_.pins_sent;
+}
+
+void TransferCore::AnnounceTargetBlocks(Consumer& c, PdMessage& m) {
+  const size_t have = c.blocks.size() > c.first_block ? c.blocks.size() - c.first_block : 0;
+  const auto upto = static_cast<uint32_t>(std::min<size_t>(have, c.num_blocks));
+  if (upto <= c.announced) return;
+  const std::span<const BlockId> fresh(c.blocks.data() + c.first_block + c.announced,
+                                       upto - c.announced);
+  // A list longer than one notification goes in parts, each a whole PUSH_TARGET
+  // (block_list.h); P writes the entries its parts cover, in order, and KV_READY once it has
+  // every part.
+  const auto parts = SplitBlockList(fresh, config_.block_list_part_bytes, kMaxPartBlocks);
+  spdlog::debug("kv connector: push target {} to '{}': blocks [{}, {}) of {} from {}, {} parts",
+                c.tid, c.peer, c.announced, upto, c.num_blocks, m.first_block, parts.size());
+  for (const auto& [offset, count] : parts) {
+    m.part_offset = c.announced + offset;
+    m.block_ids.assign(fresh.begin() + offset, fresh.begin() + offset + count);
+    SendMessage(c.peer, m);
+  }
+  c.announced = upto;
+}
+
+void TransferCore::OnConsumerBlocks(ConsumerBlocksEvent& ev) {
+  auto it = consumers_.find(ev.transfer_id);
+  // Its load ended meanwhile (failed, cancelled): the blocks are the engine's again.
+  if (it == consumers_.end() || it->second.seq_id != ev.seq_id) return;
+  Consumer& c = it->second;
+  if (c.mode != Mode::kPush || c.state != ConsumerState::kAwaitingKv) return;
+  c.blocks.insert(c.blocks.end(), ev.blocks.begin(), ev.blocks.end());
+  PdMessage m;
+  m.tag = MsgTag::kPushTarget;
+  m.transfer_id = c.tid;
+  m.num_prompt_tokens = static_cast<uint32_t>(c.n);
+  m.prompt_hash = c.prompt_hash;
+  m.first_block = c.first_block;
+  m.num_blocks = c.num_blocks;
+  const uint64_t connection = ConnectionTo(c.peer);
+  AnnounceTargetBlocks(c, m);
+  // The parts of one target must go over one connection (P refuses the others): a reconnect
+  // since the first part leaves no connection whose fence covers every WRITE into the blocks.
+  if (connection != c.peer_connection || ConnectionTo(c.peer) != connection) {
+    c.peer_connection = 0;
+  }
+  // The wait was this instance's own pool: the watchdog counts from the blocks' announcement.
+  c.deadline = std::max(c.deadline, clock_.Now() + config_.watchdog);
 }
 
 void TransferCore::OnPinned(Consumer& c, PdMessage& m) {
@@ -271,11 +307,12 @@ bool TransferCore::HashReceivedChunk(Consumer& c, size_t i, int32_t layer, KvKin
 }
 
 void TransferCore::OnLayerReady(Consumer& c, const PdMessage& m) {
+  // Only blocks announced to P can have been written.
   const bool in_range = c.mode == Mode::kPush &&
                         m.layer < static_cast<uint32_t>(layout_.num_layers) &&
                         m.first_block >= c.first_block &&
                         static_cast<uint64_t>(m.first_block) + m.num_blocks <=
-                            static_cast<uint64_t>(c.first_block) + c.num_blocks;
+                            static_cast<uint64_t>(c.first_block) + c.announced;
   if (!in_range) {
     ++stats_.bad_messages;
     return;
@@ -423,6 +460,13 @@ void TransferCore::OnKvReady(Consumer& c, PdMessage& m) {
     // Late: every WRITE of P settled before it was sent, so the blocks can be reused; the
     // request went on without them.
     CompleteConsumer(c, Aborted("KV arrived after the load was given up"), std::nullopt);
+    return;
+  }
+  if (c.announced < c.num_blocks) {
+    // P writes nothing more after KV_READY, but it cannot have written blocks it was never told.
+    ++stats_.bad_messages;
+    CompleteConsumer(c, DataLoss("KV_READY before the whole push target was announced"),
+                     std::nullopt);
     return;
   }
   // KV_READY is ordered after every WRITE of the transfer: the blocks hold the prompt's K/V,

@@ -54,10 +54,11 @@ void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   auto [it, inserted] = producers_.emplace(tid, std::move(p));
   (void)inserted;
   auto pending = pending_targets_.find(tid);
-  if (pending != pending_targets_.end() && !pending->second.partial()) {
+  if (pending != pending_targets_.end()) {
+    // Whole or in part: what the parts cover is written as it is computed.
     PendingTarget t = std::move(pending->second);
     pending_targets_.erase(pending);
-    AttachTarget(it->second, t.peer, t.msg, t.connection);
+    AttachTarget(it->second, t.peer, t.msg, std::move(t.parts), t.connection);
   }
 }
 
@@ -251,109 +252,185 @@ void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
     SendFailure(peer, m.transfer_id, StatusCode::kFailedPrecondition, why);
     return;
   }
-  uint64_t connection = arrived_on_;
-  if (!IsWholeList(m) && !AddTargetPart(peer, m, &connection)) return;  // parts missing, refused
-  ++stats_.push_targets_received;
+  if (m.num_blocks > static_cast<uint32_t>(layout_.num_blocks)) {
+    // No prompt computed here can need more blocks than this instance's pool holds.
+    ++stats_.bad_messages;
+    SendFailure(peer, m.transfer_id, StatusCode::kInvalidArgument,
+                "a target of " + std::to_string(m.num_blocks) + " blocks is longer than " +
+                    "any prompt of this instance (" + std::to_string(layout_.num_blocks) +
+                    " blocks)");
+    return;
+  }
+  if (m.part_offset == 0) ++stats_.push_targets_received;
   auto it = producers_.find(m.transfer_id);
   if (it == producers_.end()) {
     // Target first, prefill request later: keep it until the request arrives (bounded by the
     // lease).
-    const std::string tid = m.transfer_id;
-    PendingTarget& t = pending_targets_[tid];
-    t = PendingTarget{peer, std::move(m), clock_.Now() + config_.lease};
-    t.connection = connection;
+    AddPendingPart(peer, m, arrived_on_);
     return;
   }
-  AttachTarget(it->second, peer, m, connection);
+  Producer& p = it->second;
+  if (p.targeted()) {
+    ExtendTarget(p, peer, m, arrived_on_);
+    return;
+  }
+  BlockListAssembly parts(m.num_blocks);
+  if (Status s = parts.Add(m.part_offset, m.block_ids); !s.ok()) {
+    ++stats_.bad_messages;
+    SendFailure(peer, p.tid, StatusCode::kInvalidArgument, s.message());
+    return;
+  }
+  AttachTarget(p, peer, m, std::move(parts), arrived_on_);
 }
 
-bool TransferCore::AddTargetPart(const std::string& peer, PdMessage& m, uint64_t* connection) {
+std::string TransferCore::PartMismatch(const PdMessage& first, const PdMessage& m) {
+  if (m.num_prompt_tokens != first.num_prompt_tokens || m.prompt_hash != first.prompt_hash ||
+      m.first_block != first.first_block || m.num_blocks != first.num_blocks) {
+    return "the parts of the target disagree on its prompt or block range";
+  }
+  return "";
+}
+
+void TransferCore::AddPendingPart(const std::string& peer, PdMessage& m, uint64_t connection) {
   const std::string& tid = m.transfer_id;
   auto refuse = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing a push target part of {} from '{}': {}", tid, peer, why);
     ++stats_.bad_messages;
     SendFailure(peer, tid, StatusCode::kInvalidArgument, why);
-    return false;
   };
-  if (m.num_blocks > static_cast<uint32_t>(layout_.num_blocks)) {
-    // No prompt computed here can need more blocks than this instance's pool holds.
-    return refuse("a target of " + std::to_string(m.num_blocks) + " blocks is longer than " +
-                  "any prompt of this instance (" + std::to_string(layout_.num_blocks) +
-                  " blocks)");
-  }
   auto it = pending_targets_.find(tid);
   if (it == pending_targets_.end()) {
     PendingTarget t{peer, m, clock_.Now() + config_.lease, BlockListAssembly(m.num_blocks)};
     t.msg.block_ids.clear();
-    t.connection = *connection;
+    t.connection = connection;
     it = pending_targets_.emplace(tid, std::move(t)).first;
   }
   PendingTarget& t = it->second;
-  if (!t.partial()) return refuse("a target for this transfer was already received");
-  // Parts over different connections: no connection of ours vouches for the whole target.
-  if (t.connection != *connection) t.connection = kMixedConnections;
   if (t.peer != peer) return refuse("the first part of this target came from '" + t.peer + "'");
-  if (m.num_prompt_tokens != t.msg.num_prompt_tokens || m.prompt_hash != t.msg.prompt_hash ||
-      m.first_block != t.msg.first_block || m.num_blocks != t.msg.num_blocks) {
-    pending_targets_.erase(it);
-    return refuse("the parts of the target disagree on its prompt or block range");
+  // Parts over different connections: no connection of ours vouches for the whole target.
+  if (t.connection != connection) t.connection = kMixedConnections;
+  std::string why = PartMismatch(t.msg, m);
+  if (why.empty()) {
+    if (Status s = t.parts.Add(m.part_offset, m.block_ids); !s.ok()) why = s.message();
   }
-  if (Status s = t.parts.Add(m.part_offset, m.block_ids); !s.ok()) {
+  if (!why.empty()) {
     pending_targets_.erase(it);
-    return refuse(s.message());
+    refuse(why);
   }
-  if (!t.parts.complete()) return false;
-  m.block_ids = t.parts.Take();
-  m.part_offset = 0;
-  *connection = t.connection;
-  pending_targets_.erase(it);
-  return true;
 }
 
-void TransferCore::AttachTarget(Producer& p, const std::string& peer, PdMessage& m,
-                                uint64_t connection) {
-  spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {})", p.tid, peer,
-                m.block_ids.size(), m.first_block);
+void TransferCore::AttachTarget(Producer& p, const std::string& peer, const PdMessage& header,
+                                BlockListAssembly parts, uint64_t connection) {
+  spdlog::debug("kv connector: push target {} from '{}' ({} blocks from {}, {} received)", p.tid,
+                peer, header.num_blocks, header.first_block, parts.received());
   auto fail = [&](const std::string& why) {
     spdlog::warn("kv connector: refusing push target {} from '{}': {}", p.tid, peer, why);
     SendFailure(peer, p.tid, StatusCode::kInvalidArgument, why);
   };
-  if (p.targeted() || p.state == ProducerState::kDropping) {
-    fail(p.targeted() ? "a target for this transfer was already received" : "transfer dropped");
-    return;
-  }
+  if (p.state == ProducerState::kDropping) return fail("transfer dropped");
   if (p.mode != Mode::kPush) return fail("the prefill request is not in push mode");
   auto ps = peers_.Find(peer);
   if (!ps) return fail("no handshake with '" + peer + "'");
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
-  if (static_cast<int32_t>(m.num_prompt_tokens) != p.n || m.prompt_hash != p.prompt_hash) {
-    return fail("the target's prompt (" + std::to_string(m.num_prompt_tokens) +
+  if (static_cast<int32_t>(header.num_prompt_tokens) != p.n ||
+      header.prompt_hash != p.prompt_hash) {
+    return fail("the target's prompt (" + std::to_string(header.num_prompt_tokens) +
                 " tokens) is not the prompt computed here (" + std::to_string(p.n) + " tokens)");
   }
-  if (static_cast<int32_t>(m.first_block) >= nblocks ||
-      static_cast<int32_t>(m.block_ids.size()) != nblocks - static_cast<int32_t>(m.first_block)) {
-    return fail("target covers blocks [" + std::to_string(m.first_block) + ", +" +
-                std::to_string(m.block_ids.size()) + ") of a " + std::to_string(nblocks) +
+  if (static_cast<int32_t>(header.first_block) >= nblocks ||
+      static_cast<int32_t>(header.num_blocks) !=
+          nblocks - static_cast<int32_t>(header.first_block)) {
+    return fail("target covers blocks [" + std::to_string(header.first_block) + ", +" +
+                std::to_string(header.num_blocks) + ") of a " + std::to_string(nblocks) +
                 "-block prompt");
   }
-  for (int32_t b : m.block_ids) {
-    if (b < 0 || b >= ps->num_blocks) {
-      return fail("target block " + std::to_string(b) + " is outside the decode pool");
-    }
+  p.target = std::move(parts);
+  p.target_named.assign(static_cast<size_t>(ps->num_blocks), false);
+  if (std::string why = NameTargetBlocks(p, *ps, 0, p.target.total()); !why.empty()) {
+    p.target = BlockListAssembly();
+    return fail(why);
   }
-  if (HasDuplicateBlocks(m.block_ids)) return fail("the target names a decode block twice");
   p.peer = peer;
   p.target_connection = connection;
-  p.first_block = m.first_block;
-  p.dst = std::move(m.block_ids);
+  p.first_block = header.first_block;
   Mark(p.timeline, HandoffPhase::kTargetAttached);
-  p.timeline.blocks = static_cast<int32_t>(p.dst.size());
+  p.timeline.blocks = static_cast<int32_t>(p.target.total());
   for (auto& s : p.layer_sent) s = std::max(s, static_cast<int32_t>(p.first_block));
+  PostCovered(p);
+}
+
+std::string TransferCore::NameTargetBlocks(Producer& p, const PeerView& peer, uint32_t from,
+                                           uint32_t count) {
+  // Only received slots hold ids: check those (a fresh assembly's others are 0 and unset).
+  const std::span<const int32_t> ids = p.target.ids();
+  for (uint32_t i = from; i < from + count; ++i) {
+    if (!p.target.Has(i)) continue;
+    const int32_t b = ids[i];
+    if (b < 0 || b >= peer.num_blocks) {
+      return "target block " + std::to_string(b) + " is outside the decode pool";
+    }
+    if (p.target_named[static_cast<size_t>(b)]) return "the target names a decode block twice";
+    p.target_named[static_cast<size_t>(b)] = true;
+  }
+  return "";
+}
+
+void TransferCore::ExtendTarget(Producer& p, const std::string& peer, const PdMessage& m,
+                                uint64_t connection) {
+  if (peer != p.peer) {
+    ++stats_.bad_messages;
+    SendFailure(peer, p.tid, StatusCode::kInvalidArgument,
+                "the first part of this target came from '" + p.peer + "'");
+    return;
+  }
+  if (p.state == ProducerState::kDropping) return;  // TRANSFER_FAILED or CANCEL_ACK follows
+  if (p.target.complete()) {
+    // A repeated part: the WRITEs into the whole target go on (a TRANSFER_FAILED would make D
+    // release blocks they may still land in).
+    spdlog::warn("kv connector: push target {} from '{}': a part after the whole target; ignored",
+                 p.tid, peer);
+    ++stats_.bad_messages;
+    return;
+  }
+  PdMessage header = m;
+  header.num_prompt_tokens = static_cast<uint32_t>(p.n);
+  header.prompt_hash = p.prompt_hash;
+  header.first_block = p.first_block;
+  header.num_blocks = p.target.total();
+  std::string why = PartMismatch(header, m);
+  if (why.empty() && connection != p.target_connection) {
+    // D reconnected between the parts: the blocks named before may have been reused.
+    why = "a part of the target came over another connection than its first";
+  }
+  auto ps = peers_.Find(peer);
+  if (why.empty() && !ps) why = "no handshake with '" + peer + "'";
+  if (why.empty()) {
+    if (Status s = p.target.Add(m.part_offset, m.block_ids); !s.ok()) why = s.message();
+  }
+  if (why.empty()) {
+    why = NameTargetBlocks(p, *ps, m.part_offset, static_cast<uint32_t>(m.block_ids.size()));
+  }
+  if (!why.empty()) {
+    spdlog::warn("kv connector: push target {} from '{}': {}; the transfer is dropped", p.tid, peer,
+                 why);
+    ++stats_.bad_messages;
+    DropProducer(p, InvalidArgument(why), true);
+    return;
+  }
+  spdlog::debug("kv connector: push target {}: part [{}, +{}) ({} of {} blocks covered)", p.tid,
+                m.part_offset, m.block_ids.size(), p.target.prefix(), p.target.total());
+  // D is alive and its pool progresses: the lease counts from its last part.
+  if (p.engine_done) p.lease_deadline = clock_.Now() + config_.lease;
+  PostCovered(p);
+}
+
+bool TransferCore::PostCovered(Producer& p) {
   // A target that arrives after the prefill ended gets one WRITE of every layer, whose
   // notification is KV_READY; during the prefill, the layers computed so far go out.
   const bool posted = p.engine_done ? PostRest(p) : TryPostAll(p);
   if (posted) AdvanceProducer(p);  // else dropped: p may be gone
+  return posted;
 }
 
 void TransferCore::OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {

@@ -23,7 +23,8 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
   const int32_t done = p.layer_done[static_cast<size_t>(layer)];
-  const int32_t upto = done >= p.n ? nblocks : done / bs;  // a partial block goes at the end
+  // A partial block goes at the end; only what D's target covers so far can go.
+  const int32_t upto = std::min(done >= p.n ? nblocks : done / bs, p.covered());
   int32_t& sent = p.layer_sent[static_cast<size_t>(layer)];
   if (upto <= sent) return true;
   // The last layer's WRITE that completes the prompt waits for the engine's end (the first
@@ -55,12 +56,10 @@ bool TransferCore::TryPostLayer(Producer& p, int32_t layer) {
   return true;
 }
 
-size_t TransferCore::UnsentBlocks(const Producer& p, int32_t layers) const {
-  const int32_t bs = layout_.block_size;
-  const int32_t nblocks = (p.n + bs - 1) / bs;
+size_t TransferCore::UnsentBlocks(const Producer& p, int32_t layers, int32_t upto) const {
   size_t blocks = 0;
   for (int32_t l = 0; l < layers; ++l) {
-    blocks += static_cast<size_t>(std::max(0, nblocks - p.layer_sent[static_cast<size_t>(l)]));
+    blocks += static_cast<size_t>(std::max(0, upto - p.layer_sent[static_cast<size_t>(l)]));
   }
   return blocks;
 }
@@ -68,8 +67,9 @@ size_t TransferCore::UnsentBlocks(const Producer& p, int32_t layers) const {
 uint64_t TransferCore::DeferredBytes(const Producer& p, int32_t layer, uint64_t bytes) const {
   // Layers are computed in order and see the same chunks, so each later layer will hold what
   // this one holds now; the earlier ones hold what they left unsent.
+  const int32_t nblocks = (p.n + layout_.block_size - 1) / layout_.block_size;
   return bytes * static_cast<uint64_t>(layout_.num_layers - layer) +
-         static_cast<uint64_t>(UnsentBlocks(p, layer)) * 2 * layout_.chunk_bytes();
+         static_cast<uint64_t>(UnsentBlocks(p, layer, nblocks)) * 2 * layout_.chunk_bytes();
 }
 
 TransferOrder TransferCore::NewWriteOrder(const Producer& p, size_t blocks) const {
@@ -90,7 +90,7 @@ void TransferCore::AppendLayerChunks(TransferOrder& order, const Producer& p,
           EntryIndex(layout_.num_blocks, layer, kind, p.blocks[static_cast<size_t>(i)]));
       order.remote_indices.push_back(
           EntryIndex(peer_num_blocks, layer, kind,
-                     p.dst[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
+                     p.target.ids()[static_cast<size_t>(i - static_cast<int32_t>(p.first_block))]));
     }
   }
 }
@@ -174,20 +174,22 @@ bool TransferCore::PostRest(Producer& p) {
   if (!p.targeted() || p.state == ProducerState::kDropping) return true;
   const int32_t bs = layout_.block_size;
   const int32_t nblocks = (p.n + bs - 1) / bs;
-  const size_t chunks = UnsentBlocks(p, layout_.num_layers);
+  const int32_t upto = std::min(nblocks, p.covered());  // the rest waits for D's next parts
+  const size_t chunks = UnsentBlocks(p, layout_.num_layers, upto);
   if (chunks == 0) return true;  // everything went out layer by layer: KV_READY follows the ends
-  const std::optional<PeerView> ps = WriteTarget(p, nblocks);
+  const std::optional<PeerView> ps = WriteTarget(p, upto);
   if (!ps) return false;
   TransferOrder order = NewWriteOrder(p, chunks);
   for (int32_t layer = 0; layer < layout_.num_layers; ++layer) {
     const int32_t from = p.layer_sent[static_cast<size_t>(layer)];
-    AppendLayerChunks(order, p, ps->num_blocks, layer, from, nblocks);
+    AppendLayerChunks(order, p, ps->num_blocks, layer, from, upto);
     // Final (the request finished): hashed now, as the KV_READY below carries their digest.
-    if (from < nblocks) HashSentChunks(p, layer, from, nblocks);
+    if (from < upto) HashSentChunks(p, layer, from, upto);
   }
-  // KV_READY rides on this WRITE (the notification is delivered only after its data) when no
-  // other WRITE of the transfer is in flight; else it follows once they all ended.
-  const bool with_ready = p.outstanding == 0;
+  // KV_READY rides on this WRITE (the notification is delivered only after its data) when it
+  // completes the target and no other WRITE of the transfer is in flight; else it follows once
+  // they all ended.
+  const bool with_ready = p.outstanding == 0 && upto == nblocks;
   if (with_ready) {
     auto payload = EncodeMessage(KvReadyMessage(p));
     if (payload.ok()) order.notification = std::move(*payload);
@@ -197,7 +199,7 @@ bool TransferCore::PostRest(Producer& p) {
   if (!post_ns) return false;
   spdlog::debug("kv connector: {} WRITE of the rest ({} chunks{}) posted", p.tid, chunks * 2,
                 with_ready ? ", KV_READY as its notification" : "");
-  for (int32_t& s : p.layer_sent) s = std::max(s, nblocks);
+  for (int32_t& s : p.layer_sent) s = std::max(s, upto);
   if (with_ready && !order.notification.empty()) {
     p.ready_on_write = true;
     ++stats_.kv_ready_on_write;

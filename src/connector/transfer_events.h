@@ -74,6 +74,13 @@ struct ConsumerStartEvent {
   /// FirstTokenBinding of the request: P's first token is taken only when P's is the same.
   uint64_t first_token_binding = 0;
 };
+/// D, push: the engine reserved `blocks` more for a load that started with part of its blocks
+/// (KvConnector::OnBlocksExtended): the next entries of its block table, in order.
+struct ConsumerBlocksEvent {
+  int64_t seq_id = 0;
+  std::string transfer_id;
+  std::vector<BlockId> blocks;
+};
 /// D: a full prefix hit, nothing to load.
 struct ConsumerNotNeededEvent {
   pd::KvTransferParams params;
@@ -108,7 +115,7 @@ struct TransferStatusEvent {
 };
 using EngineEvent =
     std::variant<ProducerStartEvent, StepEvent, LayerEvent, ProducerDoneEvent, ConsumerStartEvent,
-                 ConsumerNotNeededEvent, ConsumerRejectedEvent, ConsumerAbortEvent, ReadPostedEvent,
-                 AbortTransferEvent, TransferStatusEvent>;
+                 ConsumerBlocksEvent, ConsumerNotNeededEvent, ConsumerRejectedEvent,
+                 ConsumerAbortEvent, ReadPostedEvent, AbortTransferEvent, TransferStatusEvent>;
 
 }  // namespace kvpush::connector

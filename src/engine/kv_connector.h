@@ -65,9 +65,26 @@ class KvConnector {
   virtual KvMatch GetNumMatchedTokens(const Sequence& seq, int32_t num_local_computed) = 0;
 
   /// after-alloc: blocks were allocated for `seq` at admission (covering the local hit plus
-  /// `num_external_tokens`); the push connector announces the uncached ones to P here.
+  /// `num_external_tokens`, or, after AcceptsPartialBlocks, at least one block past the local
+  /// hit); the push connector announces the uncached ones to P here.
   virtual void OnBlocksAllocated(const Sequence& seq, std::span<const BlockId> blocks,
                                  int32_t num_external_tokens) = 0;
+
+  /// A request about to load asynchronously whose blocks the pool cannot hold at once: true when
+  /// its load may start with part of them (a decode-side push target announced in parts, the
+  /// rest by OnBlocksExtended as the pool frees blocks). Default: false (it waits in the queue).
+  virtual bool AcceptsPartialBlocks(const Sequence& seq) const {
+    (void)seq;
+    return false;
+  }
+
+  /// The scheduler appended `added` to the block table of `seq`, whose asynchronous load started
+  /// with part of its blocks (AcceptsPartialBlocks). Called in table order until the table holds
+  /// every block OnBlocksAllocated's `num_external_tokens` need. Default: nothing.
+  virtual void OnBlocksExtended(const Sequence& seq, std::span<const BlockId> added) {
+    (void)seq;
+    (void)added;
+  }
 
   /// per-layer save: the observer handed to Executor::Execute for the step whose chunks are
   /// `batch` (null = no per-layer callbacks). Called once per step, right before Execute.

@@ -36,6 +36,41 @@ bool Scheduler::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
   return pool_.AllocateAppend(need, seq.blocks).ok();
 }
 
+int32_t Scheduler::Headroom() const {
+  const int32_t bs = config_.block_size;
+  int32_t blocks = 0;
+  for (const Sequence* seq : running_) {
+    const int32_t most = (seq->num_prompt_tokens + seq->max_output_tokens + bs - 1) / bs;
+    blocks += std::max(0, most - static_cast<int32_t>(seq->blocks.size()));
+  }
+  return blocks;
+}
+
+bool Scheduler::StartPartial(Sequence& seq, int32_t num_tokens) {
+  if (partial_ != nullptr || connector_ == nullptr || !connector_->AcceptsPartialBlocks(seq)) {
+    return false;
+  }
+  const int32_t free = pool_.num_available() - Headroom();
+  if (free <= 0 || !pool_.AllocateAppend(free, seq.blocks).ok()) return false;
+  partial_ = &seq;
+  partial_tokens_ = num_tokens;
+  ++num_partial_reservations_;
+  return true;
+}
+
+void Scheduler::GrowPartial() {
+  if (partial_ == nullptr) return;
+  Sequence& seq = *partial_;
+  const int32_t bs = config_.block_size;
+  const int32_t need = (partial_tokens_ + bs - 1) / bs - static_cast<int32_t>(seq.blocks.size());
+  const int32_t take = std::min(need, pool_.num_available() - Headroom());
+  if (take <= 0) return;
+  const size_t before = seq.blocks.size();
+  if (!pool_.AllocateAppend(take, seq.blocks).ok()) return;
+  if (take == need) partial_ = nullptr;
+  connector_->OnBlocksExtended(seq, std::span<const BlockId>(seq.blocks).subspan(before));
+}
+
 void Scheduler::ResetProgress(Sequence& seq) {
   pool_.Release(seq.blocks);
   seq.blocks.clear();
@@ -102,8 +137,12 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
     }
   }
 
-  // 2. Waiting sequences (FIFO), only when nothing had to be preempted.
-  while (!preempted && !waiting_.empty() && budget > 0 &&
+  // 2. A reservation in parts grows by what the running sequences left; no sequence is admitted
+  // after it until it is whole (FIFO).
+  if (!preempted) GrowPartial();
+
+  // 3. Waiting sequences (FIFO), only when nothing had to be preempted.
+  while (!preempted && partial_ == nullptr && !waiting_.empty() && budget > 0 &&
          static_cast<int32_t>(running_.size()) < config_.max_num_seqs) {
     Sequence* seq = waiting_.front();
     const bool prompt_logprobs = seq->wants_prompt_logprobs();
@@ -127,7 +166,8 @@ std::vector<ScheduledChunk> Scheduler::Schedule() {
     const int32_t local_computed = seq->num_computed;
     const int32_t num_external = match.num_external_tokens;
     if (match.load_async) {
-      if (!EnsureBlocks(*seq, local_computed + num_external)) {
+      if (!EnsureBlocks(*seq, local_computed + num_external) &&
+          !StartPartial(*seq, local_computed + num_external)) {
         ResetProgress(*seq);  // give matched blocks back; retried next step
         break;
       }
@@ -186,12 +226,15 @@ void Scheduler::OnKvLoaded(Sequence& seq, int32_t num_computed) {
   auto it = std::find(waiting_for_kv_.begin(), waiting_for_kv_.end(), &seq);
   if (it == waiting_for_kv_.end()) return;
   waiting_for_kv_.erase(it);
+  // A load that failed while reserved in parts: computed locally, its blocks as it goes.
+  if (partial_ == &seq) partial_ = nullptr;
   seq.num_computed = std::clamp(num_computed, 0, seq.num_tokens());
   seq.state = SequenceState::kRunning;
   running_.push_back(&seq);
 }
 
 std::vector<BlockId> Scheduler::Remove(Sequence* seq) {
+  if (partial_ == seq) partial_ = nullptr;
   auto r = std::find(running_.begin(), running_.end(), seq);
   if (r != running_.end()) running_.erase(r);
   auto w = std::find(waiting_.begin(), waiting_.end(), seq);

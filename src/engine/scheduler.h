@@ -35,7 +35,17 @@ struct ScheduledChunk {
 ///     token is computed so there are logits; not at all for prompt logprobs), then blocks for the
 ///     chunk are allocated. A request whose connector loads its K/V asynchronously gets blocks for
 ///     its whole prompt and waits (kWaitingForRemoteKv) without using the step's token budget,
-///     until OnKvLoaded.
+///     until OnKvLoaded;
+///  4. a reservation in parts: when the pool cannot hold such a request's blocks and its
+///     connector accepts part of them (KvConnector::AcceptsPartialBlocks: a decode-side push
+///     target), it gets what is free beyond what the running sequences may still need (each up
+///     to its prompt + max_output_tokens: the reservation never makes a running sequence
+///     preempt), and at every later step what has freed since, until it holds them all
+///     (OnBlocksExtended). At most one request is reserved in parts at a time, and none is
+///     admitted after it until it is whole (FIFO), so reservations cannot deadlock each other; a
+///     request reserved in parts is never preempted (remote WRITEs may be landing in its
+///     blocks), and its whole prompt fits the pool (admission refuses it otherwise), so the
+///     running sequences finishing completes it.
 /// Not thread-safe: owned by the engine thread. Does not own the sequences.
 class Scheduler {
  public:
@@ -70,6 +80,10 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_waiting_for_kv() const { return static_cast<int32_t>(waiting_for_kv_.size()); }
+  /// Requests whose load started with part of their blocks (policy 4), since construction.
+  int64_t num_partial_reservations() const { return num_partial_reservations_; }
+  /// The request reserved in parts now (policy 4), or null.
+  const Sequence* partial() const { return partial_; }
   int64_t num_preemptions() const { return num_preemptions_; }
   /// Prompt tokens of the waiting and running sequences whose K/V are not computed yet (those
   /// waiting for remote K/V are not counted: a peer sends them). O(waiting + running).
@@ -77,6 +91,15 @@ class Scheduler {
 
  private:
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
+  /// Blocks a reservation in parts leaves free: what the running sequences may still allocate,
+  /// each up to num_prompt_tokens + max_output_tokens. O(running).
+  int32_t Headroom() const;
+  /// Policy 4: reserves what is free for `seq`, whose load needs blocks for `num_tokens`
+  /// tokens the pool cannot hold now. False when it may not (another reservation in parts, the
+  /// connector refuses, nothing free): nothing is allocated then.
+  bool StartPartial(Sequence& seq, int32_t num_tokens);
+  /// Policy 4: grows the reservation in parts by what is free now.
+  void GrowPartial();
   void Preempt(Sequence* victim);
   void ResetProgress(Sequence& seq);
 
@@ -88,6 +111,9 @@ class Scheduler {
   std::vector<Sequence*> running_;         ///< admission order; back = lowest priority
   std::vector<Sequence*> waiting_for_kv_;  ///< kWaitingForRemoteKv, admission order
   int64_t num_preemptions_ = 0;
+  Sequence* partial_ = nullptr;  ///< reserved in parts (policy 4), in waiting_for_kv_
+  int32_t partial_tokens_ = 0;   ///< the tokens partial_'s blocks must hold when whole
+  int64_t num_partial_reservations_ = 0;
 };
 
 }  // namespace kvpush

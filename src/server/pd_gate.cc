@@ -37,6 +37,11 @@ const ConnectorScalar kConnectorScalars[] = {
      [](const connector::ConnectorStats& c) {
        return static_cast<double>(c.push_targets_received);
      }},
+    {{"kvpush_kv_transfer_push_targets_partial_total", "counter",
+      "PUSH_TARGETs sent with part of their blocks, the rest as the pool freed them (decode)."},
+     [](const connector::ConnectorStats& c) {
+       return static_cast<double>(c.push_targets_partial);
+     }},
     {{"kvpush_kv_transfer_writes_total", "counter", "KV WRITE transfers posted (prefill)."},
      [](const connector::ConnectorStats& c) { return static_cast<double>(c.writes_posted); }},
     {{"kvpush_kv_transfer_bytes_written_total", "counter", "KV bytes written to decode instances."},

@@ -96,7 +96,8 @@ TEST_F(LongPromptTest, PushTargetsInPartsAtTheOldLimitAndAt128kTokens) {
     EXPECT_EQ(joined, dst);
     for (const PdMessage& m : parts) EXPECT_EQ(m.num_blocks, static_cast<uint32_t>(c.blocks));
     EXPECT_EQ(core_->stats().push_targets_sent, 1);
-    // P gets the parts last first; nothing is written before the last one arrived.
+    // P gets the parts last first: what they cover is no prefix of the list (the first block
+    // has no target yet), so nothing is written before the first part arrived.
     Rebuild();
     rec_.Clear();
     std::vector<BlockId> src(static_cast<size_t>(c.blocks));
@@ -105,7 +106,7 @@ TEST_F(LongPromptTest, PushTargetsInPartsAtTheOldLimitAndAt128kTokens) {
     for (size_t i = parts.size(); i-- > 1;) Deliver(kD, parts[i]);
     FinishProducer(n, true, src);
     EXPECT_EQ(rec_.Count(Action::kPost), 0u);
-    EXPECT_EQ(core_->num_pending_targets(), parts.size() > 1 ? 1u : 0u);
+    EXPECT_EQ(core_->num_pending_targets(), 0u);  // attached to the prefill as they came
     Deliver(kD, parts[0]);
     // One WRITE of every chunk into exactly D's blocks, whose notification is KV_READY.
     auto posts = rec_.Of(Action::kPost);
@@ -132,6 +133,7 @@ TEST_F(LongPromptTest, MalformedTargetPartsAreRefusedAndNothingIsWritten) {
     const char* name;
     const char* why;  // in the TRANSFER_FAILED text
     std::function<void()> deliver;
+    bool first_part_written = false;  // the genuine first part stays attached and is written
   };
   const Case cases[] = {
       {"a part twice", "overlaps",
@@ -150,7 +152,8 @@ TEST_F(LongPromptTest, MalformedTargetPartsAreRefusedAndNothingIsWritten) {
        [&] {
          Deliver(kD, parts[0]);
          Deliver(kD2, parts[1]);
-       }},
+       },
+       true},
       {"a target longer than any prompt here", "longer than",
        [&] {
          PdMessage huge = parts[0];
@@ -175,7 +178,16 @@ TEST_F(LongPromptTest, MalformedTargetPartsAreRefusedAndNothingIsWritten) {
     StartProducer(++n, Tid(1), Mode::kPush, tokens, src);
     c.deliver();
     FinishProducer(n, true, src);
-    EXPECT_EQ(rec_.Count(Action::kPost), 0u);  // nothing written anywhere
+    if (c.first_part_written) {
+      // Only into the blocks of the genuine first part, without KV_READY (the rest is missing).
+      auto posts = rec_.Of(Action::kPost);
+      ASSERT_EQ(posts.size(), 1u);
+      EXPECT_EQ(posts[0].peer, kD);
+      EXPECT_TRUE(posts[0].order.notification.empty());
+      EXPECT_EQ(Sorted(posts[0].order.remote_indices), Chunks(parts[0].block_ids));
+    } else {
+      EXPECT_EQ(rec_.Count(Action::kPost), 0u);  // nothing written anywhere
+    }
     auto failed = rec_.Sent(MsgTag::kTransferFailed);
     ASSERT_GE(failed.size(), 1u);
     EXPECT_NE(failed[0].msg.message.find(c.why), std::string::npos) << failed[0].msg.message;

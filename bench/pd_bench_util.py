@@ -1,9 +1,10 @@
-"""Helpers shared by the P/D benchmark scripts (pd_handoff.py, pd_timeline.py, idle_cpu.py):
+"""Helpers shared by the P/D benchmark scripts (pd_handoff.py, pd_long_context.py, ...):
 loopback ports, waiting for /health, a streamed completion's token times, percentiles and
 per-process CPU and context switches from /proc. Only the Python standard library is used."""
 import http.client
 import json
 import os
+import shutil
 import socket
 import subprocess
 import time
@@ -35,6 +36,19 @@ def wait_healthy(port, proc, timeout=120.0):
             pass
         time.sleep(0.1)
     raise RuntimeError(f"port {port} did not become healthy")
+
+
+def start_kvpush(kvpush, tmp, procs, ports, name, cpu, args):
+    """Starts `kvpush args --host HOST --port <free port>` as `name` (pinned to CPUs `cpu` with
+    taskset when given and available), logging to <tmp>/<name>.log; records the port in
+    `ports[name]` and the process in `procs`. Returns the process (not yet healthy)."""
+    ports[name] = free_port()
+    pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
+    p = subprocess.Popen(pin + [kvpush] + args + ["--host", HOST, "--port", str(ports[name])],
+                         stdout=open(os.path.join(tmp, name + ".log"), "w"),
+                         stderr=subprocess.STDOUT)
+    procs.append(p)
+    return p
 
 
 TTFT_SUM = "vllm:time_to_first_token_seconds_sum"

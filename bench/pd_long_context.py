@@ -42,14 +42,12 @@ import argparse
 import json
 import os
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 
-from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, free_port,
-                           handoff_timelines, metrics, stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, handoff_timelines,
+                           metrics, start_kvpush, stop_all, stream_tokens, wait_healthy)
 
 # Preset shapes (src/model/sim_model.cc): layers, KV heads, head dim, vocab, context.
 PRESETS = {
@@ -171,13 +169,7 @@ def run_model(a, model, failures):
               "--max-num-batched-tokens", str(a.max_num_batched_tokens)]
 
     def start(name, cpu, args):
-        ports[name] = free_port()
-        pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
-        p = subprocess.Popen(pin + [a.kvpush] + args + ["--host", HOST, "--port", str(ports[name])],
-                             stdout=open(os.path.join(tmp, name + ".log"), "w"),
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
+        return start_kvpush(a.kvpush, tmp, procs, ports, name, cpu, args)
 
     try:
         for name, cpu, extra in (("colocated", 0, ["--role", "both"]),

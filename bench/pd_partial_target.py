@@ -22,15 +22,13 @@ import http.client
 import json
 import os
 import random
-import shutil
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 
-from pd_bench_util import (HOST, add_kvpush_and_model_args, free_port, metrics, read1_pieces,
-                           sse_events, stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, add_kvpush_and_model_args, metrics, read1_pieces, sse_events,
+                           start_kvpush, stop_all, stream_tokens, wait_healthy)
 
 # Llama 3.1 8B's KV shape (src/model/sim_model.cc): layers, KV heads, head dim.
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -99,13 +97,7 @@ def main():
     procs, ports = [], {}
 
     def start(name, cpu, args):
-        ports[name] = free_port()
-        pin = ["taskset", "-c", str(cpu)] if cpu is not None and shutil.which("taskset") else []
-        p = subprocess.Popen(pin + [a.kvpush] + args + ["--host", HOST, "--port", str(ports[name])],
-                             stdout=open(os.path.join(tmp, name + ".log"), "w"),
-                             stderr=subprocess.STDOUT)
-        procs.append(p)
-        return p
+        return start_kvpush(a.kvpush, tmp, procs, ports, name, cpu, args)
 
     def serve(name, cpu, blocks, extra):
         common = ["serve", "--executor", "sim", "--sim-model", "llama-3.1-8b", "--sim-hw", "h200",

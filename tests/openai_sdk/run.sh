@@ -39,6 +39,10 @@ url=""
 start() {
   local name=$1 log="$work/$1.log"
   shift
+  # Created here: the background child opens it only once forked, and a `sed` of a log that does
+  # not exist yet fails the assignment below, which `set -e` turns into the script's exit (the
+  # fresh-clone CI run of 2026-12-07: "sed: can't read .../decode.log").
+  : >"$log"
   "$kvpush" "$@" >"$log" 2>&1 &
   local pid=$!
   pids+=("$pid")

@@ -26,6 +26,7 @@ node "$here/oracle.mjs" "$vocab" "$work/corpus.jsonl" "$work/oracle-$vocab.jsonl
   --heads 2 --kv-heads 1 --hidden-dim 64 --context 4096 --tied --out "$work/$vocab.gguf"
 
 log="$work/serve-$vocab.log"
+: >"$log"  # before the child opens it: sed of a missing log would end the script (set -e)
 "$kvpush" serve --model "$work/$vocab.gguf" --host 127.0.0.1 --port 0 --log-level warn >"$log" 2>&1 &
 pid=$!
 trap 'kill $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT

@@ -14,6 +14,18 @@ using Mode = pd::KvTransferParams::Mode;
 
 void TransferCore::OnProducerStart(ProducerStartEvent& ev) {
   const std::string& tid = ev.params.transfer_id;
+  if (auto same = producers_.find(tid);
+      same != producers_.end() && same->second.seq_id == ev.seq_id) {
+    // The engine admitted the same request again: it was preempted (a pull prefill may be; a
+    // push one never is) and computes its prompt anew into these blocks. Taken for a duplicate
+    // id, it used to abort the request and leave this producer without its engine's end: never
+    // released, never expired (chaos with 64-block pools).
+    spdlog::debug("kv connector: producer {} admitted again (seq {})", tid, ev.seq_id);
+    Producer& p = same->second;
+    p.blocks = std::move(ev.blocks);
+    std::fill(p.layer_done.begin(), p.layer_done.end(), 0);
+    return;
+  }
   if (IsTombstoned(tid) || producers_.count(tid) != 0) {
     // D already said it needs nothing (or a duplicate id): drop the prefill if it has not run,
     // unless its own answer is needed (prompt logprobs): then it runs, sending nothing.
@@ -283,14 +295,6 @@ void TransferCore::OnPushTarget(const std::string& peer, PdMessage& m) {
   AttachTarget(p, peer, m, std::move(parts), arrived_on_);
 }
 
-std::string TransferCore::PartMismatch(const PdMessage& first, const PdMessage& m) {
-  if (m.num_prompt_tokens != first.num_prompt_tokens || m.prompt_hash != first.prompt_hash ||
-      m.first_block != first.first_block || m.num_blocks != first.num_blocks) {
-    return "the parts of the target disagree on its prompt or block range";
-  }
-  return "";
-}
-
 void TransferCore::AddPendingPart(const std::string& peer, PdMessage& m, uint64_t connection) {
   const std::string& tid = m.transfer_id;
   auto refuse = [&](const std::string& why) {
@@ -360,22 +364,6 @@ void TransferCore::AttachTarget(Producer& p, const std::string& peer, const PdMe
   PostCovered(p);
 }
 
-std::string TransferCore::NameTargetBlocks(Producer& p, const PeerView& peer, uint32_t from,
-                                           uint32_t count) {
-  // Only received slots hold ids: check those (a fresh assembly's others are 0 and unset).
-  const std::span<const int32_t> ids = p.target.ids();
-  for (uint32_t i = from; i < from + count; ++i) {
-    if (!p.target.Has(i)) continue;
-    const int32_t b = ids[i];
-    if (b < 0 || b >= peer.num_blocks) {
-      return "target block " + std::to_string(b) + " is outside the decode pool";
-    }
-    if (p.target_named[static_cast<size_t>(b)]) return "the target names a decode block twice";
-    p.target_named[static_cast<size_t>(b)] = true;
-  }
-  return "";
-}
-
 void TransferCore::ExtendTarget(Producer& p, const std::string& peer, const PdMessage& m,
                                 uint64_t connection) {
   if (peer != p.peer) {
@@ -425,14 +413,6 @@ void TransferCore::ExtendTarget(Producer& p, const std::string& peer, const PdMe
   PostCovered(p);
 }
 
-bool TransferCore::PostCovered(Producer& p) {
-  // A target that arrives after the prefill ended gets one WRITE of every layer, whose
-  // notification is KV_READY; during the prefill, the layers computed so far go out.
-  const bool posted = p.engine_done ? PostRest(p) : TryPostAll(p);
-  if (posted) AdvanceProducer(p);  // else dropped: p may be gone
-  return posted;
-}
-
 void TransferCore::OnProducerTransferDone(const Outstanding& o, const xfer::TransferStatus& st) {
   auto it = producers_.find(o.tid);
   if (it == producers_.end()) return;
@@ -478,6 +458,8 @@ void TransferCore::ReleaseProducer(Producer& p) {
 }
 
 void TransferCore::EraseProducer(Producer& p) {
+  spdlog::debug("kv connector: producer {} ended (state={}, released={})", p.tid,
+                ProducerStateName(p.state), p.released);
   if (pd::IsValidTransferId(p.tid)) {  // not a locally dropped duplicate
     Mark(p.timeline, HandoffPhase::kProducerEnd);
     finished_records_.push_back(std::move(p.timeline));

@@ -1,6 +1,7 @@
 // TransferCore, prefill (P) side, push: the KV WRITEs into D's target blocks (layer by layer
 // during the prefill, the rest in one WRITE after it, KV_READY as its notification or alone), the
-// chunk hashes they carry and KV_READY (docs/pd_protocol.md §3, *The push path*).
+// chunk hashes they carry and KV_READY (docs/pd_protocol.md §3, *The push path*); checks of a
+// target's parts (*A target in parts*).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -9,6 +10,38 @@
 #include "kv/block_checksum.h"
 
 namespace kvpush::connector {
+
+std::string TransferCore::PartMismatch(const PdMessage& first, const PdMessage& m) {
+  if (m.num_prompt_tokens != first.num_prompt_tokens || m.prompt_hash != first.prompt_hash ||
+      m.first_block != first.first_block || m.num_blocks != first.num_blocks) {
+    return "the parts of the target disagree on its prompt or block range";
+  }
+  return "";
+}
+
+std::string TransferCore::NameTargetBlocks(Producer& p, const PeerView& peer, uint32_t from,
+                                           uint32_t count) {
+  // Only received slots hold ids: check those (a fresh assembly's others are 0 and unset).
+  const std::span<const int32_t> ids = p.target.ids();
+  for (uint32_t i = from; i < from + count; ++i) {
+    if (!p.target.Has(i)) continue;
+    const int32_t b = ids[i];
+    if (b < 0 || b >= peer.num_blocks) {
+      return "target block " + std::to_string(b) + " is outside the decode pool";
+    }
+    if (p.target_named[static_cast<size_t>(b)]) return "the target names a decode block twice";
+    p.target_named[static_cast<size_t>(b)] = true;
+  }
+  return "";
+}
+
+bool TransferCore::PostCovered(Producer& p) {
+  // A target that arrives after the prefill ended gets one WRITE of every layer, whose
+  // notification is KV_READY; during the prefill, the layers computed so far go out.
+  const bool posted = p.engine_done ? PostRest(p) : TryPostAll(p);
+  if (posted) AdvanceProducer(p);  // else dropped: p may be gone
+  return posted;
+}
 
 bool TransferCore::TryPostAll(Producer& p) {
   for (int32_t layer = 0; layer < static_cast<int32_t>(p.layer_done.size()); ++layer) {

@@ -481,7 +481,8 @@ class Chaos(FaultDriver):
                      "kvpush_kv_transfer_quarantines_total",
                      "kvpush_kv_transfer_quarantines_released_total",
                      "kvpush_kv_transfer_status_queries_total",
-                     "kvpush_kv_transfer_status_settled_total"]:
+                     "kvpush_kv_transfer_status_settled_total",
+                     "kvpush_kv_transfer_push_targets_partial_total"]:
             sums[name] = int(sum(i.counter_total(name) for i in self.pd))
         rm = self.router_metrics or {}
         for name in ["kvpush_router_leg_failures_total", "kvpush_router_legs_cut_total",

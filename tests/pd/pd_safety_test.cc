@@ -424,12 +424,25 @@ TEST_F(PdSafety, RandomizedLeasesQueuesAndReuseNeverReturnWrongTokens) {
   ASSERT_FALSE(model.empty());
   Proc* colo = Serve("colocated", Args(model, "both", Port(), "", 4096));
   ASSERT_NO_FATAL_FAILURE(WaitHealthyAll({colo}));
+  // The watchdogs are drawn from [max(150 ms, 0.3 t), max(that + 150 ms, 1.2 t)], t the time of
+  // one long decode on this build and machine, so that requests queued behind long ones outwait
+  // them however fast decoding is. A fixed 300-1500 ms stopped doing so once the executor got
+  // faster (t = 25-27 ms here): none expired in a fresh-clone CI run; 57 expire now.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(Send(colo->host, colo->port, Prompt(898, 20, 480)).status, 200);
+  const int long_ms = static_cast<int>(std::chrono::duration<double, std::milli>(
+                                           std::chrono::steady_clock::now() - t0)
+                                           .count());
+  const int watchdog_lo = std::max(150, long_ms * 3 / 10);
+  const int watchdog_hi = std::max(watchdog_lo + 150, long_ms * 12 / 10);
+  std::printf("one long decode: %d ms; watchdogs in [%d, %d] ms\n", long_ms, watchdog_lo,
+              watchdog_hi);
   std::mt19937 rng(20261130);
   int total = 0, ok = 0, errors = 0, wrong = 0;
   double verified = 0, pins = 0, expired = 0, watchdog = 0, recomputes = 0;
   for (int round = 0; round < 4; ++round) {
     Round rd;
-    rd.watchdog_ms = std::uniform_int_distribution<int>(300, 1500)(rng);
+    rd.watchdog_ms = std::uniform_int_distribution<int>(watchdog_lo, watchdog_hi)(rng);
     rd.lease_ms = rd.watchdog_ms + 1100 + std::uniform_int_distribution<int>(0, 1500)(rng);
     rd.d_max_seqs = std::array<int, 3>{1, 2, 4}[static_cast<size_t>(round % 3)];
     rd.p_blocks = std::uniform_int_distribution<int>(48, 96)(rng);

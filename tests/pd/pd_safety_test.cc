@@ -430,9 +430,8 @@ TEST_F(PdSafety, RandomizedLeasesQueuesAndReuseNeverReturnWrongTokens) {
   // faster (t = 25-27 ms here): none expired in a fresh-clone CI run; 57 expire now.
   const auto t0 = std::chrono::steady_clock::now();
   ASSERT_EQ(Send(colo->host, colo->port, Prompt(898, 20, 480)).status, 200);
-  const int long_ms = static_cast<int>(std::chrono::duration<double, std::milli>(
-                                           std::chrono::steady_clock::now() - t0)
-                                           .count());
+  const int long_ms = static_cast<int>(
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   const int watchdog_lo = std::max(150, long_ms * 3 / 10);
   const int watchdog_hi = std::max(watchdog_lo + 150, long_ms * 12 / 10);
   std::printf("one long decode: %d ms; watchdogs in [%d, %d] ms\n", long_ms, watchdog_lo,

@@ -497,7 +497,7 @@ class TransferCore {
   /// Push: more of a target's blocks were reserved; their parts go to P now.
   void OnConsumerBlocks(ConsumerBlocksEvent& ev);
   /// Push: sends the PUSH_TARGET parts of target entries [announced, what `blocks` holds).
-  void AnnounceTargetBlocks(Consumer& c, PdMessage& m);
+  void AnnounceTargetBlocks(Consumer& c);
   void OnReadPosted(ReadPostedEvent& ev);
   void SendConsumerRequest(Consumer& c);
   /// The PUSH_TARGET parts (push) or the PIN (pull) of `c`, whose header `m` holds.

@@ -165,11 +165,7 @@ void TransferCore::SendConsumerRequest(Consumer& con) {
 
 void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
   if (con.mode == Mode::kPush) {
-    m.tag = MsgTag::kPushTarget;
-    m.num_prompt_tokens = static_cast<uint32_t>(con.n);
-    // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
-    m.prompt_hash = con.prompt_hash;
-    AnnounceTargetBlocks(con, m);
+    AnnounceTargetBlocks(con);
     ++stats_.push_targets_sent;
     if (con.announced < con.num_blocks) ++stats_.push_targets_partial;
     return;
@@ -182,10 +178,18 @@ void TransferCore::SendRequestMessages(Consumer& con, PdMessage& m) {
   ++stats_.pins_sent;
 }
 
-void TransferCore::AnnounceTargetBlocks(Consumer& c, PdMessage& m) {
+void TransferCore::AnnounceTargetBlocks(Consumer& c) {
   const size_t have = c.blocks.size() > c.first_block ? c.blocks.size() - c.first_block : 0;
   const auto upto = static_cast<uint32_t>(std::min<size_t>(have, c.num_blocks));
   if (upto <= c.announced) return;
+  PdMessage m;  // every part carries the whole target's header
+  m.tag = MsgTag::kPushTarget;
+  m.transfer_id = c.tid;
+  m.num_prompt_tokens = static_cast<uint32_t>(c.n);
+  // The prompt hash is recomputed here from the engine's tokens: they are the prompt.
+  m.prompt_hash = c.prompt_hash;
+  m.first_block = c.first_block;
+  m.num_blocks = c.num_blocks;
   const std::span<const BlockId> fresh(c.blocks.data() + c.first_block + c.announced,
                                        upto - c.announced);
   // A list longer than one notification goes in parts, each a whole PUSH_TARGET
@@ -209,15 +213,8 @@ void TransferCore::OnConsumerBlocks(ConsumerBlocksEvent& ev) {
   Consumer& c = it->second;
   if (c.mode != Mode::kPush || c.state != ConsumerState::kAwaitingKv) return;
   c.blocks.insert(c.blocks.end(), ev.blocks.begin(), ev.blocks.end());
-  PdMessage m;
-  m.tag = MsgTag::kPushTarget;
-  m.transfer_id = c.tid;
-  m.num_prompt_tokens = static_cast<uint32_t>(c.n);
-  m.prompt_hash = c.prompt_hash;
-  m.first_block = c.first_block;
-  m.num_blocks = c.num_blocks;
   const uint64_t connection = ConnectionTo(c.peer);
-  AnnounceTargetBlocks(c, m);
+  AnnounceTargetBlocks(c);
   // The parts of one target must go over one connection (P refuses the others): a reconnect
   // since the first part leaves no connection whose fence covers every WRITE into the blocks.
   if (connection != c.peer_connection || ConnectionTo(c.peer) != connection) {

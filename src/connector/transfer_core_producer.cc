@@ -381,7 +381,7 @@ void TransferCore::ExtendTarget(Producer& p, const std::string& peer, const PdMe
     ++stats_.bad_messages;
     return;
   }
-  PdMessage header = m;
+  PdMessage header;  // the attached target's, as PartMismatch compares it
   header.num_prompt_tokens = static_cast<uint32_t>(p.n);
   header.prompt_hash = p.prompt_hash;
   header.first_block = p.first_block;

@@ -36,25 +36,24 @@ bool Scheduler::EnsureBlocks(Sequence& seq, int32_t num_tokens) {
   return pool_.AllocateAppend(need, seq.blocks).ok();
 }
 
-int32_t Scheduler::Headroom() const {
+int32_t Scheduler::SpareBlocks() const {
   const int32_t bs = config_.block_size;
-  int32_t blocks = 0;
+  int32_t headroom = 0;
   for (const Sequence* seq : running_) {
     const int32_t most = (seq->num_prompt_tokens + seq->max_output_tokens + bs - 1) / bs;
-    blocks += std::max(0, most - static_cast<int32_t>(seq->blocks.size()));
+    headroom += std::max(0, most - static_cast<int32_t>(seq->blocks.size()));
   }
-  return blocks;
+  return pool_.num_available() - headroom;
 }
 
 bool Scheduler::StartPartial(Sequence& seq, int32_t num_tokens) {
   if (partial_ != nullptr || connector_ == nullptr || !connector_->AcceptsPartialBlocks(seq)) {
     return false;
   }
-  const int32_t free = pool_.num_available() - Headroom();
-  if (free <= 0 || !pool_.AllocateAppend(free, seq.blocks).ok()) return false;
+  const int32_t spare = SpareBlocks();
+  if (spare <= 0 || !pool_.AllocateAppend(spare, seq.blocks).ok()) return false;
   partial_ = &seq;
   partial_tokens_ = num_tokens;
-  ++num_partial_reservations_;
   return true;
 }
 
@@ -63,7 +62,7 @@ void Scheduler::GrowPartial() {
   Sequence& seq = *partial_;
   const int32_t bs = config_.block_size;
   const int32_t need = (partial_tokens_ + bs - 1) / bs - static_cast<int32_t>(seq.blocks.size());
-  const int32_t take = std::min(need, pool_.num_available() - Headroom());
+  const int32_t take = std::min(need, SpareBlocks());
   if (take <= 0) return;
   const size_t before = seq.blocks.size();
   if (!pool_.AllocateAppend(take, seq.blocks).ok()) return;

@@ -80,10 +80,6 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   int32_t num_waiting_for_kv() const { return static_cast<int32_t>(waiting_for_kv_.size()); }
-  /// Requests whose load started with part of their blocks (policy 4), since construction.
-  int64_t num_partial_reservations() const { return num_partial_reservations_; }
-  /// The request reserved in parts now (policy 4), or null.
-  const Sequence* partial() const { return partial_; }
   int64_t num_preemptions() const { return num_preemptions_; }
   /// Prompt tokens of the waiting and running sequences whose K/V are not computed yet (those
   /// waiting for remote K/V are not counted: a peer sends them). O(waiting + running).
@@ -91,9 +87,10 @@ class Scheduler {
 
  private:
   bool EnsureBlocks(Sequence& seq, int32_t num_tokens);
-  /// Blocks a reservation in parts leaves free: what the running sequences may still allocate,
-  /// each up to num_prompt_tokens + max_output_tokens. O(running).
-  int32_t Headroom() const;
+  /// Blocks a reservation in parts may take now: those available beyond what the running
+  /// sequences may still allocate, each up to num_prompt_tokens + max_output_tokens (may be
+  /// negative). O(running).
+  int32_t SpareBlocks() const;
   /// Policy 4: reserves what is free for `seq`, whose load needs blocks for `num_tokens`
   /// tokens the pool cannot hold now. False when it may not (another reservation in parts, the
   /// connector refuses, nothing free): nothing is allocated then.
@@ -113,7 +110,6 @@ class Scheduler {
   int64_t num_preemptions_ = 0;
   Sequence* partial_ = nullptr;  ///< reserved in parts (policy 4), in waiting_for_kv_
   int32_t partial_tokens_ = 0;   ///< the tokens partial_'s blocks must hold when whole
-  int64_t num_partial_reservations_ = 0;
 };
 
 }  // namespace kvpush

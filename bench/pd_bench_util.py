@@ -84,6 +84,11 @@ def metrics(port, timeout=10):
     return out
 
 
+def delta(before, after, name):
+    """How much metric `name` grew between two `metrics()` scrapes (0 where absent)."""
+    return after.get(name, 0.0) - before.get(name, 0.0)
+
+
 def pct(v, q):
     """The q-quantile (0..1, linear interpolation) of the values of `v` that are not None; NaN
     when there are none."""

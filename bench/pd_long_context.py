@@ -46,8 +46,8 @@ import sys
 import tempfile
 import time
 
-from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, handoff_timelines,
-                           metrics, start_kvpush, stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, TTFT_SUM, add_kvpush_and_model_args, delta, handoff_timelines,
+                           metrics, pct, start_kvpush, stop_all, stream_tokens, wait_healthy)
 
 # Preset shapes (src/model/sim_model.cc): layers, KV heads, head dim, vocab, context.
 PRESETS = {
@@ -64,18 +64,12 @@ ENTRY = {"colocated": "colocated", "colocated-router": "router-colocated", "push
          "pull-vllm": "router", "pull-fast": "router"}  # the port each mode's request goes to
 
 
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-
-
 def summarize(rs):
     """Medians over the rounds of one mode; counters and timelines from the last round."""
     out = dict(rs[-1])
     for k in ("ttft_ms", "h_ms", "hr_ms", "hc_ms", "hcr_ms", "overhead_ms"):
         if k in rs[0]:
-            out[k] = median([r[k] for r in rs])
+            out[k] = pct([r[k] for r in rs], 0.5)
             out[k + "_all"] = [round(r[k], 1) for r in rs]
     return out
 
@@ -116,10 +110,6 @@ def one_request(a, ports, body, name, m, row, model, failures):
         if not ok:
             failures.append(f"{model} {length} {name}: {what}")
     return r
-
-
-def delta(before, after, name):
-    return after.get(name, 0.0) - before.get(name, 0.0)
 
 
 # Phases of a push request's timeline (docs/pd_protocol.md §7), in the order they happen.

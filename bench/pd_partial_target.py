@@ -27,18 +27,12 @@ import tempfile
 import threading
 import time
 
-from pd_bench_util import (HOST, add_kvpush_and_model_args, metrics, read1_pieces, sse_events,
-                           start_kvpush, stop_all, stream_tokens, wait_healthy)
+from pd_bench_util import (HOST, add_kvpush_and_model_args, delta, metrics, pct, read1_pieces,
+                           sse_events, start_kvpush, stop_all, stream_tokens, wait_healthy)
 
 # Llama 3.1 8B's KV shape (src/model/sim_model.cc): layers, KV heads, head dim.
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
 PARTIAL = "kvpush_kv_transfer_push_targets_partial_total"
-
-
-def median(v):
-    v = sorted(v)
-    n = len(v)
-    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
 
 
 class Busy(threading.Thread):
@@ -67,10 +61,6 @@ class Busy(threading.Thread):
             self.error = e
         finally:
             self.started.set()
-
-
-def delta(before, after, name):
-    return after.get(name, 0.0) - before.get(name, 0.0)
 
 
 def main():
@@ -190,8 +180,8 @@ def main():
     for label, _, _ in modes:
         rs = [r[label] for r in rounds]
         if rs:
-            print(f"| {label} | {median([r['ttft_ms'] for r in rs]):.1f} | "
-                  f"{median([r['after_busy_ms'] for r in rs]):.1f} |")
+            print(f"| {label} | {pct([r['ttft_ms'] for r in rs], 0.5):.1f} | "
+                  f"{pct([r['after_busy_ms'] for r in rs], 0.5):.1f} |")
     if a.out:
         with open(a.out, "w") as f:
             json.dump({"args": vars(a), "d_blocks": d_blocks, "rounds": rounds}, f, indent=1)

@@ -46,6 +46,8 @@ def run_timeline(args, backend, lengths, out):
         cmd += ["--kvpush", args.kvpush]
     if args.model:
         cmd += ["--model", args.model]
+    if args.kv_extra:
+        cmd += ["--kv-extra", args.kv_extra]
     r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if r.returncode != 0:
         print(r.stdout[-4000:])
@@ -98,6 +100,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--loads", default="quiet,busy", help="quiet and/or busy")
     ap.add_argument("--seed", type=int, default=1, help="run k uses seed + k")
+    ap.add_argument("--kv-extra", default=None, help="pd_timeline.py --kv-extra (a control "
+                    "run with another kv_connector_extra_config; use its own --resume DIR)")
     ap.add_argument("--out", default="pd_push_vs_pull.json")
     ap.add_argument("--markdown", default=None, metavar="FILE",
                     help="also write every table as Markdown (docs/benchmarks/pd.md)")

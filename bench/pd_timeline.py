@@ -25,7 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 
 from pd_bench_util import (HOST, add_kvpush_and_model_args, ctx_switches, free_port,
                            handoff_timelines, pct, stop_all, stream_tokens, wait_healthy)
@@ -46,7 +45,8 @@ PULL_PHASES = [("R", "received"), ("R", "prefill_leg_written"), ("P", "producer_
 
 def start_cluster(args, tmp):
     model = args.model
-    kv = json.dumps({"kv_connector_extra_config": {"backend": args.backend}})
+    kv = json.dumps({"kv_connector_extra_config": {"backend": args.backend,
+                                                   **json.loads(args.kv_extra)}})
     serve = [args.kvpush, "serve", "--model", model, "--no-enable-prefix-caching",
              "--log-level", "warn", "--host", HOST]
     procs, ports = {}, {}
@@ -164,6 +164,9 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--vocab", type=int, default=512, help="token ids are drawn below this")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--kv-extra", default="{}", help="JSON members added to P's and D's "
+                    "kv_connector_extra_config (docs/configuration.md), e.g. a control run's "
+                    "'{\"layerwise_min_bytes\": 524288}'")
     ap.add_argument("--out", default="pd_timeline.json")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir (logs)")
     ap.add_argument("--raw", action="store_true",

@@ -95,6 +95,8 @@ class PdConnector final : public KvConnector, private LayerObserver, private Cor
   std::span<std::byte> kv_memory() { return arena_; }
   const std::string& engine_id() const { return agent_->name(); }
   const KvTransferConfig& config() const { return options_.config; }
+  /// Tokens per KV block of this instance (its peers' too: the handshake requires it).
+  int32_t block_size() const { return options_.layout.block_size; }
   /// This instance's compatibility hash (HandshakeInfo::CompatHash: what a peer must match to
   /// exchange KV with it); discovery publishes it. Thread-safe.
   uint64_t compat_hash() const { return SelfInfo().CompatHash(); }

@@ -85,4 +85,10 @@ int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
   return external > 0 ? external : 0;
 }
 
+bool PushPrefillNeeded(const KvTransferParams& p, int32_t num_prompt_tokens, int32_t block_size) {
+  if (p.role != Role::kProducer || p.mode != Mode::kPush || block_size < 1) return true;
+  // TokensFromProducer's full hit with num_local_computed = 0: (n - 1) / block_size == 0.
+  return num_prompt_tokens < 1 || (num_prompt_tokens - 1) / block_size > 0;
+}
+
 }  // namespace kvpush::pd

@@ -42,4 +42,12 @@ int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
                            int32_t num_prompt_tokens, int32_t num_local_computed,
                            int32_t block_size);
 
+/// False for a push producer leg whose prompt the consumer computes itself whatever its prefix
+/// cache holds: a prompt of `num_prompt_tokens` within one block of `block_size` tokens has no
+/// whole block before its last token, so TokensFromProducer is 0 for it on every consumer (a
+/// full prefix hit with nothing cached). P need not prefill such a leg: its KV would never be
+/// sent (D answers NOT_NEEDED). True otherwise, and for every other role or mode (a pull leg's
+/// answer carries P's first token and block ids, which pull's flow waits for).
+bool PushPrefillNeeded(const KvTransferParams& p, int32_t num_prompt_tokens, int32_t block_size);
+
 }  // namespace kvpush::pd

@@ -464,6 +464,7 @@ void CompletionHandler::Handle(ApiKind kind, const httplib::Request& req,
   st->handback = !p.request.stream && resume_info && !st->migration_while_draining &&
                  p.kv.role != Role::kProducer && !p.echo_logprobs;
   if (auto e = PassPdGate(c, p)) return http::ReplyError(res, *e);
+  if (auto e = SkipUnneededPrefill(c, p)) return http::ReplyError(res, *e);
   if (auto e = Submit(c, p, *st)) return http::ReplyError(res, *e);
   if (!p.request.stream) return RespondJson(c, p, *st, res);
   RespondStream(c, st, res);

@@ -40,6 +40,8 @@ struct ServingState {
   std::atomic<int> inflight{0};       ///< completion requests admitted, not yet ended
   /// P/D instance: requests admitted without kv_transfer_params (prefilled here, no P leg).
   std::atomic<int64_t> local_prefills{0};
+  /// P/D instance: push P legs answered without a prefill (SkipUnneededPrefill).
+  std::atomic<int64_t> prefill_legs_not_needed{0};
 };
 
 /// What the completion handler uses of the instance that serves it. The HttpServer owns every

@@ -129,7 +129,7 @@ void HttpServer::Route() {
         RenderPrometheus(engine_.stats(), http_counters(), param_stats_.snapshot(),
                          options_.served_model_name);
     text += RenderPdMetrics(options_.connector, options_.served_model_name,
-                            state_.local_prefills.load());
+                            state_.local_prefills.load(), state_.prefill_legs_not_needed.load());
     http::PrometheusWriter build(ModelLabel(options_.served_model_name));
     http::WriteBuildInfo(build, options_.build);
     http::WriteConnectionCounts(build, door_->counts());

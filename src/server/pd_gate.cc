@@ -8,6 +8,7 @@
 #include "common/recent_records.h"
 #include "connector/pd_connector.h"
 #include "http/prometheus.h"
+#include "pd/checks.h"
 #include "pd/ids.h"
 #include "server/completion_state.h"
 #include "server/metrics.h"
@@ -177,12 +178,16 @@ const ConnectorScalar kConnectorTailScalars[] = {
 };
 
 std::string ConnectorMetrics(const connector::ConnectorStats& c, const std::string& model_name,
-                             int64_t local_prefill_requests) {
+                             int64_t local_prefill_requests, int64_t prefill_legs_not_needed) {
   http::PrometheusWriter w(ModelLabel(model_name));
   w.Scalar({"kvpush_pd_local_prefill_requests_total", "counter",
             "Requests this P/D instance served whole, with no kv_transfer_params (on a decode "
             "instance: prefilled locally because the router sent no P leg, or a direct client)."},
            static_cast<double>(local_prefill_requests));
+  w.Scalar({"kvpush_pd_prefill_legs_not_needed_total", "counter",
+            "Prefill, push: P legs answered at once without a prefill, their prompt fitting one "
+            "KV block, which the decode instance computes itself."},
+           static_cast<double>(prefill_legs_not_needed));
   for (const ConnectorScalar& m : kConnectorScalars) w.Scalar(m.family, m.value(c));
   if (c.auth_enabled) {
     w.Family({"kvpush_kv_auth_failures_total", "counter",
@@ -305,6 +310,24 @@ std::optional<http::ApiError> PassPdGate(const CompletionContext& context, Prepa
   return std::nullopt;
 }
 
+std::optional<http::ApiError> SkipUnneededPrefill(const CompletionContext& context,
+                                                  const PreparedRequest& p) {
+  const connector::PdConnector* conn = context.connector;
+  if (conn == nullptr || p.prompts.size() != 1 || p.echo_logprobs || !p.request.resume.empty()) {
+    return std::nullopt;
+  }
+  const auto n = static_cast<int32_t>(p.prompts[0].size());
+  const int32_t block_size = conn->block_size();
+  if (pd::PushPrefillNeeded(p.kv, n, block_size)) return std::nullopt;
+  context.state.prefill_legs_not_needed++;
+  spdlog::debug("transfer {}: prefill not needed ({} prompt tokens, one block of {})",
+                p.kv.transfer_id, n, block_size);
+  return http::ApiError{503,
+                        "prefill not needed: the prompt's " + std::to_string(n) +
+                            " tokens fit one KV block, which the decode instance computes itself",
+                        "server_error", "", "aborted"};
+}
+
 void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
   s.Post("/kv/handshake", [endpoints](const http::Request& req, http::Response& res) {
     if (endpoints.connector == nullptr) return http::ReplyError(res, NotPdInstance());
@@ -381,10 +404,10 @@ void RoutePdEndpoints(http::FrontDoor& s, const PdEndpoints& endpoints) {
 }
 
 std::string RenderPdMetrics(const connector::PdConnector* connector, const std::string& model_name,
-                            int64_t local_prefill_requests) {
+                            int64_t local_prefill_requests, int64_t prefill_legs_not_needed) {
   if (connector == nullptr) return "";
   const connector::ConnectorStats stats = connector->stats();
-  return ConnectorMetrics(stats, model_name, local_prefill_requests) +
+  return ConnectorMetrics(stats, model_name, local_prefill_requests, prefill_legs_not_needed) +
          NixlMetrics(stats, connector->timelines(), model_name) +
          HandoffMetrics(connector->timelines(), model_name);
 }

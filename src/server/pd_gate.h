@@ -26,6 +26,16 @@ namespace kvpush::server {
 /// Blocks on the handshake only (PdConnector::EnsurePeer); thread-safe.
 std::optional<http::ApiError> PassPdGate(const CompletionContext& context, PreparedRequest& p);
 
+/// Step "prefill needed" of a leg that passed the gate: a push P leg whose prompt (one prompt,
+/// no echo with logprobs, not a continuation) fits one KV block is answered at once with the
+/// answer of a prefill that D declared not needed (503 `aborted`; the router settles P's leg on
+/// it, docs/router.md "Push"), without engine work: D computes such a prompt itself in every
+/// case (pd::PushPrefillNeeded) and would only tell P NOT_NEEDED, usually after P computed it on
+/// a core D needs. Counted in kvpush_pd_prefill_legs_not_needed_total. nullopt: prefill it.
+/// Thread-safe.
+std::optional<http::ApiError> SkipUnneededPrefill(const CompletionContext& context,
+                                                  const PreparedRequest& p);
+
 /// What the P/D endpoints use; `connector` null on a colocated instance (they answer 404
 /// not_pd_instance there). Both references must outlive the front door.
 struct PdEndpoints {
@@ -41,9 +51,10 @@ void RoutePdEndpoints(http::FrontDoor& door, const PdEndpoints& endpoints);
 
 /// The connector's /metrics families (kvpush_kv_transfer_*, kvpush_kv_auth_failures_total,
 /// kvpush_pd_handoff_phase_seconds, and kvpush_pd_local_prefill_requests_total =
-/// `local_prefill_requests`: requests this P/D instance served with no kv_transfer_params);
+/// `local_prefill_requests`: requests this P/D instance served with no kv_transfer_params, and
+/// kvpush_pd_prefill_legs_not_needed_total = `prefill_legs_not_needed`: SkipUnneededPrefill);
 /// "" without a connector. Thread-safe.
 std::string RenderPdMetrics(const connector::PdConnector* connector, const std::string& model_name,
-                            int64_t local_prefill_requests);
+                            int64_t local_prefill_requests, int64_t prefill_legs_not_needed);
 
 }  // namespace kvpush::server

@@ -138,5 +138,27 @@ TEST(TokensFromProducer, PushTakesEveryUncachedTokenPullVllmAllButTheLast) {
   EXPECT_EQ(TokensFromProducer(KvTransferParams{}, PullProfile::kFast, 40, 0, 16), 0);
 }
 
+// P skips exactly the push legs whose KV no consumer would take, whatever its prefix cache.
+TEST(PushPrefillNeeded, FalseExactlyWhenEveryConsumerComputesThePromptItself) {
+  for (const int32_t bs : {1, 4, 16, 32}) {
+    for (int32_t n = 1; n <= 3 * bs + 1; ++n) {
+      bool taken_somewhere = false;
+      KvTransferParams d = Leg(Role::kConsumer, Mode::kPush);
+      for (int32_t local = 0; local < n; local += bs) {
+        taken_somewhere =
+            taken_somewhere || TokensFromProducer(d, PullProfile::kFast, n, local, bs) > 0;
+      }
+      EXPECT_EQ(PushPrefillNeeded(Leg(Role::kProducer, Mode::kPush), n, bs), taken_somewhere)
+          << "n " << n << " block_size " << bs;
+    }
+  }
+  EXPECT_FALSE(PushPrefillNeeded(Leg(Role::kProducer, Mode::kPush), 16, 16));
+  EXPECT_TRUE(PushPrefillNeeded(Leg(Role::kProducer, Mode::kPush), 17, 16));
+  // Pull's flow waits for P's answer (its first token and block ids): never skipped.
+  EXPECT_TRUE(PushPrefillNeeded(Leg(Role::kProducer, Mode::kPull), 8, 16));
+  EXPECT_TRUE(PushPrefillNeeded(Leg(Role::kConsumer, Mode::kPush), 8, 16));
+  EXPECT_TRUE(PushPrefillNeeded(KvTransferParams{}, 8, 16));
+}
+
 }  // namespace
 }  // namespace kvpush::pd

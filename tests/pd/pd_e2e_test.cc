@@ -116,6 +116,7 @@ class PdE2E : public PdFixture {
     const double d_rec0 = Metric(c.d->host, c.d->port, kRecomputes);
     const double p_failed0 = Metric(c.p->host, c.p->port, kFailed);
     const double p_sent0 = Metric(c.p->host, c.p->port, kReadySent);
+    const double p_skipped0 = Metric(c.p->host, c.p->port, kPrefillNotNeeded);
 
     const auto t1 = Clock::now();
     std::vector<Res> got =
@@ -167,7 +168,12 @@ class PdE2E : public PdFixture {
       EXPECT_GE(nn, ph.n_short + ph.n_repeat)
           << what << ": the repeated prompts were not full prefix hits on D";
     }
+    const double skipped = Metric(c.p->host, c.p->port, kPrefillNotNeeded) - p_skipped0;
     if (ph.mode == "push") {
+      // P answers the legs of prompts within one block at once, without a prefill: D computes
+      // them (NOT_NEEDED); the tokens above are still colocated's.
+      EXPECT_GE(skipped, ph.n_short) << what << ": P prefilled prompts within one KV block";
+      EXPECT_LE(skipped, nn) << what << ": P skipped a prefill whose KV D took";
       EXPECT_GT(ready, 0) << what << ": D received no KV_READY";
       EXPECT_EQ(ready + nn, n) << what << ": every push request takes KV_READY or NOT_NEEDED ("
                                << kReady << " +" << ready << ", " << kNotNeeded << " +" << nn
@@ -176,6 +182,7 @@ class PdE2E : public PdFixture {
           << what << ": P's KV_READY sent != D's received";
       EXPECT_EQ(reads, 0) << what << ": push phase did pull READs";
     } else {
+      EXPECT_EQ(skipped, 0) << what << ": P skipped a pull leg's prefill (pull waits for it)";
       EXPECT_GT(reads, 0) << what << ": D did no pull READ";
       EXPECT_EQ(reads + nn, n) << what << ": every pull request READs or is a full hit (" << kReads
                                << " +" << reads << ", " << kNotNeeded << " +" << nn << ")";

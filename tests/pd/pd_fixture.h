@@ -70,6 +70,7 @@ inline std::string IdsToString(const std::vector<int32_t>& v) {
 
 inline constexpr const char* kReady = "kvpush_kv_transfer_kv_ready_received_total";
 inline constexpr const char* kReadySent = "kvpush_kv_transfer_kv_ready_sent_total";
+inline constexpr const char* kPrefillNotNeeded = "kvpush_pd_prefill_legs_not_needed_total";
 inline constexpr const char* kReads = "kvpush_kv_transfer_reads_total";
 inline constexpr const char* kNotNeeded = "kvpush_kv_transfer_not_needed_total";
 inline constexpr const char* kFailed = "kvpush_kv_transfer_failed_total";

@@ -87,8 +87,11 @@ int32_t TokensFromProducer(const KvTransferParams& p, PullProfile profile,
 
 bool PushPrefillNeeded(const KvTransferParams& p, int32_t num_prompt_tokens, int32_t block_size) {
   if (p.role != Role::kProducer || p.mode != Mode::kPush || block_size < 1) return true;
-  // TokensFromProducer's full hit with num_local_computed = 0: (n - 1) / block_size == 0.
-  return num_prompt_tokens < 1 || (num_prompt_tokens - 1) / block_size > 0;
+  if (num_prompt_tokens < 1) return true;
+  // The consumer's own rule, with nothing cached (a cache only lowers what it takes).
+  KvTransferParams consumer = p;
+  consumer.role = Role::kConsumer;
+  return TokensFromProducer(consumer, PullProfile::kFast, num_prompt_tokens, 0, block_size) > 0;
 }
 
 }  // namespace kvpush::pd

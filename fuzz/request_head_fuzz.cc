@@ -8,7 +8,11 @@
 //   * kLengthRequired, kBadFraming and kHeadTooLarge stay so with more bytes (the head decides it);
 //   * kHeadTooLarge exactly for a head over max_head_bytes (ended or not yet);
 //   * more bytes never undo a request: a prefix that is kReady stays kReady with the same head
-//     (pipelined bytes after a request are left alone), and a complete head stays complete.
+//     (pipelined bytes after a request are left alone), and a complete head stays complete;
+//   * the early-answer path (NextRequestStart): after an answer given at any point — the cut
+//     byte as the bytes the answer consumed — the connection's next request never starts inside
+//     this one: a buffered body is skipped whole (and is all there), a body the worker reads
+//     itself that the answer did not touch closes the connection.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -17,6 +21,8 @@
 #include "fuzz_check.h"
 #include "http/request_head.h"
 
+using kvpush::http::NextRequest;
+using kvpush::http::NextRequestStart;
 using kvpush::http::RequestProgress;
 using kvpush::http::RequestScan;
 using kvpush::http::ScanRequest;
@@ -70,6 +76,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (part.progress == RequestProgress::kReadingBody) {
     Check(whole.head_bytes == part.head_bytes);
+  }
+  if (whole.progress == RequestProgress::kReady) {
+    const size_t consumed = cut;  // an answer given after this many bytes of the request
+    const NextRequest next = NextRequestStart(whole, consumed);
+    const size_t end = whole.head_bytes + static_cast<size_t>(whole.body_bytes);
+    if (!whole.worker_reads_body) {
+      Check(end <= b.size());  // the whole request was buffered
+      Check(!next.close && next.start >= end && next.start >= consumed);
+    } else if (whole.has_body && consumed <= whole.head_bytes) {
+      Check(next.close);
+    } else {
+      Check(!next.close && next.start == consumed);
+    }
+  } else {
+    Check(NextRequestStart(whole, cut).close);
   }
   return 0;
 }

@@ -166,9 +166,12 @@ ssize_t ConnectionStream::read(char* ptr, size_t size) {
     const size_t n = std::min(size, buffered);
     std::memcpy(ptr, conn_.in.data() + conn_.in_off, n);
     conn_.in_off += n;
+    consumed_ += n;
     return static_cast<ssize_t>(n);
   }
-  return ReadSocket(ptr, std::min<size_t>(size, INT_MAX));
+  const ssize_t n = ReadSocket(ptr, std::min<size_t>(size, INT_MAX));
+  if (n > 0) consumed_ += static_cast<size_t>(n);
+  return n;
 }
 
 ssize_t ConnectionStream::ReadSocket(char* ptr, size_t size) {

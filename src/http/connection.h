@@ -106,6 +106,10 @@ class ConnectionStream final : public httplib::Stream {
   void get_local_ip_and_port(std::string& ip, int& port) const override;
   socket_t socket() const override { return conn_.fd(); }
 
+  /// Bytes of the request handed out by read() so far (read ahead by the loop, or from the
+  /// socket): how far the HTTP library got into the connection's bytes.
+  size_t consumed() const { return consumed_; }
+
  private:
   /// Waits up to `timeout_ms` for `events` (POLLIN/POLLOUT) on the socket.
   bool WaitFor(short events, int timeout_ms) const;
@@ -118,6 +122,7 @@ class ConnectionStream final : public httplib::Stream {
   Connection& conn_;
   Connection::Clock::time_point read_deadline_;
   int write_timeout_ms_;
+  size_t consumed_ = 0;
 };
 
 }  // namespace kvpush::http

@@ -3,6 +3,7 @@
 #include <openssl/crypto.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <exception>
@@ -15,6 +16,7 @@
 #include "http/connection_loop.h"
 #include "http/listener.h"
 #include "http/prometheus.h"
+#include "http/request_head.h"
 #include "http/task_queue.h"
 
 namespace kvpush::http {
@@ -60,6 +62,24 @@ thread_local std::chrono::steady_clock::time_point t_start;
 /// start a request, so the connection closes (RFC 9112 §9.3). A handler's own 4xx (an API
 /// error with a body) is well framed and keeps the connection.
 thread_local bool t_unframed = false;
+/// Whether the calling request thread's current request may use a path behind --api-key: set
+/// before routing (InstallPreRouting), checked once its body was read (RefusedUnauthorized).
+thread_local bool t_authorized = true;
+/// The 401's message for the current request: no key, or a wrong one.
+thread_local bool t_key_given = false;
+
+/// Answers 401 when the current request may not use its path (--api-key): the body was read
+/// already, so the connection stays usable (docs/server.md, "Early answers"). Returns whether
+/// it answered.
+bool RefusedUnauthorized(Response& res) {
+  if (t_authorized) return false;
+  res.set_header("WWW-Authenticate", "Bearer");
+  ReplyError(res, ApiError{401,
+                           t_key_given ? "incorrect API key"
+                                       : "no API key given: send Authorization: Bearer <key>",
+                           "invalid_request_error", "", "invalid_api_key"});
+  return true;
+}
 
 /// True for the statuses cpp-httplib answers on its own when it could not read a request whole.
 bool IsFramingStatus(int status) {
@@ -136,13 +156,22 @@ FrontDoor::~FrontDoor() {
   if (ssl_ctx_ != nullptr) SSL_CTX_free(ssl_ctx_);
 }
 
+namespace {
+/// `handler`, behind the api key (RefusedUnauthorized).
+Handler Guarded(Handler handler) {
+  return [handler = std::move(handler)](const Request& req, Response& res) {
+    if (!RefusedUnauthorized(res)) handler(req, res);
+  };
+}
+}  // namespace
+
 void FrontDoor::Get(std::string path, Handler handler) {
-  server_->Get(path, std::move(handler));
+  server_->Get(path, Guarded(std::move(handler)));
   routes_.push_back(Route{std::move(path), "GET"});
 }
 
 void FrontDoor::Post(std::string path, Handler handler) {
-  server_->Post(path, std::move(handler));
+  server_->Post(path, Guarded(std::move(handler)));
   routes_.push_back(Route{std::move(path), "POST"});
 }
 
@@ -163,17 +192,15 @@ void FrontDoor::InstallPreRouting() {
     t_start = std::chrono::steady_clock::now();
     const std::string& id = req.get_header_value("x-request-id");
     SetLogRequestId(IsVisibleAsciiId(id) ? std::string_view(id) : std::string_view());
-    if (options_.api_key.empty() || IsOpenPath(req.path)) {
-      return httplib::Server::HandlerResponse::Unhandled;
-    }
+    // Never answered here: the body is not read yet, and an answer now would leave it on the
+    // connection to be read as the next request. The 401 comes once it was read (Guarded, the
+    // 405 and 404 answers).
     const std::string& auth = req.get_header_value("Authorization");
-    if (BearerMatches(auth, options_.api_key)) return httplib::Server::HandlerResponse::Unhandled;
-    res.set_header("WWW-Authenticate", "Bearer");
-    ReplyError(res, ApiError{401,
-                             auth.empty() ? "no API key given: send Authorization: Bearer <key>"
-                                          : "incorrect API key",
-                             "invalid_request_error", "", "invalid_api_key"});
-    return httplib::Server::HandlerResponse::Handled;
+    t_key_given = !auth.empty();
+    t_authorized =
+        options_.api_key.empty() || IsOpenPath(req.path) || BearerMatches(auth, options_.api_key);
+    (void)res;
+    return httplib::Server::HandlerResponse::Unhandled;
   });
 }
 
@@ -183,6 +210,7 @@ void FrontDoor::InstallErrorAnswers() {
   for (const Route& r : routes_) {
     const std::string allow = r.method;
     auto not_allowed = [allow](const Request& req, Response& res) {
+      if (RefusedUnauthorized(res)) return;
       res.set_header("Allow", allow);
       ReplyError(res, ApiError{405,
                                "method " + req.method + " is not allowed on " + req.path +
@@ -199,6 +227,10 @@ void FrontDoor::InstallErrorAnswers() {
   // Errors without a body (unknown path -> 404, 413, httplib's own 400s) get an OpenAI body.
   s.set_error_handler(httplib::Server::HandlerWithResponse([](const Request& req, Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    // No route: a client without the key learns nothing of the paths behind it.
+    if (res.status == 404 && RefusedUnauthorized(res)) {
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (IsFramingStatus(res.status)) {
       // Say so: a client that reused the connection would otherwise lose its next request.
       t_unframed = true;
@@ -312,20 +344,48 @@ void FrontDoor::Serve(std::unique_ptr<Connection> conn) {
   bool closed = false;
   bool ok = false;
   t_unframed = false;
+  t_authorized = true;
+  // The request as the loop saw it when it dispatched the connection (the same limits).
+  const size_t start = conn->in_off;
+  const RequestScan scan = ScanRequest(conn->unread(), kMaxHeadBytes, options_.max_body_bytes);
+  size_t consumed = 0;
   {
     ConnectionStream stream(*conn, options_.connections.header_timeout_s, write_timeout_s);
     SSL* ssl = conn->ssl();
     ok = server_->process_request(stream, stopping_.load(), closed,
                                   [ssl](Request& req) { req.ssl = ssl; });
+    consumed = stream.consumed();
   }
   if (!ok) conn->MarkBroken();
-  conn->Compact();
   // After an answer to a request the library could not read whole (malformed, body too large,
   // URI or headers too long), what is left in the buffer is not known to start a request:
   // reading it as one would answer bytes of the last request's body (RFC 9112 §9.3 closes).
   // An API error a handler answered (a 400 with its body) keeps the connection: closing it
   // unannounced lost the next request of a client that reused it (the router's pool).
-  loop_->Return(std::move(conn), ok && !closed && !t_unframed && !stopping_.load());
+  bool keep = ok && !closed && !t_unframed && !stopping_.load();
+  if (keep) keep = SkipUnreadBody(*conn, scan, start, consumed);
+  conn->Compact();
+  loop_->Return(std::move(conn), keep);
+}
+
+bool FrontDoor::SkipUnreadBody(Connection& conn, const RequestScan& scan, size_t start,
+                               size_t consumed) {
+  // Every answer reads the body first (the 401 included), so this changes nothing today; it
+  // keeps any future answer given before the body from having the body read as a request.
+  const NextRequest next = NextRequestStart(scan, consumed);
+  if (next.close) {
+    spdlog::warn(
+        "HTTP front door: a request was answered before its body ({}) was read; "
+        "closing the connection",
+        scan.has_body ? "chunked or after Expect: 100-continue" : "none");
+    return false;
+  }
+  if (next.start > consumed) {
+    spdlog::debug("HTTP front door: discarded {} unread body byte(s) after the answer",
+                  next.start - consumed);
+    conn.in_off = std::min(conn.in.size(), start + next.start);
+  }
+  return true;
 }
 
 void FrontDoor::Stop() {

@@ -24,6 +24,7 @@
 #include "http/api_error.h"
 #include "http/build_info.h"
 #include "http/connection_options.h"
+#include "http/request_head.h"
 
 namespace kvpush::http {
 
@@ -169,6 +170,11 @@ class FrontDoor {
   /// On a request thread: serves the one complete request `conn` brought, then gives `conn`
   /// back to the loop (or closes it).
   void Serve(std::unique_ptr<Connection> conn);
+  /// After the answer to the request `scan` describes (scanned at dispatch, from `start` in
+  /// `conn.in`; the library consumed `consumed` bytes of it): drops what is left of its body
+  /// (NextRequestStart) and returns true, or returns false when the connection must close.
+  static bool SkipUnreadBody(Connection& conn, const RequestScan& scan, size_t start,
+                             size_t consumed);
   void InstallPreRouting();
   /// The access-log line of one answered request.
   void LogAccess(const Request& req, const Response& res) const;

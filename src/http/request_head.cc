@@ -39,6 +39,7 @@ size_t HeadEnd(std::string_view b) {
 struct BodyShape {
   bool has_length = false;    ///< a Content-Length or Transfer-Encoding header is present
   bool worker_reads = false;  ///< chunked, or Expect: 100-continue
+  bool chunked = false;       ///< Transfer-Encoding: chunked
   uint64_t length = 0;        ///< Content-Length (0 when absent)
   const char* bad = nullptr;  ///< why the framing is refused (RFC 9112 §6), or null
 };
@@ -61,7 +62,9 @@ BodyShape ShapeOf(std::string_view head) {
     if (EqualsNoCase(name, "Transfer-Encoding")) {
       has_te = true;
       shape.worker_reads = true;
-      if (!EqualsNoCase(value, "chunked")) shape.bad = "unsupported Transfer-Encoding (only chunked)";
+      if (!EqualsNoCase(value, "chunked"))
+        shape.bad = "unsupported Transfer-Encoding (only chunked)";
+      shape.chunked = true;
     } else if (EqualsNoCase(name, "Expect")) {
       shape.worker_reads = true;
     } else if (EqualsNoCase(name, "Content-Length")) {
@@ -82,7 +85,9 @@ BodyShape ShapeOf(std::string_view head) {
 }
 
 /// The request line's method.
-std::string_view MethodOf(std::string_view head) { return head.substr(0, head.find(' ')); }
+std::string_view MethodOf(std::string_view head) {
+  return head.substr(0, head.find(' '));
+}
 
 /// Whether the HTTP library always reads a body for `method`.
 bool MethodHasBody(std::string_view method) {
@@ -125,10 +130,32 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
   }
   // A body over the limit goes to the worker too: cpp-httplib reads and discards it before its
   // 413, so the client, still sending, gets the answer rather than a reset.
-  const bool ready = shape.worker_reads || shape.length > max_body_bytes ||
-                     buffered.size() - head_end >= shape.length;
+  const bool worker_reads = shape.worker_reads || shape.length > max_body_bytes;
+  const bool ready = worker_reads || buffered.size() - head_end >= shape.length;
   scan.progress = ready ? RequestProgress::kReady : RequestProgress::kReadingBody;
+  scan.body_bytes = shape.length;
+  scan.worker_reads_body = worker_reads;
+  scan.has_body = shape.length > 0 || shape.chunked;
   return scan;
+}
+
+NextRequest NextRequestStart(const RequestScan& scan, size_t consumed) {
+  NextRequest next;
+  if (scan.progress != RequestProgress::kReady) {
+    next.close = true;
+    return next;
+  }
+  if (!scan.worker_reads_body) {
+    const size_t end = scan.head_bytes + static_cast<size_t>(scan.body_bytes);
+    next.start = consumed > end ? consumed : end;
+    return next;
+  }
+  if (scan.has_body && consumed <= scan.head_bytes) {
+    next.close = true;
+    return next;
+  }
+  next.start = consumed;
+  return next;
 }
 
 }  // namespace kvpush::http

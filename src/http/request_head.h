@@ -4,16 +4,17 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 namespace kvpush::http {
 
 /// Where a connection's buffered bytes stand.
 enum class RequestProgress {
-  kIdle,         ///< nothing buffered: between requests (keep-alive) or before the first
-  kReadingHead,  ///< part of a request head (request line and headers), no blank line yet
-  kReadingBody,  ///< the head is complete; its Content-Length body is not all there yet
-  kReady,        ///< a worker can serve it (see RequestScan)
+  kIdle,          ///< nothing buffered: between requests (keep-alive) or before the first
+  kReadingHead,   ///< part of a request head (request line and headers), no blank line yet
+  kReadingBody,   ///< the head is complete; its Content-Length body is not all there yet
+  kReady,         ///< a worker can serve it (see RequestScan)
   kHeadTooLarge,  ///< a head over the allowed bytes (its blank line not yet come, or past them)
   /// A complete POST, PUT or PATCH head with neither Content-Length nor Transfer-Encoding: the
   /// HTTP library would read its body until the client closes (or its read timeout), so the loop
@@ -30,6 +31,13 @@ struct RequestScan {
   RequestProgress progress = RequestProgress::kIdle;
   size_t head_bytes = 0;  ///< bytes of the head, its blank line included (0 until complete)
   const char* why = "";   ///< kBadFraming: what is wrong (a static string)
+  /// kReady: the body's Content-Length (0: none, or chunked).
+  uint64_t body_bytes = 0;
+  /// kReady: the body is one the worker reads itself (chunked, Expect: 100-continue, or over
+  /// max_body_bytes); false: the whole request, head_bytes + body_bytes, is buffered.
+  bool worker_reads_body = false;
+  /// kReady: the request carries a body (Content-Length > 0, or chunked).
+  bool has_body = false;
 };
 
 /// Scans `buffered` (a connection's unread bytes, the next request first) for one request:
@@ -37,11 +45,31 @@ struct RequestScan {
 /// `max_body_bytes`) is buffered too, or the body is one the worker reads itself — chunked
 /// (Transfer-Encoding), after `Expect: 100-continue` (the client waits for the interim answer
 /// the worker writes), or over `max_body_bytes` (the worker reads and discards it, then answers
-/// 413: closing on a client still sending would reset the connection before it read the answer). A head ends at the
-/// first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts). kHeadTooLarge when
-/// `max_head_bytes` are buffered without the head's end; kLengthRequired for a POST, PUT or PATCH
-/// with no Content-Length and no Transfer-Encoding; kBadFraming (see there). Bytes after the request (pipelining)
-/// are left alone. Pure; header names are matched case-insensitively (RFC 9110).
+/// 413: closing on a client still sending would reset the connection before it read the answer). A
+/// head ends at the first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts).
+/// kHeadTooLarge when `max_head_bytes` are buffered without the head's end; kLengthRequired for a
+/// POST, PUT or PATCH with no Content-Length and no Transfer-Encoding; kBadFraming (see there).
+/// Bytes after the request (pipelining) are left alone. Pure; header names are matched
+/// case-insensitively (RFC 9110).
 RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t max_body_bytes);
+
+/// What a connection does after a worker answered one request (docs/server.md, "Early answers").
+struct NextRequest {
+  bool close = false;  ///< close the connection after the answer (its next byte is unknown)
+  size_t start = 0;    ///< else: where the next request starts in the bytes buffered at dispatch
+};
+
+/// Where the connection's next request starts once a worker answered the request `scan`
+/// describes (ScanRequest of the bytes buffered when it was dispatched: kReady), having consumed
+/// `consumed` bytes from their start. No byte of this request is ever read as the next one:
+/// - a buffered body (Content-Length within the limit, all of it read ahead by the loop): the
+///   request's end, head_bytes + body_bytes — the part of it an answer given before reading it
+///   did not consume is discarded — or `consumed` if that is further;
+/// - a body the worker reads itself (chunked, Expect: 100-continue, over the limit) that the
+///   answer did not read (`consumed` <= head_bytes): close — its length is not known yet, and
+///   reading it all could take as long as the client likes;
+/// - otherwise `consumed`.
+/// `close` as well for a scan that is not kReady. Pure.
+NextRequest NextRequestStart(const RequestScan& scan, size_t consumed);
 
 }  // namespace kvpush::http

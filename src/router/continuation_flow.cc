@@ -19,8 +19,8 @@
 #include "router/flow_services.h"
 #include "router/flow_state.h"
 #include "router/leg.h"
-#include "router/request_flow.h"
 #include "router/pushed_move.h"
+#include "router/request_flow.h"
 #include "router/resume_ledger.h"
 
 namespace kvpush::router {
@@ -57,9 +57,9 @@ std::string ContinuationBody(const RequestFlow::Transfer& t, const ResumeLedger*
 /// Writes `body` on `leg` (POST `path`) on this thread and reads the answer on a worker, which
 /// then calls `done` with it. False (nothing queued; `leg` stopped, `done` not called) when the
 /// router is stopping or no worker took it.
-bool SendThenReadOnWorker(FlowServices& r, const std::shared_ptr<Leg>& leg,
-                          const std::string& path, const std::string& request_id,
-                          const std::string& body, std::function<void(const LegResult&)> done) {
+bool SendThenReadOnWorker(FlowServices& r, const std::shared_ptr<Leg>& leg, const std::string& path,
+                          const std::string& request_id, const std::string& body,
+                          std::function<void(const LegResult&)> done) {
   if (!r.legs().BeginBackground()) return false;
   auto sent = std::make_shared<std::optional<LegResult>>();
   LegResult failed;
@@ -87,14 +87,16 @@ bool MayPush(const FlowServices& r, const RequestFlow::Transfer& t, bool offered
 /// to D in KV_READY; the answer only says whether the source took the leg. When it did not,
 /// the source is told to abort the transfer (it then refuses the new instance's target, which
 /// computes the context itself: kv_load_failure_policy).
-void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t,
-                            const PushedMove& m, const std::string& tid) {
+void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t, const PushedMove& m,
+                            const std::string& tid) {
   std::shared_ptr<Leg> leg = OpenLeg(r, t, m.source, Role::kPrefill);
   leg->set_migration_source();
   const std::string rid = t.request_id;
   auto fail = [&r, source = m.source, tid, rid](const std::string& why) {
-    spdlog::warn("request {}: migration P leg to {} failed ({}); aborting transfer {} there (the "
-                 "new instance computes the context)", rid, source.url, why, tid);
+    spdlog::warn(
+        "request {}: migration P leg to {} failed ({}); aborting transfer {} there (the "
+        "new instance computes the context)",
+        rid, source.url, why, tid);
     r.AbortTransfer(source, Role::kPrefill, tid, rid);
   };
   if (!SendThenReadOnWorker(r, leg, t.path, rid, m.PrefillBody(*t.client, tid),
@@ -103,14 +105,6 @@ void StartPushedMovePrefill(FlowServices& r, const RequestFlow::Transfer& t,
                             })) {
     fail("the router is stopping or no worker took it");
   }
-}
-
-/// The instances of the answering role a continuation may not go to: those that refused or
-/// failed this request.
-std::vector<std::string> Excluded(const RequestFlow::Transfer& t, const std::string& failed) {
-  std::vector<std::string> exclude = t.exclude;
-  exclude.push_back(failed);
-  return exclude;
 }
 
 }  // namespace
@@ -125,19 +119,18 @@ void AnswerAsk(RequestFlow::StreamState& st, const std::string& from, bool moved
     o.moved = true;
     o.to = st.answering.url;
   } else {
-    o.error = "no other healthy instance took it, its --migration-limit is spent, or its output "
-              "cannot be resumed";
+    o.error =
+        "no other healthy instance took it, its --migration-limit is spent, or its output "
+        "cannot be resumed";
   }
   st.move->Answer(std::move(o));
 }
 
-/// The answering instance's address and every instance a continuation of `st` may not go to.
+/// Every instance a continuation of `st` may not go to: those that refused or failed the
+/// request, and the answering one.
 std::vector<std::string> ExcludedFor(const RequestFlow::Transfer& t,
                                      const RequestFlow::StreamState& st) {
-  std::vector<std::string> exclude = t.exclude;
-  exclude.insert(exclude.end(), st.failed_urls.begin(), st.failed_urls.end());
-  exclude.push_back(st.answering.url);
-  return exclude;
+  return t.history.Excluded(t.exclude, st.answering.url);
 }
 
 }  // namespace
@@ -184,8 +177,10 @@ bool StartFirstRound(FlowServices& r, const RequestFlow::Transfer& t, const Push
   const InstanceAddress source = m.source;
   auto done = [&r, pc, rid, target, source, tid](const LegResult& dr) {
     if (!dr.answered || dr.status != 200) {
-      spdlog::warn("request {}: a first round of its move to {} failed ({}); the move goes on "
-                   "without it", rid, target.url, Describe(dr));
+      spdlog::warn(
+          "request {}: a first round of its move to {} failed ({}); the move goes on "
+          "without it",
+          rid, target.url, Describe(dr));
       pc->failed.store(true);
       // The source may hold the context for a target that will never come: let it go now.
       r.AbortTransfer(source, Role::kPrefill, tid, rid);
@@ -249,9 +244,10 @@ bool RequestFlow::StartPreCopy(FlowServices& r, StreamState& st, const std::stri
   pc->start_ns = NowNs();
   const int64_t resumed = LaunchRounds(r, t, rounds, st.ledger, target, pc);
   if (resumed < 0) return false;
-  spdlog::info("request {}: moving it from {} to {} ({}): pushing its context ({} output "
-               "token(s), {} sequence(s)) there while it goes on", t.request_id,
-               st.answering.url, target.url, why, resumed, rounds.size());
+  spdlog::info(
+      "request {}: moving it from {} to {} ({}): pushing its context ({} output "
+      "token(s), {} sequence(s)) there while it goes on",
+      t.request_id, st.answering.url, target.url, why, resumed, rounds.size());
   st.precopy = std::move(pc);
   return true;
 }
@@ -263,11 +259,12 @@ bool RequestFlow::NextRound(FlowServices& r, StreamState& st) {
   const std::vector<PushedMove> rounds = PlanFirstRounds(*t.client, st.ledger, st.answering);
   if (rounds.empty()) return false;
   const int64_t before = pc.round_tokens;
-  const int64_t resumed =
-      LaunchRounds(r, t, rounds, st.ledger, pc.lease->address(), st.precopy);
+  const int64_t resumed = LaunchRounds(r, t, rounds, st.ledger, pc.lease->address(), st.precopy);
   if (resumed < 0) return false;
-  spdlog::info("request {}: another round of its move: {} output token(s) streamed since the "
-                "last began", t.request_id, st.ledger.tokens() - before);
+  spdlog::info(
+      "request {}: another round of its move: {} output token(s) streamed since the "
+      "last began",
+      t.request_id, st.ledger.tokens() - before);
   return true;
 }
 
@@ -279,8 +276,8 @@ bool RequestFlow::FinishPreCopy(FlowServices& r, StreamState& st, bool push_all)
   // After an ok first round the target holds the context but the blocks filled since:
   // computing those (a few tokens, up to a block more) is faster than another round trip
   // through the source's engine (docs/benchmarks/continuation.md).
-  const bool moved = ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease),
-                                    push_all, pc->rounds);
+  const bool moved =
+      ContinueStream(r, st, pc->why, /*offered=*/true, std::move(pc->lease), push_all, pc->rounds);
   if (pc->for_move) AnswerAsk(st, from, moved);
   return moved;
 }
@@ -303,12 +300,11 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
   }
   const std::string body = ContinuationBody(t, &st.ledger);
   if (body.empty()) return false;
-  const std::string failed_url = st.answering.url;
+  const std::string from_url = st.answering.url;
   const std::optional<PushedMove> pushed = push && MayPush(r, t, offered)
                                                ? PlanWholePush(*t.client, st.ledger, st.answering)
                                                : std::nullopt;
   std::vector<std::string> exclude = ExcludedFor(t, st);
-  st.failed_urls.push_back(failed_url);
   st.precopy.reset();  // the stream switches now, or stays for good
   st.mover.Reset();
   while (t.continuations_left > 0 && !r.stopping()) {
@@ -330,17 +326,22 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
     }
     const int status = ds->Start(t.path, t.request_id, d_body);
     if (status == 200) {
-      const std::string how =
-          pushed  ? " with the context's KV pushed from " + failed_url
-          : !push ? " with the context's KV pushed from " + failed_url + " in " +
-                        std::to_string(rounds) + " round(s) while it went on"
-                  : "";
+      const std::string how = pushed  ? " with the context's KV pushed from " + from_url
+                              : !push ? " with the context's KV pushed from " + from_url + " in " +
+                                            std::to_string(rounds) + " round(s) while it went on"
+                                      : "";
       spdlog::warn("request {}: {} instance {} {} ({}) after {} token(s); continuing on {}{}",
-                   t.request_id, RoleName(t.d_role), failed_url,
+                   t.request_id, RoleName(t.d_role), from_url,
                    offered ? "offered the stream" : "failed mid-stream", why, st.ledger.tokens(),
                    addr.url, how);
       r.CountContinuation(t.d_role, how.empty() ? FlowServices::ContinuationKind::kStream
                                                 : FlowServices::ContinuationKind::kPushed);
+      // A move is not a failure: the stream may come back to an instance it moved away from.
+      if (offered) {
+        t.history.NoteMovedFrom(from_url);
+      } else {
+        t.history.NoteFailed(from_url);
+      }
       // P's leg (push) is moot from now on: the continuation computes the whole context itself.
       t.ForgetPrefill();
       AbortPrefill(r, t);
@@ -351,18 +352,19 @@ bool RequestFlow::ContinueStream(FlowServices& r, StreamState& st, const std::st
       return true;
     }
     const LegResult lr = ds->WaitFinished();
-    spdlog::warn("request {}: continuation on {} failed: {}", t.request_id, addr.url,
-                 Describe(lr));
+    spdlog::warn("request {}: continuation on {} failed: {}", t.request_id, addr.url, Describe(lr));
     if (pushed) r.AbortTransfer(pushed->source, Role::kPrefill, tid, t.request_id);
     exclude.push_back(addr.url);
   }
   if (offered) {
-    st.failed_urls.pop_back();  // it did not fail: it may still be chosen later
-    spdlog::info("request {}: {} instance {} offered the stream ({}); no other instance took "
-                 "it, it stays there", t.request_id, RoleName(t.d_role), failed_url, why);
+    spdlog::info(
+        "request {}: {} instance {} offered the stream ({}); no other instance took "
+        "it, it stays there",
+        t.request_id, RoleName(t.d_role), from_url, why);
   } else {
+    t.history.NoteFailed(from_url);
     spdlog::warn("request {}: {} instance {} failed mid-stream ({}); no continuation possible",
-                 t.request_id, RoleName(t.d_role), failed_url, why);
+                 t.request_id, RoleName(t.d_role), from_url, why);
   }
   return false;
 }
@@ -371,14 +373,14 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
   FlowServices& r = router_;
   if (!t.continuable || r.stopping()) return failed;
   const std::string body = ContinuationBody(t, nullptr);
-  // The instance that failed it (the answering one: t.d_addr, or where it was continued).
-  std::vector<std::string> exclude = Excluded(t, d_lease.address().url);
-  if (t.d_addr.url != d_lease.address().url) exclude.push_back(t.d_addr.url);
   t.ForgetPrefill();
   AbortPrefill(r, t);
   while (t.continuations_left > 0 && !r.stopping() &&
          (ContinuableFailure(failed) || RefusedUnstarted(failed))) {
-    std::optional<InstanceLease> lease = r.pool().Acquire(t.d_role, exclude);
+    // The answering instance failed it (or refused it, once continued there).
+    t.history.NoteFailed(d_lease.address().url);
+    std::optional<InstanceLease> lease =
+        r.pool().Acquire(t.d_role, t.history.Excluded(t.exclude, d_lease.address().url));
     if (!lease) break;
     --t.continuations_left;
     const InstanceAddress addr = lease->address();
@@ -388,7 +390,6 @@ LegResult RequestFlow::ResendWhole(Transfer& t, InstanceLease& d_lease, LegResul
     failed = OpenLeg(r, t, addr, t.d_role)->Post(t.path, t.request_id, body);
     d_lease.Release();
     d_lease = std::move(*lease);
-    exclude.push_back(addr.url);
   }
   return failed;
 }
@@ -437,30 +438,39 @@ LegResult RequestFlow::FinishWhole(Transfer& t, InstanceLease& d_lease, LegResul
   return dr;
 }
 
-LegResult RequestFlow::ContinueWhole(Transfer& t, InstanceLease& d_lease,
-                                     const LegResult& handed) {
+LegResult RequestFlow::ContinueWhole(Transfer& t, InstanceLease& d_lease, const LegResult& handed) {
   FlowServices& r = router_;
   const InstanceAddress from = d_lease.address();
   int64_t tokens = 0;
   std::string body = WholeContinuationBody(t, handed, &tokens);
   if (body.empty()) {
-    spdlog::warn("request {}: {} instance {} handed back a whole answer the router cannot read; "
-                 "sending the request again whole", t.request_id, RoleName(t.d_role), from.url);
+    spdlog::warn(
+        "request {}: {} instance {} handed back a whole answer the router cannot read; "
+        "sending the request again whole",
+        t.request_id, RoleName(t.d_role), from.url);
     body = ContinuationBody(t, nullptr);
   }
   t.ForgetPrefill();  // P's part is moot: the continuation computes the context itself
   AbortPrefill(r, t);
+  // A hand-back is a move, not a failure; the instance is draining (the pool skips it until a
+  // health check passes again).
+  t.history.NoteMovedFrom(from.url);
+  d_lease.MarkDraining();
   std::optional<InstanceLease> lease;
-  if (t.continuations_left > 0) lease = r.pool().Acquire(t.d_role, Excluded(t, from.url));
+  if (t.continuations_left > 0) {
+    lease = r.pool().Acquire(t.d_role, t.history.Excluded(t.exclude, from.url));
+  }
   // With no other instance, the one that handed it back finishes it (bounded by its drain
   // timeout): it admits the continuation while draining and does not hand it back again.
   const InstanceAddress to = lease ? lease->address() : from;
   std::shared_ptr<Leg> leg = OpenLeg(r, t, to, t.d_role);
   if (!lease) leg->set_migration_source();
   if (lease) --t.continuations_left;
-  spdlog::warn("request {}: {} instance {} began draining and handed back the answer so far "
-               "({} token(s)); continuing it on {}", t.request_id, RoleName(t.d_role), from.url,
-               tokens, lease ? to.url : "the same instance (no other took it)");
+  spdlog::warn(
+      "request {}: {} instance {} began draining and handed back the answer so far "
+      "({} token(s)); continuing it on {}",
+      t.request_id, RoleName(t.d_role), from.url, tokens,
+      lease ? to.url : "the same instance (no other took it)");
   r.CountContinuation(t.d_role, FlowServices::ContinuationKind::kWholeResumed);
   LegResult out = leg->Post(t.path, t.request_id, body);
   if (lease) {
@@ -470,8 +480,10 @@ LegResult RequestFlow::ContinueWhole(Transfer& t, InstanceLease& d_lease,
   if (out.answered && out.status == 400 && out.body.find("kvpush_resume") != std::string::npos) {
     // The new instance could not take the answer so far (a router or instance bug): it answers
     // the whole request itself, from the start (the same seed: the same answer).
-    spdlog::error("request {}: {} refused the handed-back answer ({}); sending it the request "
-                  "whole", t.request_id, to.url, Describe(out));
+    spdlog::error(
+        "request {}: {} refused the handed-back answer ({}); sending it the request "
+        "whole",
+        t.request_id, to.url, Describe(out));
     out = OpenLeg(r, t, to, t.d_role)->Post(t.path, t.request_id, ContinuationBody(t, nullptr));
   }
   return out;

@@ -32,11 +32,22 @@ Reply Forwarded(const LegResult& r) {
 }
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
-/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; StopReply when the
-/// router stopped it; 502 `<role>_unreachable` otherwise.
+/// answer as-is, but 502 `upstream_auth_failed` for its 401 or 403; 503 `<role>_unhealthy` when
+/// the health checker cut it; StopReply when the router stopped it; 502 `<role>_unreachable`
+/// otherwise.
 Reply LegFailureReply(const FlowServices& router, Role role, const InstanceAddress& addr,
                       const LegResult& r) {
   const std::string role_name = RoleName(role);
+  if (r.answered && (r.status == 401 || r.status == 403)) {
+    // The instance refused the router's credentials: the deployment is misconfigured, which
+    // the client can do nothing about (never the client's own 4xx).
+    return ErrorReply(502,
+                      role_name + " instance " + addr.url +
+                          " refused the router's credentials (HTTP " + std::to_string(r.status) +
+                          "): start the router with --instance-api-key set to the instances' "
+                          "--api-key",
+                      "server_error", "upstream_auth_failed");
+  }
   if (r.answered) return Forwarded(r);
   if (!r.cut_reason.empty()) {
     return ErrorReply(503,
@@ -69,6 +80,13 @@ Reply NoHealthyReply(const InstancePool& pool, Role role, const std::vector<std:
 bool RefusedUnstarted(const LegResult& r) {
   if (!r.answered) return r.connect_failed && r.cut_reason.empty();
   return r.status == 503 && IsDrainingAnswer(r.body);
+}
+
+bool UnstartedRetryable(const RequestFlow::Transfer& t, const LegResult& r) {
+  // A stream's status line is the first byte the client gets: before it, a leg that broke,
+  // stalled or was cut is as unstarted for the client as one refused (docs/router.md, *Retries*).
+  // A whole answer that failed so is continued instead (ResendWhole), within --migration-limit.
+  return RefusedUnstarted(r) || (t.stream && ContinuableFailure(r));
 }
 
 /// What a failed leg's log line says about it.

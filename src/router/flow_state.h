@@ -15,16 +15,17 @@
 #include <vector>
 
 #include "common/mutex.h"
-#include "http/trace_context.h"
 #include "common/thread_annotations.h"
+#include "http/trace_context.h"
+#include "router/answering_history.h"
+#include "router/client_body.h"
 #include "router/decode_stream.h"
 #include "router/flow_mode.h"
 #include "router/instance_pool.h"
 #include "router/leg.h"
 #include "router/prompt_echo.h"
-#include "router/resume_ledger.h"
-#include "router/client_body.h"
 #include "router/request_flow.h"
+#include "router/resume_ledger.h"
 #include "router/router_timeline.h"
 #include "router/stream_move.h"
 
@@ -58,8 +59,10 @@ std::string Head(const std::string& s, size_t n = 300);
 Reply Forwarded(const LegResult& r);
 
 /// The client's answer for a leg to `addr` that gave no usable answer: the instance's own non-200
-/// answer as-is; 503 `<role>_unhealthy` when the health checker cut it; StopReply when the
-/// router stopped it; 502 `<role>_unreachable` otherwise.
+/// answer as-is, but 502 `upstream_auth_failed` naming the instance for its 401 or 403 (the
+/// router's --instance-api-key does not match: a misconfiguration, not the client's fault); 503
+/// `<role>_unhealthy` when the health checker cut it; StopReply when the router stopped it; 502
+/// `<role>_unreachable` otherwise.
 Reply LegFailureReply(const FlowServices& router, Role role, const InstanceAddress& addr,
                       const LegResult& r);
 
@@ -74,6 +77,13 @@ Reply NoHealthyReply(const InstancePool& pool, Role role,
 /// it answered 503 `draining` (it is shutting down gracefully). Such a request may be sent to
 /// another instance, as long as nothing was written to the client yet.
 bool RefusedUnstarted(const LegResult& r);
+
+/// A failed answering leg (D's, or a colocated instance's) of `t` that the request may be sent
+/// again for, as a new attempt (RequestFlow::Handle's retries): refused unstarted
+/// (RefusedUnstarted), or — a streamed request, whose status line had not reached the client —
+/// failed before its status line as ContinuableFailure says (broken, stalled, cut by the health
+/// checker, cut by the instance's drain timeout).
+bool UnstartedRetryable(const RequestFlow::Transfer& t, const LegResult& r);
 
 /// A leg whose instance failed mid-answer, so that the request may go on on another instance
 /// (continuation_flow.cc): its connection broke, stalled past the leg's timeout or was cut by
@@ -122,6 +132,7 @@ struct RequestFlow::Transfer {
   std::string retry_url;
   Role retry_role = Role::kDecode;
   std::optional<Reply> refused_reply;  ///< with retry_url: the answer if no retry can be made
+  std::string retry_why = "refused it unstarted";  ///< with retry_url: for the retry's log line
   /// The request skipped its P leg (--local-prefill-threshold): D prefills; no transfer to abort.
   bool local_prefill = false;
   /// Continuation (docs/reliability.md, "Continuation"): a request of one prompt while
@@ -130,6 +141,9 @@ struct RequestFlow::Transfer {
   /// body (P/D; the minted seed included) or, colocated, the client's bytes.
   bool continuable = false;
   int continuations_left = 0;
+  /// The instances that answered it before the answering one: failed on, or moved away from
+  /// (answering_history.h). Continuations are chosen from it.
+  AnsweringHistory history;
   std::shared_ptr<const ClientBody> client;
   std::string client_text;
   /// The router's phases of this transfer (router_timeline.h); set from the moment it exists.
@@ -256,10 +270,8 @@ struct RequestFlow::StreamState {
   /// The instance whose stream is relayed now (t->d_addr until a continuation moved it).
   InstanceAddress answering;
   /// What the client got of each choice (the stream's `: kvpush-resume` comments), for a
-  /// continuation; and the instances that failed this stream (a continuation never goes back
-  /// to one, even restarted).
+  /// continuation (which instances it may go to: Transfer::history).
   ResumeLedger ledger;
-  std::vector<std::string> failed_urls;
   /// An operator's move (POST /admin/migrate): set for a continuable stream, registered in the
   /// router's StreamRegistry while it is relayed.
   std::shared_ptr<MoveSlot> move;
@@ -274,7 +286,7 @@ struct RequestFlow::StreamState {
   std::set<int64_t> echoed;
   bool terminal_sent = false;  ///< [DONE] or an error event was relayed
   bool failed = false;
-  bool completed = false;  ///< sink.done() was called
+  bool completed = false;    ///< sink.done() was called
   int64_t last_data_ns = 0;  ///< steady ns the last data event was relayed (0: none yet)
 };
 
@@ -284,17 +296,17 @@ struct RequestFlow::StreamState {
 /// cache, while the stream went on there. `pending` and `failed` are set by the workers that read
 /// the target's answers; the rest is the relaying thread's.
 struct RequestFlow::PreCopy {
-  std::atomic<int> pending{0};         ///< rounds whose answer is not in yet
-  std::atomic<bool> failed{false};     ///< a round's answer was not a 200 (or it never started)
+  std::atomic<int> pending{0};      ///< rounds whose answer is not in yet
+  std::atomic<bool> failed{false};  ///< a round's answer was not a 200 (or it never started)
   bool done() const { return pending.load() == 0; }
   bool ok() const { return !failed.load(); }  ///< the target holds every sequence's context
-  std::optional<InstanceLease> lease;  ///< the target, held until the switch
-  std::string why;                     ///< the offer's or the ask's reason
-  bool for_move = false;               ///< an operator's ask waits for the switch
-  int64_t start_ns = 0;                ///< steady ns the move began
-  int64_t round_tokens = 0;            ///< the ledger's output tokens when this round began
-  int64_t sequences = 1;               ///< sequences this round moves (n > 1: choices)
-  int rounds = 0;                      ///< rounds started (StreamMove::kMaxRounds at most)
+  std::optional<InstanceLease> lease;         ///< the target, held until the switch
+  std::string why;                            ///< the offer's or the ask's reason
+  bool for_move = false;                      ///< an operator's ask waits for the switch
+  int64_t start_ns = 0;                       ///< steady ns the move began
+  int64_t round_tokens = 0;                   ///< the ledger's output tokens when this round began
+  int64_t sequences = 1;                      ///< sequences this round moves (n > 1: choices)
+  int rounds = 0;                             ///< rounds started (StreamMove::kMaxRounds at most)
 };
 
 /// A new leg of `t` to `addr` (the router's LegRegistry); with tracing on it carries the

@@ -35,13 +35,15 @@ namespace {
 /// `usage` object; nothing when it has none (a stream without include_usage). The text is
 /// parsed only when it names a usage object. Returns whether it names one.
 bool NoteUsage(const std::string& text) {
-  if (text.find("\"usage\":{") == std::string::npos && text.find("\"usage\": {") == std::string::npos) {
+  if (text.find("\"usage\":{") == std::string::npos &&
+      text.find("\"usage\": {") == std::string::npos) {
     return false;
   }
   const size_t start = text.find('{');
   if (start == std::string::npos) return true;
-  const json doc = json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.end(), nullptr,
-                               /*allow_exceptions=*/false);
+  const json doc =
+      json::parse(text.begin() + static_cast<std::ptrdiff_t>(start), text.end(), nullptr,
+                  /*allow_exceptions=*/false);
   if (!doc.is_object() || !doc.contains("usage") || !doc["usage"].is_object()) return true;
   const json& u = doc["usage"];
   http::AccessNote& note = http::CurrentAccessNote();
@@ -95,7 +97,7 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   const InstanceAddress& d_addr = d_lease.address();
   if (dr.answered || !dr.stopped || !dr.cut_reason.empty()) r.CountLegFailure(t.d_role);
   if (dr.connect_failed) d_lease.MarkUnhealthy(role + " leg: " + dr.error);
-  const bool retry = RefusedUnstarted(dr) && t.retries_left > 0;
+  const bool retry = UnstartedRetryable(t, dr) && t.retries_left > 0;
   if (dr.answered && RefusedUnstarted(dr)) d_lease.MarkDraining();
   if (t.mode == TransferMode::kColocated || t.local_prefill) {
     spdlog::warn("request {}: {} leg to {} {}", t.request_id, role, d_addr.url, Describe(dr));
@@ -105,6 +107,9 @@ void RequestFlow::DecodeFailed(Transfer& t, InstanceLease& d_lease, const LegRes
   }
   AbortPrefill(r, t);
   if (retry) {  // nothing written: Handle retries (or writes refused_reply)
+    if (!RefusedUnstarted(dr)) {
+      t.retry_why = "failed it before any byte reached the client (" + Describe(dr) + ")";
+    }
     t.retry_url = d_addr.url;
     t.retry_role = t.d_role;
     t.refused_reply = LegFailureReply(r, t.d_role, d_addr, dr);
@@ -248,12 +253,23 @@ void RequestFlow::AnswerStream(const std::shared_ptr<Transfer>& t, const std::st
                ? HoldUntilPrefillDone(*t, *ds, std::chrono::milliseconds(t->d_leg->io_timeout_ms()))
                : HoldUntilOutput([&t] { return t->PrefillEnded(); }, *ds);
   }
+  std::optional<LegResult> failed;
+  if (status != 200) {
+    failed = ds->WaitFinished();
+    // D failed on its own before its status line (P's failure would have closed D's leg): no
+    // byte reached the client, so the request is sent again (*Retries*), whatever P's leg did
+    // meanwhile (its WRITEs to the dead D fail too).
+    if (t->retries_left > 0 && UnstartedRetryable(*t, *failed)) {
+      t->Finish();
+      return DecodeFailed(*t, d_lease, *failed, res);
+    }
+  }
   if (std::optional<Reply> p_failed = t->Decide(/*streaming=*/status == 200)) {
     if (PrefillRetry(*t, *p_failed)) return;  // ds's destructor closes D's leg
     r.CountRequest(t->mode, false);
     return p_failed->WriteTo(res);  // ds's destructor closes D's leg
   }
-  if (status != 200) return DecodeFailed(*t, d_lease, ds->WaitFinished(), res);
+  if (failed) return DecodeFailed(*t, d_lease, *failed, res);
   std::optional<PromptEcho> echo;
   if (t->echo_logprobs) {
     echo = t->PromptEchoOf();
@@ -377,10 +393,10 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   if (st.move && st.held.empty() && !st.mover.moving() && st.move->Asked()) AnswerMove(r, st);
   std::vector<std::string> events;
   events.swap(st.held);
-  const bool finished =
-      st.stream->TakeEvents(events.empty() ? (st.mover.moving() ? std::min(wait, kPreCopyPoll) : wait)
-                                           : std::chrono::milliseconds(0),
-                            &events);
+  const bool finished = st.stream->TakeEvents(
+      events.empty() ? (st.mover.moving() ? std::min(wait, kPreCopyPoll) : wait)
+                     : std::chrono::milliseconds(0),
+      &events);
   RelaySignals sig;
   const bool took_events = !events.empty();
   if (!RelayEvents(r, st, sink, events, &sig)) return false;
@@ -414,7 +430,7 @@ bool RequestFlow::Pump(FlowServices& r, StreamState& st, httplib::DataSink& sink
   if (!finished) return true;
   if (!st.terminal_sent && !r.stopping() && !st.t->PrefillFailure()) {
     const LegResult& lr = st.stream->result();
-    const std::string why = lr.answered ? "the stream ended without [DONE]"
+    const std::string why = lr.answered              ? "the stream ended without [DONE]"
                             : !lr.cut_reason.empty() ? "marked unhealthy: " + lr.cut_reason
                                                      : lr.error;
     if (ContinueStream(r, st, why)) return true;

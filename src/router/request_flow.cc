@@ -81,8 +81,8 @@ void RequestFlow::Handle(const httplib::Request& req, httplib::Response& res) {
       return t->refused_reply->WriteTo(res);
     }
     router_.CountRetry(t->retry_role);
-    spdlog::info("request {}: {} instance {} refused it unstarted; retrying on another instance",
-                 t->request_id, RoleName(t->retry_role), t->retry_url);
+    spdlog::info("request {}: {} instance {} {}; retrying on another instance", t->request_id,
+                 RoleName(t->retry_role), t->retry_url, t->retry_why);
     auto next = std::make_shared<Transfer>();
     next->request_id = t->request_id;
     next->path = t->path;

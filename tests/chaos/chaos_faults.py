@@ -9,7 +9,7 @@ import signal
 import threading
 import time
 
-from kvpush_harness import body_for, log, send, tail
+from kvpush_harness import body_for, log, send, short, tail
 
 
 class FaultDriver:
@@ -126,6 +126,125 @@ class FaultDriver:
 
     LONG_STREAM_TOKENS = 160
 
+    def own_long_stream(self):
+        """A long seeded stream of the fault's own: (pool entry, body, colocated token ids,
+        mode, request id), or None (a violation recorded) when colocated could not answer it."""
+        # A prompt that leaves room for the long answer in the model's 512-token context.
+        fits = [i for i, e in enumerate(self.pool)
+                if len(e["prompt"]) + self.LONG_STREAM_TOKENS <= 480]
+        entry = self.frng.choice(fits)
+        body = body_for(self.pool[entry], True)
+        body.update({"max_tokens": self.LONG_STREAM_TOKENS, "temperature": 0.8, "top_p": 0.95,
+                     "seed": self.frng.randrange(1 << 30)})
+        mode = self.frng.choice(self.a.modes.split(","))
+        ref = send(self.colo.host, self.colo.port, dict(body, stream=False))
+        if ref["kind"] != "ok":
+            self.violation("colocated reference of a long stream failed: %s %s" % (
+                ref["kind"], ref["error"]))
+            return None
+        return entry, body, ref["ids"], mode, "chaos-move-%016x" % self.frng.getrandbits(64)
+
+    def ask_move(self, rid):
+        """POST /admin/migrate for `rid` on the router: (status, body); status 0 without one."""
+        try:
+            c = http.client.HTTPConnection(self.router.host, self.router.port, timeout=40)
+            c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
+                      {"Content-Type": "application/json"})
+            r = c.getresponse()
+            out = r.status, r.read().decode("utf-8", "replace")
+            c.close()
+            return out
+        except (OSError, http.client.HTTPException) as e:
+            return 0, str(e)
+
+    def must_finish(self, what, r, ref, entry):
+        """Judges `r` as any answer, and, the other D being healthy, an error is a violation
+        too: no stream is cut while a healthy decode instance remains (issue 49)."""
+        self.judge(what, r, ref, entry)
+        if r["kind"] != "ok":
+            self.violation("%s: %s (%s) while another decode instance was healthy" % (
+                what, r["kind"], short(r["error"])))
+
+    def fault_move_then_kill(self, _kind):
+        """A long stream of its own moved mid-stream (POST /admin/migrate) from D_a to D_b, then
+        D_b SIGKILLed (restarted after): the stream goes on on D_a, which it only moved away
+        from (docs/router.md, *Moves and failures*)."""
+        own = self.own_long_stream()
+        if own is None:
+            return
+        entry, body, ref, mode, rid = own
+        at = self.frng.randrange(8, 40)
+        asked = {}
+
+        def ask():
+            asked["status"], asked["body"] = self.ask_move(rid)
+            if asked["status"] != 200:
+                return
+            to = json.loads(asked["body"]).get("to")
+            for d in self.D:
+                if d.url == to:
+                    time.sleep(self.frng.uniform(0.0, 0.05))
+                    d.scrape()
+                    d.kill()
+                    asked["killed"] = d
+
+        asker = threading.Thread(target=ask)
+
+        def on_event(n):
+            if n == at:
+                asker.start()
+
+        r = send(self.router.host, self.router.port, body,
+                 headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
+        if asker.ident is not None:
+            asker.join()
+        killed = asked.get("killed")
+        what = "long stream %s (%s), moved after %d events -> %s%s" % (
+            rid, mode, at, asked.get("status"), ", then its new D SIGKILLed" if killed else "")
+        self.count(self.faults, "long stream moved, then its new D SIGKILLed: move %s, answer %s"
+                   % (asked.get("status"), r["kind"]))
+        log("fault: %s; answer %s" % (what, r["kind"]))
+        if killed:
+            killed.start()
+            if not killed.wait_healthy(60):
+                self.violation("%s did not come back after a restart" % killed.name)
+            self.must_finish(what, r, ref, entry)
+        else:
+            self.judge(what, r, ref, entry)
+
+    def fault_kill_before_first_byte(self, _kind):
+        """A D SIGSTOPped, a stream of the fault's own sent meanwhile (its leg, if written to the
+        stopped D, waits for a status line that never comes), then that D SIGKILLed and restarted:
+        the stream is sent again on the other D and equals colocated (docs/router.md, *Retries*)."""
+        own = self.own_long_stream()
+        if own is None:
+            return
+        entry, body, ref, mode, rid = own
+        body["max_tokens"] = 24
+        victim = self.frng.choice(self.D)
+        victim.scrape()
+        victim.proc.send_signal(signal.SIGSTOP)
+        result = {}
+        sender = threading.Thread(target=lambda: result.update(r=send(
+            self.router.host, self.router.port, body,
+            headers={"x-kvpush-mode": mode, "x-request-id": rid})))
+        sender.start()
+        time.sleep(self.frng.uniform(0.02, 0.3))
+        victim.kill()
+        sender.join()
+        r = result["r"]
+        ref24 = send(self.colo.host, self.colo.port, dict(body, stream=False))
+        what = "stream %s (%s), %s stopped then SIGKILLed before its first byte" % (
+            rid, mode, victim.name)
+        self.count(self.faults, "D stopped, then SIGKILLed, before a stream's first byte: "
+                   "answer %s" % r["kind"])
+        log("fault: %s; answer %s" % (what, r["kind"]))
+        victim.start()
+        if not victim.wait_healthy(60):
+            self.violation("%s did not come back after a restart" % victim.name)
+        if ref24["kind"] == "ok":
+            self.must_finish(what, r, ref24["ids"], entry)
+
     def fault_migrate_long(self, kind):
         """A long seeded stream of its own, moved mid-stream by POST /admin/migrate (issue 24);
         `migrate_broken`: every transfer post of both Ds fails (SIGUSR1 ... SIGUSR2) from just
@@ -195,6 +314,7 @@ class FaultDriver:
         "restart_stopped_P": fault_restart_stopped, "orphan_leases": fault_orphan_leases,
         "broken_P": fault_broken, "link_cut": fault_link_cut, "migrate": fault_migrate,
         "migrate_long": fault_migrate_long, "migrate_broken": fault_migrate_long,
+        "move_then_kill": fault_move_then_kill, "kill_before_first_byte": fault_kill_before_first_byte,
     }
 
     def fault_loop(self):

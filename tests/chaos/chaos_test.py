@@ -23,6 +23,10 @@ concurrency C while a fault driver, at random:
     first round is) and moves it mid-stream (`migrate_long`), also while every transfer post of
     both Ds fails (`migrate_broken`: the source's WRITEs of the move fail, and so do the Ds'
     own posts — acks, PUSH_TARGETs, READs — for other requests),
+  * moves a long stream of its own, then SIGKILLs the D it moved to (`move_then_kill`: the
+    stream must finish on the D it moved away from), and stops a D, sends a stream of its own,
+    then SIGKILLs that D (`kill_before_first_byte`: the stream must be sent again and finish);
+    in both, an error while the other D is healthy is a violation (issue 49),
 and every P and D runs the `fault` transfer backend (`--xfer-fault-plan`): injected post and
 completion failures and random post/completion delays on every KV WRITE/READ.
 
@@ -555,7 +559,8 @@ def main():
     ap.add_argument("--settle-s", type=float, default=10.0)
     ap.add_argument("--faults",
                     default="kill_restart_P,kill_restart_D,sigstop,orphan_leases,link_cut,broken_P,"
-                            "restart_stopped_P,migrate,migrate_long,migrate_broken",
+                            "restart_stopped_P,migrate,migrate_long,migrate_broken,"
+                            "move_then_kill,kill_before_first_byte",
                     help="fault kinds the driver draws from (also sigstop_P, sigstop_D)")
     ap.add_argument("--modes", default="push,pull-vllm,pull-fast")
     ap.add_argument("--netns", choices=["auto", "on", "off"], default="auto")

@@ -10,6 +10,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <future>
 #include <string>
@@ -421,6 +423,79 @@ TEST(FrontDoorConnections, TlsServesKeepAliveRequestsPastIdleHandshakes) {
     EXPECT_EQ(r->body, i == 1 ? "got tls" : "A");
   }
   for (int fd : idle) ::close(fd);
+}
+
+// Every answer given to a request with a body — 401 (no key), 404, 405, 413, with
+// Content-Length, chunked, or after Expect: 100-continue — either has read and discarded the
+// body or closes the connection: a body that is itself a request is never executed, and the
+// honest request after it gets its own answer. Exactly one response per request sent.
+TEST(FrontDoorConnections, EarlyAnswersNeverReadABodyAsARequest) {
+  FrontDoorOptions o = Small();
+  o.api_key = "k";
+  FrontDoor door(o);
+  AddRoutes(door);
+  ASSERT_TRUE(door.Start().ok());
+  const std::string key = "Authorization: Bearer k\r\n";
+  // Executed, it would answer "A" (it carries the key).
+  const std::string smuggled = "GET /a HTTP/1.1\r\nHost: x\r\n" + key + "\r\n";
+  const std::string honest = "GET /a HTTP/1.1\r\nHost: x\r\n" + key + "Connection: close\r\n\r\n";
+  const std::string cl = "Content-Length: " + std::to_string(smuggled.size()) + "\r\n";
+  char size_hex[16];
+  std::snprintf(size_hex, sizeof size_hex, "%zx", smuggled.size());
+  const std::string chunked_body = std::string(size_hex) + "\r\n" + smuggled + "\r\n0\r\n\r\n";
+  struct Case {
+    const char* what;
+    std::string request;  // head and body
+    int status;
+    bool closes;  // the answer closes the connection (the honest request gets none)
+  } cases[] = {
+      {"401, Content-Length", "POST /b HTTP/1.1\r\nHost: x\r\n" + cl + "\r\n" + smuggled, 401,
+       false},
+      {"401 on an unknown path", "POST /nowhere HTTP/1.1\r\nHost: x\r\n" + cl + "\r\n" + smuggled,
+       401, false},
+      {"401, chunked",
+       "POST /b HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_body, 401,
+       false},
+      {"401, Expect: 100-continue",
+       "POST /b HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n" + cl + "\r\n" + smuggled, 401,
+       false},
+      {"404", "POST /nowhere HTTP/1.1\r\nHost: x\r\n" + key + cl + "\r\n" + smuggled, 404, false},
+      {"405", "PUT /b HTTP/1.1\r\nHost: x\r\n" + key + cl + "\r\n" + smuggled, 405, false},
+      {"413",
+       "POST /b HTTP/1.1\r\nHost: x\r\n" + key + "Content-Length: 80\r\n\r\n" + smuggled +
+           std::string(80 - smuggled.size(), ' '),
+       413, true},
+      {"200 (control)", "POST /b HTTP/1.1\r\nHost: x\r\n" + key + cl + "\r\n" + smuggled, 200,
+       false},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const int fd = Connect(door.port());
+    ASSERT_GE(fd, 0);
+    // After an answer that closes, an honest request sent along could meet the close as a
+    // reset before its answer was read: only the body's own smuggled request is sent then.
+    Send(fd, c.closes ? c.request : c.request + honest);
+    bool closed = false;
+    const std::string got = Receive(fd, 5000, SIZE_MAX, &closed);
+    ::close(fd);
+    EXPECT_TRUE(closed) << got;  // the honest request asks to close, or the answer closed
+    std::vector<int> statuses;
+    for (size_t at = got.find("HTTP/1.1 "); at != std::string::npos;
+         at = got.find("HTTP/1.1 ", at + 1)) {
+      const int st = std::atoi(got.c_str() + at + 9);
+      if (st != 100) statuses.push_back(st);  // an interim answer is not a response
+    }
+    const std::vector<int> want =
+        c.closes ? std::vector<int>{c.status} : std::vector<int>{c.status, 200};
+    EXPECT_EQ(statuses, want) << got;
+    // "A" is the answer of GET /a: only the honest request may get it.
+    size_t as = 0;
+    for (size_t at = got.find("\r\n\r\nA"); at != std::string::npos;
+         at = got.find("\r\n\r\nA", at + 1)) {
+      ++as;
+    }
+    EXPECT_EQ(as, c.closes ? 0u : 1u) << got;
+  }
 }
 
 }  // namespace

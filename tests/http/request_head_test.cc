@@ -73,5 +73,60 @@ TEST(ScanRequest, LeavesPipelinedBytesAfterTheHead) {
   EXPECT_EQ(scan.head_bytes, first.size());
 }
 
+// After an answer, the next request starts past the whole of this one: a buffered body the
+// answer did not read is skipped, never read as a request; a body the worker reads itself that
+// the answer did not touch closes the connection (docs/server.md, "Early answers").
+TEST(NextRequestStart, NeverReadsABodyAsTheNextRequest) {
+  constexpr size_t kMaxHead = 64, kMaxBody = 64;
+  const std::string smuggled = "GET /a HTTP/1.1\r\n\r\n";
+  const std::string head =
+      "POST /b HTTP/1.1\r\nContent-Length: " + std::to_string(smuggled.size()) + "\r\n\r\n";
+  const RequestScan buffered = ScanRequest(head + smuggled, kMaxHead, kMaxBody);
+  ASSERT_EQ(buffered.progress, RequestProgress::kReady);
+  EXPECT_FALSE(buffered.worker_reads_body);
+  EXPECT_TRUE(buffered.has_body);
+  EXPECT_EQ(buffered.body_bytes, smuggled.size());
+  const size_t end = head.size() + smuggled.size();
+  struct Case {
+    const char* what;
+    size_t consumed;
+    bool close;
+    size_t start;
+  } cases[] = {
+      {"answered after reading the head only", head.size(), false, end},
+      {"answered after reading the body", end, false, end},
+      {"nothing consumed (a scan of the same bytes)", 0, false, end},
+      {"more than the request (never happens; not undone)", end + 3, false, end + 3},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const NextRequest next = NextRequestStart(buffered, c.consumed);
+    EXPECT_EQ(next.close, c.close);
+    EXPECT_EQ(next.start, c.start);
+  }
+  // Chunked, after Expect: 100-continue, over the limit: the worker reads the body.
+  for (const std::string& h :
+       {std::string("POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+        std::string("POST /b HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"),
+        std::string("POST /b HTTP/1.1\r\nContent-Length: 999\r\n\r\n")}) {
+    SCOPED_TRACE(h);
+    const RequestScan s = ScanRequest(h, kMaxHead, kMaxBody);
+    ASSERT_EQ(s.progress, RequestProgress::kReady);
+    EXPECT_TRUE(s.worker_reads_body);
+    EXPECT_TRUE(s.has_body);
+    EXPECT_TRUE(NextRequestStart(s, h.size()).close);  // the body was not read
+    const NextRequest read = NextRequestStart(s, h.size() + 10);
+    EXPECT_FALSE(read.close);
+    EXPECT_EQ(read.start, h.size() + 10);
+  }
+  // No body at all: the head is the request.
+  const std::string get = "GET /a HTTP/1.1\r\n\r\n";
+  const RequestScan g = ScanRequest(get + "GET /a", kMaxHead, kMaxBody);
+  EXPECT_FALSE(g.has_body);
+  EXPECT_EQ(NextRequestStart(g, get.size()).start, get.size());
+  // Not a request a worker was given: close.
+  EXPECT_TRUE(NextRequestStart(ScanRequest("GET /a HT", kMaxHead, kMaxBody), 0).close);
+}
+
 }  // namespace
 }  // namespace kvpush::http

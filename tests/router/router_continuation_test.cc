@@ -233,8 +233,12 @@ class RouterHandBackTest : public RouterTest {
   }
 };
 
-TEST_F(RouterHandBackTest, AWholeAnswerHandedBackGoesOnOnTheOtherDecode) { Run(2); }
-TEST_F(RouterHandBackTest, WithNoOtherDecodeTheOneThatHandedItBackFinishesIt) { Run(1); }
+TEST_F(RouterHandBackTest, AWholeAnswerHandedBackGoesOnOnTheOtherDecode) {
+  Run(2);
+}
+TEST_F(RouterHandBackTest, WithNoOtherDecodeTheOneThatHandedItBackFinishesIt) {
+  Run(1);
+}
 
 // Output without a resume comment (an instance that writes none) is never continued past: the
 // client gets the error event, never text twice.
@@ -249,6 +253,93 @@ TEST_F(RouterTest, AStreamWithoutResumeCommentsIsNotContinued) {
   EXPECT_EQ(s.body.find("[DONE]"), std::string::npos) << s.body;
   EXPECT_NE(s.body.find("stream_broken"), std::string::npos) << s.body;
   EXPECT_EQ(d_[0]->count() + d_[1]->count(), 1u);
+}
+
+// A move is not a failure (docs/router.md, *Moves and failures*): a stream moved from D_a to
+// D_b goes back to D_a when D_b is then cut by the health checker (SIGSTOP's look), and the
+// client still sees every chunk once.
+TEST_F(RouterMoveTest, AStreamMovedAwayFromADecodeGoesBackToItWhenTheNewOneFails) {
+  FakeInstance* source = StartStream(200, "mv-3");
+  ASSERT_NE(source, nullptr);
+  FakeInstance* target = Other(source);
+  auto moved = Post(json{{"request_id", "mv-3"}}, {}, "/admin/migrate");
+  ASSERT_TRUE(moved);
+  ASSERT_EQ(moved->status, 200) << moved->body;
+  EXPECT_EQ(json::parse(moved->body)["to"], target->url());
+  // The target streams the continuation now; cut it.
+  ASSERT_TRUE(WaitFor([&] { return target->last_chunk_ns.load() != 0; }));
+  target->health_status = 503;
+  auto finished = MoveAndFinish("mv-3", 200);  // a second ask: the stream is ending, or gone
+  (void)finished;
+  const std::vector<Received> src = source->received();
+  ASSERT_GE(src.size(), 3u);  // the stream, the move's first round, and the stream again
+  const Received& back = src.back();
+  EXPECT_EQ(back.body["stream"], true);
+  ASSERT_TRUE(back.body.contains("kvpush_resume")) << back.body.dump();
+  EXPECT_FALSE(back.migration_source);
+}
+
+// A streamed request whose D stalls before its status line and is cut by the health checker is
+// sent again to the other D (docs/router.md, *Retries*): no byte had reached the client, so the
+// client gets the other D's whole stream, not 503 decode_unhealthy.
+TEST_F(RouterTest, AStreamWhoseDecodeStallsBeforeItsStatusLineIsSentAgain) {
+  StartRouter(1, 2, TransferMode::kPush, "", /*health_interval_ms=*/100);
+  for (auto& d : d_) d->delay_ms = 60000;  // the first D to get the leg never answers it
+  std::thread stall([&] {
+    WaitFor([&] { return d_[0]->count() + d_[1]->count() == 1; });
+    FakeInstance* stalled = d_[0]->count() == 1 ? d_[0].get() : d_[1].get();
+    FakeInstance* other = stalled == d_[0].get() ? d_[1].get() : d_[0].get();
+    other->delay_ms = 0;
+    stalled->health_status = 503;  // like SIGSTOP: the health checker cuts its legs
+  });
+  StreamSeen s = PostStream({{"prompt", "x"}});
+  stall.join();
+  EXPECT_EQ(s.status, 200);
+  EXPECT_NE(s.body.find("[DONE]"), std::string::npos) << s.body;
+  EXPECT_EQ(s.body.find("\"error\""), std::string::npos) << s.body;
+  EXPECT_EQ(d_[0]->count(), 1u);
+  EXPECT_EQ(d_[1]->count(), 1u);
+  ASSERT_EQ(p_[0]->count(), 2u);  // a new attempt: a new P leg, a new transfer id
+  EXPECT_NE(p_[0]->received()[0].body["kv_transfer_params"]["transfer_id"],
+            p_[0]->received()[1].body["kv_transfer_params"]["transfer_id"]);
+  EXPECT_TRUE(HasMetric("kvpush_router_retries_total{refused_by=\"decode\"} 1"));
+}
+
+// An instance that refuses the router's credentials (401 or 403: its --api-key is not the
+// router's --instance-api-key) is a misconfigured deployment: 502 upstream_auth_failed naming
+// it, never the client's 4xx; streamed or not, D or P.
+TEST_F(RouterTest, AnInstanceRefusingTheRoutersKeyGives502UpstreamAuthFailed) {
+  StartRouter(1, 1, TransferMode::kPull);
+  for (int status : {401, 403}) {
+    SCOPED_TRACE(status);
+    d_[0]->status = status;
+    for (bool stream : {false, true}) {
+      int got = 0;
+      std::string body;
+      if (stream) {
+        StreamSeen s = PostStream({{"prompt", "x"}});
+        got = s.status;
+        body = s.body;
+      } else {
+        auto r = Post({{"prompt", "x"}});
+        ASSERT_TRUE(r);
+        got = r->status;
+        body = r->body;
+      }
+      EXPECT_EQ(got, 502) << body;
+      const json e = json::parse(body, nullptr, false);
+      ASSERT_TRUE(e.is_object()) << body;
+      EXPECT_EQ(e["error"]["code"], "upstream_auth_failed");
+      EXPECT_NE(e["error"]["message"].get<std::string>().find(d_[0]->url()), std::string::npos);
+    }
+    d_[0]->status = 200;
+    p_[0]->status = status;
+    auto r = Post({{"prompt", "x"}});
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 502) << r->body;
+    EXPECT_EQ(json::parse(r->body)["error"]["code"], "upstream_auth_failed");
+    p_[0]->status = 200;
+  }
 }
 
 }  // namespace

@@ -22,11 +22,16 @@ namespace {
 constexpr uint32_t kAddressMagic = 0x5855564b;  // "KVUX"
 // magic u32, version u32, pid u64, process start time u64 (host byte order: same-host use only),
 // then (since version 2) the doorbell's abstract socket name, NUL-padded to kDoorbellName bytes
-// (all NUL: no doorbell). Only this version is accepted: both ends run the same build.
-constexpr uint32_t kAddressVersion = 2;
+// (all NUL: no doorbell), then (since version 3) how to connect, u32: kConnectWorker (the UCP
+// worker address follows) or kConnectListener (the listener's sockaddr follows, kSockaddrBytes).
+// Only this version is accepted: both ends run the same build.
+constexpr uint32_t kAddressVersion = 3;
 constexpr size_t kAddressHeaderV1 = 24;
 constexpr size_t kDoorbellName = 40;
-constexpr size_t kAddressHeader = kAddressHeaderV1 + kDoorbellName;
+constexpr size_t kAddressHeaderV2 = kAddressHeaderV1 + kDoorbellName;
+constexpr size_t kAddressHeader = kAddressHeaderV2 + 4;
+constexpr uint32_t kConnectWorker = 1;
+constexpr uint32_t kConnectListener = 2;
 
 // The Linux abstract-namespace address of `name` (at most kDoorbellName bytes) into `a`; returns
 // its length.
@@ -80,6 +85,7 @@ Status FromUcs(ucs_status_t s, const std::string& what) {
   std::string m = "ucx: " + what + ": " + UcsText(s);
   switch (s) {
     case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_NOT_CONNECTED:  // a client-server connection whose peer died while it was made
     case UCS_ERR_ENDPOINT_TIMEOUT:
     case UCS_ERR_UNREACHABLE:
     case UCS_ERR_REJECTED:
@@ -101,14 +107,17 @@ Status FromUcs(ucs_status_t s, const std::string& what) {
 
 Status UcxBackend::Init() {
   std::string tls, devices;
+  std::string listen_devices;  // tcp: where the listener binds (ListenAddressFor)
   if (options_.preset == "tcp") {
     tls = "tcp";
     // Loopback unless the operator chose the devices (UCX_NET_DEVICES, e.g. the veth or NIC
     // that reaches the peers: P and D on different hosts or network namespaces).
     const char* env = std::getenv("UCX_NET_DEVICES");
     devices = env != nullptr && env[0] != '\0' ? "" : "lo";
+    listen_devices = devices.empty() ? std::string(env) : devices;
     peer_errors_ = true;
     efd_wakes_ = true;
+    client_server_ = true;
     // A put needs a flush round trip before its notification's AM may follow; a small WRITE is
     // one message instead (the Agent's eager frame, an AM of up to this much data).
     caps_.eager_write_max_bytes = std::getenv("KVP_NO_EAGER") ? 0 : kEagerWriteMaxBytes;
@@ -151,21 +160,32 @@ Status UcxBackend::Init() {
   wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
   s = ucp_worker_create(context_, &wp, &worker_);
   if (s != UCS_OK) return FromUcs(s, "ucp_worker_create");
-  ucp_address_t* addr = nullptr;
-  size_t addr_len = 0;
-  s = ucp_worker_get_address(worker_, &addr, &addr_len);
-  if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
   address_.resize(kAddressHeader);
   const uint64_t pid = static_cast<uint64_t>(getpid());
   const uint64_t start = ProcessStartTime(pid);
+  const uint32_t how = client_server_ ? kConnectListener : kConnectWorker;
   std::memcpy(address_.data(), &kAddressMagic, 4);
   std::memcpy(address_.data() + 4, &kAddressVersion, 4);
   std::memcpy(address_.data() + 8, &pid, 8);
   std::memcpy(address_.data() + 16, &start, 8);
   std::memcpy(address_.data() + kAddressHeaderV1, doorbell_name_.data(), doorbell_name_.size());
-  address_.insert(address_.end(), reinterpret_cast<uint8_t*>(addr),
-                  reinterpret_cast<uint8_t*>(addr) + addr_len);
-  ucp_worker_release_address(worker_, addr);
+  std::memcpy(address_.data() + kAddressHeaderV2, &how, 4);
+  if (client_server_) {
+    // Peers connect to the listener: each Connect is its own connection, answered by an
+    // endpoint made from its request, so two agents never wire up one endpoint pair from both
+    // ends at once (docs/xfer.md "Wire-up").
+    KVP_RETURN_IF_ERROR(StartListener(listen_devices));
+    const std::vector<uint8_t> sa = PackSockaddr(listen_addr_);
+    address_.insert(address_.end(), sa.begin(), sa.end());
+  } else {
+    ucp_address_t* addr = nullptr;
+    size_t addr_len = 0;
+    s = ucp_worker_get_address(worker_, &addr, &addr_len);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
+    address_.insert(address_.end(), reinterpret_cast<uint8_t*>(addr),
+                    reinterpret_cast<uint8_t*>(addr) + addr_len);
+    ucp_worker_release_address(worker_, addr);
+  }
   ucp_am_handler_param_t ap{};
   ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
@@ -211,6 +231,13 @@ UcxBackend::~UcxBackend() {
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
       }
     }
+    // Last, right before the worker (whose destruction closes the connection manager and every
+    // connection it accepted): UCX 1.13's tcp listener leaves a connection it accepted but whose
+    // request has not arrived yet pointing at the freed listener, and UCX's async thread then
+    // crashes when the request arrives (uct tcp_sockcm_ep.c; seen as SIGSEGV in
+    // ucp_cm_server_conn_request_cb when the listener was closed at stop). Closing it here
+    // leaves that window microseconds wide instead of the whole drain.
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
     ucp_worker_destroy(worker_);
   }
   shell_.ReleaseRetired();  // unmaps the memory UCX allocated (after the worker is gone)
@@ -234,27 +261,43 @@ void UcxBackend::ReleaseMemory(std::unique_ptr<BackendRegion> region) {
 
 Result<std::shared_ptr<BackendPeer>> UcxBackend::Connect(std::span<const uint8_t> address) {
   if (address.size() < kAddressHeader + 8) return InvalidArgument("ucx: address blob too short");
-  uint32_t magic = 0, version = 0;
+  uint32_t magic = 0, version = 0, how = 0;
   uint64_t pid = 0, start = 0;
   std::memcpy(&magic, address.data(), 4);
   std::memcpy(&version, address.data() + 4, 4);
   std::memcpy(&pid, address.data() + 8, 8);
   std::memcpy(&start, address.data() + 16, 8);
+  std::memcpy(&how, address.data() + kAddressHeaderV2, 4);
   if (magic != kAddressMagic || version != kAddressVersion)
     return InvalidArgument("ucx: not a kvpush UCX address (magic/version " + std::to_string(magic) +
                            "/" + std::to_string(version) + ")");
   if (pid == 0 || pid > 0x3fffffff) return InvalidArgument("ucx: address names pid 0 or > 2^30");
+  if (how != (client_server_ ? kConnectListener : kConnectWorker))
+    return InvalidArgument("ucx: the peer's address is for the other preset (tcp/shm)");
   auto peer = std::make_shared<UcxPeer>();
   peer->owner = this;
   peer->pid = pid;
   peer->start_time = start;
   KVP_RETURN_IF_ERROR(ParseDoorbell(address.subspan(kAddressHeaderV1, kDoorbellName), peer.get()));
-  std::vector<uint8_t> addr(address.begin() + kAddressHeader, address.end());
+  const auto payload = address.subspan(kAddressHeader);
+  std::vector<uint8_t> addr(payload.begin(), payload.end());
+  sockaddr_storage listener{};
+  socklen_t listener_len = 0;
+  if (client_server_) {
+    KVP_ASSIGN_OR_RETURN(listener, ParseSockaddr(payload, &listener_len));
+  }
   Status st = shell_.RunSync([&]() -> Status {
     shell_.mu().AssertHeld();  // runs on the progress thread
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
-    ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+    if (client_server_) {
+      ep.field_mask = UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+      ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&listener);
+      ep.sockaddr.addrlen = listener_len;
+    } else {
+      ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+    }
     if (peer_errors_) {
       ep.field_mask |= UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
       ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
@@ -388,6 +431,7 @@ bool UcxBackend::Progress() {
   bool progressed = false;
   while (ucp_worker_progress(worker_) != 0) progressed = true;
   if (progressed) shell_.NoteActivity();  // stay hot while traffic flows (target)
+  ReapAccepted();
   ReapClosing();
   return progressed;
 }

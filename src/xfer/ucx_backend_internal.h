@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -29,6 +30,21 @@
 namespace kvpush::xfer::ucx_internal {
 
 constexpr unsigned kNotifyAmId = 17;
+
+/// Bytes of the sockaddr form of an address blob's payload: family u16, port u16 (network order),
+/// then the IPv4 (4) or IPv6 (16) address, zero-padded.
+constexpr size_t kSockaddrBytes = 20;
+
+/// The address the tcp preset's listener binds to: the first device of `devices` (the operator's
+/// UCX_NET_DEVICES; "" or "lo": the loopback, 127.0.0.1), its IPv4 address, else a
+/// non-link-local IPv6 one. Errors: kInvalidArgument ("all"), kUnavailable (no such device, or no
+/// address on it).
+Result<sockaddr_storage> ListenAddressFor(const std::string& devices);
+/// `ss` (AF_INET or AF_INET6) as kSockaddrBytes bytes.
+std::vector<uint8_t> PackSockaddr(const sockaddr_storage& ss);
+/// The inverse of PackSockaddr; `len` receives the sockaddr's length.
+/// Errors: kInvalidArgument (wrong size or family).
+Result<sockaddr_storage> ParseSockaddr(std::span<const uint8_t> blob, socklen_t* len);
 
 std::string UcsText(ucs_status_t s);
 // Maps a UCX completion error to a Status code that keeps the cause.
@@ -200,6 +216,20 @@ class UcxBackend final : public Backend, private ProgressHooks {
 
   void CloseEp(UcxPeer* p) REQUIRES(shell_.mu());
 
+  // ---- client-server wire-up (tcp preset; ucx_listener.cc) ----
+
+  // Opens the listener on ListenAddressFor(devices), any port; sets listen_addr_.
+  // Errors: as ListenAddressFor, kUnavailable (ucp_listener_create).
+  Status StartListener(const std::string& devices);
+  // A peer's Connect reached the listener: the endpoint that answers it (accepted_).
+  static void OnConnRequest(ucp_conn_request_h request, void* arg);
+  // An accepted endpoint failed (its peer died or closed): closed by ReapAccepted.
+  static void OnAcceptedEpError(void* arg, ucp_ep_h ep, ucs_status_t status);
+  // Closes an accepted endpoint (forced when it failed), once.
+  void CloseAccepted(ucp_ep_h ep, bool failed) REQUIRES(shell_.mu());
+  // Closes the accepted endpoints that failed since the last call.
+  void ReapAccepted() REQUIRES(shell_.mu());
+
   void ReapClosing() REQUIRES(shell_.mu());
 
   // ---- ProgressHooks: called by the shell's progress thread under the worker lock ----
@@ -227,6 +257,10 @@ class UcxBackend final : public Backend, private ProgressHooks {
   void BeginStop() override {
     shell_.mu().AssertHeld();
     for (UcxPeer* p : std::vector<UcxPeer*>(peers_.begin(), peers_.end())) CloseEp(p);
+    // The listener stays open until just before the worker is destroyed (~UcxBackend).
+    ReapAccepted();
+    for (ucp_ep_h ep : std::vector<ucp_ep_h>(accepted_.begin(), accepted_.end()))
+      CloseAccepted(ep, false);
   }
   bool Drained() override {
     shell_.mu().AssertHeld();
@@ -255,6 +289,11 @@ class UcxBackend final : public Backend, private ProgressHooks {
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
   std::vector<uint8_t> address_;
+  // tcp: peers connect to this agent's listener (UCX client-server) and Connect goes to theirs;
+  // shm: to the UCP worker address (docs/xfer.md "Wire-up").
+  bool client_server_ = false;
+  ucp_listener_h listener_ = nullptr;
+  sockaddr_storage listen_addr_{};
   std::atomic<uint64_t> stat_posts_{0}, stat_ops_{0};
   std::atomic<int64_t> stat_issue_ns_{0}, stat_last_issue_ns_{0};
 
@@ -269,6 +308,10 @@ class UcxBackend final : public Backend, private ProgressHooks {
   std::unordered_map<uint64_t, InFlight*> inflight_ GUARDED_BY(shell_.mu());
   std::unordered_set<UcxPeer*> peers_ GUARDED_BY(shell_.mu());
   std::vector<void*> closing_ GUARDED_BY(shell_.mu());  // ucp_ep_close_nbx requests in flight
+  // Endpoints created from peers' connection requests (OnConnRequest), until closed; and those of
+  // them that failed, to close after the progress call that reported it.
+  std::unordered_set<ucp_ep_h> accepted_ GUARDED_BY(shell_.mu());
+  std::vector<ucp_ep_h> accepted_failed_ GUARDED_BY(shell_.mu());
 };
 
 }  // namespace kvpush::xfer::ucx_internal

@@ -2,16 +2,18 @@
 """A decode instance survives its peer dying while their KV connection wires up (issue 49 item 4;
 docs/xfer.md "Wire-up").
 
-A colocated reference, P, D1 and D2 (--backend, ucx:tcp by default) behind a router, on a generated model.
-`--reps` times: a seeded stream runs on one D; after 30 events the router is asked to move it
-(POST /admin/migrate: the other D, the target, handshakes with the source and pulls the context
-pushed in the move's first round) and the source is SIGKILLed `delay` seconds later, delay
-sweeping 0..--max-delay-ms so that the kill lands before, during and after the two agents wire
-up. Each time the target must still run (no UCX abort: "got REP message" or any exit) and the
-client's stream must equal the colocated reference (the crash is continued as any other). The
-killed source is restarted before the next repetition. Prints one line per repetition and a total.
+A colocated reference, P, D1 and D2 (--backend, ucx:tcp by default) behind a router, on a
+generated model. `--reps` times: a seeded stream runs on one D; after 30 events the router is asked
+to move it (POST /admin/migrate: the other D, the target, and the source handshake and wire up
+their KV connection while the move's first round starts) and the source is SIGKILLed, `delay`
+sweeping 0..--max-delay-ms after the ask, or (--at-handshake) after the source logged its
+handshake with the target, which lands the kill while the two agents wire up. Each time the target
+must still run (no UCX abort: "got REP message", an assertion, or any exit) and the client's
+stream must equal the colocated reference (the crash is continued as any other). The dead are
+restarted before the next repetition. Prints one line per check and a total.
 
-    tests/apps/wireup_survivor_test.py --kvpush build/apps/kvpush --reps 20
+    tests/apps/wireup_survivor_test.py --kvpush build/apps/kvpush --reps 20 --at-handshake \
+        --max-delay-ms 3
 """
 
 import argparse

@@ -252,20 +252,10 @@ class FaultDriver:
         must stay, or move with its context pushed again or computed, and its tokens equal
         colocated — or it ends in an explicit error."""
         broken = kind == "migrate_broken" and self.fault_flag
-        # A prompt that leaves room for the long answer in the model's 512-token context.
-        fits = [i for i, e in enumerate(self.pool)
-                if len(e["prompt"]) + self.LONG_STREAM_TOKENS <= 480]
-        entry = self.frng.choice(fits)
-        body = body_for(self.pool[entry], True)
-        body.update({"max_tokens": self.LONG_STREAM_TOKENS, "temperature": 0.8, "top_p": 0.95,
-                     "seed": self.frng.randrange(1 << 30)})
-        mode = self.frng.choice(self.a.modes.split(","))
-        ref = send(self.colo.host, self.colo.port, dict(body, stream=False))
-        if ref["kind"] != "ok":
-            self.violation("colocated reference of a long stream failed: %s %s" % (
-                ref["kind"], ref["error"]))
+        own = self.own_long_stream()
+        if own is None:
             return
-        rid = "chaos-move-%016x" % self.frng.getrandbits(64)
+        entry, body, ref_ids, mode, rid = own
         at = self.frng.randrange(8, 60)
         asked = {}
 
@@ -274,14 +264,7 @@ class FaultDriver:
                 for d in self.D:
                     d.proc.send_signal(signal.SIGUSR1)
             try:
-                c = http.client.HTTPConnection(self.router.host, self.router.port, timeout=40)
-                c.request("POST", "/admin/migrate", json.dumps({"request_id": rid}),
-                          {"Content-Type": "application/json"})
-                r = c.getresponse()
-                asked["status"], asked["body"] = r.status, r.read().decode("utf-8", "replace")
-                c.close()
-            except (OSError, http.client.HTTPException) as e:
-                asked["status"], asked["body"] = 0, str(e)
+                asked["status"], asked["body"] = self.ask_move(rid)
             finally:
                 if broken:
                     for d in self.D:
@@ -306,7 +289,7 @@ class FaultDriver:
             what, status, (asked.get("body") or "")[:160], r["kind"]))
         if status is not None and status not in (200, 404, 409, 504):
             self.violation("POST /admin/migrate %s: %s %s" % (rid, status, asked.get("body")))
-        self.judge(what, r, ref["ids"], entry)
+        self.judge(what, r, ref_ids, entry)
 
     FAULTS = {
         "kill_restart_P": fault_kill_restart, "kill_restart_D": fault_kill_restart,

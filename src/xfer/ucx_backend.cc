@@ -113,8 +113,9 @@ Status UcxBackend::Init() {
     // Loopback unless the operator chose the devices (UCX_NET_DEVICES, e.g. the veth or NIC
     // that reaches the peers: P and D on different hosts or network namespaces).
     const char* env = std::getenv("UCX_NET_DEVICES");
-    devices = env != nullptr && env[0] != '\0' ? "" : "lo";
-    listen_devices = devices.empty() ? std::string(env) : devices;
+    const bool chosen = env != nullptr && env[0] != '\0';
+    devices = chosen ? "" : "lo";
+    listen_devices = chosen ? std::string(env) : devices;
     peer_errors_ = true;
     efd_wakes_ = true;
     client_server_ = true;

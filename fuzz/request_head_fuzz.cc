@@ -5,7 +5,7 @@
 // choosing a cut, then the buffered bytes. Asserted:
 //   * kIdle exactly for no bytes; head_bytes <= the bytes; a complete head ends at the first
 //     empty line (LF LF or LF CR LF) and nowhere else;
-//   * kLengthRequired, kBadFraming and kHeadTooLarge stay so with more bytes (the head decides it);
+//   * kBadFraming and kHeadTooLarge stay so with more bytes (the head decides it);
 //   * kHeadTooLarge exactly for a head over max_head_bytes (ended or not yet);
 //   * more bytes never undo a request: a prefix that is kReady stays kReady with the same head
 //     (pipelined bytes after a request are left alone), and a complete head stays complete;
@@ -45,7 +45,6 @@ void CheckScan(std::string_view b, size_t max_head, size_t max_body, const Reque
   const size_t end = FirstHeadEnd(b);
   const bool complete = s.progress == RequestProgress::kReady ||
                         s.progress == RequestProgress::kReadingBody ||
-                        s.progress == RequestProgress::kLengthRequired ||
                         s.progress == RequestProgress::kBadFraming;
   Check(complete == (end != 0 && end <= max_head));
   Check(s.head_bytes == (complete ? end : 0));
@@ -69,8 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (part.progress == RequestProgress::kReady) {
     Check(whole.progress == RequestProgress::kReady && whole.head_bytes == part.head_bytes);
   }
-  if (part.progress == RequestProgress::kLengthRequired ||
-      part.progress == RequestProgress::kBadFraming ||
+  if (part.progress == RequestProgress::kBadFraming ||
       part.progress == RequestProgress::kHeadTooLarge) {
     Check(whole.progress == part.progress);  // the head decides it
   }

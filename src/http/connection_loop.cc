@@ -53,16 +53,6 @@ const std::string& HeadTooLargeAnswer() {
   return a;
 }
 
-const std::string& LengthRequiredAnswer() {
-  static const std::string a = ClosingAnswer(
-      411, "Length Required",
-      ApiError{411,
-               "a POST needs a body with Content-Length (or Transfer-Encoding: chunked): send "
-               "a JSON body with Content-Type: application/json",
-               "invalid_request_error", "", "length_required"});
-  return a;
-}
-
 constexpr int kMaxEvents = 256;
 constexpr int kAcceptsPerWake = 256;
 constexpr auto kMinSweepGap = std::chrono::milliseconds(50);
@@ -269,6 +259,9 @@ void ConnectionLoop::Advance(int fd) {
         ScanRequest(c.unread(), options_.max_head_bytes, options_.max_body_bytes);
     switch (scan.progress) {
       case RequestProgress::kReady: {
+        // A POST without a length has an empty body: say so, or the HTTP library would read
+        // one until the client closes.
+        if (scan.needs_zero_length) AddZeroContentLength(&c.in, c.in_off, scan.head_bytes);
         Watch(c, 0);
         std::unique_ptr<Connection> conn = std::move(it->second);
         conns_.erase(it);
@@ -277,9 +270,6 @@ void ConnectionLoop::Advance(int fd) {
       }
       case RequestProgress::kHeadTooLarge:
         Close(fd, HeadTooLargeAnswer());
-        return;
-      case RequestProgress::kLengthRequired:
-        Close(fd, LengthRequiredAnswer());
         return;
       case RequestProgress::kBadFraming:
         Close(fd, ClosingAnswer(400, "Bad Request",

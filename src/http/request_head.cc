@@ -3,6 +3,7 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <string>
 
 namespace kvpush::http {
 namespace {
@@ -125,7 +126,8 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
     return scan;
   }
   if (!shape.has_length && MethodHasBody(method)) {
-    scan.progress = RequestProgress::kLengthRequired;
+    scan.progress = RequestProgress::kReady;  // an empty body (RFC 9112 §6.3)
+    scan.needs_zero_length = true;
     return scan;
   }
   // A body over the limit goes to the worker too: cpp-httplib reads and discards it before its
@@ -137,6 +139,15 @@ RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t
   scan.worker_reads_body = worker_reads;
   scan.has_body = shape.length > 0 || shape.chunked;
   return scan;
+}
+
+size_t AddZeroContentLength(std::string* bytes, size_t at, size_t head_bytes) {
+  // The head ends with its empty line: CRLF or LF, after the last header's line end.
+  const size_t end = at + head_bytes;
+  const size_t blank = (*bytes)[end - 2] == '\r' ? end - 2 : end - 1;
+  static constexpr std::string_view kHeader = "Content-Length: 0\r\n";
+  bytes->insert(blank, kHeader);
+  return head_bytes + kHeader.size();
 }
 
 NextRequest NextRequestStart(const RequestScan& scan, size_t consumed) {

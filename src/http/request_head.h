@@ -16,10 +16,6 @@ enum class RequestProgress {
   kReadingBody,   ///< the head is complete; its Content-Length body is not all there yet
   kReady,         ///< a worker can serve it (see RequestScan)
   kHeadTooLarge,  ///< a head over the allowed bytes (its blank line not yet come, or past them)
-  /// A complete POST, PUT or PATCH head with neither Content-Length nor Transfer-Encoding: the
-  /// HTTP library would read its body until the client closes (or its read timeout), so the loop
-  /// answers 411 at once instead of holding a worker for nothing.
-  kLengthRequired,
   /// A complete head whose body framing is refused (RFC 9112 §6): an invalid Content-Length,
   /// two different ones, Content-Length with Transfer-Encoding, a Transfer-Encoding other than
   /// chunked, or a body on GET/HEAD/OPTIONS (which the library would read as the next request).
@@ -38,7 +34,16 @@ struct RequestScan {
   bool worker_reads_body = false;
   /// kReady: the request carries a body (Content-Length > 0, or chunked).
   bool has_body = false;
+  /// kReady: a POST, PUT or PATCH with neither Content-Length nor Transfer-Encoding, whose body
+  /// is therefore empty (RFC 9112 §6.3, what `curl -X POST` without `-d` sends). The HTTP
+  /// library would read such a body until the client closes, so the loop writes
+  /// `Content-Length: 0` into the head (AddZeroContentLength) before a worker reads it.
+  bool needs_zero_length = false;
 };
+
+/// Inserts `Content-Length: 0` as the last header of the complete head that `*bytes` holds
+/// from `at` on (`head_bytes` long, as ScanRequest found it); returns the head's new length.
+size_t AddZeroContentLength(std::string* bytes, size_t at, size_t head_bytes);
 
 /// Scans `buffered` (a connection's unread bytes, the next request first) for one request:
 /// kReady once the head is complete and either its Content-Length body (at most
@@ -47,8 +52,9 @@ struct RequestScan {
 /// the worker writes), or over `max_body_bytes` (the worker reads and discards it, then answers
 /// 413: closing on a client still sending would reset the connection before it read the answer). A
 /// head ends at the first empty line (CRLF CRLF, or LF LF as cpp-httplib also accepts).
-/// kHeadTooLarge when `max_head_bytes` are buffered without the head's end; kLengthRequired for a
-/// POST, PUT or PATCH with no Content-Length and no Transfer-Encoding; kBadFraming (see there).
+/// kHeadTooLarge when `max_head_bytes` are buffered without the head's end; kBadFraming (see
+/// there); a POST, PUT or PATCH with no Content-Length and no Transfer-Encoding is kReady with
+/// `needs_zero_length` (its body is empty).
 /// Bytes after the request (pipelining) are left alone. Pure; header names are matched
 /// case-insensitively (RFC 9110).
 RequestScan ScanRequest(std::string_view buffered, size_t max_head_bytes, size_t max_body_bytes);

@@ -52,11 +52,12 @@ TEST(ScanRequest, TellsWhereTheBytesStand) {
       // A whole head over the limit in one read.
       {"GET /a HTTP/1.1\r\nX: " + std::string(kHead, 'b') + "\r\n\r\n",
        RequestProgress::kHeadTooLarge},
-      // A body-carrying method without a length: 411 from the loop (the library would wait for
-      // the client to close); methods without a body need none.
-      {"POST /b HTTP/1.1\r\nHost: x\r\n\r\n", RequestProgress::kLengthRequired},
-      {"PUT /b HTTP/1.1\n\n", RequestProgress::kLengthRequired},
-      {"PATCH /b HTTP/1.1\r\n\r\n{}", RequestProgress::kLengthRequired},
+      // A body-carrying method without a length has an empty body (RFC 9112 §6.3): ready, with
+      // needs_zero_length (NextRequestStart's test checks the flag); what follows is the next
+      // request.
+      {"POST /b HTTP/1.1\r\nHost: x\r\n\r\n", RequestProgress::kReady},
+      {"PUT /b HTTP/1.1\n\n", RequestProgress::kReady},
+      {"PATCH /b HTTP/1.1\r\n\r\n{}", RequestProgress::kReady},
       {"POST /b HTTP/1.1\r\nContent-Length: 0\r\n\r\n", RequestProgress::kReady},
       {"DELETE /b HTTP/1.1\r\n\r\n", RequestProgress::kReady},
       {"POSTX /b HTTP/1.1\r\n\r\n", RequestProgress::kReady},
@@ -126,6 +127,31 @@ TEST(NextRequestStart, NeverReadsABodyAsTheNextRequest) {
   EXPECT_EQ(NextRequestStart(g, get.size()).start, get.size());
   // Not a request a worker was given: close.
   EXPECT_TRUE(NextRequestStart(ScanRequest("GET /a HT", kMaxHead, kMaxBody), 0).close);
+}
+
+// A POST, PUT or PATCH without Content-Length or Transfer-Encoding: its body is empty, and the
+// loop writes Content-Length: 0 into its head, before the blank line, whatever the line ends.
+TEST(ScanRequest, ABodyCarryingMethodWithoutALengthHasAnEmptyBody) {
+  for (const std::string& head :
+       {std::string("POST /reset_prefix_cache HTTP/1.1\r\nHost: x\r\n\r\n"),
+        std::string("PUT /b HTTP/1.1\n\n"), std::string("PATCH /b HTTP/1.1\r\n\r\n")}) {
+    SCOPED_TRACE(head);
+    std::string bytes = "XX" + head + "GET /a HTTP/1.1\r\n\r\n";  // 2 bytes consumed before
+    const RequestScan scan = ScanRequest(std::string_view(bytes).substr(2), kHead, kBody);
+    ASSERT_EQ(scan.progress, RequestProgress::kReady);
+    EXPECT_TRUE(scan.needs_zero_length);
+    EXPECT_FALSE(scan.has_body);
+    EXPECT_EQ(scan.head_bytes, head.size());
+    const size_t n = AddZeroContentLength(&bytes, 2, scan.head_bytes);
+    const std::string_view now = std::string_view(bytes).substr(2);
+    const RequestScan again = ScanRequest(now, kHead, kBody);
+    ASSERT_EQ(again.progress, RequestProgress::kReady);
+    EXPECT_FALSE(again.needs_zero_length);
+    EXPECT_EQ(again.head_bytes, n);
+    EXPECT_EQ(again.body_bytes, 0u);
+    EXPECT_NE(now.substr(0, n).find("Content-Length: 0\r\n"), std::string_view::npos);
+    EXPECT_EQ(now.substr(n), "GET /a HTTP/1.1\r\n\r\n");  // the next request untouched
+  }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -86,10 +87,25 @@ class RouterMoveTest : public RouterTest {
     });
     return source;
   }
+  /// POST /admin/migrate of `rid`, asked again while it answers 404: D's first chunk can be out
+  /// before the router registered the stream (a 404 moves nothing, so asking again is safe).
+  httplib::Result Move(const std::string& rid) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    for (;;) {
+      auto moved = Post(json{{"request_id", rid}}, {}, "/admin/migrate");
+      if (!moved || moved->status != 404 || std::chrono::steady_clock::now() > until) return moved;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
   /// Moves it; waits for the client's stream to end and checks it carries chunks 0..chunks-1
   /// once each. Returns the move's answer.
   httplib::Result MoveAndFinish(const std::string& rid, int chunks) {
-    auto moved = Post(json{{"request_id", rid}}, {}, "/admin/migrate");
+    auto moved = Move(rid);
+    Finish(chunks);
+    return moved;
+  }
+  /// Waits for the client's stream to end and checks it carries chunks 0..chunks-1 once each.
+  void Finish(int chunks) {
     client_.join();
     EXPECT_EQ(seen_.status, 200);
     for (int k = 0; k < chunks; ++k) {
@@ -99,7 +115,6 @@ class RouterMoveTest : public RouterTest {
       EXPECT_EQ(seen_.body.find(t, at + 1), std::string::npos) << t << " twice";
     }
     EXPECT_EQ(seen_.body.find("kvpush-resume"), std::string::npos);
-    return moved;
   }
   FakeInstance* Other(const FakeInstance* d) {
     return d == d_[0].get() ? d_[1].get() : d_[0].get();
@@ -262,15 +277,14 @@ TEST_F(RouterMoveTest, AStreamMovedAwayFromADecodeGoesBackToItWhenTheNewOneFails
   FakeInstance* source = StartStream(200, "mv-3");
   ASSERT_NE(source, nullptr);
   FakeInstance* target = Other(source);
-  auto moved = Post(json{{"request_id", "mv-3"}}, {}, "/admin/migrate");
+  auto moved = Move("mv-3");
   ASSERT_TRUE(moved);
   ASSERT_EQ(moved->status, 200) << moved->body;
   EXPECT_EQ(json::parse(moved->body)["to"], target->url());
   // The target streams the continuation now; cut it.
   ASSERT_TRUE(WaitFor([&] { return target->last_chunk_ns.load() != 0; }));
   target->health_status = 503;
-  auto finished = MoveAndFinish("mv-3", 200);  // a second ask: the stream is ending, or gone
-  (void)finished;
+  Finish(200);
   const std::vector<Received> src = source->received();
   ASSERT_GE(src.size(), 3u);  // the stream, the move's first round, and the stream again
   const Received& back = src.back();

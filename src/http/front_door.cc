@@ -187,7 +187,7 @@ bool FrontDoor::IsRoute(std::string_view path) const {
 }
 
 void FrontDoor::InstallPreRouting() {
-  server_->set_pre_routing_handler([this](const Request& req, Response& res) {
+  server_->set_pre_routing_handler([this](const Request& req, Response& /*res*/) {
     t_note = AccessNote{};
     t_start = std::chrono::steady_clock::now();
     const std::string& id = req.get_header_value("x-request-id");
@@ -199,7 +199,6 @@ void FrontDoor::InstallPreRouting() {
     t_key_given = !auth.empty();
     t_authorized =
         options_.api_key.empty() || IsOpenPath(req.path) || BearerMatches(auth, options_.api_key);
-    (void)res;
     return httplib::Server::HandlerResponse::Unhandled;
   });
 }

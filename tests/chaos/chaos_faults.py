@@ -157,6 +157,21 @@ class FaultDriver:
         except (OSError, http.client.HTTPException) as e:
             return 0, str(e)
 
+    def stream_asking(self, body, mode, rid, at, ask):
+        """Streams `body` through the router as request `rid` in `mode`, calling `ask` on a
+        thread of its own once `at` data events arrived; send()'s answer, once both ended."""
+        asker = threading.Thread(target=ask)
+
+        def on_event(n):
+            if n == at:
+                asker.start()
+
+        r = send(self.router.host, self.router.port, body,
+                 headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
+        if asker.ident is not None:  # started
+            asker.join()
+        return r
+
     def must_finish(self, what, r, ref, entry):
         """Judges `r` as any answer, and, the other D being healthy, an error is a violation
         too: no stream is cut while a healthy decode instance remains (issue 49)."""
@@ -188,16 +203,7 @@ class FaultDriver:
                     d.kill()
                     asked["killed"] = d
 
-        asker = threading.Thread(target=ask)
-
-        def on_event(n):
-            if n == at:
-                asker.start()
-
-        r = send(self.router.host, self.router.port, body,
-                 headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
-        if asker.ident is not None:
-            asker.join()
+        r = self.stream_asking(body, mode, rid, at, ask)
         killed = asked.get("killed")
         what = "long stream %s (%s), moved after %d events -> %s%s" % (
             rid, mode, at, asked.get("status"), ", then its new D SIGKILLed" if killed else "")
@@ -270,16 +276,7 @@ class FaultDriver:
                     for d in self.D:
                         d.proc.send_signal(signal.SIGUSR2)
 
-        asker = threading.Thread(target=ask)
-
-        def on_event(n):
-            if n == at:
-                asker.start()
-
-        r = send(self.router.host, self.router.port, body,
-                 headers={"x-kvpush-mode": mode, "x-request-id": rid}, on_event=on_event)
-        if asker.ident is not None:  # started
-            asker.join()
+        r = self.stream_asking(body, mode, rid, at, ask)
         status = asked.get("status")
         what = "long stream %s (%s, moved after %d events%s)" % (
             rid, mode, at, ", Ds' posts failing" if broken else "")
